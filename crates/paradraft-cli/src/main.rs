@@ -1,0 +1,220 @@
+//! `paradraft`: the command-line front end.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
+use paradraft::sample::SamplingParams;
+use paradraft::types::{Pos, TokenId};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "paradraft", version, about = "Lossless speculative decoding with parallel drafters")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
+    FetchModel,
+    /// Generate a reply to a prompt (chat template applied).
+    Generate(GenerateArgs),
+    /// Teacher-forced logits at every position of a prompt or token list.
+    Logits(LogitsArgs),
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Worker threads (default: all available cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// KV-cache capacity in tokens (default: the model's context length, at most 8192).
+    #[arg(long)]
+    ctx_size: Option<usize>,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[arg(long)]
+    prompt: String,
+    #[arg(long)]
+    system: Option<String>,
+    /// Send the prompt as raw text, without the chat template.
+    #[arg(long)]
+    raw: bool,
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Extra stop strings (repeatable).
+    #[arg(long = "stop")]
+    stop: Vec<String>,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct LogitsArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[arg(long, conflicts_with = "token_ids")]
+    prompt: Option<String>,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',')]
+    token_ids: Option<Vec<u32>>,
+    /// Wrap --prompt in the chat template (as a user turn, with the generation prompt).
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 20)]
+    top_k: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
+    let threads = m.threads.unwrap_or_else(paradraft::runtime::default_threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    paradraft::runtime::init_threads(threads);
+    let path = match &m.model {
+        Some(p) => p.clone(),
+        None => paradraft::fetch::ensure_default_model()?,
+    };
+    let loaded = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let ctx = m
+        .ctx_size
+        .unwrap_or(loaded.model.config.max_position_embeddings.min(8192));
+    if ctx == 0 {
+        bail!("--ctx-size must be at least 1");
+    }
+    Ok((loaded, ctx))
+}
+
+fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    };
+    sampling.validate()?;
+    let (lm, ctx) = load(&a.m)?;
+    let tok = &lm.tokenizer;
+    let text = if a.raw {
+        a.prompt.clone()
+    } else {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", &a.prompt));
+        tok.apply_chat_template(&msgs, true)?
+    };
+    let prompt = tok.encode(&text)?;
+    let mut kv = lm.model.new_kv(ctx);
+    let params = GenerateParams {
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        stop_strings: a.stop.clone(),
+    };
+    let stream = !a.json;
+    let g = generate(&lm.model, tok, &mut kv, &prompt, &params, |piece| {
+        if stream {
+            print!("{piece}");
+            let _ = std::io::stdout().flush();
+        }
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string(&g)?);
+    } else {
+        println!();
+        let s = &g.stats;
+        eprintln!(
+            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s | stop: {:?}]",
+            s.prompt_tokens, s.prefill_tok_s, s.generated_tokens, s.decode_tok_s, g.stop_reason
+        );
+    }
+    Ok(())
+}
+
+fn cmd_logits(a: LogitsArgs) -> Result<()> {
+    let (lm, ctx) = load(&a.m)?;
+    let tok = &lm.tokenizer;
+    let ids: Vec<TokenId> = match (&a.prompt, &a.token_ids) {
+        (Some(p), None) => {
+            let text = if a.chat {
+                tok.apply_chat_template(&[Message::new("user", p)], true)?
+            } else {
+                p.clone()
+            };
+            tok.encode(&text)?
+        }
+        (None, Some(ids)) => ids.iter().map(|&i| TokenId(i)).collect(),
+        _ => bail!("give exactly one of --prompt or --token-ids"),
+    };
+    if ids.is_empty() {
+        bail!("no tokens to score");
+    }
+    let mut kv = lm.model.new_kv(ctx.max(ids.len()).min(ids.len().max(1)));
+    let positions: Vec<Pos> = (0..ids.len() as u32).map(Pos).collect();
+    let spec = OutputSpec {
+        rows: Rows::All,
+        logits: Logits::TopK(a.top_k.max(1)),
+        taps: vec![],
+    };
+    let mut scratch = Scratch::default();
+    let out = lm.model.forward(
+        &mut kv,
+        &Batch { tokens: &ids, positions: &positions, mask: None },
+        &spec,
+        &mut scratch,
+    )?;
+    let positions: Vec<_> = out
+        .top
+        .iter()
+        .map(|t| json!({"top": t.iter().map(|(id, l)| json!([id.0, l])).collect::<Vec<_>>()}))
+        .collect();
+    let obj = json!({"token_ids": ids, "positions": positions});
+    if a.json {
+        println!("{obj}");
+    } else {
+        for (i, p) in out.top.iter().enumerate() {
+            let best = p.first().map(|b| b.0);
+            let piece = best.map(|b| tok.decode(&[b]).unwrap_or_default()).unwrap_or_default();
+            println!("{i}\t{}\tnext={:?} {piece:?}", ids[i].0, best.map(|b| b.0));
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::FetchModel => paradraft::fetch::ensure_default_model()
+            .map(|p| println!("{}", p.display()))
+            .map_err(Into::into),
+        Cmd::Generate(a) => cmd_generate(a),
+        Cmd::Logits(a) => cmd_logits(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,44 @@
+//! One error type for the library: every bad input maps to a variant with a clear message.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("model file {path} is not a valid {format} file: {reason}")]
+    BadModelFile {
+        path: PathBuf,
+        format: &'static str,
+        reason: String,
+    },
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+    #[error("invalid sampling parameters: {0}")]
+    BadSampling(String),
+    #[error("context overflow: {needed} tokens needed but the context holds {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+    #[error("invalid forward request: {0}")]
+    BadRequest(String),
+    #[error("fetching the model failed: {0}")]
+    Fetch(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

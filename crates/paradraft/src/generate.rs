@@ -1,0 +1,157 @@
+//! Autoregressive generation: prefill, then one token per forward, with streaming and stop
+//! conditions (stop tokens, stop strings, token budget).
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::{Batch, Model, OutputSpec, Scratch, StreamDecoder, Tokenizer};
+use crate::sample::{Sampler, SamplingParams};
+use crate::types::{Pos, TokenId};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// A stop token (EOS / end of turn) was generated; it is not part of the output.
+    StopToken,
+    StopString,
+    MaxTokens,
+    /// The KV cache is full.
+    ContextFull,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tok_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub prompt_token_ids: Vec<TokenId>,
+    /// Generated ids (a final stop token is not included).
+    pub token_ids: Vec<TokenId>,
+    pub stop_reason: StopReason,
+    pub stats: Stats,
+}
+
+/// Holds back text that might be the start of a stop string, so streamed text never has to be
+/// taken back.
+pub(crate) fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
+    let mut cut = text.len();
+    for s in stops {
+        for (i, _) in text.char_indices().rev().take(s.len()) {
+            if s.starts_with(&text[i..]) {
+                cut = cut.min(i);
+            }
+        }
+    }
+    cut
+}
+
+/// Generates a continuation of `prompt` token by token, calling `on_text` with each new piece
+/// of text as soon as it is final.
+pub fn generate(
+    model: &Model,
+    tok: &Tokenizer,
+    kv: &mut KvCache,
+    prompt: &[TokenId],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation> {
+    let mut sampler = Sampler::new(params.sampling)?;
+    if prompt.is_empty() {
+        return Err(Error::BadRequest("the prompt is empty".into()));
+    }
+    if prompt.len() >= kv.capacity() {
+        return Err(Error::ContextOverflow {
+            needed: prompt.len() + 1,
+            capacity: kv.capacity(),
+        });
+    }
+    kv.clear();
+    let mut scratch = Scratch::default();
+    let spec = OutputSpec::last_full();
+    let t0 = Instant::now();
+    let positions: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
+    let out = model.forward(kv, &Batch { tokens: prompt, positions: &positions, mask: None }, &spec, &mut scratch)?;
+    let mut next = sampler.sample(out.logits_row(0));
+    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let mut ids = Vec::new();
+    let mut dec = StreamDecoder::new();
+    let mut text = String::new();
+    let mut emitted = 0;
+    let stop_reason = loop {
+        if tok.stop_tokens.contains(&next) {
+            break StopReason::StopToken;
+        }
+        ids.push(next);
+        let (full, _) = dec.push(tok, next)?;
+        text = full;
+        if let Some(i) = params.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min() {
+            text.truncate(i);
+            break StopReason::StopString;
+        }
+        let safe = safe_prefix_len(&text, &params.stop_strings);
+        if safe > emitted {
+            on_text(&text[emitted..safe]);
+            emitted = safe;
+        }
+        if ids.len() >= params.max_new_tokens {
+            break StopReason::MaxTokens;
+        }
+        if kv.len() >= kv.capacity() {
+            break StopReason::ContextFull;
+        }
+        let pos = [Pos(kv.len() as u32)];
+        let out = model.forward(kv, &Batch { tokens: &[next], positions: &pos, mask: None }, &spec, &mut scratch)?;
+        next = sampler.sample(out.logits_row(0));
+    };
+    if text.len() > emitted {
+        on_text(&text[emitted..]);
+    }
+    let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let n = ids.len();
+    Ok(Generation {
+        text,
+        prompt_token_ids: prompt.to_vec(),
+        token_ids: ids,
+        stop_reason,
+        stats: Stats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: n,
+            prefill_ms,
+            decode_ms,
+            prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3),
+            // The first token comes from the prefill; decode speed counts the forwards after it.
+            decode_tok_s: if n > 1 { (n - 1) as f64 / (decode_ms / 1e3) } else { 0.0 },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_prefix_len;
+
+    #[test]
+    fn holds_back_partial_stop_strings() {
+        let stops = vec!["STOP".to_string()];
+        assert_eq!(safe_prefix_len("hello ST", &stops), 6);
+        assert_eq!(safe_prefix_len("hello", &stops), 5);
+        assert_eq!(safe_prefix_len("héllo S", &stops), 7);
+    }
+}

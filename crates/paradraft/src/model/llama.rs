@@ -1,0 +1,319 @@
+//! The Llama-family decoder (Llama 2/3, SmolLM2, Qwen2/2.5, Qwen3) with a forward pass over
+//! new tokens at explicit positions, with tree masks and hidden-state taps.
+
+use super::config::{Arch, Config};
+use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
+use super::source::TensorSource;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::runtime::ops::{self, AttnShape};
+use crate::runtime::quant::Matrix;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    wo: Matrix,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
+}
+
+pub struct Model {
+    pub config: Config,
+    embed: Matrix,
+    /// `None` when the output layer is tied to the embedding.
+    lm_head: Option<Matrix>,
+    output_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    inv_freq: Vec<f32>,
+}
+
+/// Per-forward scratch buffers, grown on demand and reused.
+#[derive(Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    rope: Vec<(f32, f32)>,
+    rows_x: Vec<f32>,
+    logits: Vec<f32>,
+    pub out: Output,
+}
+
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
+impl Model {
+    pub fn from_source(config: Config, src: &dyn TensorSource) -> Result<Self> {
+        config.validate()?;
+        let c = &config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let embed = src.matrix("token_embd.weight", c.vocab_size, h)?;
+        let lm_head = if c.tie_embeddings {
+            None
+        } else {
+            Some(src.matrix("output.weight", c.vocab_size, h)?)
+        };
+        let output_norm = src.vector("output_norm.weight", h)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let qk_norm = c.arch == Arch::Qwen3;
+            layers.push(Layer {
+                attn_norm: src.vector(&n("attn_norm.weight"), h)?,
+                wq: src.matrix(&n("attn_q.weight"), qd, h)?,
+                wk: src.matrix(&n("attn_k.weight"), kvd, h)?,
+                wv: src.matrix(&n("attn_v.weight"), kvd, h)?,
+                wo: src.matrix(&n("attn_output.weight"), h, qd)?,
+                bq: src.opt_vector(&n("attn_q.bias"), qd)?,
+                bk: src.opt_vector(&n("attn_k.bias"), kvd)?,
+                bv: src.opt_vector(&n("attn_v.bias"), kvd)?,
+                q_norm: if qk_norm {
+                    Some(src.vector(&n("attn_q_norm.weight"), hd)?)
+                } else {
+                    None
+                },
+                k_norm: if qk_norm {
+                    Some(src.vector(&n("attn_k_norm.weight"), hd)?)
+                } else {
+                    None
+                },
+                ffn_norm: src.vector(&n("ffn_norm.weight"), h)?,
+                w_gate: src.matrix(&n("ffn_gate.weight"), c.intermediate_size, h)?,
+                w_up: src.matrix(&n("ffn_up.weight"), c.intermediate_size, h)?,
+                w_down: src.matrix(&n("ffn_down.weight"), h, c.intermediate_size)?,
+            });
+        }
+        let inv_freq = config.inv_freqs();
+        Ok(Model {
+            config,
+            embed,
+            lm_head,
+            output_norm,
+            layers,
+            inv_freq,
+        })
+    }
+
+    /// A KV cache for this model holding `capacity` slots.
+    pub fn new_kv(&self, capacity: usize) -> KvCache {
+        let c = &self.config;
+        KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+    }
+
+    /// Total bytes of weights (what one decode step streams).
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|m| m.nbytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        l + self.lm_head.as_ref().unwrap_or(&self.embed).nbytes()
+    }
+
+    fn validate(&self, kv: &KvCache, b: &Batch, spec: &OutputSpec) -> Result<()> {
+        let n = b.tokens.len();
+        let bad = |m: String| Err(Error::BadRequest(m));
+        if n == 0 {
+            return bad("no tokens".into());
+        }
+        if b.positions.len() != n {
+            return bad(format!("{n} tokens but {} positions", b.positions.len()));
+        }
+        if let Some(t) = b.tokens.iter().find(|t| t.idx() >= self.config.vocab_size) {
+            return bad(format!(
+                "token id {} is outside the vocabulary ({})",
+                t.0, self.config.vocab_size
+            ));
+        }
+        if let Some(m) = b.mask {
+            if m.len() != n {
+                return bad(format!("mask is {}×{0} for {n} tokens", m.len()));
+            }
+        }
+        if let Some(&t) = spec.taps.iter().find(|&&t| t >= self.config.n_layers) {
+            return bad(format!(
+                "tap layer {t} does not exist ({} layers)",
+                self.config.n_layers
+            ));
+        }
+        if let Rows::Some(r) = &spec.rows {
+            if let Some(&i) = r.iter().find(|&&i| i >= n) {
+                return bad(format!("output row {i} is outside the batch of {n}"));
+            }
+        }
+        if kv.len() + n > kv.capacity() {
+            return Err(Error::ContextOverflow {
+                needed: kv.len() + n,
+                capacity: kv.capacity(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs the new tokens through the model, appending their K/V to `kv`; results land in
+    /// `scratch.out`.
+    pub fn forward<'s>(
+        &self,
+        kv: &mut KvCache,
+        b: &Batch,
+        spec: &OutputSpec,
+        s: &'s mut Scratch,
+    ) -> Result<&'s Output> {
+        self.validate(kv, b, spec)?;
+        let c = &self.config;
+        let n = b.tokens.len();
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd, ff) = (c.n_heads * hd, c.n_kv_heads * hd, c.intermediate_size);
+        let prefix = kv.len();
+        let slot0 = kv.reserve(n)?;
+
+        let x = sized(&mut s.x, n * h);
+        for (t, tok) in b.tokens.iter().enumerate() {
+            self.embed.row_into(tok.idx(), &mut x[t * h..(t + 1) * h]);
+        }
+        let half = hd / 2;
+        s.rope.clear();
+        for p in b.positions {
+            for &f in &self.inv_freq {
+                let a = p.0 as f32 * f;
+                s.rope.push((a.cos(), a.sin()));
+            }
+        }
+        let n_taps = spec.taps.len();
+        s.out.hidden.clear();
+        s.out.hidden.resize(n * n_taps * h, 0.0);
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: hd,
+            prefix,
+            n_new: n,
+        };
+        let visible = |i: usize, j: usize| match b.mask {
+            Some(m) => m.get(i, j),
+            None => j <= i,
+        };
+        for (li, l) in self.layers.iter().enumerate() {
+            let xn = sized(&mut s.xn, n * h);
+            ops::rms_norm(&s.x, &l.attn_norm, c.rms_eps, xn);
+            let q = sized(&mut s.q, n * qd);
+            let k = sized(&mut s.k, n * kvd);
+            let v = sized(&mut s.v, n * kvd);
+            l.wq.matmul(xn, q);
+            l.wk.matmul(xn, k);
+            l.wv.matmul(xn, v);
+            for (buf, bias, dim) in [(&mut *q, &l.bq, qd), (&mut *k, &l.bk, kvd), (&mut *v, &l.bv, kvd)] {
+                if let Some(bias) = bias {
+                    for r in buf.chunks_exact_mut(dim) {
+                        ops::add_inplace(r, bias);
+                    }
+                }
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                ops::rms_norm_inplace(q, qn, c.rms_eps);
+                ops::rms_norm_inplace(k, kn, c.rms_eps);
+            }
+            for t in 0..n {
+                let cs = &s.rope[t * half..(t + 1) * half];
+                ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
+                ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
+            }
+            let row = kv.row();
+            kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
+            kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
+            let attn = sized(&mut s.attn, n * qd);
+            let end = (slot0 + n) * row;
+            ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], &shape, &visible, attn);
+            let proj = sized(&mut s.proj, n * h);
+            l.wo.matmul(attn, proj);
+            ops::add_inplace(&mut s.x, proj);
+
+            let xn = sized(&mut s.xn, n * h);
+            ops::rms_norm(&s.x, &l.ffn_norm, c.rms_eps, xn);
+            let gate = sized(&mut s.gate, n * ff);
+            let up = sized(&mut s.up, n * ff);
+            l.w_gate.matmul(xn, gate);
+            l.w_up.matmul(xn, up);
+            ops::silu_mul(gate, up);
+            let proj = sized(&mut s.proj, n * h);
+            l.w_down.matmul(gate, proj);
+            ops::add_inplace(&mut s.x, proj);
+
+            for (ti, _) in spec.taps.iter().enumerate().filter(|(_, &t)| t == li) {
+                for t in 0..n {
+                    let dst = (t * n_taps + ti) * h;
+                    s.out.hidden[dst..dst + h].copy_from_slice(&s.x[t * h..(t + 1) * h]);
+                }
+            }
+        }
+        self.output_layer(n, spec, s);
+        Ok(&s.out)
+    }
+
+    fn output_layer(&self, n: usize, spec: &OutputSpec, s: &mut Scratch) {
+        let c = &self.config;
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let out = &mut s.out;
+        out.vocab = vocab;
+        out.rows.clear();
+        out.logits.clear();
+        out.argmax.clear();
+        out.top.clear();
+        if spec.logits == Logits::None {
+            return;
+        }
+        match &spec.rows {
+            Rows::All => out.rows.extend(0..n),
+            Rows::Last => out.rows.push(n - 1),
+            Rows::Some(r) => out.rows.extend_from_slice(r),
+        }
+        let m = out.rows.len();
+        let xs = sized(&mut s.rows_x, m * h);
+        for (i, &r) in out.rows.iter().enumerate() {
+            ops::rms_norm(
+                &s.x[r * h..(r + 1) * h],
+                &self.output_norm,
+                c.rms_eps,
+                &mut xs[i * h..(i + 1) * h],
+            );
+        }
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = if spec.logits == Logits::Full {
+            out.logits.resize(m * vocab, 0.0);
+            &mut out.logits[..]
+        } else {
+            sized(&mut s.logits, m * vocab)
+        };
+        head.matmul(xs, logits);
+        for row in logits.chunks_exact(vocab) {
+            match spec.logits {
+                Logits::Argmax => out.argmax.push(ops::argmax(row)),
+                Logits::TopK(k) => out.top.push(ops::top_k(row, k)),
+                Logits::Full | Logits::None => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Models: configuration, weight sources (GGUF, safetensors), the Llama-family forward, the
+//! tokenizer and chat template, and one entry point that loads a model from a path.
+
+pub mod config;
+pub mod forward;
+pub mod gguf;
+pub mod llama;
+pub mod source;
+pub mod tokenizer;
+
+pub use config::{Arch, Config};
+pub use forward::{Batch, Logits, Output, OutputSpec, Rows, TreeMask};
+pub use llama::{Model, Scratch};
+pub use tokenizer::{Message, StreamDecoder, Tokenizer};
+
+use crate::error::{Error, Result};
+use crate::runtime::ops::RopeStyle;
+use config::{Llama3Scaling, RopeScaling};
+use gguf::GgufFile;
+use source::{SafetensorsSource, TensorSource};
+use std::path::Path;
+
+/// A model with its tokenizer.
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+}
+
+/// Loads a `.gguf` file or an HF model directory.
+pub fn load(path: &Path) -> Result<Loaded> {
+    if !path.exists() {
+        return Err(Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+        ));
+    }
+    if path.is_dir() {
+        load_hf_dir(path)
+    } else {
+        load_gguf(path)
+    }
+}
+
+fn load_gguf(path: &Path) -> Result<Loaded> {
+    let g = GgufFile::open(path)?;
+    let arch_name = g.str("general.architecture").unwrap_or("").to_string();
+    let arch = match arch_name.as_str() {
+        "llama" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        other => {
+            return Err(Error::Unsupported(format!(
+                "architecture {other:?} (supported: llama, qwen2, qwen3)"
+            )))
+        }
+    };
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let hidden = g.req_u64(&key("embedding_length"))? as usize;
+    let n_heads = g.req_u64(&key("attention.head_count"))? as usize;
+    let head_dim = g
+        .u64(&key("attention.key_length"))
+        .map(|v| v as usize)
+        .unwrap_or(hidden / n_heads.max(1));
+    let embd = g
+        .shape("token_embd.weight")
+        .ok_or_else(|| g.missing("token_embd.weight"))?;
+    let rope_scaling = if let Some(t) = g.tensors.get("rope_freqs.weight") {
+        let mut v = vec![0f32; t.dims[0]];
+        crate::runtime::quant::dequantize(t.dtype, g.data(t), &mut v);
+        RopeScaling::Factors(v)
+    } else {
+        match g.str(&key("rope.scaling.type")) {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear(g.f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32),
+            Some(other) => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
+        }
+    };
+    let config = Config {
+        arch,
+        vocab_size: embd[0],
+        hidden_size: hidden,
+        intermediate_size: g.req_u64(&key("feed_forward_length"))? as usize,
+        n_layers: g.req_u64(&key("block_count"))? as usize,
+        n_heads,
+        n_kv_heads: g.u64(&key("attention.head_count_kv")).unwrap_or(n_heads as u64) as usize,
+        head_dim,
+        rms_eps: g.f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+        rope_theta: g.f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
+        rope_scaling,
+        // GGUF Llama files carry q/k rows permuted for GGML's interleaved rope.
+        rope_style: if arch == Arch::Llama {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Half
+        },
+        max_position_embeddings: g.u64(&key("context_length")).unwrap_or(4096) as usize,
+        tie_embeddings: !g.has("output.weight"),
+    };
+    let tokenizer = Tokenizer::from_gguf(&g)?;
+    let model = Model::from_source(config, &g)?;
+    Ok(Loaded { model, tokenizer })
+}
+
+fn load_hf_dir(dir: &Path) -> Result<Loaded> {
+    let cp = dir.join("config.json");
+    let text = std::fs::read_to_string(&cp).map_err(|e| Error::io(&cp, e))?;
+    let bad = |reason: String| Error::BadModelFile {
+        path: cp.clone(),
+        format: "config.json",
+        reason,
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let model_type = v["model_type"].as_str().unwrap_or("");
+    let arch = match model_type {
+        "llama" | "mistral" => Arch::Llama,
+        "qwen2" => Arch::Qwen2,
+        "qwen3" => Arch::Qwen3,
+        other => {
+            return Err(Error::Unsupported(format!(
+                "model_type {other:?} (supported: llama, qwen2, qwen3)"
+            )))
+        }
+    };
+    let req = |k: &str| -> Result<usize> {
+        v[k].as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(format!("missing integer {k}")))
+    };
+    let hidden = req("hidden_size")?;
+    let n_heads = req("num_attention_heads")?;
+    let rs = &v["rope_scaling"];
+    let rope_scaling = if rs.is_null() {
+        RopeScaling::None
+    } else {
+        let ty = rs["rope_type"].as_str().or(rs["type"].as_str()).unwrap_or("default");
+        let f = |k: &str, d: f64| rs[k].as_f64().unwrap_or(d) as f32;
+        match ty {
+            "default" => RopeScaling::None,
+            "linear" => RopeScaling::Linear(f("factor", 1.0)),
+            "llama3" => RopeScaling::Llama3(Llama3Scaling {
+                factor: f("factor", 8.0),
+                low_freq_factor: f("low_freq_factor", 1.0),
+                high_freq_factor: f("high_freq_factor", 4.0),
+                original_max_position_embeddings: f("original_max_position_embeddings", 8192.0),
+            }),
+            other => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
+        }
+    };
+    let config = Config {
+        arch,
+        vocab_size: req("vocab_size")?,
+        hidden_size: hidden,
+        intermediate_size: req("intermediate_size")?,
+        n_layers: req("num_hidden_layers")?,
+        n_heads,
+        n_kv_heads: v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(n_heads),
+        head_dim: v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / n_heads.max(1)),
+        rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+        rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
+        rope_scaling,
+        rope_style: RopeStyle::Half,
+        max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
+        tie_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+    };
+    let src = SafetensorsSource::open(dir)?;
+    let config = Config {
+        tie_embeddings: config.tie_embeddings || !src.has("output.weight"),
+        ..config
+    };
+    let tokenizer = Tokenizer::from_hf_dir(dir, &v)?;
+    let model = Model::from_source(config, &src)?;
+    Ok(Loaded { model, tokenizer })
+}

@@ -1,0 +1,242 @@
+//! Where weights come from: a GGUF file or HF safetensors (single file or sharded with an
+//! index). Tensors are requested by their GGUF names; the safetensors source maps them to HF
+//! names. Shapes are checked against what the architecture expects.
+
+use super::gguf::GgufFile;
+use crate::error::{Error, Result};
+use crate::runtime::quant::{dequantize, GgmlType, Matrix};
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub trait TensorSource {
+    fn describe(&self) -> String;
+    /// Shape in row-major (PyTorch) order: `[rows, cols]` for a matrix.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Type and raw bytes of a tensor.
+    fn raw(&self, name: &str) -> Option<(GgmlType, &[u8])>;
+
+    fn has(&self, name: &str) -> bool {
+        self.shape(name).is_some()
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::BadModelFile {
+            path: PathBuf::from(self.describe()),
+            format: "model",
+            reason: format!("tensor {name} is missing"),
+        }
+    }
+
+    fn check_shape(&self, name: &str, want: &[usize]) -> Result<()> {
+        let got = self.shape(name).ok_or_else(|| self.missing(name))?;
+        if got != want {
+            return Err(Error::BadModelFile {
+                path: PathBuf::from(self.describe()),
+                format: "model",
+                reason: format!("tensor {name} has shape {got:?}, expected {want:?}"),
+            });
+        }
+        Ok(())
+    }
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.check_shape(name, &[rows, cols])?;
+        let (ty, bytes) = self.raw(name).ok_or_else(|| self.missing(name))?;
+        Ok(Matrix::from_bytes(ty, rows, cols, bytes))
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.check_shape(name, &[len])?;
+        let (ty, bytes) = self.raw(name).ok_or_else(|| self.missing(name))?;
+        let mut v = vec![0f32; len];
+        dequantize(ty, bytes, &mut v);
+        Ok(v)
+    }
+
+    fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
+        if self.has(name) {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors
+            .get(name)
+            .map(|t| t.dims.iter().rev().copied().collect())
+    }
+    fn raw(&self, name: &str) -> Option<(GgmlType, &[u8])> {
+        self.tensors.get(name).map(|t| (t.dtype, self.data(t)))
+    }
+}
+
+struct StEntry {
+    file: usize,
+    ty: GgmlType,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// HF safetensors weights, memory-mapped.
+pub struct SafetensorsSource {
+    dir: PathBuf,
+    maps: Vec<Mmap>,
+    entries: HashMap<String, StEntry>,
+}
+
+impl SafetensorsSource {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
+                    path: index.clone(),
+                    format: "safetensors index",
+                    reason: e.to_string(),
+                })?;
+            let map = v["weight_map"]
+                .as_object()
+                .ok_or_else(|| Error::BadModelFile {
+                    path: index.clone(),
+                    format: "safetensors index",
+                    reason: "no weight_map object".into(),
+                })?;
+            let mut names: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
+            names.sort();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+                .map_err(|e| Error::io(dir, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            v.sort();
+            v
+        };
+        if files.is_empty() {
+            return Err(Error::BadModelFile {
+                path: dir.to_path_buf(),
+                format: "HF model directory",
+                reason: "no *.safetensors files".into(),
+            });
+        }
+        let mut maps = Vec::new();
+        let mut entries = HashMap::new();
+        for (fi, path) in files.iter().enumerate() {
+            let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+            // SAFETY: read-only map of a file we do not modify.
+            let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+            let bad = |reason: String| Error::BadModelFile {
+                path: path.clone(),
+                format: "safetensors",
+                reason,
+            };
+            let (hlen, meta) = safetensors::SafeTensors::read_metadata(&map[..])
+                .map_err(|e| bad(format!("{e:?}")))?;
+            let base = 8 + hlen;
+            for (name, info) in meta.tensors() {
+                let ty = match info.dtype {
+                    safetensors::Dtype::F32 => GgmlType::F32,
+                    safetensors::Dtype::F16 => GgmlType::F16,
+                    safetensors::Dtype::BF16 => GgmlType::BF16,
+                    d => {
+                        return Err(Error::Unsupported(format!(
+                            "tensor {name} in {} has dtype {d:?} (supported: F32, F16, BF16)",
+                            path.display()
+                        )))
+                    }
+                };
+                let (s, e) = info.data_offsets;
+                if base + e > map.len() {
+                    return Err(bad(format!("tensor {name} ends past the end of the file")));
+                }
+                entries.insert(
+                    name.clone(),
+                    StEntry {
+                        file: fi,
+                        ty,
+                        shape: info.shape.clone(),
+                        start: base + s,
+                        end: base + e,
+                    },
+                );
+            }
+            maps.push(map);
+        }
+        Ok(SafetensorsSource {
+            dir: dir.to_path_buf(),
+            maps,
+            entries,
+        })
+    }
+
+    /// Maps a GGUF tensor name to its HF name.
+    fn hf_name(name: &str) -> String {
+        let fixed = match name {
+            "token_embd.weight" => Some("model.embed_tokens.weight"),
+            "output_norm.weight" => Some("model.norm.weight"),
+            "output.weight" => Some("lm_head.weight"),
+            _ => None,
+        };
+        if let Some(f) = fixed {
+            return f.to_string();
+        }
+        let Some(rest) = name.strip_prefix("blk.") else {
+            return name.to_string();
+        };
+        let (layer, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        let (part, suffix) = tail.rsplit_once('.').unwrap_or((tail, ""));
+        let hf = match part {
+            "attn_norm" => "input_layernorm",
+            "attn_q" => "self_attn.q_proj",
+            "attn_k" => "self_attn.k_proj",
+            "attn_v" => "self_attn.v_proj",
+            "attn_output" => "self_attn.o_proj",
+            "attn_q_norm" => "self_attn.q_norm",
+            "attn_k_norm" => "self_attn.k_norm",
+            "ffn_norm" => "post_attention_layernorm",
+            "ffn_gate" => "mlp.gate_proj",
+            "ffn_up" => "mlp.up_proj",
+            "ffn_down" => "mlp.down_proj",
+            other => other,
+        };
+        format!("model.layers.{layer}.{hf}.{suffix}")
+    }
+
+    fn entry(&self, name: &str) -> Option<&StEntry> {
+        self.entries.get(&Self::hf_name(name))
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.entry(name).map(|e| e.shape.clone())
+    }
+    fn raw(&self, name: &str) -> Option<(GgmlType, &[u8])> {
+        self.entry(name)
+            .map(|e| (e.ty, &self.maps[e.file][e.start..e.end]))
+    }
+    fn missing(&self, name: &str) -> Error {
+        Error::BadModelFile {
+            path: self.dir.clone(),
+            format: "safetensors",
+            reason: format!("tensor {} is missing", Self::hf_name(name)),
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Tokenizer (from `tokenizer.json`, or built from GGUF metadata for GPT-2-style BPE), the
+//! stop-token set, incremental detokenisation for streaming, and the chat template.
+
+use super::gguf::{GgufFile, Value};
+use crate::error::{Error, Result};
+use crate::types::TokenId;
+use std::collections::BTreeSet;
+use std::path::Path;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer as HfTokenizer};
+
+/// Names that end a turn in common chat formats; any present in the vocabulary join the stop set.
+const END_OF_TURN_NAMES: &[&str] = &["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<|end|>"];
+
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+pub struct Tokenizer {
+    inner: HfTokenizer,
+    pub bos: Option<TokenId>,
+    pub add_bos: bool,
+    /// Tokens that end generation (EOS and end-of-turn tokens).
+    pub stop_tokens: BTreeSet<TokenId>,
+    pub chat_template: Option<String>,
+    pub bos_text: String,
+    pub eos_text: String,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer that a GGUF file describes (`tokenizer.ggml.*`).
+    pub fn from_gguf(g: &GgufFile) -> Result<Self> {
+        let model = g.str("tokenizer.ggml.model").unwrap_or("");
+        if model != "gpt2" {
+            return Err(Error::Unsupported(format!(
+                "GGUF tokenizer model {model:?}: only GPT-2-style BPE (\"gpt2\") is built from GGUF metadata; \
+                 use an HF directory with tokenizer.json for other tokenizers"
+            )));
+        }
+        let strings = |key: &str| -> Result<Vec<String>> {
+            let arr = g.get(key).and_then(Value::as_array).ok_or_else(|| {
+                Error::Tokenizer(format!("GGUF has no {key} array"))
+            })?;
+            arr.iter()
+                .map(|v| v.as_str().map(String::from).ok_or_else(|| tok_err(format!("{key} holds a non-string"))))
+                .collect()
+        };
+        let tokens = strings("tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = strings("tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| tok_err(format!("bad merge {m:?}")))
+            })
+            .collect::<Result<_>>()?;
+        let types: Vec<u64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => vec![1; tokens.len()],
+        };
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(tok_err)?;
+        let mut inner = HfTokenizer::new(bpe);
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre = g.str("tokenizer.ggml.pre").unwrap_or("gpt2");
+        let pre_tok: PreTokenizerWrapper = match pre {
+            "gpt2" | "default" => byte_level.into(),
+            "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
+            "llama-bpe" | "llama3" | "qwen2" => {
+                let re = if pre == "qwen2" { QWEN2_REGEX } else { LLAMA3_REGEX };
+                let split = Split::new(
+                    SplitPattern::Regex(re.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(tok_err)?;
+                Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "GGUF pre-tokenizer {other:?} (supported: gpt2, smollm, llama-bpe, qwen2)"
+                )))
+            }
+        };
+        inner.with_pre_tokenizer(Some(pre_tok));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+        let specials: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &ty)| ty == 3 || ty == 4)
+            .map(|(t, &ty)| AddedToken::from(t.clone(), ty == 3))
+            .collect();
+        inner.add_special_tokens(&specials);
+
+        let id = |key: &str| g.u64(key).map(|v| TokenId(v as u32));
+        let bos = id("tokenizer.ggml.bos_token_id");
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let add_bos = g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let mut stop_tokens: BTreeSet<TokenId> = eos.into_iter().collect();
+        stop_tokens.extend(id("tokenizer.ggml.eot_token_id"));
+        let text_of = |t: Option<TokenId>| t.and_then(|t| tokens.get(t.idx()).cloned()).unwrap_or_default();
+        let mut tk = Tokenizer {
+            bos_text: text_of(bos),
+            eos_text: text_of(eos),
+            inner,
+            bos,
+            add_bos,
+            stop_tokens,
+            chat_template: g.str("tokenizer.chat_template").map(String::from),
+        };
+        tk.add_end_of_turn_tokens();
+        Ok(tk)
+    }
+
+    /// Loads `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`) from an HF
+    /// model directory.
+    pub fn from_hf_dir(dir: &Path, config: &serde_json::Value) -> Result<Self> {
+        let tj = dir.join("tokenizer.json");
+        if !tj.exists() {
+            return Err(Error::BadModelFile {
+                path: dir.to_path_buf(),
+                format: "HF model directory",
+                reason: "tokenizer.json is missing".into(),
+            });
+        }
+        let inner = HfTokenizer::from_file(&tj)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", tj.display())))?;
+        let read_json = |name: &str| -> Result<serde_json::Value> {
+            let p = dir.join(name);
+            if !p.exists() {
+                return Ok(serde_json::Value::Null);
+            }
+            let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+            serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
+                path: p,
+                format: "JSON",
+                reason: e.to_string(),
+            })
+        };
+        let tc = read_json("tokenizer_config.json")?;
+        let gc = read_json("generation_config.json")?;
+        let token_text = |v: &serde_json::Value| -> Option<String> {
+            match v {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+                _ => None,
+            }
+        };
+        let bos_text = token_text(&tc["bos_token"]).unwrap_or_default();
+        let eos_text = token_text(&tc["eos_token"]).unwrap_or_default();
+        let lookup = |s: &str| inner.token_to_id(s).map(TokenId);
+        let ids = |v: &serde_json::Value| -> Vec<TokenId> {
+            match v {
+                serde_json::Value::Number(n) => n.as_u64().map(|x| TokenId(x as u32)).into_iter().collect(),
+                serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_u64()).map(|x| TokenId(x as u32)).collect(),
+                _ => vec![],
+            }
+        };
+        let bos = ids(&config["bos_token_id"])
+            .first()
+            .copied()
+            .or_else(|| lookup(&bos_text));
+        let mut stop_tokens: BTreeSet<TokenId> = ids(&config["eos_token_id"]).into_iter().collect();
+        stop_tokens.extend(ids(&gc["eos_token_id"]));
+        stop_tokens.extend(lookup(&eos_text));
+        let chat_template = match &tc["chat_template"] {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(a) => a
+                .iter()
+                .find(|t| t["name"] == "default")
+                .or(a.first())
+                .and_then(|t| t["template"].as_str())
+                .map(String::from),
+            _ => None,
+        };
+        let add_bos = tc["add_bos_token"].as_bool().unwrap_or(false);
+        let mut tk = Tokenizer {
+            inner,
+            bos,
+            add_bos,
+            stop_tokens,
+            chat_template,
+            bos_text,
+            eos_text,
+        };
+        tk.add_end_of_turn_tokens();
+        Ok(tk)
+    }
+
+    fn add_end_of_turn_tokens(&mut self) {
+        for name in END_OF_TURN_NAMES {
+            if let Some(id) = self.inner.token_to_id(name) {
+                self.stop_tokens.insert(TokenId(id));
+            }
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Encodes text; special-token strings in it (e.g. `<|im_start|>`) become their ids. A BOS is
+    /// prepended when the model asks for one and the text does not already start with it.
+    pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
+        let enc = self.inner.encode(text, false).map_err(tok_err)?;
+        let mut ids: Vec<TokenId> = enc.get_ids().iter().map(|&i| TokenId(i)).collect();
+        if let (true, Some(b)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&b) {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Decodes ids to text, keeping special tokens out.
+    pub fn decode(&self, ids: &[TokenId]) -> Result<String> {
+        let raw: Vec<u32> = ids.iter().map(|t| t.0).collect();
+        self.inner.decode(&raw, true).map_err(tok_err)
+    }
+
+    /// Renders the chat template (or, without one, joins the turns plainly).
+    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let Some(tpl) = &self.chat_template else {
+            let mut s: String = messages.iter().map(|m| format!("{}\n", m.content)).collect();
+            s.pop();
+            return Ok(s);
+        };
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |_fmt: String| "1 January 2026".to_string());
+        let cerr = |e: minijinja::Error| Error::ChatTemplate(format!("{e:#}"));
+        env.add_template("chat", tpl).map_err(cerr)?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_text,
+            eos_token => self.eos_text,
+        };
+        env.get_template("chat").map_err(cerr)?.render(ctx).map_err(cerr)
+    }
+}
+
+/// Turns a growing list of generated ids into text increments without splitting multi-byte
+/// characters (bytes of an unfinished character are held back).
+pub struct StreamDecoder {
+    ids: Vec<TokenId>,
+    emitted: usize,
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        StreamDecoder {
+            ids: vec![],
+            emitted: 0,
+        }
+    }
+
+    /// The full text so far (complete characters only) and the new part since the last call.
+    pub fn push(&mut self, tok: &Tokenizer, id: TokenId) -> Result<(String, String)> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids)?;
+        let complete = text.trim_end_matches('\u{FFFD}').len();
+        let new = if complete > self.emitted {
+            let s = text[self.emitted..complete].to_string();
+            self.emitted = complete;
+            s
+        } else {
+            String::new()
+        };
+        Ok((text[..complete].to_string(), new))
+    }
+}

@@ -1,0 +1,22 @@
+//! CPU runtime: tensor storage formats and the kernels the forward pass is built from.
+//!
+//! Each kernel here is the portable reference implementation; faster variants plug in behind
+//! the same functions and are tested against these.
+
+pub mod ops;
+pub mod quant;
+
+/// Sets the number of worker threads for the global pool (call once, before the first forward).
+pub fn init_threads(n: usize) {
+    // An error means the pool was already built; the first setting stays in force.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n.max(1))
+        .build_global();
+}
+
+/// Default worker count: the machine's available parallelism.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}

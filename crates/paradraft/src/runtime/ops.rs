@@ -1,0 +1,190 @@
+//! Element-wise and attention kernels (portable reference implementations).
+
+use crate::types::TokenId;
+use rayon::prelude::*;
+
+/// `out = x / rms(x) · w`, one row at a time (`x.len()` a multiple of `w.len()`).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let s = 1.0 / (ss + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * s * g;
+        }
+    }
+}
+
+/// In-place RMSNorm of each `w.len()`-wide chunk (per-head q/k norm).
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let s = 1.0 / (ss + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * s * g;
+        }
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs (2i, 2i+1): GGML's "normal" rope, used by GGUF Llama files (whose q/k rows the
+    /// converter permuted).
+    Interleaved,
+    /// Pairs (i, i + d/2): HF `rotate_half` / GGML "neox" rope.
+    Half,
+}
+
+/// Rotates every head of one token in place. `cs` holds `(cos, sin)` for the token's
+/// position, one pair per frequency (`head_dim / 2`).
+pub fn rope(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], style: RopeStyle) {
+    let half = head_dim / 2;
+    for h in x.chunks_exact_mut(head_dim) {
+        for (i, &(c, s)) in cs.iter().enumerate().take(half) {
+            let (a, b) = match style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::Half => (i, i + half),
+            };
+            let (x0, x1) = (h[a], h[b]);
+            h[a] = x0 * c - x1 * s;
+            h[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// `gate = silu(gate) · up`, in place.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Index of the largest value; ties go to the lowest index (deterministic greedy).
+pub fn argmax(x: &[f32]) -> TokenId {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    TokenId(best as u32)
+}
+
+/// The `k` largest values, descending, ties broken by lower id first.
+pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+    let k = k.min(x.len());
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| {
+        x[*b as usize]
+            .total_cmp(&x[*a as usize])
+            .then(a.cmp(b))
+    };
+    if k < idx.len() && k > 0 {
+        idx.select_nth_unstable_by(k - 1, cmp);
+    }
+    idx.truncate(k);
+    idx.sort_by(cmp);
+    idx.into_iter().map(|i| (TokenId(i), x[i as usize])).collect()
+}
+
+/// Geometry of one attention call.
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Cache slots before the new tokens; always visible to every new token.
+    pub prefix: usize,
+    /// Number of new tokens (their K/V sit at slots `prefix..prefix + n_new`).
+    pub n_new: usize,
+}
+
+/// Attention of `n_new` queries over the cache. `q` is `[n_new, n_heads, head_dim]`; `k`/`v` are
+/// the layer's cache `[slots, n_kv_heads, head_dim]`; `visible(i, j)` says whether new token `i`
+/// sees new token `j` (causal or tree-ancestor mask). GQA reads shared K/V without copying.
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    visible: &(dyn Fn(usize, usize) -> bool + Sync),
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let kv_stride = s.n_kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_mut(hd)
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (th, o)| {
+            let (t, h) = (th / s.n_heads, th % s.n_heads);
+            let g = h / group;
+            let qv = &q[th * hd..(th + 1) * hd];
+            scores.clear();
+            let total = s.prefix + s.n_new;
+            let mut max = f32::NEG_INFINITY;
+            for slot in 0..total {
+                let sc = if slot < s.prefix || visible(t, slot - s.prefix) {
+                    let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+                    super::quant::dot(qv, kr) * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            o.fill(0.0);
+            for (slot, &p) in scores.iter().enumerate() {
+                if p == 0.0 {
+                    continue;
+                }
+                let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+                let w = p / sum;
+                for (a, &b) in o.iter_mut().zip(vr) {
+                    *a += w * b;
+                }
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_ties_go_low() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), TokenId(1));
+    }
+
+    #[test]
+    fn top_k_sorted_with_ties() {
+        let t = top_k(&[1.0, 3.0, 3.0, 2.0, 0.5], 3);
+        assert_eq!(
+            t,
+            vec![(TokenId(1), 3.0), (TokenId(2), 3.0), (TokenId(3), 2.0)]
+        );
+    }
+
+    #[test]
+    fn rope_styles_rotate_norm_preserving() {
+        let mut a = vec![1.0, 2.0, 3.0, 4.0];
+        let cs = [(0.6f32, 0.8f32), (0.0, 1.0)];
+        rope(&mut a, 4, &cs, RopeStyle::Half);
+        // pair (0,2): (1,3) rotated by (0.6,0.8) → (1·0.6−3·0.8, 1·0.8+3·0.6)
+        assert!((a[0] - (0.6 - 2.4)).abs() < 1e-6 && (a[2] - (0.8 + 1.8)).abs() < 1e-6);
+        // pair (1,3): (2,4) rotated by 90° → (−4, 2)
+        assert!((a[1] + 4.0).abs() < 1e-6 && (a[3] - 2.0).abs() < 1e-6);
+    }
+}

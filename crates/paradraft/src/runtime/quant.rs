@@ -1,0 +1,274 @@
+//! GGML tensor types (F32, F16, BF16, Q4_0, Q4_1, Q8_0): block layouts, dequantisation, and
+//! the weight matrix type with its matmul.
+//!
+//! Block layouts (little-endian, as in GGML):
+//! - Q4_0: `d: f16, qs: [u8; 16]` — x[j] = (lo(qs[j]) − 8)·d, x[j+16] = (hi(qs[j]) − 8)·d
+//! - Q4_1: `d: f16, m: f16, qs: [u8; 16]` — x[j] = lo(qs[j])·d + m, x[j+16] = hi(qs[j])·d + m
+//! - Q8_0: `d: f16, qs: [i8; 32]` — x[j] = qs[j]·d
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+pub const QK: usize = 32;
+
+impl GgmlType {
+    pub fn from_u32(t: u32) -> Option<Self> {
+        Some(match t {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            8 => GgmlType::Q8_0,
+            30 => GgmlType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// Elements per block.
+    pub fn block_len(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            _ => QK,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q8_0 => 34,
+        }
+    }
+
+    pub fn row_bytes(self, n: usize) -> usize {
+        n / self.block_len() * self.block_bytes()
+    }
+}
+
+#[inline]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Dequantises `src` (a whole number of blocks of `ty`) into `dst`.
+pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    debug_assert_eq!(ty.row_bytes(dst.len()), src.len());
+    match ty {
+        GgmlType::F32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        GgmlType::BF16 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(18)) {
+                let s = f16_at(b, 0);
+                for j in 0..16 {
+                    let q = b[2 + j];
+                    d[j] = ((q & 0xF) as i32 - 8) as f32 * s;
+                    d[j + 16] = ((q >> 4) as i32 - 8) as f32 * s;
+                }
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(20)) {
+                let s = f16_at(b, 0);
+                let m = f16_at(b, 2);
+                for j in 0..16 {
+                    let q = b[4 + j];
+                    d[j] = (q & 0xF) as f32 * s + m;
+                    d[j + 16] = (q >> 4) as f32 * s + m;
+                }
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(34)) {
+                let s = f16_at(b, 0);
+                for j in 0..QK {
+                    d[j] = (b[2 + j] as i8) as f32 * s;
+                }
+            }
+        }
+    }
+}
+
+/// A 2-D weight `[rows, cols]` (row-major: one output feature per row) in any supported type.
+/// Dense types are widened to f32 at load; quantized types keep their GGML blocks.
+#[derive(Clone)]
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    data: MatrixData,
+}
+
+#[derive(Clone)]
+enum MatrixData {
+    F32(Vec<f32>),
+    Quant(GgmlType, Vec<u8>),
+}
+
+impl Matrix {
+    /// Builds a matrix from raw GGML bytes. Dense types are widened to f32.
+    pub fn from_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
+        assert_eq!(bytes.len(), rows * ty.row_bytes(cols));
+        let data = match ty {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                let mut v = vec![0f32; rows * cols];
+                dequantize(ty, bytes, &mut v);
+                MatrixData::F32(v)
+            }
+            _ => MatrixData::Quant(ty, bytes.to_vec()),
+        };
+        Matrix { rows, cols, data }
+    }
+
+    pub fn from_f32(rows: usize, cols: usize, v: Vec<f32>) -> Self {
+        assert_eq!(v.len(), rows * cols);
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::F32(v),
+        }
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        match &self.data {
+            MatrixData::F32(_) => GgmlType::F32,
+            MatrixData::Quant(t, _) => *t,
+        }
+    }
+
+    /// Bytes of weight data (what one full matmul streams from memory).
+    pub fn nbytes(&self) -> usize {
+        match &self.data {
+            MatrixData::F32(v) => v.len() * 4,
+            MatrixData::Quant(_, b) => b.len(),
+        }
+    }
+
+    /// Writes row `r` as f32 into `dst` (length `cols`).
+    pub fn row_into(&self, r: usize, dst: &mut [f32]) {
+        match &self.data {
+            MatrixData::F32(v) => dst.copy_from_slice(&v[r * self.cols..(r + 1) * self.cols]),
+            MatrixData::Quant(t, b) => {
+                let rb = t.row_bytes(self.cols);
+                dequantize(*t, &b[r * rb..(r + 1) * rb], dst)
+            }
+        }
+    }
+
+    /// `out[t, r] = Σ_i self[r, i] · x[t, i]` for `n = x.len() / cols` activation rows.
+    /// Each weight row is unpacked once and used for all activation rows.
+    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+        let (k, m) = (self.cols, self.rows);
+        let n = x.len() / k;
+        assert_eq!(x.len(), n * k);
+        assert_eq!(out.len(), n * m);
+        const CHUNK: usize = 16;
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        (0..m.div_ceil(CHUNK)).into_par_iter().for_each_init(
+            || vec![0f32; k],
+            |row, c| {
+                let out_ptr = &out_ptr;
+                for r in c * CHUNK..((c + 1) * CHUNK).min(m) {
+                    let w: &[f32] = match &self.data {
+                        MatrixData::F32(v) => &v[r * k..(r + 1) * k],
+                        MatrixData::Quant(..) => {
+                            self.row_into(r, row);
+                            row
+                        }
+                    };
+                    for t in 0..n {
+                        let y = dot(w, &x[t * k..(t + 1) * k]);
+                        // SAFETY: each (t, r) is written by exactly one task; r ranges are disjoint.
+                        unsafe { *out_ptr.0.add(t * m + r) = y };
+                    }
+                }
+            },
+        );
+    }
+}
+
+struct SendPtr(*mut f32);
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// f32 dot product with 8 independent accumulators (vectorises on any SIMD target).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q4_1_block(d: f32, m: f32, qs: [u8; 16]) -> Vec<u8> {
+        let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+        b.extend(f16::from_f32(m).to_le_bytes());
+        b.extend(qs);
+        b
+    }
+
+    #[test]
+    fn q4_1_layout_low_nibbles_first() {
+        let mut qs = [0u8; 16];
+        qs[0] = 0x21; // x[0] = 1, x[16] = 2
+        let b = q4_1_block(0.5, -1.0, qs);
+        let mut out = [0f32; 32];
+        dequantize(GgmlType::Q4_1, &b, &mut out);
+        assert_eq!(out[0], 0.5 * 1.0 - 1.0);
+        assert_eq!(out[16], 0.5 * 2.0 - 1.0);
+        assert_eq!(out[1], -1.0);
+    }
+
+    #[test]
+    fn matmul_matches_naive() {
+        let (m, k, n) = (37, 64, 3);
+        let w: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+        let x: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2).collect();
+        let mat = Matrix::from_f32(m, k, w.clone());
+        let mut out = vec![0f32; n * m];
+        mat.matmul(&x, &mut out);
+        for t in 0..n {
+            for r in 0..m {
+                let want: f32 = (0..k).map(|i| w[r * k + i] * x[t * k + i]).sum();
+                assert!((out[t * m + r] - want).abs() < 1e-4);
+            }
+        }
+    }
+}
