@@ -128,7 +128,16 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
     };
     let hidden = req("hidden_size")?;
     let n_heads = req("num_attention_heads")?;
-    let rs = &v["rope_scaling"];
+    if v["mlp_bias"].as_bool() == Some(true) {
+        return Err(Error::Unsupported("MLP biases (mlp_bias: true)".into()));
+    }
+    if v["use_sliding_window"].as_bool() == Some(true) {
+        return Err(Error::Unsupported("sliding-window attention".into()));
+    }
+    // transformers 5 writes `rope_parameters` (theta inside); older files `rope_theta` + `rope_scaling`.
+    let rp = &v["rope_parameters"];
+    let rs = if rp.is_object() { rp } else { &v["rope_scaling"] };
+    let rope_theta = v["rope_theta"].as_f64().or(rp["rope_theta"].as_f64()).unwrap_or(10000.0);
     let rope_scaling = if rs.is_null() {
         RopeScaling::None
     } else {
@@ -156,7 +165,7 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
         n_kv_heads: v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(n_heads),
         head_dim: v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / n_heads.max(1)),
         rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
-        rope_theta: v["rope_theta"].as_f64().unwrap_or(10000.0) as f32,
+        rope_theta: rope_theta as f32,
         rope_scaling,
         rope_style: RopeStyle::Half,
         max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,

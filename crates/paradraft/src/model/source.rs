@@ -117,6 +117,8 @@ impl SafetensorsSource {
             names.sort();
             names.dedup();
             names.into_iter().map(|n| dir.join(n)).collect()
+        } else if dir.join("model.safetensors").exists() {
+            vec![dir.join("model.safetensors")]
         } else {
             let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
                 .map_err(|e| Error::io(dir, e))?

@@ -1,0 +1,103 @@
+//! f32 parity of the tiny random-weight Llama / Qwen2 / Qwen3 models (safetensors F32 / F16 /
+//! BF16) and of the tiny Llama as a mixed-type GGUF, against HF transformers (fixtures written
+//! by scripts/make_fixtures.py).
+
+mod common;
+use common::*;
+use paradraft::model::{self, Batch, Scratch};
+
+/// Both sides compute in f32 from identical weights; only summation order differs.
+const TOL: f32 = 2e-4;
+
+fn check_model(name: &str) {
+    let lm = load_tiny(name);
+    let rp = fixtures().join("tiny").join(name).join("reference.safetensors");
+    let (_, input) = read_ref(&rp, "input_ids");
+    let (lshape, logits) = read_ref(&rp, "logits");
+    let (hshape, hidden) = read_ref(&rp, "hidden");
+    let tokens = ids(&input);
+    let (t_len, vocab) = (lshape[0], lshape[1]);
+    let n_layers = hshape[0];
+    let h = hshape[2];
+    assert_eq!(vocab, lm.model.config.vocab_size);
+    // Taps of every layer but the last (whose HF "hidden state" is after the final norm), in
+    // reverse order to check that the concatenation follows the requested order.
+    let taps: Vec<usize> = (0..n_layers - 1).rev().collect();
+    let mut kv = lm.model.new_kv(64);
+    let mut s = Scratch::default();
+    let pos = seq_positions(0, tokens.len());
+    let out = lm
+        .model
+        .forward(&mut kv, &Batch { tokens: &tokens, positions: &pos, mask: None }, &spec_with_taps(taps.clone()), &mut s)
+        .unwrap();
+    let mut worst = 0f32;
+    for t in 0..t_len {
+        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab].iter().map(|&x| x as f32).collect();
+        worst = worst.max(max_abs_diff(out.logits_row(t), &want));
+    }
+    assert!(worst < TOL, "{name}: max |Δlogit| = {worst}");
+    let mut worst_h = 0f32;
+    for t in 0..t_len {
+        for (k, &layer) in taps.iter().enumerate() {
+            let got = &out.hidden[(t * taps.len() + k) * h..(t * taps.len() + k + 1) * h];
+            let off = (layer * t_len + t) * h;
+            let want: Vec<f32> = hidden[off..off + h].iter().map(|&x| x as f32).collect();
+            worst_h = worst_h.max(max_abs_diff(got, &want));
+        }
+    }
+    assert!(worst_h < TOL, "{name}: max |Δhidden| = {worst_h}");
+    eprintln!("{name}: max |Δlogit| {worst:.2e}, max |Δhidden| {worst_h:.2e}");
+}
+
+#[test]
+fn tiny_llama_llama3_rope_untied_f32() {
+    check_model("llama");
+}
+
+#[test]
+fn tiny_qwen2_biases_tied_f16() {
+    check_model("qwen2");
+}
+
+#[test]
+fn tiny_qwen3_qk_norm_bf16() {
+    check_model("qwen3");
+}
+
+#[test]
+fn tiny_llama_mixed_type_gguf() {
+    let lm = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
+    let rp = fixtures().join("tiny/llama-quant.reference.safetensors");
+    let (_, input) = read_ref(&rp, "input_ids");
+    let (lshape, logits) = read_ref(&rp, "logits");
+    let got = run_logits(&lm, &ids(&input));
+    let vocab = lshape[1];
+    let mut worst = 0f32;
+    for (t, row) in got.iter().enumerate() {
+        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab].iter().map(|&x| x as f32).collect();
+        worst = worst.max(max_abs_diff(row, &want));
+    }
+    assert!(worst < TOL, "max |Δlogit| = {worst}");
+}
+
+#[test]
+fn tiny_tokenizers_and_templates_match_reference() {
+    for name in ["llama", "qwen2", "qwen3"] {
+        let lm = load_tiny(name);
+        let p = fixtures().join("tiny").join(name).join("reference_text.json");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let want: Vec<u32> = v["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let text = v["text"].as_str().unwrap();
+        let got: Vec<u32> = lm.tokenizer.encode(text).unwrap().iter().map(|t| t.0).collect();
+        assert_eq!(got, want, "{name}");
+        let msgs = [model::Message::new("user", "Explain why the sky is blue, with numbers 12345.")];
+        assert_eq!(lm.tokenizer.apply_chat_template(&msgs, true).unwrap(), text);
+        // generation_config's eos list joins the stop set
+        assert!(lm.tokenizer.stop_tokens.contains(&paradraft::TokenId(2)));
+    }
+    let g = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
+    let hf = load_tiny("llama");
+    let s = "def f(x):\n    return x ** 2  # café 12345";
+    assert_eq!(g.tokenizer.encode(s).unwrap(), hf.tokenizer.encode(s).unwrap());
+    assert_eq!(g.tokenizer.decode(&g.tokenizer.encode(s).unwrap()).unwrap(), s);
+}
