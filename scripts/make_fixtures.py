@@ -99,9 +99,10 @@ def smollm2(gguf_path, llama_tokenize):
 def ids_for(text, tok, gguf_path, llama_tokenize):
     if not llama_tokenize:
         return tok(text, add_special_tokens=False)["input_ids"]
+    # llama-tokenize parses special tokens by default; stdin + --no-escape keeps the text verbatim.
     r = subprocess.run(
-        [llama_tokenize, "-m", gguf_path, "-p", text, "--ids", "--log-disable", "--no-bos", "--parse-special"],
-        capture_output=True, text=True, check=True)
+        [llama_tokenize, "-m", gguf_path, "--stdin", "--ids", "--log-disable", "--no-bos", "--no-escape"],
+        input=text, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

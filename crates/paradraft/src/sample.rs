@@ -95,11 +95,19 @@ impl Sampler {
                 entries: vec![(ops::argmax(logits), 1.0)],
             };
         }
-        let k = if p.top_k == 0 { logits.len() } else { p.top_k.min(logits.len()) };
+        let k = if p.top_k == 0 {
+            logits.len()
+        } else {
+            p.top_k.min(logits.len())
+        };
         let mut cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 {
             ops::top_k(logits, k)
         } else {
-            logits.iter().enumerate().map(|(i, &l)| (TokenId(i as u32), l)).collect()
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (TokenId(i as u32), l))
+                .collect()
         };
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f64;
@@ -143,7 +151,11 @@ impl Sampler {
                 return t;
             }
         }
-        d.entries.iter().rev().find(|e| e.1 > 0.0).map_or(d.entries[0].0, |e| e.0)
+        d.entries
+            .iter()
+            .rev()
+            .find(|e| e.1 > 0.0)
+            .map_or(d.entries[0].0, |e| e.0)
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> TokenId {
@@ -162,17 +174,36 @@ mod tests {
     #[test]
     fn rejects_bad_params() {
         for (t, p) in [(-1.0, 1.0), (f32::NAN, 1.0), (1.0, 0.0), (1.0, 1.5)] {
-            let params = SamplingParams { temperature: t, top_p: p, ..Default::default() };
+            let params = SamplingParams {
+                temperature: t,
+                top_p: p,
+                ..Default::default()
+            };
             assert!(Sampler::new(params).is_err(), "{t} {p}");
         }
     }
 
     #[test]
     fn top_k_and_top_p_truncate() {
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 3, top_p: 1.0, seed: 1 }).unwrap();
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            seed: 1,
+        })
+        .unwrap();
         let d = s.dist(&[0.0, 3.0, 1.0, 2.0, -1.0]);
-        assert_eq!(d.entries.iter().map(|e| e.0 .0).collect::<Vec<_>>(), vec![1, 3, 2]);
-        let s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, seed: 1 }).unwrap();
+        assert_eq!(
+            d.entries.iter().map(|e| e.0 .0).collect::<Vec<_>>(),
+            vec![1, 3, 2]
+        );
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            seed: 1,
+        })
+        .unwrap();
         let d = s.dist(&[0.0, 3.0, 1.0, 2.0, -1.0]);
         assert_eq!(d.entries.len(), 1);
         assert_eq!(d.entries[0].0, TokenId(1));
@@ -181,7 +212,12 @@ mod tests {
     #[test]
     fn sampling_frequencies_follow_softmax() {
         let logits = [0.0f32, 1.0, 2.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, seed: 7, ..Default::default() }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 7,
+            ..Default::default()
+        })
+        .unwrap();
         let mut counts = [0usize; 3];
         let n = 60_000;
         for _ in 0..n {
@@ -198,7 +234,12 @@ mod tests {
     #[test]
     fn same_seed_same_draws() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
-        let p = SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.9, seed: 42 };
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 42,
+        };
         let mut a = Sampler::new(p).unwrap();
         let mut b = Sampler::new(p).unwrap();
         for _ in 0..50 {

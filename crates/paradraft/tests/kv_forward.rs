@@ -20,13 +20,26 @@ fn extend(lm: &Loaded, kv: &mut KvCache, tokens: &[TokenId]) -> Vec<Vec<f32>> {
     let pos = seq_positions(kv.len(), tokens.len());
     let out = lm
         .model
-        .forward(kv, &Batch { tokens, positions: &pos, mask: None }, &OutputSpec::all_full(), &mut s)
+        .forward(
+            kv,
+            &Batch {
+                tokens,
+                positions: &pos,
+                mask: None,
+            },
+            &OutputSpec::all_full(),
+            &mut s,
+        )
         .unwrap();
-    (0..tokens.len()).map(|i| out.logits_row(i).to_vec()).collect()
+    (0..tokens.len())
+        .map(|i| out.logits_row(i).to_vec())
+        .collect()
 }
 
 fn prompt() -> Vec<TokenId> {
-    toks(&[3, 17, 250, 99, 42, 7, 311, 128, 64, 5, 200, 18, 77, 301, 9, 45])
+    toks(&[
+        3, 17, 250, 99, 42, 7, 311, 128, 64, 5, 200, 18, 77, 301, 9, 45,
+    ])
 }
 
 #[test]
@@ -64,7 +77,10 @@ fn truncate_then_continue_equals_fresh_run() {
 /// A tree over the prefix: node tokens and parents (node 0 is the root, the last committed
 /// token's successor). Paths: 0-1-3, 0-1-4-6, 0-2-5.
 fn tree() -> (Vec<TokenId>, Vec<Option<usize>>) {
-    (toks(&[21, 22, 23, 24, 25, 26, 27]), vec![None, Some(0), Some(0), Some(1), Some(1), Some(2), Some(4)])
+    (
+        toks(&[21, 22, 23, 24, 25, 26, 27]),
+        vec![None, Some(0), Some(0), Some(1), Some(1), Some(2), Some(4)],
+    )
 }
 
 fn depth(parents: &[Option<usize>], mut i: usize) -> usize {
@@ -86,16 +102,34 @@ fn root_path(parents: &[Option<usize>], mut i: usize) -> Vec<usize> {
     path
 }
 
-fn tree_forward(lm: &Loaded, kv: &mut KvCache, tokens: &[TokenId], parents: &[Option<usize>]) -> Vec<Vec<f32>> {
+fn tree_forward(
+    lm: &Loaded,
+    kv: &mut KvCache,
+    tokens: &[TokenId],
+    parents: &[Option<usize>],
+) -> Vec<Vec<f32>> {
     let prefix = kv.len();
-    let pos: Vec<Pos> = (0..tokens.len()).map(|i| Pos((prefix + depth(parents, i)) as u32)).collect();
+    let pos: Vec<Pos> = (0..tokens.len())
+        .map(|i| Pos((prefix + depth(parents, i)) as u32))
+        .collect();
     let mask = TreeMask::from_parents(parents).unwrap();
     let mut s = Scratch::default();
     let out = lm
         .model
-        .forward(kv, &Batch { tokens, positions: &pos, mask: Some(&mask) }, &OutputSpec::all_full(), &mut s)
+        .forward(
+            kv,
+            &Batch {
+                tokens,
+                positions: &pos,
+                mask: Some(&mask),
+            },
+            &OutputSpec::all_full(),
+            &mut s,
+        )
         .unwrap();
-    (0..tokens.len()).map(|i| out.logits_row(i).to_vec()).collect()
+    (0..tokens.len())
+        .map(|i| out.logits_row(i).to_vec())
+        .collect()
 }
 
 #[test]
@@ -107,11 +141,11 @@ fn tree_forward_matches_each_root_path() {
         let mut kv = lm.model.new_kv(64);
         extend(&lm, &mut kv, &p);
         let got = tree_forward(&lm, &mut kv, &nodes, &parents);
-        for i in 0..nodes.len() {
+        for (i, row) in got.iter().enumerate() {
             let mut seq = p.clone();
             seq.extend(root_path(&parents, i).iter().map(|&j| nodes[j]));
             let want = run_logits(&lm, &seq);
-            let d = max_abs_diff(&got[i], want.last().unwrap());
+            let d = max_abs_diff(row, want.last().unwrap());
             assert!(d < TOL, "{name} node {i}: {d}");
         }
     }
@@ -180,8 +214,24 @@ fn fused_argmax_and_top_k_agree_with_full_logits() {
     for logits in [Logits::Argmax, Logits::TopK(5)] {
         let mut kv = lm.model.new_kv(32);
         let pos = seq_positions(0, p.len());
-        let spec = OutputSpec { rows: Rows::Some(vec![3, 15]), logits, taps: vec![] };
-        let out = lm.model.forward(&mut kv, &Batch { tokens: &p, positions: &pos, mask: None }, &spec, &mut s).unwrap();
+        let spec = OutputSpec {
+            rows: Rows::Some(vec![3, 15]),
+            logits,
+            taps: vec![],
+        };
+        let out = lm
+            .model
+            .forward(
+                &mut kv,
+                &Batch {
+                    tokens: &p,
+                    positions: &pos,
+                    mask: None,
+                },
+                &spec,
+                &mut s,
+            )
+            .unwrap();
         for (k, &r) in [3usize, 15].iter().enumerate() {
             let want = paradraft::runtime::ops::top_k(&full[r], 5);
             match logits {

@@ -27,7 +27,11 @@ fn smollm2() -> &'static model::Loaded {
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -42,8 +46,24 @@ fn logits_match_transformers_reference() {
         let mut kv = lm.model.new_kv(ids.len());
         let mut s = Scratch::default();
         let pos = seq_positions(0, ids.len());
-        let spec = OutputSpec { rows: Rows::All, logits: Logits::TopK(20), taps: vec![] };
-        let out = lm.model.forward(&mut kv, &Batch { tokens: &ids, positions: &pos, mask: None }, &spec, &mut s).unwrap();
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits: Logits::TopK(20),
+            taps: vec![],
+        };
+        let out = lm
+            .model
+            .forward(
+                &mut kv,
+                &Batch {
+                    tokens: &ids,
+                    positions: &pos,
+                    mask: None,
+                },
+                &spec,
+                &mut s,
+            )
+            .unwrap();
         for (t, want) in p["top"].as_array().unwrap().iter().enumerate() {
             let want: Vec<(u32, f64)> = want
                 .as_array()
@@ -62,7 +82,10 @@ fn logits_match_transformers_reference() {
             }
         }
     }
-    assert!(long_prompt, "the fixture must hold a prompt over 100 tokens");
+    assert!(
+        long_prompt,
+        "the fixture must hold a prompt over 100 tokens"
+    );
     let top1 = agree as f64 / total as f64;
     let mean = dsum / dn as f64;
     eprintln!("SmolLM2 parity: top-1 agreement {top1:.4} over {total} positions, mean |Δlogit| {mean:.4} over {dn} shared ids");

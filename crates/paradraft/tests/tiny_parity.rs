@@ -11,7 +11,10 @@ const TOL: f32 = 2e-4;
 
 fn check_model(name: &str) {
     let lm = load_tiny(name);
-    let rp = fixtures().join("tiny").join(name).join("reference.safetensors");
+    let rp = fixtures()
+        .join("tiny")
+        .join(name)
+        .join("reference.safetensors");
     let (_, input) = read_ref(&rp, "input_ids");
     let (lshape, logits) = read_ref(&rp, "logits");
     let (hshape, hidden) = read_ref(&rp, "hidden");
@@ -28,11 +31,23 @@ fn check_model(name: &str) {
     let pos = seq_positions(0, tokens.len());
     let out = lm
         .model
-        .forward(&mut kv, &Batch { tokens: &tokens, positions: &pos, mask: None }, &spec_with_taps(taps.clone()), &mut s)
+        .forward(
+            &mut kv,
+            &Batch {
+                tokens: &tokens,
+                positions: &pos,
+                mask: None,
+            },
+            &spec_with_taps(taps.clone()),
+            &mut s,
+        )
         .unwrap();
     let mut worst = 0f32;
     for t in 0..t_len {
-        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab].iter().map(|&x| x as f32).collect();
+        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
         worst = worst.max(max_abs_diff(out.logits_row(t), &want));
     }
     assert!(worst < TOL, "{name}: max |Δlogit| = {worst}");
@@ -74,7 +89,10 @@ fn tiny_llama_mixed_type_gguf() {
     let vocab = lshape[1];
     let mut worst = 0f32;
     for (t, row) in got.iter().enumerate() {
-        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab].iter().map(|&x| x as f32).collect();
+        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
         worst = worst.max(max_abs_diff(row, &want));
     }
     assert!(worst < TOL, "max |Δlogit| = {worst}");
@@ -84,13 +102,31 @@ fn tiny_llama_mixed_type_gguf() {
 fn tiny_tokenizers_and_templates_match_reference() {
     for name in ["llama", "qwen2", "qwen3"] {
         let lm = load_tiny(name);
-        let p = fixtures().join("tiny").join(name).join("reference_text.json");
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-        let want: Vec<u32> = v["token_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let p = fixtures()
+            .join("tiny")
+            .join(name)
+            .join("reference_text.json");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let want: Vec<u32> = v["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
         let text = v["text"].as_str().unwrap();
-        let got: Vec<u32> = lm.tokenizer.encode(text).unwrap().iter().map(|t| t.0).collect();
+        let got: Vec<u32> = lm
+            .tokenizer
+            .encode(text)
+            .unwrap()
+            .iter()
+            .map(|t| t.0)
+            .collect();
         assert_eq!(got, want, "{name}");
-        let msgs = [model::Message::new("user", "Explain why the sky is blue, with numbers 12345.")];
+        let msgs = [model::Message::new(
+            "user",
+            "Explain why the sky is blue, with numbers 12345.",
+        )];
         assert_eq!(lm.tokenizer.apply_chat_template(&msgs, true).unwrap(), text);
         // generation_config's eos list joins the stop set
         assert!(lm.tokenizer.stop_tokens.contains(&paradraft::TokenId(2)));
@@ -98,6 +134,12 @@ fn tiny_tokenizers_and_templates_match_reference() {
     let g = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
     let hf = load_tiny("llama");
     let s = "def f(x):\n    return x ** 2  # café 12345";
-    assert_eq!(g.tokenizer.encode(s).unwrap(), hf.tokenizer.encode(s).unwrap());
-    assert_eq!(g.tokenizer.decode(&g.tokenizer.encode(s).unwrap()).unwrap(), s);
+    assert_eq!(
+        g.tokenizer.encode(s).unwrap(),
+        hf.tokenizer.encode(s).unwrap()
+    );
+    assert_eq!(
+        g.tokenizer.decode(&g.tokenizer.encode(s).unwrap()).unwrap(),
+        s
+    );
 }

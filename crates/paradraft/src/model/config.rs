@@ -64,13 +64,16 @@ pub struct Config {
 impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Unsupported(m));
-        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
             return bad(format!(
                 "{} attention heads are not a multiple of {} KV heads",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head dimension {} must be even", self.head_dim));
         }
         if self.hidden_size == 0 || self.n_layers == 0 || self.vocab_size == 0 {

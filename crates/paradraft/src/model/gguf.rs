@@ -100,7 +100,12 @@ impl<'a> Reader<'a> {
             .pos
             .checked_add(n)
             .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| format!("unexpected end of file at byte {} (wanted {n} more)", self.pos))?;
+            .ok_or_else(|| {
+                format!(
+                    "unexpected end of file at byte {} (wanted {n} more)",
+                    self.pos
+                )
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -178,7 +183,9 @@ impl GgufFile {
         let n_tensors = r.u64().map_err(bad)?;
         let n_kv = r.u64().map_err(bad)?;
         if n_tensors > 1 << 20 || n_kv > 1 << 20 {
-            return Err(bad(format!("implausible counts: {n_tensors} tensors, {n_kv} keys")));
+            return Err(bad(format!(
+                "implausible counts: {n_tensors} tensors, {n_kv} keys"
+            )));
         }
         let mut metadata = HashMap::new();
         for _ in 0..n_kv {

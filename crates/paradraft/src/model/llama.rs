@@ -225,7 +225,11 @@ impl Model {
             l.wq.matmul(xn, q);
             l.wk.matmul(xn, k);
             l.wv.matmul(xn, v);
-            for (buf, bias, dim) in [(&mut *q, &l.bq, qd), (&mut *k, &l.bk, kvd), (&mut *v, &l.bv, kvd)] {
+            for (buf, bias, dim) in [
+                (&mut *q, &l.bq, qd),
+                (&mut *k, &l.bk, kvd),
+                (&mut *v, &l.bv, kvd),
+            ] {
                 if let Some(bias) = bias {
                     for r in buf.chunks_exact_mut(dim) {
                         ops::add_inplace(r, bias);
@@ -246,7 +250,14 @@ impl Model {
             kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
             let attn = sized(&mut s.attn, n * qd);
             let end = (slot0 + n) * row;
-            ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], &shape, &visible, attn);
+            ops::attention(
+                q,
+                &kv.k[li][..end],
+                &kv.v[li][..end],
+                &shape,
+                &visible,
+                attn,
+            );
             let proj = sized(&mut s.proj, n * h);
             l.wo.matmul(attn, proj);
             ops::add_inplace(&mut s.x, proj);

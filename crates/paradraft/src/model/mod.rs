@@ -71,7 +71,9 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
     } else {
         match g.str(&key("rope.scaling.type")) {
             None | Some("none") => RopeScaling::None,
-            Some("linear") => RopeScaling::Linear(g.f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32),
+            Some("linear") => {
+                RopeScaling::Linear(g.f64(&key("rope.scaling.factor")).unwrap_or(1.0) as f32)
+            }
             Some(other) => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
         }
     };
@@ -82,9 +84,13 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         intermediate_size: g.req_u64(&key("feed_forward_length"))? as usize,
         n_layers: g.req_u64(&key("block_count"))? as usize,
         n_heads,
-        n_kv_heads: g.u64(&key("attention.head_count_kv")).unwrap_or(n_heads as u64) as usize,
+        n_kv_heads: g
+            .u64(&key("attention.head_count_kv"))
+            .unwrap_or(n_heads as u64) as usize,
         head_dim,
-        rms_eps: g.f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5) as f32,
+        rms_eps: g
+            .f64(&key("attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5) as f32,
         rope_theta: g.f64(&key("rope.freq_base")).unwrap_or(10000.0) as f32,
         rope_scaling,
         // GGUF Llama files carry q/k rows permuted for GGML's interleaved rope.
@@ -136,12 +142,22 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
     }
     // transformers 5 writes `rope_parameters` (theta inside); older files `rope_theta` + `rope_scaling`.
     let rp = &v["rope_parameters"];
-    let rs = if rp.is_object() { rp } else { &v["rope_scaling"] };
-    let rope_theta = v["rope_theta"].as_f64().or(rp["rope_theta"].as_f64()).unwrap_or(10000.0);
+    let rs = if rp.is_object() {
+        rp
+    } else {
+        &v["rope_scaling"]
+    };
+    let rope_theta = v["rope_theta"]
+        .as_f64()
+        .or(rp["rope_theta"].as_f64())
+        .unwrap_or(10000.0);
     let rope_scaling = if rs.is_null() {
         RopeScaling::None
     } else {
-        let ty = rs["rope_type"].as_str().or(rs["type"].as_str()).unwrap_or("default");
+        let ty = rs["rope_type"]
+            .as_str()
+            .or(rs["type"].as_str())
+            .unwrap_or("default");
         let f = |k: &str, d: f64| rs[k].as_f64().unwrap_or(d) as f32;
         match ty {
             "default" => RopeScaling::None,
@@ -162,8 +178,14 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
         intermediate_size: req("intermediate_size")?,
         n_layers: req("num_hidden_layers")?,
         n_heads,
-        n_kv_heads: v["num_key_value_heads"].as_u64().map(|x| x as usize).unwrap_or(n_heads),
-        head_dim: v["head_dim"].as_u64().map(|x| x as usize).unwrap_or(hidden / n_heads.max(1)),
+        n_kv_heads: v["num_key_value_heads"]
+            .as_u64()
+            .map(|x| x as usize)
+            .unwrap_or(n_heads),
+        head_dim: v["head_dim"]
+            .as_u64()
+            .map(|x| x as usize)
+            .unwrap_or(hidden / n_heads.max(1)),
         rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
         rope_theta: rope_theta as f32,
         rope_scaling,

@@ -16,7 +16,14 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer as HfTokenizer};
 
 /// Names that end a turn in common chat formats; any present in the vocabulary join the stop set.
-const END_OF_TURN_NAMES: &[&str] = &["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<|end|>"];
+const END_OF_TURN_NAMES: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "</s>",
+    "<|end|>",
+];
 
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -62,11 +69,16 @@ impl Tokenizer {
             )));
         }
         let strings = |key: &str| -> Result<Vec<String>> {
-            let arr = g.get(key).and_then(Value::as_array).ok_or_else(|| {
-                Error::Tokenizer(format!("GGUF has no {key} array"))
-            })?;
+            let arr = g
+                .get(key)
+                .and_then(Value::as_array)
+                .ok_or_else(|| Error::Tokenizer(format!("GGUF has no {key} array")))?;
             arr.iter()
-                .map(|v| v.as_str().map(String::from).ok_or_else(|| tok_err(format!("{key} holds a non-string"))))
+                .map(|v| {
+                    v.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| tok_err(format!("{key} holds a non-string")))
+                })
                 .collect()
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
@@ -98,14 +110,22 @@ impl Tokenizer {
             "gpt2" | "default" => byte_level.into(),
             "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
             "llama-bpe" | "llama3" | "qwen2" => {
-                let re = if pre == "qwen2" { QWEN2_REGEX } else { LLAMA3_REGEX };
+                let re = if pre == "qwen2" {
+                    QWEN2_REGEX
+                } else {
+                    LLAMA3_REGEX
+                };
                 let split = Split::new(
                     SplitPattern::Regex(re.into()),
                     SplitDelimiterBehavior::Isolated,
                     false,
                 )
                 .map_err(tok_err)?;
-                Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
+                Sequence::new(vec![
+                    split.into(),
+                    ByteLevel::new(false, true, false).into(),
+                ])
+                .into()
             }
             other => {
                 return Err(Error::Unsupported(format!(
@@ -132,7 +152,10 @@ impl Tokenizer {
             .unwrap_or(false);
         let mut stop_tokens: BTreeSet<TokenId> = eos.into_iter().collect();
         stop_tokens.extend(id("tokenizer.ggml.eot_token_id"));
-        let text_of = |t: Option<TokenId>| t.and_then(|t| tokens.get(t.idx()).cloned()).unwrap_or_default();
+        let text_of = |t: Option<TokenId>| {
+            t.and_then(|t| tokens.get(t.idx()).cloned())
+                .unwrap_or_default()
+        };
         let mut tk = Tokenizer {
             bos_text: text_of(bos),
             eos_text: text_of(eos),
@@ -176,7 +199,9 @@ impl Tokenizer {
         let token_text = |v: &serde_json::Value| -> Option<String> {
             match v {
                 serde_json::Value::String(s) => Some(s.clone()),
-                serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+                serde_json::Value::Object(o) => {
+                    o.get("content").and_then(|c| c.as_str()).map(String::from)
+                }
                 _ => None,
             }
         };
@@ -185,8 +210,14 @@ impl Tokenizer {
         let lookup = |s: &str| inner.token_to_id(s).map(TokenId);
         let ids = |v: &serde_json::Value| -> Vec<TokenId> {
             match v {
-                serde_json::Value::Number(n) => n.as_u64().map(|x| TokenId(x as u32)).into_iter().collect(),
-                serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_u64()).map(|x| TokenId(x as u32)).collect(),
+                serde_json::Value::Number(n) => {
+                    n.as_u64().map(|x| TokenId(x as u32)).into_iter().collect()
+                }
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| TokenId(x as u32))
+                    .collect(),
                 _ => vec![],
             }
         };
@@ -253,18 +284,31 @@ impl Tokenizer {
     }
 
     /// Renders the chat template (or, without one, joins the turns plainly).
-    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let Some(tpl) = &self.chat_template else {
-            let mut s: String = messages.iter().map(|m| format!("{}\n", m.content)).collect();
+            let mut s: String = messages
+                .iter()
+                .map(|m| format!("{}\n", m.content))
+                .collect();
             s.pop();
             return Ok(s);
         };
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_function("strftime_now", |_fmt: String| "1 January 2026".to_string());
         let cerr = |e: minijinja::Error| Error::ChatTemplate(format!("{e:#}"));
         env.add_template("chat", tpl).map_err(cerr)?;
@@ -274,7 +318,10 @@ impl Tokenizer {
             bos_token => self.bos_text,
             eos_token => self.eos_text,
         };
-        env.get_template("chat").map_err(cerr)?.render(ctx).map_err(cerr)
+        env.get_template("chat")
+            .map_err(cerr)?
+            .render(ctx)
+            .map_err(cerr)
     }
 }
 

@@ -82,17 +82,15 @@ pub fn argmax(x: &[f32]) -> TokenId {
 pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
     let k = k.min(x.len());
     let mut idx: Vec<u32> = (0..x.len() as u32).collect();
-    let cmp = |a: &u32, b: &u32| {
-        x[*b as usize]
-            .total_cmp(&x[*a as usize])
-            .then(a.cmp(b))
-    };
+    let cmp = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
     if k < idx.len() && k > 0 {
         idx.select_nth_unstable_by(k - 1, cmp);
     }
     idx.truncate(k);
     idx.sort_by(cmp);
-    idx.into_iter().map(|i| (TokenId(i), x[i as usize])).collect()
+    idx.into_iter()
+        .map(|i| (TokenId(i), x[i as usize]))
+        .collect()
 }
 
 /// Geometry of one attention call.

@@ -259,8 +259,12 @@ mod tests {
     #[test]
     fn matmul_matches_naive() {
         let (m, k, n) = (37, 64, 3);
-        let w: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
-        let x: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2).collect();
+        let w: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+            .collect();
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
+            .collect();
         let mat = Matrix::from_f32(m, k, w.clone());
         let mut out = vec![0f32; n * m];
         mat.matmul(&x, &mut out);

@@ -51,18 +51,31 @@ pub fn run_logits(lm: &Loaded, tokens: &[TokenId]) -> Vec<Vec<f32>> {
         .model
         .forward(
             &mut kv,
-            &Batch { tokens, positions: &pos, mask: None },
+            &Batch {
+                tokens,
+                positions: &pos,
+                mask: None,
+            },
             &OutputSpec::all_full(),
             &mut s,
         )
         .unwrap();
-    (0..tokens.len()).map(|i| out.logits_row(i).to_vec()).collect()
+    (0..tokens.len())
+        .map(|i| out.logits_row(i).to_vec())
+        .collect()
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn spec_with_taps(taps: Vec<usize>) -> OutputSpec {
-    OutputSpec { rows: Rows::All, logits: Logits::Full, taps }
+    OutputSpec {
+        rows: Rows::All,
+        logits: Logits::Full,
+        taps,
+    }
 }
