@@ -18,12 +18,23 @@ fn fixture() -> &'static Value {
     })
 }
 
+fn load_smollm2(exact: bool) -> model::Loaded {
+    let path = paradraft::fetch::ensure_default_model().expect("default model available");
+    let mut lm = model::load(&path).expect("SmolLM2 loads");
+    lm.model.set_exact(exact);
+    lm
+}
+
+/// The fast path (int8 activations, SIMD kernels).
 fn smollm2() -> &'static model::Loaded {
     static M: OnceLock<model::Loaded> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = paradraft::fetch::ensure_default_model().expect("default model available");
-        model::load(&path).expect("SmolLM2 loads")
-    })
+    M.get_or_init(|| load_smollm2(false))
+}
+
+/// The reference path (f32 activations).
+fn smollm2_exact() -> &'static model::Loaded {
+    static M: OnceLock<model::Loaded> = OnceLock::new();
+    M.get_or_init(|| load_smollm2(true))
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
@@ -34,9 +45,8 @@ fn u32s(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn logits_match_transformers_reference() {
-    let lm = smollm2();
+/// (top-1 agreement, mean |Δlogit| over shared top-20 ids) against the fixture.
+fn parity(lm: &model::Loaded) -> (f64, f64) {
     let (mut agree, mut total) = (0usize, 0usize);
     let (mut dsum, mut dn) = (0f64, 0usize);
     let mut long_prompt = false;
@@ -86,11 +96,50 @@ fn logits_match_transformers_reference() {
         long_prompt,
         "the fixture must hold a prompt over 100 tokens"
     );
-    let top1 = agree as f64 / total as f64;
-    let mean = dsum / dn as f64;
-    eprintln!("SmolLM2 parity: top-1 agreement {top1:.4} over {total} positions, mean |Δlogit| {mean:.4} over {dn} shared ids");
+    (agree as f64 / total as f64, dsum / dn as f64)
+}
+
+#[test]
+fn logits_match_transformers_reference() {
+    let (top1, mean) = parity(smollm2());
+    eprintln!("SmolLM2 fast path: top-1 agreement {top1:.4}, mean |Δlogit| {mean:.4}");
     assert!(top1 >= 0.97, "top-1 agreement {top1}");
     assert!(mean <= 0.3, "mean |Δlogit| {mean}");
+}
+
+#[test]
+fn exact_path_matches_reference_tightly() {
+    let (top1, mean) = parity(smollm2_exact());
+    eprintln!("SmolLM2 exact path: top-1 agreement {top1:.4}, mean |Δlogit| {mean:.5}");
+    assert!(top1 >= 0.999 && mean <= 1e-3, "top-1 {top1}, mean {mean}");
+}
+
+#[test]
+fn fast_and_exact_paths_agree_on_greedy_generation() {
+    use paradraft::generate::{generate, GenerateParams};
+    let p = &fixture()["prompts"][3];
+    let ids: Vec<TokenId> = u32s(&p["token_ids"]).into_iter().map(TokenId).collect();
+    let params = GenerateParams {
+        max_new_tokens: 48,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    };
+    let run = |lm: &model::Loaded| {
+        let mut kv = lm.model.new_kv(256);
+        generate(&lm.model, &lm.tokenizer, &mut kv, &ids, &params, |_| {})
+            .unwrap()
+            .token_ids
+    };
+    let (fast, exact) = (run(smollm2()), run(smollm2_exact()));
+    let same = fast.iter().zip(&exact).take_while(|(a, b)| a == b).count();
+    eprintln!(
+        "greedy continuations agree on the first {same} of {} tokens",
+        fast.len()
+    );
+    assert!(
+        same >= 24,
+        "fast and exact greedy outputs diverge after {same} tokens"
+    );
 }
 
 #[test]

@@ -79,23 +79,54 @@ fn tiny_qwen3_qk_norm_bf16() {
     check_model("qwen3");
 }
 
-#[test]
-fn tiny_llama_mixed_type_gguf() {
-    let lm = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
+/// Returns (max |Δlogit|, mean |Δlogit|, smallest reference top-1 margin among positions whose
+/// argmax differs (∞ if none)) of the tiny mixed-type GGUF.
+fn gguf_parity(exact: bool) -> (f32, f32, f32) {
+    let mut lm = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
+    lm.model.set_exact(exact);
     let rp = fixtures().join("tiny/llama-quant.reference.safetensors");
     let (_, input) = read_ref(&rp, "input_ids");
     let (lshape, logits) = read_ref(&rp, "logits");
     let got = run_logits(&lm, &ids(&input));
     let vocab = lshape[1];
-    let mut worst = 0f32;
+    let (mut worst, mut sum, mut flip_margin) = (0f32, 0f32, f32::INFINITY);
     for (t, row) in got.iter().enumerate() {
         let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
             .iter()
             .map(|&x| x as f32)
             .collect();
         worst = worst.max(max_abs_diff(row, &want));
+        sum += row
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .sum::<f32>()
+            / vocab as f32;
+        let top2 = paradraft::runtime::ops::top_k(&want, 2);
+        if paradraft::runtime::ops::argmax(row) != top2[0].0 {
+            flip_margin = flip_margin.min(top2[0].1 - top2[1].1);
+        }
     }
-    assert!(worst < TOL, "max |Δlogit| = {worst}");
+    (worst, sum / got.len() as f32, flip_margin)
+}
+
+#[test]
+fn tiny_llama_mixed_type_gguf() {
+    // f32 activations: the GGUF decoding (every block type, permuted q/k, rope_freqs) is exact.
+    let (worst, _, _) = gguf_parity(true);
+    assert!(worst < TOL, "exact path: max |Δlogit| = {worst}");
+    // int8 activations (the fast path): close, and the argmax changes only where the reference
+    // itself has a near-tie (top-1 margin below twice the worst logit error).
+    let (worst, mean, flip_margin) = gguf_parity(false);
+    eprintln!("int8 path: max |Δlogit| {worst:.3}, mean {mean:.4}, smallest flipped margin {flip_margin:.3}");
+    assert!(
+        mean < 0.05 && worst < 0.5,
+        "int8 path: max {worst}, mean {mean}"
+    );
+    assert!(
+        flip_margin < 2.0 * worst || flip_margin.is_infinite(),
+        "argmax flipped at margin {flip_margin}"
+    );
 }
 
 #[test]

@@ -7,6 +7,7 @@ use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape};
+use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::Matrix;
 
 struct Layer {
@@ -34,6 +35,8 @@ pub struct Model {
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
     inv_freq: Vec<f32>,
+    /// f32 activations in every matmul (the reference path) instead of int8 ones.
+    exact: bool,
 }
 
 /// Per-forward scratch buffers, grown on demand and reused.
@@ -51,7 +54,18 @@ pub struct Scratch {
     rope: Vec<(f32, f32)>,
     rows_x: Vec<f32>,
     logits: Vec<f32>,
+    qa: QActs,
     pub out: Output,
+}
+
+/// Quantizes `x` into `qa` when any of the matrices about to multiply it takes int8 activations
+/// (unless `exact` asks for f32 activations throughout).
+fn prep(qa: &mut QActs, ms: &[&Matrix], x: &[f32], exact: bool) {
+    if !exact && ms.iter().any(|m| m.wants_qacts()) {
+        qa.quantize(x, ms[0].cols);
+    } else {
+        qa.clear();
+    }
 }
 
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -109,7 +123,13 @@ impl Model {
             output_norm,
             layers,
             inv_freq,
+            exact: false,
         })
+    }
+
+    /// Chooses f32 activations for quantized matmuls (slower; the reference for the int8 path).
+    pub fn set_exact(&mut self, exact: bool) {
+        self.exact = exact;
     }
 
     /// A KV cache for this model holding `capacity` slots.
@@ -222,9 +242,10 @@ impl Model {
             let q = sized(&mut s.q, n * qd);
             let k = sized(&mut s.k, n * kvd);
             let v = sized(&mut s.v, n * kvd);
-            l.wq.matmul(xn, q);
-            l.wk.matmul(xn, k);
-            l.wv.matmul(xn, v);
+            prep(&mut s.qa, &[&l.wq, &l.wk, &l.wv], xn, self.exact);
+            l.wq.matmul(xn, &s.qa, q);
+            l.wk.matmul(xn, &s.qa, k);
+            l.wv.matmul(xn, &s.qa, v);
             for (buf, bias, dim) in [
                 (&mut *q, &l.bq, qd),
                 (&mut *k, &l.bk, kvd),
@@ -259,18 +280,21 @@ impl Model {
                 attn,
             );
             let proj = sized(&mut s.proj, n * h);
-            l.wo.matmul(attn, proj);
+            prep(&mut s.qa, &[&l.wo], attn, self.exact);
+            l.wo.matmul(attn, &s.qa, proj);
             ops::add_inplace(&mut s.x, proj);
 
             let xn = sized(&mut s.xn, n * h);
             ops::rms_norm(&s.x, &l.ffn_norm, c.rms_eps, xn);
             let gate = sized(&mut s.gate, n * ff);
             let up = sized(&mut s.up, n * ff);
-            l.w_gate.matmul(xn, gate);
-            l.w_up.matmul(xn, up);
+            prep(&mut s.qa, &[&l.w_gate, &l.w_up], xn, self.exact);
+            l.w_gate.matmul(xn, &s.qa, gate);
+            l.w_up.matmul(xn, &s.qa, up);
             ops::silu_mul(gate, up);
             let proj = sized(&mut s.proj, n * h);
-            l.w_down.matmul(gate, proj);
+            prep(&mut s.qa, &[&l.w_down], gate, self.exact);
+            l.w_down.matmul(gate, &s.qa, proj);
             ops::add_inplace(&mut s.x, proj);
 
             for (ti, _) in spec.taps.iter().enumerate().filter(|(_, &t)| t == li) {
@@ -318,7 +342,8 @@ impl Model {
         } else {
             sized(&mut s.logits, m * vocab)
         };
-        head.matmul(xs, logits);
+        prep(&mut s.qa, &[head], xs, self.exact);
+        head.matmul(xs, &s.qa, logits);
         for row in logits.chunks_exact(vocab) {
             match spec.logits {
                 Logits::Argmax => out.argmax.push(ops::argmax(row)),

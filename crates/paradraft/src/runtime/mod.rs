@@ -4,6 +4,7 @@
 //! the same functions and are tested against these.
 
 pub mod ops;
+pub mod qmatmul;
 pub mod quant;
 
 /// Sets the number of worker threads for the global pool (call once, before the first forward).

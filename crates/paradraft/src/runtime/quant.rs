@@ -6,6 +6,7 @@
 //! - Q4_1: `d: f16, m: f16, qs: [u8; 16]` — x[j] = lo(qs[j])·d + m, x[j+16] = hi(qs[j])·d + m
 //! - Q8_0: `d: f16, qs: [i8; 32]` — x[j] = qs[j]·d
 
+use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -126,7 +127,7 @@ pub struct Matrix {
 #[derive(Clone)]
 enum MatrixData {
     F32(Vec<f32>),
-    Quant(GgmlType, Vec<u8>),
+    Quant(Packed),
 }
 
 impl Matrix {
@@ -139,7 +140,7 @@ impl Matrix {
                 dequantize(ty, bytes, &mut v);
                 MatrixData::F32(v)
             }
-            _ => MatrixData::Quant(ty, bytes.to_vec()),
+            _ => MatrixData::Quant(Packed::new(ty, rows, cols, bytes)),
         };
         Matrix { rows, cols, data }
     }
@@ -156,7 +157,7 @@ impl Matrix {
     pub fn ty(&self) -> GgmlType {
         match &self.data {
             MatrixData::F32(_) => GgmlType::F32,
-            MatrixData::Quant(t, _) => *t,
+            MatrixData::Quant(p) => p.ty,
         }
     }
 
@@ -164,7 +165,7 @@ impl Matrix {
     pub fn nbytes(&self) -> usize {
         match &self.data {
             MatrixData::F32(v) => v.len() * 4,
-            MatrixData::Quant(_, b) => b.len(),
+            MatrixData::Quant(p) => p.nbytes(),
         }
     }
 
@@ -172,43 +173,85 @@ impl Matrix {
     pub fn row_into(&self, r: usize, dst: &mut [f32]) {
         match &self.data {
             MatrixData::F32(v) => dst.copy_from_slice(&v[r * self.cols..(r + 1) * self.cols]),
-            MatrixData::Quant(t, b) => {
-                let rb = t.row_bytes(self.cols);
-                dequantize(*t, &b[r * rb..(r + 1) * rb], dst)
-            }
+            MatrixData::Quant(p) => p.row_into(r, dst),
         }
     }
 
+    /// Whether [`Matrix::matmul`] wants int8 activations ([`QActs`]) rather than f32.
+    pub fn wants_qacts(&self) -> bool {
+        matches!(self.data, MatrixData::Quant(_))
+    }
+
     /// `out[t, r] = Σ_i self[r, i] · x[t, i]` for `n = x.len() / cols` activation rows.
-    /// Each weight row is unpacked once and used for all activation rows.
-    pub fn matmul(&self, x: &[f32], out: &mut [f32]) {
+    /// A quantized matrix uses int8 activations when `qa` holds `x` quantized (see
+    /// [`QActs::quantize`]); with an empty `qa` it multiplies the dequantised weights with the f32
+    /// activations (the exact reference path).
+    pub fn matmul(&self, x: &[f32], qa: &QActs, out: &mut [f32]) {
         let (k, m) = (self.cols, self.rows);
         let n = x.len() / k;
         assert_eq!(x.len(), n * k);
         assert_eq!(out.len(), n * m);
-        const CHUNK: usize = 16;
         let out_ptr = SendPtr(out.as_mut_ptr());
-        (0..m.div_ceil(CHUNK)).into_par_iter().for_each_init(
-            || vec![0f32; k],
-            |row, c| {
-                let out_ptr = &out_ptr;
-                for r in c * CHUNK..((c + 1) * CHUNK).min(m) {
-                    let w: &[f32] = match &self.data {
-                        MatrixData::F32(v) => &v[r * k..(r + 1) * k],
-                        MatrixData::Quant(..) => {
-                            self.row_into(r, row);
-                            row
+        match &self.data {
+            MatrixData::Quant(p) if qa.n == 0 => {
+                par_ranges(m.div_ceil(16), |c0, c1| {
+                    let o = &out_ptr;
+                    let mut w = vec![0f32; k];
+                    for r in c0 * 16..(c1 * 16).min(m) {
+                        p.row_into(r, &mut w);
+                        for t in 0..n {
+                            // SAFETY: each (t, r) is written by exactly one task.
+                            unsafe { *o.0.add(t * m + r) = dot(&w, &x[t * k..(t + 1) * k]) };
                         }
-                    };
-                    for t in 0..n {
-                        let y = dot(w, &x[t * k..(t + 1) * k]);
-                        // SAFETY: each (t, r) is written by exactly one task; r ranges are disjoint.
-                        unsafe { *out_ptr.0.add(t * m + r) = y };
                     }
-                }
-            },
-        );
+                });
+            }
+            MatrixData::Quant(p) => {
+                assert!(
+                    qa.n == n && qa.k == k,
+                    "activations not quantized for this matmul"
+                );
+                par_ranges(p.groups(), |g0, g1| {
+                    let o = &out_ptr;
+                    // SAFETY: each task writes only the rows of its own groups.
+                    unsafe { p.matmul_groups(qa, g0, g1, o.0, m) };
+                });
+            }
+            MatrixData::F32(v) => {
+                par_ranges(m.div_ceil(16), |c0, c1| {
+                    let o = &out_ptr;
+                    for r in c0 * 16..(c1 * 16).min(m) {
+                        let w = &v[r * k..(r + 1) * k];
+                        for t in 0..n {
+                            // SAFETY: each (t, r) is written by exactly one task.
+                            unsafe { *o.0.add(t * m + r) = dot(w, &x[t * k..(t + 1) * k]) };
+                        }
+                    }
+                });
+            }
+        }
     }
+
+    /// Quantizes `x` and multiplies (for one-off calls; the model reuses its [`QActs`]).
+    pub fn matmul_f32(&self, x: &[f32], out: &mut [f32]) {
+        let mut qa = QActs::default();
+        if self.wants_qacts() {
+            qa.quantize(x, self.cols);
+        }
+        self.matmul(x, &qa, out);
+    }
+}
+
+/// Splits `0..n` into contiguous ranges, a few per worker thread, and runs them in parallel.
+pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
+    let tasks = (rayon::current_num_threads() * 2).clamp(1, n.max(1));
+    if tasks == 1 {
+        f(0, n);
+        return;
+    }
+    (0..tasks)
+        .into_par_iter()
+        .for_each(|i| f(i * n / tasks, (i + 1) * n / tasks));
 }
 
 struct SendPtr(*mut f32);
@@ -267,7 +310,7 @@ mod tests {
             .collect();
         let mat = Matrix::from_f32(m, k, w.clone());
         let mut out = vec![0f32; n * m];
-        mat.matmul(&x, &mut out);
+        mat.matmul_f32(&x, &mut out);
         for t in 0..n {
             for r in 0..m {
                 let want: f32 = (0..k).map(|i| w[r * k + i] * x[t * k + i]).sum();

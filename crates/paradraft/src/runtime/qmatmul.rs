@@ -1,0 +1,525 @@
+//! Quantized matmul for few activation rows (decode, verification, prefill tiles).
+//!
+//! Weights (Q4_0, Q4_1, Q8_0) are repacked at load into groups of 16 output rows so that one
+//! 512-bit register holds 4 consecutive weights of each of the 16 rows: a VNNI `dpbusd` against a
+//! broadcast of 4 activation bytes then yields 16 rows' partial dots with no horizontal
+//! reduction, and each weight register is unpacked once for all activation rows.
+//! Activations are quantized to int8 per 32-block (scale `d`, and `s = d · Σq` for the Q4 min
+//! term), as GGML's Q8 activations are.
+//!
+//! Per (row group g, block b), 16 rows r, 32 inputs:
+//! - Q4 (Q4_0 as Q4_1 with m = −8d): `chunk[i][4r + j] = qs_r[4i + j]` for i in 0..4, whose low
+//!   nibbles are inputs 4i..4i+4 and high nibbles inputs 16+4i..16+4i+4; `d[r]`, `m[r]` as f16.
+//!   Σ w·x = d_w·d_x·Σ q·y + m_w·s_x.
+//! - Q8: `chunk[i][4r + j] = w_r[4i + j]` for i in 0..8; `d[r]` f16; `wsum[r] = Σ w_r` i16.
+//!   The unsigned operand is the activation shifted by 128: Σ (y+128)·w − 128·Σ w = Σ y·w.
+
+use super::quant::{GgmlType, QK};
+use half::f16;
+
+pub const GROUP: usize = 16;
+
+/// Int8 activations, one scale per 32-block.
+#[derive(Default, Clone, Debug)]
+pub struct QActs {
+    pub n: usize,
+    pub k: usize,
+    /// `n × k` signed values.
+    pub qs: Vec<i8>,
+    /// `n × k` values + 128 (the unsigned form for Q8 weights).
+    pub us: Vec<u8>,
+    /// `n × k/32` scales.
+    pub d: Vec<f32>,
+    /// `n × k/32`: `d · Σ q` over the block.
+    pub s: Vec<f32>,
+}
+
+impl QActs {
+    /// Marks the buffer empty: matmuls then use f32 activations.
+    pub fn clear(&mut self) {
+        self.n = 0;
+    }
+
+    pub fn quantize(&mut self, x: &[f32], k: usize) {
+        assert!(k.is_multiple_of(QK) && x.len().is_multiple_of(k));
+        let n = x.len() / k;
+        let nb = k / QK;
+        self.n = n;
+        self.k = k;
+        self.qs.resize(n * k, 0);
+        self.us.resize(n * k, 0);
+        self.d.resize(n * nb, 0.0);
+        self.s.resize(n * nb, 0.0);
+        for (bi, xb) in x.chunks_exact(QK).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (j, &xv) in xb.iter().enumerate() {
+                let q = (xv * id).round().clamp(-127.0, 127.0) as i8;
+                self.qs[bi * QK + j] = q;
+                self.us[bi * QK + j] = (q as u8) ^ 0x80;
+                sum += q as i32;
+            }
+            self.d[bi] = d;
+            self.s[bi] = d * sum as f32;
+        }
+    }
+}
+
+/// A quantized matrix repacked for the kernels (rows padded to a multiple of 16).
+#[derive(Clone)]
+pub struct Packed {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Group-major, then block: 256 (Q4) or 512 (Q8) bytes per (group, block).
+    q: Vec<u8>,
+    /// f16 scales per (group, block, row).
+    d: Vec<f16>,
+    /// Q4: f16 mins; unused for Q8.
+    m: Vec<f16>,
+    /// Q8: per (group, block, row) sum of the int8 weights.
+    wsum: Vec<i16>,
+}
+
+impl Packed {
+    fn chunk_bytes(ty: GgmlType) -> usize {
+        if ty == GgmlType::Q8_0 {
+            512
+        } else {
+            256
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.q.len() + 2 * (self.d.len() + self.m.len() + self.wsum.len())
+    }
+
+    /// Repacks GGML blocks (`rows × cols`) of Q4_0, Q4_1 or Q8_0.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
+        let nb = cols / QK;
+        let groups = rows.div_ceil(GROUP);
+        let bb = ty.block_bytes();
+        let cb = Self::chunk_bytes(ty);
+        let mut q = vec![0u8; groups * nb * cb];
+        let mut d = vec![f16::ZERO; groups * nb * GROUP];
+        let mut m = vec![
+            f16::ZERO;
+            if ty == GgmlType::Q8_0 {
+                0
+            } else {
+                groups * nb * GROUP
+            }
+        ];
+        let mut wsum = vec![
+            0i16;
+            if ty == GgmlType::Q8_0 {
+                groups * nb * GROUP
+            } else {
+                0
+            }
+        ];
+        for r in 0..rows {
+            let (g, lane) = (r / GROUP, r % GROUP);
+            for b in 0..nb {
+                let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                let gb = g * nb + b;
+                let dv = f16::from_le_bytes([blk[0], blk[1]]);
+                d[gb * GROUP + lane] = dv;
+                let dst = &mut q[gb * cb..(gb + 1) * cb];
+                match ty {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let (mv, qs) = if ty == GgmlType::Q4_1 {
+                            (f16::from_le_bytes([blk[2], blk[3]]), &blk[4..20])
+                        } else {
+                            (f16::from_f32(-8.0 * dv.to_f32()), &blk[2..18])
+                        };
+                        m[gb * GROUP + lane] = mv;
+                        for i in 0..4 {
+                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
+                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
+                        }
+                    }
+                    GgmlType::Q8_0 => {
+                        let qs = &blk[2..34];
+                        for i in 0..8 {
+                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
+                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
+                        }
+                        wsum[gb * GROUP + lane] = qs.iter().map(|&v| v as i8 as i16).sum();
+                    }
+                    _ => unreachable!("Packed holds quantized types only"),
+                }
+            }
+        }
+        Packed {
+            ty,
+            rows,
+            cols,
+            q,
+            d,
+            m,
+            wsum,
+        }
+    }
+
+    /// Dequantises row `r` (exactly the values the kernels multiply with).
+    pub fn row_into(&self, r: usize, dst: &mut [f32]) {
+        let nb = self.cols / QK;
+        let (g, lane) = (r / GROUP, r % GROUP);
+        let cb = Self::chunk_bytes(self.ty);
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let c = &self.q[gb * cb..(gb + 1) * cb];
+            let dv = self.d[gb * GROUP + lane].to_f32();
+            let out = &mut dst[b * QK..(b + 1) * QK];
+            if self.ty == GgmlType::Q8_0 {
+                for i in 0..8 {
+                    for j in 0..4 {
+                        out[4 * i + j] = (c[i * 64 + lane * 4 + j] as i8) as f32 * dv;
+                    }
+                }
+            } else {
+                let mv = self.m[gb * GROUP + lane].to_f32();
+                for i in 0..4 {
+                    for j in 0..4 {
+                        let byte = c[i * 64 + lane * 4 + j];
+                        out[4 * i + j] = (byte & 0xF) as f32 * dv + mv;
+                        out[16 + 4 * i + j] = (byte >> 4) as f32 * dv + mv;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out[t, r] = Σ_i W[r, i] · x_t[i]` for row groups `g0..g1`, written to
+    /// `out[t * ld + r]`, using the fastest kernel the CPU supports.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at `t * ld + r` for every `t < a.n` and every row `r` of
+    /// the groups, and no other thread may write those elements meanwhile.
+    pub unsafe fn matmul_groups(&self, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+        debug_assert_eq!(a.k, self.cols);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_vnni() {
+            avx512::matmul_groups(self, a, g0, g1, out, ld);
+            return;
+        }
+        self.matmul_groups_portable(a, g0, g1, out, ld);
+    }
+
+    /// The portable kernel: the same integer arithmetic, scalar.
+    ///
+    /// # Safety
+    /// As for [`Packed::matmul_groups`].
+    pub unsafe fn matmul_groups_portable(
+        &self,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let nb = self.cols / QK;
+        let cb = Self::chunk_bytes(self.ty);
+        let k = self.cols;
+        for g in g0..g1 {
+            for t in 0..a.n {
+                let mut acc = [0f32; GROUP];
+                for b in 0..nb {
+                    let gb = g * nb + b;
+                    let c = &self.q[gb * cb..(gb + 1) * cb];
+                    let y = &a.qs[t * k + b * QK..t * k + (b + 1) * QK];
+                    let (dx, sx) = (a.d[t * nb + b], a.s[t * nb + b]);
+                    for (lane, acc) in acc.iter_mut().enumerate() {
+                        let mut isum = 0i32;
+                        if self.ty == GgmlType::Q8_0 {
+                            for i in 0..8 {
+                                for j in 0..4 {
+                                    isum += (c[i * 64 + lane * 4 + j] as i8) as i32
+                                        * y[4 * i + j] as i32;
+                                }
+                            }
+                            *acc += self.d[gb * GROUP + lane].to_f32() * dx * isum as f32;
+                        } else {
+                            for i in 0..4 {
+                                for j in 0..4 {
+                                    let byte = c[i * 64 + lane * 4 + j];
+                                    isum += (byte & 0xF) as i32 * y[4 * i + j] as i32;
+                                    isum += (byte >> 4) as i32 * y[16 + 4 * i + j] as i32;
+                                }
+                            }
+                            *acc += self.d[gb * GROUP + lane].to_f32() * dx * isum as f32
+                                + self.m[gb * GROUP + lane].to_f32() * sx;
+                        }
+                    }
+                }
+                for (lane, v) in acc.iter().enumerate() {
+                    let r = g * GROUP + lane;
+                    if r < self.rows {
+                        *out.add(t * ld + r) = *v;
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx512_vnni() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::env::var_os("PARADRAFT_PORTABLE").is_none()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub fn has_avx512_vnni() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{GgmlType, Packed, QActs, GROUP, QK};
+    use std::arch::x86_64::*;
+
+    /// Activation rows processed together per pass over a row group's weights.
+    const TILE: usize = 4;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    pub unsafe fn matmul_groups(
+        p: &Packed,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let nb = p.cols / QK;
+        for g in g0..g1 {
+            let mut t0 = 0;
+            while t0 < a.n {
+                let tn = (a.n - t0).min(TILE);
+                let acc = if p.ty == GgmlType::Q8_0 {
+                    q8_tile(p, a, g, nb, t0, tn)
+                } else {
+                    q4_tile(p, a, g, nb, t0, tn)
+                };
+                let r0 = g * GROUP;
+                let valid = (p.rows - r0).min(GROUP);
+                for (t, v) in acc.iter().enumerate().take(tn) {
+                    let dst = out.add((t0 + t) * ld + r0);
+                    if valid == GROUP {
+                        _mm512_storeu_ps(dst, *v);
+                    } else {
+                        let mut tmp = [0f32; GROUP];
+                        _mm512_storeu_ps(tmp.as_mut_ptr(), *v);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
+                    }
+                }
+                t0 += tn;
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn bcast4(p: *const u8) -> __m512i {
+        _mm512_set1_epi32((p as *const i32).read_unaligned())
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16x16(p: *const half::f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+
+    #[inline(always)]
+    unsafe fn q4_tile(
+        p: &Packed,
+        a: &QActs,
+        g: usize,
+        nb: usize,
+        t0: usize,
+        tn: usize,
+    ) -> [__m512; TILE] {
+        let mut acc = [_mm512_setzero_ps(); TILE];
+        let mask = _mm512_set1_epi8(0x0F);
+        let k = a.k;
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let base = p.q.as_ptr().add(gb * 256);
+            let mut lo = [_mm512_setzero_si512(); 4];
+            let mut hi = [_mm512_setzero_si512(); 4];
+            for i in 0..4 {
+                let w = _mm512_loadu_si512(base.add(i * 64) as *const _);
+                lo[i] = _mm512_and_si512(w, mask);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+            }
+            let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+            let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+            for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+                let row = t0 + t;
+                let y = a.qs.as_ptr().add(row * k + b * QK) as *const u8;
+                let mut s = _mm512_setzero_si512();
+                for i in 0..4 {
+                    s = _mm512_dpbusd_epi32(s, lo[i], bcast4(y.add(4 * i)));
+                    s = _mm512_dpbusd_epi32(s, hi[i], bcast4(y.add(16 + 4 * i)));
+                }
+                let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
+                let sx = _mm512_set1_ps(*a.s.get_unchecked(row * nb + b));
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), *acc);
+                *acc = _mm512_fmadd_ps(mw, sx, *acc);
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    unsafe fn q8_tile(
+        p: &Packed,
+        a: &QActs,
+        g: usize,
+        nb: usize,
+        t0: usize,
+        tn: usize,
+    ) -> [__m512; TILE] {
+        let mut acc = [_mm512_setzero_ps(); TILE];
+        let k = a.k;
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let base = p.q.as_ptr().add(gb * 512);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for (i, wi) in w.iter_mut().enumerate() {
+                *wi = _mm512_loadu_si512(base.add(i * 64) as *const _);
+            }
+            let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+            let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                p.wsum.as_ptr().add(gb * GROUP) as *const __m256i
+            ));
+            let corr = _mm512_slli_epi32(ws, 7);
+            for (t, acc) in acc.iter_mut().enumerate().take(tn) {
+                let row = t0 + t;
+                let u = a.us.as_ptr().add(row * k + b * QK);
+                let mut s = _mm512_setzero_si512();
+                for (i, wi) in w.iter().enumerate() {
+                    s = _mm512_dpbusd_epi32(s, bcast4(u.add(4 * i)), *wi);
+                }
+                s = _mm512_sub_epi32(s, corr);
+                let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), *acc);
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::quant::dequantize;
+
+    /// A small deterministic generator for test data.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn unif(&mut self) -> f32 {
+            self.next() as f32 / (1u64 << 31) as f32
+        }
+    }
+
+    fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Lcg) -> Vec<u8> {
+        let mut v = Vec::new();
+        for _ in 0..rows * cols / QK {
+            let d = f16::from_f32(0.001 + 0.05 * rng.unif());
+            v.extend(d.to_le_bytes());
+            match ty {
+                GgmlType::Q4_1 => {
+                    v.extend(f16::from_f32(-0.2 * rng.unif()).to_le_bytes());
+                    v.extend((0..16).map(|_| rng.next() as u8));
+                }
+                GgmlType::Q4_0 => v.extend((0..16).map(|_| rng.next() as u8)),
+                GgmlType::Q8_0 => v.extend((0..32).map(|_| rng.next() as u8)),
+                _ => unreachable!(),
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn kernels_match_references() {
+        let mut rng = Lcg(42);
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            for &(rows, cols) in &[(16, 32), (37, 96), (200, 576), (48, 1536)] {
+                let src = random_blocks(ty, rows, cols, &mut rng);
+                let p = Packed::new(ty, rows, cols, &src);
+                let mut w = vec![0f32; rows * cols];
+                dequantize(ty, &src, &mut w);
+                // Repacked rows dequantise to exactly the GGML values.
+                let mut row = vec![0f32; cols];
+                for r in 0..rows {
+                    p.row_into(r, &mut row);
+                    assert_eq!(row, w[r * cols..(r + 1) * cols], "{ty:?} row {r}");
+                }
+                for n in [1, 3, 4, 5, 9, 16] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.unif() * 4.0 - 2.0).collect();
+                    let mut qa = QActs::default();
+                    qa.quantize(&x, cols);
+                    let mut fast = vec![0f32; n * rows];
+                    let mut port = vec![0f32; n * rows];
+                    unsafe {
+                        p.matmul_groups(&qa, 0, p.groups(), fast.as_mut_ptr(), rows);
+                        p.matmul_groups_portable(&qa, 0, p.groups(), port.as_mut_ptr(), rows);
+                    }
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let xr = &x[t * cols..(t + 1) * cols];
+                            let wr = &w[r * cols..(r + 1) * cols];
+                            let exact: f64 =
+                                wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                            let mag: f64 = wr
+                                .iter()
+                                .zip(xr)
+                                .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                                .sum();
+                            let (f, q) = (fast[t * rows + r] as f64, port[t * rows + r] as f64);
+                            // SIMD and portable run the same integer arithmetic: f32 rounding only.
+                            assert!(
+                                (f - q).abs() <= 1e-5 * mag + 1e-6,
+                                "{ty:?} {rows}x{cols} n{n}: {f} vs {q}"
+                            );
+                            // Int8 activations: |x − d·q| ≤ d/2 with d = amax/127 per block.
+                            let bound: f64 = (0..cols)
+                                .map(|i| {
+                                    let b = i / QK;
+                                    let amax = xr[b * QK..(b + 1) * QK]
+                                        .iter()
+                                        .fold(0f32, |a, v| a.max(v.abs()));
+                                    wr[i].abs() as f64 * amax as f64 / 254.0
+                                })
+                                .sum();
+                            assert!(
+                                (f - exact).abs() <= bound * 1.001 + 1e-4 * mag + 1e-6,
+                                "{ty:?}: {f} vs exact {exact}, bound {bound}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
