@@ -29,6 +29,28 @@ enum Cmd {
     Generate(GenerateArgs),
     /// Teacher-forced logits at every position of a prompt or token list.
     Logits(LogitsArgs),
+    /// Forward cost curve c(k), decode and prefill speed (optionally next to llama.cpp).
+    BenchKernels(BenchKernelsArgs),
+}
+
+#[derive(Args)]
+struct BenchKernelsArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// A llama.cpp `llama-bench` binary to measure in the same run, interleaved.
+    #[arg(long)]
+    llama_bench: Option<PathBuf>,
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Tokens in the KV cache while the curve is measured.
+    #[arg(long, default_value_t = 64)]
+    context: usize,
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    #[arg(long, default_value_t = 512)]
+    prefill_tokens: usize,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -216,6 +238,68 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     Ok(())
 }
 
+fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
+    if a.repeats == 0 || a.decode_tokens < 2 || a.prefill_tokens == 0 {
+        bail!("--repeats, --prefill-tokens must be >= 1 and --decode-tokens >= 2");
+    }
+    let (lm, _) = load(&a.m)?;
+    let path = match &a.m.model {
+        Some(p) => p.clone(),
+        None => paradraft::fetch::default_model_path(),
+    };
+    let threads = rayon_threads();
+    let p = paradraft::bench::KernelBenchParams {
+        repeats: a.repeats,
+        context: a.context,
+        decode_tokens: a.decode_tokens,
+        prefill_tokens: a.prefill_tokens,
+        threads,
+    };
+    let r =
+        paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!(
+        "threads {threads}, weights {:.1} MB, context {}",
+        r.weight_bytes as f64 / 1e6,
+        r.context
+    );
+    println!(
+        "decode  {:.1} tok/s ({:.1} GB/s of weights)   prefill({}) {:.1} tok/s",
+        r.decode_tok_s, r.decode_gb_s, a.prefill_tokens, r.prefill_tok_s
+    );
+    println!(
+        "{:>3} {:>10} {:>10} {:>8} {:>8} {:>10}",
+        "k", "ms(logits)", "ms(argmax)", "c(k)/c1", "GMAC/s", "llama ms"
+    );
+    for c in &r.curve {
+        let l = r
+            .llama_cpp
+            .as_ref()
+            .and_then(|l| l.curve.iter().find(|p| p.k == c.k))
+            .map(|p| format!("{:.2}", p.ms))
+            .unwrap_or_default();
+        println!(
+            "{:>3} {:>10.2} {:>10.2} {:>8.2} {:>8.1} {:>10}",
+            c.k, c.ms_all_logits, c.ms_argmax, c.cost_vs_k1, c.gmac_s, l
+        );
+    }
+    if let Some(l) = &r.llama_cpp {
+        println!(
+            "llama.cpp tg128 {:.1} tok/s, pp512 {:.1} tok/s",
+            l.tg128_tok_s, l.pp512_tok_s
+        );
+        println!("ratios {}", r.ratios.clone().unwrap_or_default());
+    }
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    paradraft::runtime::current_threads()
+}
+
 fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
@@ -224,6 +308,7 @@ fn main() {
             .map_err(Into::into),
         Cmd::Generate(a) => cmd_generate(a),
         Cmd::Logits(a) => cmd_logits(a),
+        Cmd::BenchKernels(a) => cmd_bench_kernels(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

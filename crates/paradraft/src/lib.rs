@@ -4,6 +4,7 @@
 //! shaped for draft verification (explicit positions, tree masks, hidden-state taps), the KV
 //! cache, the tokenizer and chat template, the sampler and autoregressive generation.
 
+pub mod bench;
 pub mod error;
 pub mod fetch;
 pub mod generate;

@@ -4,15 +4,13 @@
 //! the same functions and are tested against these.
 
 pub mod ops;
+pub mod pool;
 pub mod qmatmul;
 pub mod quant;
 
-/// Sets the number of worker threads for the global pool (call once, before the first forward).
+/// Sets the number of threads for the global pool (call once, before the first forward).
 pub fn init_threads(n: usize) {
-    // An error means the pool was already built; the first setting stays in force.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(n.max(1))
-        .build_global();
+    pool::init(n);
 }
 
 /// Default worker count: the machine's available parallelism.
@@ -20,4 +18,9 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// Threads of the global pool (the caller included).
+pub fn current_threads() -> usize {
+    pool::threads()
 }

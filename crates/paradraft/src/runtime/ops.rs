@@ -1,7 +1,8 @@
 //! Element-wise and attention kernels (portable reference implementations).
 
+use super::quant::SendPtr;
 use crate::types::TokenId;
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// `out = x / rms(x) · w`, one row at a time (`x.len()` a multiple of `w.len()`).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -119,42 +120,54 @@ pub fn attention(
     let group = s.n_heads / s.n_kv_heads;
     let kv_stride = s.n_kv_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (th, o)| {
-            let (t, h) = (th / s.n_heads, th % s.n_heads);
-            let g = h / group;
-            let qv = &q[th * hd..(th + 1) * hd];
-            scores.clear();
-            let total = s.prefix + s.n_new;
-            let mut max = f32::NEG_INFINITY;
-            for slot in 0..total {
-                let sc = if slot < s.prefix || visible(t, slot - s.prefix) {
-                    let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
-                    super::quant::dot(qv, kr) * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
-                max = max.max(sc);
-                scores.push(sc);
-            }
-            let mut sum = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            o.fill(0.0);
-            for (slot, &p) in scores.iter().enumerate() {
-                if p == 0.0 {
-                    continue;
+    let total = s.prefix + s.n_new;
+    let pairs = s.n_new * s.n_heads;
+    assert_eq!(out.len(), pairs * hd);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    thread_local! {
+        static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    }
+    let tasks = (super::pool::threads() * 4).min(pairs);
+    super::pool::run(tasks, |task| {
+        let o_ptr = &out_ptr;
+        SCORES.with_borrow_mut(|scores| {
+            for th in task * pairs / tasks..(task + 1) * pairs / tasks {
+                let (t, h) = (th / s.n_heads, th % s.n_heads);
+                let g = h / group;
+                let qv = &q[th * hd..(th + 1) * hd];
+                scores.clear();
+                let mut max = f32::NEG_INFINITY;
+                for slot in 0..total {
+                    let sc = if slot < s.prefix || visible(t, slot - s.prefix) {
+                        let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+                        super::quant::dot(qv, kr) * scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    max = max.max(sc);
+                    scores.push(sc);
                 }
-                let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
-                let w = p / sum;
-                for (a, &b) in o.iter_mut().zip(vr) {
-                    *a += w * b;
+                let mut sum = 0.0;
+                for sc in scores.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    sum += *sc;
+                }
+                // SAFETY: head-row `th` of `out` is written by this task only.
+                let o = unsafe { std::slice::from_raw_parts_mut(o_ptr.0.add(th * hd), hd) };
+                o.fill(0.0);
+                for (slot, &p) in scores.iter().enumerate() {
+                    if p == 0.0 {
+                        continue;
+                    }
+                    let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+                    let w = p / sum;
+                    for (a, &b) in o.iter_mut().zip(vr) {
+                        *a += w * b;
+                    }
                 }
             }
-        });
+        })
+    });
 }
 
 #[cfg(test)]

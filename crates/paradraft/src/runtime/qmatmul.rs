@@ -56,7 +56,10 @@ impl QActs {
             let id = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut sum = 0i32;
             for (j, &xv) in xb.iter().enumerate() {
-                let q = (xv * id).round().clamp(-127.0, 127.0) as i8;
+                // Round to nearest (ties to even) without a libm call: adding 1.5·2^23 pushes
+                // the fraction out of the f32 mantissa. |xv·id| ≤ 127 here.
+                const MAGIC: f32 = 12_582_912.0;
+                let q = ((xv * id + MAGIC) - MAGIC) as i8;
                 self.qs[bi * QK + j] = q;
                 self.us[bi * QK + j] = (q as u8) ^ 0x80;
                 sum += q as i32;

@@ -8,7 +8,6 @@
 
 use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
-use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
@@ -242,19 +241,14 @@ impl Matrix {
     }
 }
 
-/// Splits `0..n` into contiguous ranges, a few per worker thread, and runs them in parallel.
+/// Splits `0..n` into contiguous ranges, a few per thread, and runs them on the pool.
 pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
-    let tasks = (rayon::current_num_threads() * 2).clamp(1, n.max(1));
-    if tasks == 1 {
-        f(0, n);
-        return;
-    }
-    (0..tasks)
-        .into_par_iter()
-        .for_each(|i| f(i * n / tasks, (i + 1) * n / tasks));
+    let tasks = (super::pool::threads() * 4).clamp(1, n.max(1));
+    super::pool::run(tasks, |i| f(i * n / tasks, (i + 1) * n / tasks));
 }
 
-struct SendPtr(*mut f32);
+/// A raw output pointer shared by tasks that write disjoint elements.
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 

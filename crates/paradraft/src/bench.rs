@@ -1,0 +1,369 @@
+//! `bench-kernels`: the target's forward cost curve c(k) on this machine, decode and prefill
+//! speed, achieved bandwidth and compute, and (given a `llama-bench` binary) llama.cpp measured
+//! in the same run, interleaved, so that ratios survive a noisy shared machine.
+
+use crate::error::{Error, Result};
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::types::{Pos, TokenId};
+use serde::Serialize;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+pub const CURVE_K: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+#[derive(Clone, Debug)]
+pub struct KernelBenchParams {
+    pub repeats: usize,
+    /// Tokens already in the KV cache when the curve is measured.
+    pub context: usize,
+    pub decode_tokens: usize,
+    pub prefill_tokens: usize,
+    pub threads: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Stat {
+    pub min: f64,
+    pub median: f64,
+}
+
+impl Stat {
+    fn of(mut v: Vec<f64>) -> Stat {
+        v.sort_by(f64::total_cmp);
+        Stat {
+            min: v[0],
+            median: v[v.len() / 2],
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CurvePoint {
+    pub k: usize,
+    /// Median ms of one forward over k tokens with full logits for every row.
+    pub ms_all_logits: f64,
+    /// Median ms with the fused argmax instead of logits.
+    pub ms_argmax: f64,
+    pub min_ms_all_logits: f64,
+    pub min_ms_argmax: f64,
+    /// `ms_all_logits(k) / ms_all_logits(1)`.
+    pub cost_vs_k1: f64,
+    pub gmac_s: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LlamaCpp {
+    pub tg128_tok_s: f64,
+    pub pp512_tok_s: f64,
+    pub curve: Vec<LlamaPoint>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LlamaPoint {
+    pub k: usize,
+    pub ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelBench {
+    pub threads: usize,
+    pub repeats: usize,
+    pub context: usize,
+    pub weight_bytes: usize,
+    pub macs_per_token: f64,
+    pub decode_tok_s: f64,
+    pub decode: Stat,
+    pub prefill_tok_s: f64,
+    pub prefill: Stat,
+    /// Weight bytes streamed per second in decode.
+    pub decode_gb_s: f64,
+    pub curve: Vec<CurvePoint>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llama_cpp: Option<LlamaCpp>,
+    /// Ours / llama.cpp (speeds) and ours / llama.cpp (16-token forward time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratios: Option<serde_json::Value>,
+}
+
+fn tokens(n: usize, vocab: usize) -> Vec<TokenId> {
+    (0..n)
+        .map(|i| TokenId(((i * 7919 + 13) % vocab) as u32))
+        .collect()
+}
+
+fn positions(start: usize, n: usize) -> Vec<Pos> {
+    (start..start + n).map(|p| Pos(p as u32)).collect()
+}
+
+/// Median/min seconds of one forward of `k` tokens after `ctx` cached ones.
+fn time_forward(
+    model: &Model,
+    ctx: usize,
+    k: usize,
+    logits: Logits,
+    s: &mut Scratch,
+) -> Result<f64> {
+    let vocab = model.config.vocab_size;
+    let mut kv = model.new_kv(ctx + k + 1);
+    let pre = tokens(ctx.max(1), vocab);
+    model.forward(
+        &mut kv,
+        &Batch {
+            tokens: &pre[..ctx.max(1)],
+            positions: &positions(0, ctx.max(1)),
+            mask: None,
+        },
+        &OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![],
+        },
+        s,
+    )?;
+    let toks = tokens(k, vocab);
+    let pos = positions(kv.len(), k);
+    let spec = OutputSpec {
+        rows: Rows::All,
+        logits,
+        taps: vec![],
+    };
+    let base = kv.len();
+    let t = Instant::now();
+    model.forward(
+        &mut kv,
+        &Batch {
+            tokens: &toks,
+            positions: &pos,
+            mask: None,
+        },
+        &spec,
+        s,
+    )?;
+    let dt = t.elapsed().as_secs_f64();
+    kv.truncate(base);
+    Ok(dt)
+}
+
+fn time_decode(model: &Model, n: usize, s: &mut Scratch) -> Result<f64> {
+    let mut kv = model.new_kv(n + 8);
+    let spec = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::Argmax,
+        taps: vec![],
+    };
+    let mut tok = TokenId(1);
+    model.forward(
+        &mut kv,
+        &Batch {
+            tokens: &[tok],
+            positions: &[Pos(0)],
+            mask: None,
+        },
+        &spec,
+        s,
+    )?;
+    let t = Instant::now();
+    for i in 1..n {
+        let out = model.forward(
+            &mut kv,
+            &Batch {
+                tokens: &[tok],
+                positions: &[Pos(i as u32)],
+                mask: None,
+            },
+            &spec,
+            s,
+        )?;
+        tok = out.argmax[0];
+    }
+    Ok((n - 1) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn time_prefill(model: &Model, n: usize, s: &mut Scratch) -> Result<f64> {
+    let mut kv = model.new_kv(n);
+    let toks = tokens(n, model.config.vocab_size);
+    let spec = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::Full,
+        taps: vec![],
+    };
+    let t = Instant::now();
+    model.forward(
+        &mut kv,
+        &Batch {
+            tokens: &toks,
+            positions: &positions(0, n),
+            mask: None,
+        },
+        &spec,
+        s,
+    )?;
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// One llama-bench run.
+struct LlamaRun {
+    tg128: f64,
+    pp512: f64,
+    /// (k, ms per k-token batch)
+    curve: Vec<(usize, f64)>,
+}
+
+fn llama_bench_once(bin: &Path, model: &Path, threads: usize) -> Result<LlamaRun> {
+    let ks: Vec<String> = CURVE_K
+        .iter()
+        .map(|k| k.to_string())
+        .chain(["512".into()])
+        .collect();
+    let out = Command::new(bin)
+        .args(["-m"])
+        .arg(model)
+        .args([
+            "-t",
+            &threads.to_string(),
+            "-p",
+            &ks.join(","),
+            "-n",
+            "128",
+            "-r",
+            "1",
+            "-o",
+            "jsonl",
+        ])
+        .output()
+        .map_err(|e| Error::BadRequest(format!("running {}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(Error::BadRequest(format!(
+            "{} failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let (mut tg, mut pp512, mut curve) = (0.0, 0.0, vec![]);
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (np, ng, ts) = (
+            v["n_prompt"].as_u64().unwrap_or(0) as usize,
+            v["n_gen"].as_u64().unwrap_or(0),
+            v["avg_ts"].as_f64().unwrap_or(0.0),
+        );
+        if ng > 0 {
+            tg = ts;
+        } else if np == 512 {
+            pp512 = ts;
+        } else if np > 0 && ts > 0.0 {
+            curve.push((np, np as f64 / ts * 1e3));
+        }
+    }
+    Ok(LlamaRun {
+        tg128: tg,
+        pp512,
+        curve,
+    })
+}
+
+/// Multiply-accumulates of one token through the weights (attention over the cache excluded).
+pub fn macs_per_token(model: &Model) -> f64 {
+    let c = &model.config;
+    let (h, hd, ff) = (
+        c.hidden_size as f64,
+        c.head_dim as f64,
+        c.intermediate_size as f64,
+    );
+    let attn = h * (c.n_heads as f64 * hd) * 2.0 + h * (c.n_kv_heads as f64 * hd) * 2.0;
+    c.n_layers as f64 * (attn + 3.0 * h * ff) + h * c.vocab_size as f64
+}
+
+pub fn run_kernel_bench(
+    model: &Model,
+    p: &KernelBenchParams,
+    model_path: Option<&Path>,
+    llama_bench: Option<&Path>,
+) -> Result<KernelBench> {
+    let mut s = Scratch::default();
+    // Warm-up: page in weights, grow scratch buffers.
+    time_forward(model, p.context, 32, Logits::Full, &mut s)?;
+    let mut all = vec![vec![]; CURVE_K.len()];
+    let mut arg = vec![vec![]; CURVE_K.len()];
+    let (mut dec, mut pre) = (vec![], vec![]);
+    let (mut ltg, mut lpp, mut lcurve) = (vec![], vec![], vec![vec![]; CURVE_K.len()]);
+    for _ in 0..p.repeats {
+        if let (Some(bin), Some(mp)) = (llama_bench, model_path) {
+            let run = llama_bench_once(bin, mp, p.threads)?;
+            ltg.push(run.tg128);
+            lpp.push(run.pp512);
+            for (k, ms) in run.curve {
+                if let Some(i) = CURVE_K.iter().position(|&x| x == k) {
+                    lcurve[i].push(ms);
+                }
+            }
+        }
+        for (i, &k) in CURVE_K.iter().enumerate() {
+            all[i].push(time_forward(model, p.context, k, Logits::Full, &mut s)? * 1e3);
+            arg[i].push(time_forward(model, p.context, k, Logits::Argmax, &mut s)? * 1e3);
+        }
+        dec.push(time_decode(model, p.decode_tokens, &mut s)?);
+        pre.push(time_prefill(model, p.prefill_tokens, &mut s)?);
+    }
+    let macs = macs_per_token(model);
+    let all: Vec<Stat> = all.into_iter().map(Stat::of).collect();
+    let k1 = all[0].median;
+    let curve = CURVE_K
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let a = Stat::of(arg[i].clone());
+            CurvePoint {
+                k,
+                ms_all_logits: all[i].median,
+                ms_argmax: a.median,
+                min_ms_all_logits: all[i].min,
+                min_ms_argmax: a.min,
+                cost_vs_k1: all[i].median / k1,
+                gmac_s: macs * k as f64 / (all[i].median / 1e3) / 1e9,
+            }
+        })
+        .collect::<Vec<_>>();
+    let decode = Stat::of(dec);
+    let prefill = Stat::of(pre);
+    let llama_cpp = (!ltg.is_empty()).then(|| LlamaCpp {
+        tg128_tok_s: Stat::of(ltg).median,
+        pp512_tok_s: Stat::of(lpp).median,
+        curve: CURVE_K
+            .iter()
+            .zip(&lcurve)
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(&k, v)| LlamaPoint {
+                k,
+                ms: Stat::of(v.clone()).median,
+            })
+            .collect(),
+    });
+    let ratios = llama_cpp.as_ref().map(|l| {
+        let l16 = l.curve.iter().find(|p| p.k == 16).map(|p| p.ms);
+        let ours16 = curve.iter().find(|p| p.k == 16).map(|p| p.ms_all_logits);
+        serde_json::json!({
+            "decode_vs_llama_tg128": decode.median / l.tg128_tok_s,
+            "prefill_vs_llama_pp512": prefill.median / l.pp512_tok_s,
+            "k16_time_vs_llama": match (ours16, l16) { (Some(a), Some(b)) => Some(a / b), _ => None },
+        })
+    });
+    Ok(KernelBench {
+        threads: p.threads,
+        repeats: p.repeats,
+        context: p.context,
+        weight_bytes: model.weight_bytes(),
+        macs_per_token: macs,
+        decode_tok_s: decode.median,
+        decode_gb_s: model.weight_bytes() as f64 * decode.median / 1e9,
+        decode,
+        prefill_tok_s: prefill.median,
+        prefill,
+        curve,
+        llama_cpp,
+        ratios,
+    })
+}
