@@ -63,6 +63,11 @@ impl TreeMask {
         self.n == 0
     }
 
+    /// Row-major `n × n` bits.
+    pub fn bits(&self) -> &[bool] {
+        &self.bits
+    }
+
     #[inline]
     pub fn get(&self, i: usize, j: usize) -> bool {
         self.bits[i * self.n + j]

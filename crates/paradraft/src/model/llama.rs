@@ -232,9 +232,9 @@ impl Model {
             prefix,
             n_new: n,
         };
-        let visible = |i: usize, j: usize| match b.mask {
-            Some(m) => m.get(i, j),
-            None => j <= i,
+        let vis = match b.mask {
+            Some(m) => ops::Visibility::Mask(m.bits()),
+            None => ops::Visibility::Causal,
         };
         for (li, l) in self.layers.iter().enumerate() {
             let xn = sized(&mut s.xn, n * h);
@@ -271,14 +271,7 @@ impl Model {
             kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
             let attn = sized(&mut s.attn, n * qd);
             let end = (slot0 + n) * row;
-            ops::attention(
-                q,
-                &kv.k[li][..end],
-                &kv.v[li][..end],
-                &shape,
-                &visible,
-                attn,
-            );
+            ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], &shape, vis, attn);
             let proj = sized(&mut s.proj, n * h);
             prep(&mut s.qa, &[&l.wo], attn, self.exact);
             l.wo.matmul(attn, &s.qa, proj);

@@ -58,7 +58,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], style: RopeStyle)
 /// `gate = silu(gate) · up`, in place.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + fast_exp(-*g)) * u;
     }
 }
 
@@ -105,74 +105,167 @@ pub struct AttnShape {
     pub n_new: usize,
 }
 
+/// Which new tokens a new token attends to.
+#[derive(Clone, Copy)]
+pub enum Visibility<'a> {
+    /// Token i sees new tokens 0..=i.
+    Causal,
+    /// Row-major `n_new × n_new`: `bits[i * n_new + j]` says whether i sees j.
+    Mask(&'a [bool]),
+}
+
+/// e^x for f32 without libm, written so that loops over it vectorise: range reduction to
+/// x = n·ln2 + r, |r| ≤ ln2/2, a degree-6 polynomial for e^r, and 2^n through the exponent bits.
+/// Relative error below 1e-6 on [-87, 88]; inputs below −87 (and −∞) give exactly 0.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    let xc = x.clamp(-87.0, 88.0);
+    let n = (xc * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let r = xc - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (0.166_666_67
+                    + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
+    let e = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        e
+    }
+}
+
 /// Attention of `n_new` queries over the cache. `q` is `[n_new, n_heads, head_dim]`; `k`/`v` are
-/// the layer's cache `[slots, n_kv_heads, head_dim]`; `visible(i, j)` says whether new token `i`
-/// sees new token `j` (causal or tree-ancestor mask). GQA reads shared K/V without copying.
-pub fn attention(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &AttnShape,
-    visible: &(dyn Fn(usize, usize) -> bool + Sync),
-    out: &mut [f32],
-) {
-    let hd = s.head_dim;
-    let group = s.n_heads / s.n_kv_heads;
-    let kv_stride = s.n_kv_heads * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let total = s.prefix + s.n_new;
-    let pairs = s.n_new * s.n_heads;
-    assert_eq!(out.len(), pairs * hd);
+/// the layer's cache `[slots, n_kv_heads, head_dim]`. One task per (new token, KV head): the
+/// query heads sharing a KV head (GQA) read each K/V row once, without copying.
+pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, vis: Visibility, out: &mut [f32]) {
+    let pairs = s.n_new * s.n_kv_heads;
+    assert_eq!(out.len(), s.n_new * s.n_heads * s.head_dim);
     let out_ptr = SendPtr(out.as_mut_ptr());
     thread_local! {
         static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
     let tasks = (super::pool::threads() * 4).min(pairs);
     super::pool::run(tasks, |task| {
-        let o_ptr = &out_ptr;
+        let o = &out_ptr;
         SCORES.with_borrow_mut(|scores| {
-            for th in task * pairs / tasks..(task + 1) * pairs / tasks {
-                let (t, h) = (th / s.n_heads, th % s.n_heads);
-                let g = h / group;
-                let qv = &q[th * hd..(th + 1) * hd];
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for slot in 0..total {
-                    let sc = if slot < s.prefix || visible(t, slot - s.prefix) {
-                        let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
-                        super::quant::dot(qv, kr) * scale
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                    max = max.max(sc);
-                    scores.push(sc);
-                }
-                let mut sum = 0.0;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
-                // SAFETY: head-row `th` of `out` is written by this task only.
-                let o = unsafe { std::slice::from_raw_parts_mut(o_ptr.0.add(th * hd), hd) };
-                o.fill(0.0);
-                for (slot, &p) in scores.iter().enumerate() {
-                    if p == 0.0 {
-                        continue;
-                    }
-                    let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
-                    let w = p / sum;
-                    for (a, &b) in o.iter_mut().zip(vr) {
-                        *a += w * b;
-                    }
-                }
+            for pair in task * pairs / tasks..(task + 1) * pairs / tasks {
+                // SAFETY: the output rows of (token, kv head) `pair` belong to this task only.
+                unsafe { attend_dispatch(q, k, v, s, vis, pair, scores, o.0) };
             }
         })
     });
 }
 
+unsafe fn attend_dispatch(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    vis: Visibility,
+    pair: usize,
+    scores: &mut Vec<f32>,
+    out: *mut f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::qmatmul::has_avx512_vnni() {
+        return attend_avx512(q, k, v, s, vis, pair, scores, out);
+    }
+    attend(q, k, v, s, vis, pair, scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_avx512(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    vis: Visibility,
+    pair: usize,
+    scores: &mut Vec<f32>,
+    out: *mut f32,
+) {
+    attend(q, k, v, s, vis, pair, scores, out)
+}
+
+/// One (new token, KV head) pair: its query heads' softmax over the visible slots.
+#[inline(always)]
+unsafe fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    vis: Visibility,
+    pair: usize,
+    scores: &mut Vec<f32>,
+    out: *mut f32,
+) {
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let kv_stride = s.n_kv_heads * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (t, g) = (pair / s.n_kv_heads, pair % s.n_kv_heads);
+    let total = s.prefix + s.n_new;
+    let visible = |slot: usize| {
+        slot < s.prefix
+            || match vis {
+                Visibility::Causal => slot - s.prefix <= t,
+                Visibility::Mask(bits) => bits[t * s.n_new + slot - s.prefix],
+            }
+    };
+    scores.clear();
+    scores.resize(group * total, f32::NEG_INFINITY);
+    let qs = &q[(t * s.n_heads + g * group) * hd..(t * s.n_heads + (g + 1) * group) * hd];
+    for slot in (0..total).filter(|&sl| visible(sl)) {
+        let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+        for (j, qh) in qs.chunks_exact(hd).enumerate() {
+            scores[j * total + slot] = super::quant::dot(qh, kr) * scale;
+        }
+    }
+    for j in 0..group {
+        let sc = &mut scores[j * total..(j + 1) * total];
+        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for x in sc.iter_mut() {
+            *x = fast_exp(*x - max);
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in sc.iter_mut() {
+            *x *= inv;
+        }
+    }
+    let o = std::slice::from_raw_parts_mut(out.add((t * s.n_heads + g * group) * hd), group * hd);
+    o.fill(0.0);
+    for slot in (0..total).filter(|&sl| visible(sl)) {
+        let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
+        for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
+            let p = scores[j * total + slot];
+            for (a, &b) in oh.iter_mut().zip(vr) {
+                *a += p * b;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (fast_exp(x) as f64, (x as f64).exp());
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 1e-6, "max relative error {worst}");
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(-1e30), 0.0);
+    }
 
     #[test]
     fn argmax_ties_go_low() {

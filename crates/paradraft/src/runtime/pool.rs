@@ -208,3 +208,21 @@ mod tests {
         assert_eq!(sum.load(Relaxed), 64 * 63 / 2);
     }
 }
+
+#[cfg(test)]
+mod timing {
+    #[test]
+    #[ignore]
+    fn region_overhead() {
+        let p = super::Pool::new(2);
+        let n = 100_000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            p.run(8, &|_| {});
+        }
+        eprintln!(
+            "{:.2} us per region",
+            t.elapsed().as_secs_f64() * 1e6 / n as f64
+        );
+    }
+}

@@ -308,16 +308,22 @@ mod avx512 {
         out: *mut f32,
         ld: usize,
     ) {
-        let nb = p.cols / QK;
         for g in g0..g1 {
             let mut t0 = 0;
             while t0 < a.n {
                 let tn = (a.n - t0).min(TILE);
-                let acc = if p.ty == GgmlType::Q8_0 {
-                    q8_tile(p, a, g, nb, t0, tn)
-                } else {
-                    q4_tile(p, a, g, nb, t0, tn)
-                };
+                let mut acc = [_mm512_setzero_ps(); TILE];
+                // Monomorphised per tile height so the row loop unrolls into independent chains.
+                match (p.ty == GgmlType::Q8_0, tn) {
+                    (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
+                    (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
+                    (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
+                    (false, _) => q4_tile::<4>(p, a, g, t0, &mut acc),
+                    (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
+                    (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
+                    (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
+                    (true, _) => q8_tile::<4>(p, a, g, t0, &mut acc),
+                }
                 let r0 = g * GROUP;
                 let valid = (p.rows - r0).min(GROUP);
                 for (t, v) in acc.iter().enumerate().take(tn) {
@@ -345,18 +351,20 @@ mod avx512 {
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
 
+    /// Two integer accumulators per activation row (low and high nibbles) keep the `dpbusd`
+    /// dependency chains short; the min term goes to its own f32 accumulator.
     #[inline(always)]
-    unsafe fn q4_tile(
+    unsafe fn q4_tile<const N: usize>(
         p: &Packed,
         a: &QActs,
         g: usize,
-        nb: usize,
         t0: usize,
-        tn: usize,
-    ) -> [__m512; TILE] {
-        let mut acc = [_mm512_setzero_ps(); TILE];
-        let mask = _mm512_set1_epi8(0x0F);
+        acc: &mut [__m512; TILE],
+    ) {
+        let nb = p.cols / QK;
         let k = a.k;
+        let mask = _mm512_set1_epi8(0x0F);
+        let mut accm = [_mm512_setzero_ps(); N];
         for b in 0..nb {
             let gb = g * nb + b;
             let base = p.q.as_ptr().add(gb * 256);
@@ -369,59 +377,64 @@ mod avx512 {
             }
             let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
             let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
-            for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                let row = t0 + t;
-                let y = a.qs.as_ptr().add(row * k + b * QK) as *const u8;
-                let mut s = _mm512_setzero_si512();
-                for i in 0..4 {
-                    s = _mm512_dpbusd_epi32(s, lo[i], bcast4(y.add(4 * i)));
-                    s = _mm512_dpbusd_epi32(s, hi[i], bcast4(y.add(16 + 4 * i)));
+            let mut s0 = [_mm512_setzero_si512(); N];
+            let mut s1 = [_mm512_setzero_si512(); N];
+            for i in 0..4 {
+                for t in 0..N {
+                    let y = a.qs.as_ptr().add((t0 + t) * k + b * QK) as *const u8;
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], lo[i], bcast4(y.add(4 * i)));
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], hi[i], bcast4(y.add(16 + 4 * i)));
                 }
+            }
+            for t in 0..N {
+                let row = t0 + t;
                 let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
                 let sx = _mm512_set1_ps(*a.s.get_unchecked(row * nb + b));
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), *acc);
-                *acc = _mm512_fmadd_ps(mw, sx, *acc);
+                let s = _mm512_add_epi32(s0[t], s1[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+                accm[t] = _mm512_fmadd_ps(mw, sx, accm[t]);
             }
         }
-        acc
+        for t in 0..N {
+            acc[t] = _mm512_add_ps(acc[t], accm[t]);
+        }
     }
 
     #[inline(always)]
-    unsafe fn q8_tile(
+    unsafe fn q8_tile<const N: usize>(
         p: &Packed,
         a: &QActs,
         g: usize,
-        nb: usize,
         t0: usize,
-        tn: usize,
-    ) -> [__m512; TILE] {
-        let mut acc = [_mm512_setzero_ps(); TILE];
+        acc: &mut [__m512; TILE],
+    ) {
+        let nb = p.cols / QK;
         let k = a.k;
         for b in 0..nb {
             let gb = g * nb + b;
             let base = p.q.as_ptr().add(gb * 512);
-            let mut w = [_mm512_setzero_si512(); 8];
-            for (i, wi) in w.iter_mut().enumerate() {
-                *wi = _mm512_loadu_si512(base.add(i * 64) as *const _);
-            }
             let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
             let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
                 p.wsum.as_ptr().add(gb * GROUP) as *const __m256i
             ));
             let corr = _mm512_slli_epi32(ws, 7);
-            for (t, acc) in acc.iter_mut().enumerate().take(tn) {
-                let row = t0 + t;
-                let u = a.us.as_ptr().add(row * k + b * QK);
-                let mut s = _mm512_setzero_si512();
-                for (i, wi) in w.iter().enumerate() {
-                    s = _mm512_dpbusd_epi32(s, bcast4(u.add(4 * i)), *wi);
+            let mut s0 = [_mm512_setzero_si512(); N];
+            let mut s1 = [_mm512_setzero_si512(); N];
+            for i in 0..4 {
+                let w0 = _mm512_loadu_si512(base.add(i * 64) as *const _);
+                let w1 = _mm512_loadu_si512(base.add((i + 4) * 64) as *const _);
+                for t in 0..N {
+                    let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), w0);
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
                 }
-                s = _mm512_sub_epi32(s, corr);
-                let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), *acc);
+            }
+            for t in 0..N {
+                let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
+                let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
             }
         }
-        acc
     }
 }
 
@@ -522,6 +535,41 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// Single-thread kernel throughput (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn kernel_gmacs() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, cols) = (1536, 576);
+            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
+                .map(|i| (i * 37 % 251) as u8 & 0x3F)
+                .collect();
+            let p = Packed::new(ty, rows, cols, &src);
+            for n in [1, 4, 16] {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
+                let mut qa = QActs::default();
+                qa.quantize(&x, cols);
+                let mut out = vec![0f32; n * rows];
+                let reps = 2000 / n;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    unsafe { p.matmul_groups(&qa, 0, p.groups(), out.as_mut_ptr(), rows) };
+                }
+                let dt = t.elapsed().as_secs_f64() / reps as f64;
+                eprintln!(
+                    "{ty:?} n={n}: {:.1} GMAC/s, {:.1} GB/s",
+                    (rows * cols * n) as f64 / dt / 1e9,
+                    p.nbytes() as f64 / dt / 1e9
+                );
             }
         }
     }
