@@ -3,6 +3,30 @@
 //! Each kernel here is the portable reference implementation; faster variants plug in behind
 //! the same functions and are tested against these.
 
+/// Defines a function whose body is compiled twice: for the baseline target and with AVX-512
+/// enabled, chosen at run time (the body must be safe, portable Rust that vectorises well).
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn inner($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+                unsafe fn fast($($arg: $ty),*) {
+                    inner($($arg),*)
+                }
+                if $crate::runtime::qmatmul::has_avx512_vnni() {
+                    // SAFETY: the CPU has the features `fast` is compiled for.
+                    return unsafe { fast($($arg),*) };
+                }
+            }
+            inner($($arg),*)
+        }
+    };
+}
+
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;

@@ -4,14 +4,16 @@ use super::quant::SendPtr;
 use crate::types::TokenId;
 use std::cell::RefCell;
 
-/// `out = x / rms(x) · w`, one row at a time (`x.len()` a multiple of `w.len()`).
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let s = 1.0 / (ss + eps).sqrt();
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = v * s * g;
+multiversion! {
+    /// `out = x / rms(x) · w`, one row at a time (`x.len()` a multiple of `w.len()`).
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        let d = w.len();
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            let ss = super::quant::dot(xr, xr) / d as f32;
+            let s = 1.0 / (ss + eps).sqrt();
+            for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+                *o = v * s * g;
+            }
         }
     }
 }
@@ -55,16 +57,20 @@ pub fn rope(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], style: RopeStyle)
     }
 }
 
-/// `gate = silu(gate) · up`, in place.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + fast_exp(-*g)) * u;
+multiversion! {
+    /// `gate = silu(gate) · up`, in place.
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + fast_exp(-*g)) * u;
+        }
     }
 }
 
-pub fn add_inplace(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
+multiversion! {
+    pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+        for (a, &b) in x.iter_mut().zip(y) {
+            *a += b;
+        }
     }
 }
 
@@ -141,66 +147,58 @@ pub fn fast_exp(x: f32) -> f32 {
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, vis: Visibility, out: &mut [f32]) {
     let pairs = s.n_new * s.n_kv_heads;
     assert_eq!(out.len(), s.n_new * s.n_heads * s.head_dim);
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let args = AttnArgs {
+        q,
+        k,
+        v,
+        s,
+        vis,
+        out: SendPtr(out.as_mut_ptr()),
+    };
     thread_local! {
         static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
     let tasks = (super::pool::threads() * 4).min(pairs);
     super::pool::run(tasks, |task| {
-        let o = &out_ptr;
         SCORES.with_borrow_mut(|scores| {
             for pair in task * pairs / tasks..(task + 1) * pairs / tasks {
                 // SAFETY: the output rows of (token, kv head) `pair` belong to this task only.
-                unsafe { attend_dispatch(q, k, v, s, vis, pair, scores, o.0) };
+                unsafe { attend_dispatch(&args, pair, scores) };
             }
         })
     });
 }
 
-unsafe fn attend_dispatch(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &AttnShape,
-    vis: Visibility,
-    pair: usize,
-    scores: &mut Vec<f32>,
-    out: *mut f32,
-) {
+struct AttnArgs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    s: &'a AttnShape,
+    vis: Visibility<'a>,
+    out: SendPtr,
+}
+
+unsafe fn attend_dispatch(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if super::qmatmul::has_avx512_vnni() {
-        return attend_avx512(q, k, v, s, vis, pair, scores, out);
+        return attend_avx512(a, pair, scores);
     }
-    attend(q, k, v, s, vis, pair, scores, out)
+    attend(a, pair, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn attend_avx512(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &AttnShape,
-    vis: Visibility,
-    pair: usize,
-    scores: &mut Vec<f32>,
-    out: *mut f32,
-) {
-    attend(q, k, v, s, vis, pair, scores, out)
+unsafe fn attend_avx512(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
+    attend(a, pair, scores)
 }
 
 /// One (new token, KV head) pair: its query heads' softmax over the visible slots.
 #[inline(always)]
-unsafe fn attend(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &AttnShape,
-    vis: Visibility,
-    pair: usize,
-    scores: &mut Vec<f32>,
-    out: *mut f32,
-) {
+unsafe fn attend(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
+    let AttnArgs {
+        q, k, v, s, vis, ..
+    } = *a;
+    let out = a.out.0;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let kv_stride = s.n_kv_heads * hd;

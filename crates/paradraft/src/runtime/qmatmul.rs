@@ -50,6 +50,17 @@ impl QActs {
         self.us.resize(n * k, 0);
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512_vnni() {
+            // SAFETY: the CPU supports AVX-512; sizes were set above.
+            unsafe { avx512::quantize(x, self) };
+            return;
+        }
+        self.quantize_portable(x);
+    }
+
+    /// Scalar quantization (the reference for the SIMD version; same rounding).
+    pub fn quantize_portable(&mut self, x: &[f32]) {
         for (bi, xb) in x.chunks_exact(QK).enumerate() {
             let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
             let d = amax / 127.0;
@@ -299,6 +310,38 @@ mod avx512 {
     /// Activation rows processed together per pass over a row group's weights.
     const TILE: usize = 4;
 
+    /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize(x: &[f32], a: &mut QActs) {
+        let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
+        for (bi, xb) in x.chunks_exact(QK).enumerate() {
+            let v0 = _mm512_loadu_ps(xb.as_ptr());
+            let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+            let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
+            let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+            let d = amax / 127.0;
+            let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+            let lim = _mm512_set1_epi32(127);
+            let q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_set1_epi32(-127));
+            let q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_set1_epi32(-127));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            let b0 = _mm512_cvtepi32_epi8(q0);
+            let b1 = _mm512_cvtepi32_epi8(q1);
+            let dst = a.qs.as_mut_ptr().add(bi * QK) as *mut __m128i;
+            _mm_storeu_si128(dst, b0);
+            _mm_storeu_si128(dst.add(1), b1);
+            let flip = _mm_set1_epi8(-128);
+            let udst = a.us.as_mut_ptr().add(bi * QK) as *mut __m128i;
+            _mm_storeu_si128(udst, _mm_xor_si128(b0, flip));
+            _mm_storeu_si128(udst.add(1), _mm_xor_si128(b1, flip));
+            a.d[bi] = d;
+            a.s[bi] = d * sum as f32;
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
     pub unsafe fn matmul_groups(
         p: &Packed,
@@ -474,6 +517,28 @@ mod tests {
             }
         }
         v
+    }
+
+    #[test]
+    fn simd_quantize_matches_portable() {
+        let mut rng = Lcg(7);
+        let mut x: Vec<f32> = (0..4 * 576).map(|_| rng.unif() * 6.0 - 3.0).collect();
+        x[5] = 0.0;
+        x[64..96].fill(0.0); // an all-zero block
+        x[100] = 1e-30;
+        let (mut a, mut b) = (QActs::default(), QActs::default());
+        a.quantize(&x, 576);
+        b.k = 576;
+        b.n = 4;
+        b.qs.resize(x.len(), 0);
+        b.us.resize(x.len(), 0);
+        b.d.resize(x.len() / QK, 0.0);
+        b.s.resize(x.len() / QK, 0.0);
+        b.quantize_portable(&x);
+        assert_eq!(a.qs, b.qs);
+        assert_eq!(a.us, b.us);
+        assert_eq!(a.d, b.d);
+        assert_eq!(a.s, b.s);
     }
 
     #[test]
