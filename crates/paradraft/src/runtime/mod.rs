@@ -13,13 +13,20 @@ macro_rules! multiversion {
             fn inner($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
+                use $crate::runtime::qmatmul::{isa, Isa};
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-                unsafe fn fast($($arg: $ty),*) {
+                unsafe fn fast512($($arg: $ty),*) {
                     inner($($arg),*)
                 }
-                if $crate::runtime::qmatmul::has_avx512_vnni() {
-                    // SAFETY: the CPU has the features `fast` is compiled for.
-                    return unsafe { fast($($arg),*) };
+                #[target_feature(enable = "avx2,fma,f16c")]
+                unsafe fn fast256($($arg: $ty),*) {
+                    inner($($arg),*)
+                }
+                // SAFETY: the CPU has the features each clone is compiled for.
+                match isa() {
+                    Isa::Avx512Vnni => return unsafe { fast512($($arg),*) },
+                    Isa::Avx2 => return unsafe { fast256($($arg),*) },
+                    Isa::Portable => {}
                 }
             }
             inner($($arg),*)

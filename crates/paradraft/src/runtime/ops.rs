@@ -179,16 +179,25 @@ struct AttnArgs<'a> {
 }
 
 unsafe fn attend_dispatch(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
-    #[cfg(target_arch = "x86_64")]
-    if super::qmatmul::has_avx512_vnni() {
-        return attend_avx512(a, pair, scores);
+    use super::qmatmul::{isa, Isa};
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => attend_avx512(a, pair, scores),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => attend_avx2(a, pair, scores),
+        _ => attend(a, pair, scores),
     }
-    attend(a, pair, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn attend_avx512(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
+    attend(a, pair, scores)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
     attend(a, pair, scores)
 }
 

@@ -51,7 +51,7 @@ impl QActs {
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
         #[cfg(target_arch = "x86_64")]
-        if has_avx512_vnni() {
+        if isa() == Isa::Avx512Vnni {
             // SAFETY: the CPU supports AVX-512; sizes were set above.
             unsafe { avx512::quantize(x, self) };
             return;
@@ -215,12 +215,13 @@ impl Packed {
     /// the groups, and no other thread may write those elements meanwhile.
     pub unsafe fn matmul_groups(&self, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
         debug_assert_eq!(a.k, self.cols);
-        #[cfg(target_arch = "x86_64")]
-        if has_avx512_vnni() {
-            avx512::matmul_groups(self, a, g0, g1, out, ld);
-            return;
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::matmul_groups(self, a, g0, g1, out, ld),
+            _ => self.matmul_groups_portable(a, g0, g1, out, ld),
         }
-        self.matmul_groups_portable(a, g0, g1, out, ld);
     }
 
     /// The portable kernel: the same integer arithmetic, scalar.
@@ -284,22 +285,136 @@ impl Packed {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-pub fn has_avx512_vnni() -> bool {
+/// The instruction sets the kernels can use, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    Portable,
+    Avx2,
+    Avx512Vnni,
+}
+
+/// The kernel family in use: detected once; `PARADRAFT_ISA=portable|avx2|avx512` caps it
+/// (`PARADRAFT_PORTABLE=1` means `portable`).
+pub fn isa() -> Isa {
     use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        std::env::var_os("PARADRAFT_PORTABLE").is_none()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("f16c")
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let detected = detect_isa();
+        let cap = match std::env::var("PARADRAFT_ISA").ok().as_deref() {
+            Some("portable") => Isa::Portable,
+            Some("avx2") => Isa::Avx2,
+            _ if std::env::var_os("PARADRAFT_PORTABLE").is_some() => Isa::Portable,
+            _ => Isa::Avx512Vnni,
+        };
+        detected.min(cap)
     })
 }
 
+#[cfg(target_arch = "x86_64")]
+fn detect_isa() -> Isa {
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("fma")
+    {
+        Isa::Avx512Vnni
+    } else if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
+}
+
 #[cfg(not(target_arch = "x86_64"))]
-pub fn has_avx512_vnni() -> bool {
-    false
+fn detect_isa() -> Isa {
+    Isa::Portable
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{GgmlType, Packed, QActs, GROUP, QK};
+    use std::arch::x86_64::*;
+
+    /// AVX2 without VNNI: 8 rows per 256-bit register; `maddubs` (u8·s8 → i16 pairs) then
+    /// `madd` with ones (→ i32). For Q8 weights the sign trick keeps `maddubs` from saturating:
+    /// |w| · sign(y, w).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn matmul_groups(
+        p: &Packed,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let nb = p.cols / QK;
+        let ones = _mm256_set1_epi16(1);
+        let mask = _mm256_set1_epi8(0x0F);
+        for g in g0..g1 {
+            for half in 0..2 {
+                let r0 = g * GROUP + half * 8;
+                if r0 >= p.rows {
+                    break;
+                }
+                for t in 0..a.n {
+                    let mut acc = _mm256_setzero_ps();
+                    for b in 0..nb {
+                        let gb = g * nb + b;
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                            p.d.as_ptr().add(gb * GROUP + half * 8) as *const __m128i,
+                        ));
+                        let dx = _mm256_set1_ps(*a.d.get_unchecked(t * nb + b));
+                        let y = a.qs.as_ptr().add(t * a.k + b * QK);
+                        let bc =
+                            |o: usize| _mm256_set1_epi32((y.add(o) as *const i32).read_unaligned());
+                        let mut s = _mm256_setzero_si256();
+                        if p.ty == GgmlType::Q8_0 {
+                            let base = p.q.as_ptr().add(gb * 512 + half * 32);
+                            for i in 0..8 {
+                                let w = _mm256_loadu_si256(base.add(i * 64) as *const __m256i);
+                                let yy = bc(4 * i);
+                                let prod = _mm256_maddubs_epi16(
+                                    _mm256_sign_epi8(w, w),
+                                    _mm256_sign_epi8(yy, w),
+                                );
+                                s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
+                            }
+                            acc =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
+                        } else {
+                            let base = p.q.as_ptr().add(gb * 256 + half * 32);
+                            for i in 0..4 {
+                                let w = _mm256_loadu_si256(base.add(i * 64) as *const __m256i);
+                                let lo = _mm256_and_si256(w, mask);
+                                let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
+                                let pl = _mm256_maddubs_epi16(lo, bc(4 * i));
+                                let ph = _mm256_maddubs_epi16(hi, bc(16 + 4 * i));
+                                s = _mm256_add_epi32(
+                                    s,
+                                    _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones),
+                                );
+                            }
+                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                p.m.as_ptr().add(gb * GROUP + half * 8) as *const __m128i,
+                            ));
+                            let sx = _mm256_set1_ps(*a.s.get_unchecked(t * nb + b));
+                            acc =
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
+                            acc = _mm256_fmadd_ps(mw, sx, acc);
+                        }
+                    }
+                    let valid = (p.rows - r0).min(8);
+                    let mut tmp = [0f32; 8];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), acc);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(t * ld + r0), valid);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -561,10 +676,19 @@ mod tests {
                     let mut qa = QActs::default();
                     qa.quantize(&x, cols);
                     let mut fast = vec![0f32; n * rows];
+                    let mut avx2 = vec![0f32; n * rows];
                     let mut port = vec![0f32; n * rows];
                     unsafe {
                         p.matmul_groups(&qa, 0, p.groups(), fast.as_mut_ptr(), rows);
                         p.matmul_groups_portable(&qa, 0, p.groups(), port.as_mut_ptr(), rows);
+                        #[cfg(target_arch = "x86_64")]
+                        if detect_isa() >= Isa::Avx2 {
+                            avx2::matmul_groups(&p, &qa, 0, p.groups(), avx2.as_mut_ptr(), rows);
+                        } else {
+                            avx2.copy_from_slice(&port);
+                        }
+                        #[cfg(not(target_arch = "x86_64"))]
+                        avx2.copy_from_slice(&port);
                     }
                     for t in 0..n {
                         for r in 0..rows {
