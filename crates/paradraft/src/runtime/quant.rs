@@ -219,13 +219,8 @@ impl Matrix {
             MatrixData::F32(v) => {
                 par_ranges(m.div_ceil(16), |c0, c1| {
                     let o = &out_ptr;
-                    for r in c0 * 16..(c1 * 16).min(m) {
-                        let w = &v[r * k..(r + 1) * k];
-                        for t in 0..n {
-                            // SAFETY: each (t, r) is written by exactly one task.
-                            unsafe { *o.0.add(t * m + r) = dot(w, &x[t * k..(t + 1) * k]) };
-                        }
-                    }
+                    // Each task writes only the output columns of its own rows.
+                    dense_rows(v, x, k, m, c0 * 16, (c1 * 16).min(m), o.0 as usize);
                 });
             }
         }
@@ -238,6 +233,23 @@ impl Matrix {
             qa.quantize(x, self.cols);
         }
         self.matmul(x, &qa, out);
+    }
+}
+
+multiversion! {
+    /// `out[t·m + r] = W[r]·x[t]` for rows `r0..r1` (`out` passed as an address so the
+    /// function stays safe to call from the pool; callers own disjoint row ranges).
+    fn dense_rows(w: &[f32], x: &[f32], k: usize, m: usize, r0: usize, r1: usize, out: usize) {
+        let out = out as *mut f32;
+        let n = x.len() / k;
+        for r in r0..r1 {
+            let wr = &w[r * k..(r + 1) * k];
+            for t in 0..n {
+                let y = dot(wr, &x[t * k..(t + 1) * k]);
+                // SAFETY: (t, r) lies in this caller's rows of an n × m output.
+                unsafe { *out.add(t * m + r) = y };
+            }
+        }
     }
 }
 
