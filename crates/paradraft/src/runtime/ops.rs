@@ -145,27 +145,81 @@ pub fn fast_exp(x: f32) -> f32 {
 /// the layer's cache `[slots, n_kv_heads, head_dim]`. One task per (new token, KV head): the
 /// query heads sharing a KV head (GQA) read each K/V row once, without copying.
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, vis: Visibility, out: &mut [f32]) {
-    let pairs = s.n_new * s.n_kv_heads;
-    assert_eq!(out.len(), s.n_new * s.n_heads * s.head_dim);
-    let args = AttnArgs {
-        q,
-        k,
-        v,
-        s,
-        vis,
-        out: SendPtr(out.as_mut_ptr()),
+    // Work units are (token, KV head, range of slots); the query heads sharing a KV head are
+    // done together so each K/V row is read once. With few new tokens (decode, small drafts)
+    // the slots are split into ranges (split-K) so every thread gets work; the ranges'
+    // partial softmaxes are merged afterwards.
+    let threads = super::pool::threads();
+    let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
+    let total = s.prefix + s.n_new;
+    let base_units = s.n_new * s.n_kv_heads;
+    let chunks = if base_units < 2 * threads {
+        (2 * threads)
+            .div_ceil(base_units)
+            .min(total.div_ceil(64))
+            .max(1)
+    } else {
+        1
     };
+    let units = base_units * chunks;
+    assert_eq!(out.len(), s.n_new * s.n_heads * hd);
     thread_local! {
         static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+        static PARTIAL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
-    let tasks = (super::pool::threads() * 4).min(pairs);
-    super::pool::run(tasks, |task| {
-        SCORES.with_borrow_mut(|scores| {
-            for pair in task * pairs / tasks..(task + 1) * pairs / tasks {
-                // SAFETY: the output rows of (token, kv head) `pair` belong to this task only.
-                unsafe { attend_dispatch(&args, pair, scores) };
+    // Per (unit, head): running max, sum of exponentials, unnormalised output.
+    let pw = hd + 2;
+    PARTIAL.with_borrow_mut(|partial| {
+        if chunks > 1 {
+            partial.resize(units * group * pw, 0.0);
+        }
+        let args = AttnArgs {
+            q,
+            k,
+            v,
+            s,
+            vis,
+            chunks,
+            out: SendPtr(if chunks > 1 {
+                partial.as_mut_ptr()
+            } else {
+                out.as_mut_ptr()
+            }),
+        };
+        let tasks = (threads * 4).min(units);
+        super::pool::run(tasks, |task| {
+            SCORES.with_borrow_mut(|scores| {
+                for unit in task * units / tasks..(task + 1) * units / tasks {
+                    // SAFETY: each unit writes only its own output rows or partial records.
+                    unsafe { attend_dispatch(&args, unit, scores) };
+                }
+            })
+        });
+        if chunks > 1 {
+            for (bu, o) in out.chunks_exact_mut(group * hd).enumerate() {
+                for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
+                    let rec = |c: usize| &partial[((bu * chunks + c) * group + j) * pw..][..pw];
+                    let m = (0..chunks)
+                        .map(|c| rec(c)[0])
+                        .fold(f32::NEG_INFINITY, f32::max);
+                    oh.fill(0.0);
+                    let mut l = 0.0;
+                    for c in 0..chunks {
+                        let r = rec(c);
+                        if r[1] == 0.0 {
+                            continue;
+                        }
+                        let w = fast_exp(r[0] - m);
+                        l += w * r[1];
+                        for (a, &b) in oh.iter_mut().zip(&r[2..]) {
+                            *a += w * b;
+                        }
+                    }
+                    let inv = 1.0 / l;
+                    oh.iter_mut().for_each(|a| *a *= inv);
+                }
             }
-        })
+        }
     });
 }
 
@@ -175,6 +229,8 @@ struct AttnArgs<'a> {
     v: &'a [f32],
     s: &'a AttnShape,
     vis: Visibility<'a>,
+    /// Slot ranges per (token, KV head); above 1, `out` receives partial records.
+    chunks: usize,
     out: SendPtr,
 }
 
@@ -185,70 +241,152 @@ unsafe fn attend_dispatch(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
         Isa::Avx512Vnni => attend_avx512(a, pair, scores),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => attend_avx2(a, pair, scores),
-        _ => attend(a, pair, scores),
+        _ => attend::<PortableDot>(a, pair, scores),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn attend_avx512(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
-    attend(a, pair, scores)
+    attend::<Avx512Dot>(a, pair, scores)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn attend_avx2(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
-    attend(a, pair, scores)
+    attend::<PortableDot>(a, pair, scores)
+}
+
+/// The q·k product of the attention inner loop, per instruction set.
+trait HeadDot {
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32;
+}
+
+struct PortableDot;
+impl HeadDot for PortableDot {
+    #[inline(always)]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        super::quant::dot(a, b)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx512Dot;
+#[cfg(target_arch = "x86_64")]
+impl HeadDot for Avx512Dot {
+    /// Two independent 16-lane FMA chains, one horizontal reduction.
+    #[inline(always)]
+    unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        use std::arch::x86_64::*;
+        let n = a.len().min(b.len());
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            s0 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.as_ptr().add(i)),
+                _mm512_loadu_ps(b.as_ptr().add(i)),
+                s0,
+            );
+            s1 = _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.as_ptr().add(i + 16)),
+                _mm512_loadu_ps(b.as_ptr().add(i + 16)),
+                s1,
+            );
+            i += 32;
+        }
+        let mut r = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+        while i < n {
+            r += a[i] * b[i];
+            i += 1;
+        }
+        r
+    }
 }
 
 /// One (new token, KV head) pair: its query heads' softmax over the visible slots.
 #[inline(always)]
-unsafe fn attend(a: &AttnArgs, pair: usize, scores: &mut Vec<f32>) {
+unsafe fn attend<D: HeadDot>(a: &AttnArgs, unit: usize, scores: &mut Vec<f32>) {
     let AttnArgs {
-        q, k, v, s, vis, ..
+        q,
+        k,
+        v,
+        s,
+        vis,
+        chunks,
+        ..
     } = *a;
-    let out = a.out.0;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
     let kv_stride = s.n_kv_heads * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    let (t, g) = (pair / s.n_kv_heads, pair % s.n_kv_heads);
+    let (t, g, c) = (
+        unit / (s.n_kv_heads * chunks),
+        unit / chunks % s.n_kv_heads,
+        unit % chunks,
+    );
     let total = s.prefix + s.n_new;
-    let visible = |slot: usize| {
-        slot < s.prefix
+    let (lo, hi) = (c * total / chunks, (c + 1) * total / chunks);
+    let visible = |slot: &usize| {
+        *slot < s.prefix
             || match vis {
                 Visibility::Causal => slot - s.prefix <= t,
                 Visibility::Mask(bits) => bits[t * s.n_new + slot - s.prefix],
             }
     };
+    let len = hi - lo;
     scores.clear();
-    scores.resize(group * total, f32::NEG_INFINITY);
-    let qs = &q[(t * s.n_heads + g * group) * hd..(t * s.n_heads + (g + 1) * group) * hd];
-    for slot in (0..total).filter(|&sl| visible(sl)) {
+    scores.resize(group * len, f32::NEG_INFINITY);
+    let h0 = g * group;
+    let qs = &q[(t * s.n_heads + h0) * hd..(t * s.n_heads + h0 + group) * hd];
+    for slot in (lo..hi).filter(visible) {
         let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
         for (j, qh) in qs.chunks_exact(hd).enumerate() {
-            scores[j * total + slot] = super::quant::dot(qh, kr) * scale;
+            *scores.get_unchecked_mut(j * len + slot - lo) = D::dot(qh, kr) * scale;
         }
     }
-    for j in 0..group {
-        let sc = &mut scores[j * total..(j + 1) * total];
+    let mut stats = [(0f32, 0f32); 16];
+    let mut stats_v = Vec::new();
+    let stats: &mut [(f32, f32)] = if group <= 16 {
+        &mut stats[..group]
+    } else {
+        stats_v.resize(group, (0f32, 0f32));
+        &mut stats_v
+    };
+    for (j, st) in stats.iter_mut().enumerate() {
+        let sc = &mut scores[j * len..(j + 1) * len];
         let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0;
-        for x in sc.iter_mut() {
-            *x = fast_exp(*x - max);
-            sum += *x;
+        if max > f32::NEG_INFINITY {
+            for x in sc.iter_mut() {
+                *x = fast_exp(*x - max);
+                sum += *x;
+            }
         }
-        let inv = 1.0 / sum;
-        for x in sc.iter_mut() {
-            *x *= inv;
+        if chunks == 1 {
+            let inv = 1.0 / sum;
+            sc.iter_mut().for_each(|x| *x *= inv);
         }
+        *st = (max, sum);
     }
-    let o = std::slice::from_raw_parts_mut(out.add((t * s.n_heads + g * group) * hd), group * hd);
-    o.fill(0.0);
-    for slot in (0..total).filter(|&sl| visible(sl)) {
+    // Rows of the output (normalised) or of the partial records (unnormalised, after m and l).
+    let (base, stride, off) = if chunks == 1 {
+        (a.out.0.add((t * s.n_heads + h0) * hd), hd, 0)
+    } else {
+        (a.out.0.add(unit * group * (hd + 2)), hd + 2, 2)
+    };
+    for (j, &(m, l)) in stats.iter().enumerate() {
+        let row = std::slice::from_raw_parts_mut(base.add(j * stride), stride);
+        if chunks > 1 {
+            row[0] = m;
+            row[1] = l;
+        }
+        row[off..].fill(0.0);
+    }
+    for slot in (lo..hi).filter(visible) {
         let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
-        for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
-            let p = scores[j * total + slot];
+        for j in 0..group {
+            let p = *scores.get_unchecked(j * len + slot - lo);
+            let oh = std::slice::from_raw_parts_mut(base.add(j * stride + off), hd);
             for (a, &b) in oh.iter_mut().zip(vr) {
                 *a += p * b;
             }

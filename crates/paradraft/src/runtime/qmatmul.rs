@@ -32,6 +32,8 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `n × k/32`: `d · Σ q` over the block.
     pub s: Vec<f32>,
+    /// Scratch for [`QActs::quantize_with_residual`].
+    residual: Vec<f32>,
 }
 
 impl QActs {
@@ -57,6 +59,25 @@ impl QActs {
             return;
         }
         self.quantize_portable(x);
+    }
+
+    /// Quantizes each row of `x` and then its quantization residual, as rows 2i and 2i+1: the
+    /// sum of a matmul's two output rows carries about 1/127 of the int8 error.
+    pub fn quantize_with_residual(&mut self, x: &[f32], k: usize) {
+        let n = x.len() / k;
+        let mut both = std::mem::take(&mut self.residual);
+        both.resize(2 * n * k, 0.0);
+        self.quantize(x, k);
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            let nb = k / QK;
+            both[2 * i * k..(2 * i + 1) * k].copy_from_slice(row);
+            for (j, &v) in row.iter().enumerate() {
+                let q = self.qs[i * k + j] as f32 * self.d[i * nb + j / QK];
+                both[(2 * i + 1) * k + j] = v - q;
+            }
+        }
+        self.quantize(&both, k);
+        self.residual = both;
     }
 
     /// Scalar quantization (the reference for the SIMD version; same rounding).
@@ -737,18 +758,22 @@ mod timing {
     #[test]
     #[ignore]
     fn kernel_gmacs() {
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (rows, cols) = (1536, 576);
+        for (ty, rows, cols) in [
+            (GgmlType::Q4_1, 1536, 576),
+            (GgmlType::Q8_0, 1536, 576),
+            (GgmlType::Q4_1, 65536, 576),
+            (GgmlType::Q8_0, 49152, 576),
+        ] {
             let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
                 .map(|i| (i * 37 % 251) as u8 & 0x3F)
                 .collect();
             let p = Packed::new(ty, rows, cols, &src);
-            for n in [1, 4, 16] {
+            for n in [1, 4, 16].into_iter().filter(|&n| rows < 10_000 || n == 1) {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
                 let mut qa = QActs::default();
                 qa.quantize(&x, cols);
                 let mut out = vec![0f32; n * rows];
-                let reps = 2000 / n;
+                let reps = 2000 / n * 1536 / rows + 3;
                 let t = std::time::Instant::now();
                 for _ in 0..reps {
                     unsafe { p.matmul_groups(&qa, 0, p.groups(), out.as_mut_ptr(), rows) };

@@ -205,16 +205,12 @@ impl Matrix {
                     }
                 });
             }
-            MatrixData::Quant(p) => {
+            MatrixData::Quant(_) => {
                 assert!(
                     qa.n == n && qa.k == k,
                     "activations not quantized for this matmul"
                 );
-                par_ranges(p.groups(), |g0, g1| {
-                    let o = &out_ptr;
-                    // SAFETY: each task writes only the rows of its own groups.
-                    unsafe { p.matmul_groups(qa, g0, g1, o.0, m) };
-                });
+                self.matmul_qacts(qa, out);
             }
             MatrixData::F32(v) => {
                 par_ranges(m.div_ceil(16), |c0, c1| {
@@ -224,6 +220,27 @@ impl Matrix {
                 });
             }
         }
+    }
+
+    /// Row `r` times `x` with f32 activations (exact up to f32 rounding); `tmp` holds `cols`.
+    pub fn row_dot(&self, r: usize, x: &[f32], tmp: &mut [f32]) -> f32 {
+        self.row_into(r, tmp);
+        dot(tmp, x)
+    }
+
+    /// `out[t, r] = Σ_i self[r, i] · x_t[i]` for the rows of `qa` (a quantized matrix only).
+    pub fn matmul_qacts(&self, qa: &QActs, out: &mut [f32]) {
+        let MatrixData::Quant(p) = &self.data else {
+            panic!("matmul_qacts needs a quantized matrix");
+        };
+        let m = self.rows;
+        assert!(qa.k == self.cols && out.len() == qa.n * m);
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        par_ranges(p.groups(), |g0, g1| {
+            let o = &out_ptr;
+            // SAFETY: each task writes only the rows of its own groups.
+            unsafe { p.matmul_groups(qa, g0, g1, o.0, m) };
+        });
     }
 
     /// Quantizes `x` and multiplies (for one-off calls; the model reuses its [`QActs`]).
