@@ -1,6 +1,8 @@
 //! KV-cache and forward invariants: batched == incremental, truncate and compact leave a cache
 //! equal to a fresh run over the kept sequence, and a tree forward gives every node the logits
-//! of its root path run as a plain sequence.
+//! of its root path run as a plain sequence. The forward is batch-invariant, so these hold bit
+//! for bit (TOL = 0), on dense and on quantized models: speculative verification then
+//! reproduces autoregressive decoding exactly.
 
 mod common;
 use common::*;
@@ -8,7 +10,15 @@ use paradraft::kv::KvCache;
 use paradraft::model::{Batch, Loaded, OutputSpec, Scratch, TreeMask};
 use paradraft::types::{Pos, SlotId, TokenId};
 
-const TOL: f32 = 1e-4;
+const TOL: f32 = 0.0;
+
+fn load(name: &str) -> Loaded {
+    if name == "llama-quant" {
+        paradraft::model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap()
+    } else {
+        load_tiny(name)
+    }
+}
 
 fn toks(v: &[u32]) -> Vec<TokenId> {
     v.iter().map(|&t| TokenId(t)).collect()
@@ -44,15 +54,15 @@ fn prompt() -> Vec<TokenId> {
 
 #[test]
 fn batched_forward_equals_token_by_token() {
-    for name in ["llama", "qwen3"] {
-        let lm = load_tiny(name);
+    for name in ["llama", "qwen3", "llama-quant"] {
+        let lm = load(name);
         let p = prompt();
         let batched = run_logits(&lm, &p);
         let mut kv = lm.model.new_kv(32);
         for (i, t) in p.iter().enumerate() {
             let row = extend(&lm, &mut kv, &[*t]);
             let d = max_abs_diff(&row[0], &batched[i]);
-            assert!(d < TOL, "{name} pos {i}: {d}");
+            assert!(d <= TOL, "{name} pos {i}: {d}");
         }
     }
 }
@@ -70,7 +80,7 @@ fn truncate_then_continue_equals_fresh_run() {
     fresh_seq.extend(&cont);
     let fresh = run_logits(&lm, &fresh_seq);
     for i in 0..cont.len() {
-        assert!(max_abs_diff(&got[i], &fresh[9 + i]) < TOL);
+        assert!(max_abs_diff(&got[i], &fresh[9 + i]) <= TOL);
     }
 }
 
@@ -134,8 +144,8 @@ fn tree_forward(
 
 #[test]
 fn tree_forward_matches_each_root_path() {
-    for name in ["llama", "qwen2", "qwen3"] {
-        let lm = load_tiny(name);
+    for name in ["llama", "qwen2", "qwen3", "llama-quant"] {
+        let lm = load(name);
         let p = prompt();
         let (nodes, parents) = tree();
         let mut kv = lm.model.new_kv(64);
@@ -146,7 +156,7 @@ fn tree_forward_matches_each_root_path() {
             seq.extend(root_path(&parents, i).iter().map(|&j| nodes[j]));
             let want = run_logits(&lm, &seq);
             let d = max_abs_diff(row, want.last().unwrap());
-            assert!(d < TOL, "{name} node {i}: {d}");
+            assert!(d <= TOL, "{name} node {i}: {d}");
         }
     }
 }
@@ -164,7 +174,7 @@ fn tree_forward_on_real_gguf_matches_root_paths() {
         let mut seq = p.clone();
         seq.extend(root_path(&parents, i).iter().map(|&j| nodes[j]));
         let want = run_logits(&lm, &seq);
-        assert!(max_abs_diff(&got[i], want.last().unwrap()) < TOL);
+        assert!(max_abs_diff(&got[i], want.last().unwrap()) <= TOL);
     }
 }
 
@@ -189,7 +199,7 @@ fn compact_accepted_path_then_continue_equals_fresh_run() {
     let want = run_logits(&lm, &seq);
     for i in 0..cont.len() {
         let d = max_abs_diff(&got[i], &want[seq.len() - cont.len() + i]);
-        assert!(d < TOL, "row {i}: {d}");
+        assert!(d <= TOL, "row {i}: {d}");
     }
 }
 
@@ -241,6 +251,44 @@ fn fused_argmax_and_top_k_agree_with_full_logits() {
                     assert_eq!(ids, want.iter().map(|e| e.0).collect::<Vec<_>>());
                 }
             }
+        }
+    }
+}
+
+fn long_prompt(n: usize) -> Vec<TokenId> {
+    (0..n)
+        .map(|i| TokenId(((i * 97 + 31) % 380) as u32 + 3))
+        .collect()
+}
+
+#[test]
+fn invariance_holds_across_attention_slot_chunks() {
+    // Contexts longer than the attention's split-K range (128 slots): a chain decoded token by
+    // token, a batched forward, and tree nodes whose slots straddle a range boundary all agree
+    // bit for bit.
+    for name in ["qwen3", "llama-quant"] {
+        let lm = load(name);
+        let p = long_prompt(140);
+        let batched = run_logits(&lm, &p);
+        let mut kv = lm.model.new_kv(320);
+        extend(&lm, &mut kv, &p[..120]);
+        for (i, t) in p.iter().enumerate().skip(120) {
+            let row = extend(&lm, &mut kv, &[*t]);
+            assert!(max_abs_diff(&row[0], &batched[i]) <= TOL, "{name} pos {i}");
+        }
+        let prefix = long_prompt(125);
+        let (nodes, parents) = tree();
+        let mut kv = lm.model.new_kv(320);
+        extend(&lm, &mut kv, &prefix);
+        let got = tree_forward(&lm, &mut kv, &nodes, &parents);
+        for (i, row) in got.iter().enumerate() {
+            let mut seq = prefix.clone();
+            seq.extend(root_path(&parents, i).iter().map(|&j| nodes[j]));
+            let want = run_logits(&lm, &seq);
+            assert!(
+                max_abs_diff(row, want.last().unwrap()) <= TOL,
+                "{name} node {i}"
+            );
         }
     }
 }

@@ -168,3 +168,45 @@ fn chat_template_and_tokenizer_match_reference() {
     assert_eq!(im_end.len(), 1);
     assert!(tok.stop_tokens.contains(&im_end[0]));
 }
+
+#[test]
+fn batched_greedy_reproduces_autoregressive_greedy() {
+    // Verification scores a whole draft in one forward; batch invariance makes its argmaxes
+    // those of token-by-token decoding, so greedy speculative decoding can be exact.
+    use paradraft::generate::{generate, GenerateParams};
+    let lm = smollm2();
+    let p = &fixture()["prompts"][2];
+    let prompt: Vec<TokenId> = u32s(&p["token_ids"]).into_iter().map(TokenId).collect();
+    let params = GenerateParams {
+        max_new_tokens: 40,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    };
+    let mut kv = lm.model.new_kv(512);
+    let gen = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+    let mut seq = prompt.clone();
+    seq.extend(&gen.token_ids);
+    let mut kv = lm.model.new_kv(512);
+    let mut s = Scratch::default();
+    let pos = seq_positions(0, seq.len() - 1);
+    let rows: Vec<usize> = (prompt.len() - 1..seq.len() - 1).collect();
+    let spec = OutputSpec {
+        rows: Rows::Some(rows),
+        logits: Logits::Argmax,
+        taps: vec![],
+    };
+    let out = lm
+        .model
+        .forward(
+            &mut kv,
+            &Batch {
+                tokens: &seq[..seq.len() - 1],
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            &mut s,
+        )
+        .unwrap();
+    assert_eq!(out.argmax, gen.token_ids);
+}

@@ -54,8 +54,8 @@ pub struct Scratch {
     rope: Vec<(f32, f32)>,
     rows_x: Vec<f32>,
     logits: Vec<f32>,
-    logits2: Vec<f32>,
     row_tmp: Vec<f32>,
+    cand: Vec<u32>,
     qa: QActs,
     pub out: Output,
 }
@@ -338,42 +338,22 @@ impl Model {
             sized(&mut s.logits, m * vocab)
         };
         let int8 = head.wants_qacts() && !self.exact;
-        if int8 && spec.logits == Logits::Full {
-            // Full rows feed sampling: int8 activations plus their int8 residual (two rows per
-            // position through one pass over the weights) come close to f32 activations.
-            s.qa.quantize_with_residual(xs, h);
-            let two = sized(&mut s.logits2, 2 * m * vocab);
-            head.matmul_qacts(&s.qa, two);
-            for (dst, pair) in logits
-                .chunks_exact_mut(vocab)
-                .zip(two.chunks_exact(2 * vocab))
-            {
-                for ((d, a), b) in dst.iter_mut().zip(&pair[..vocab]).zip(&pair[vocab..]) {
-                    *d = a + b;
-                }
-            }
-        } else {
-            prep(&mut s.qa, &[head], xs, self.exact);
-            head.matmul(xs, &s.qa, logits);
-        }
+        prep(&mut s.qa, &[head], xs, self.exact);
+        head.matmul(xs, &s.qa, logits);
+        let keep = match spec.logits {
+            Logits::TopK(k) => k.max(1),
+            _ => 1,
+        };
         let tmp = sized(&mut s.row_tmp, h);
         for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
-            if int8 && spec.logits != Logits::Full {
-                // Argmax / top-k from int8 logits, then every id within REFINE of the cut
-                // re-scored with f32 activations: the result is that of the exact path.
-                let keep = match spec.logits {
-                    Logits::TopK(k) => k.max(1),
-                    _ => 1,
-                };
-                let cut = ops::top_k(row, keep)
-                    .last()
-                    .map_or(f32::NEG_INFINITY, |e| e.1)
-                    - REFINE;
-                for (id, l) in row.iter_mut().enumerate() {
-                    if *l >= cut {
-                        *l = head.row_dot(id, &xs[i * h..(i + 1) * h], tmp);
-                    }
-                }
+            if int8 {
+                refine_top(
+                    row,
+                    keep,
+                    |id, t| head.row_dot(id, &xs[i * h..(i + 1) * h], t),
+                    tmp,
+                    &mut s.cand,
+                );
             }
             match spec.logits {
                 Logits::Argmax => out.argmax.push(ops::argmax(row)),
@@ -384,6 +364,42 @@ impl Model {
     }
 }
 
-/// Margin within which int8-activation logits are re-scored exactly for argmax / top-k. The
-/// int8 error of SmolLM2's logits is about 0.2 on average and well under 1 at worst.
+/// Re-scores with f32 activations the ids whose int8-activation logit lies within [`REFINE`] of
+/// the `keep`-th largest (at most [`REFINE_CAP`] of them, the largest first), so greedy and
+/// top-k choices are those of exact arithmetic. The row's result depends on the row alone,
+/// never on the batch it came in.
+fn refine_top(
+    row: &mut [f32],
+    keep: usize,
+    exact: impl Fn(usize, &mut [f32]) -> f32,
+    tmp: &mut [f32],
+    cand: &mut Vec<u32>,
+) {
+    let kth = if keep == 1 {
+        row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    } else {
+        ops::top_k(row, keep)
+            .last()
+            .map_or(f32::NEG_INFINITY, |e| e.1)
+    };
+    let cut = kth - REFINE;
+    cand.clear();
+    cand.extend((0..row.len() as u32).filter(|&i| row[i as usize] >= cut));
+    if cand.len() > REFINE_CAP.max(keep) {
+        let cap = REFINE_CAP.max(keep);
+        cand.select_nth_unstable_by(cap - 1, |&a, &b| {
+            row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b))
+        });
+        cand.truncate(cap);
+    }
+    for &id in cand.iter() {
+        row[id as usize] = exact(id as usize, tmp);
+    }
+}
+
+/// Most ids re-scored per row (a flat distribution can put thousands within the margin).
+const REFINE_CAP: usize = 64;
+
+/// Margin within which int8-activation logits are re-scored exactly. The int8 error of
+/// SmolLM2's logits is about 0.2 on average and well under 1 at worst.
 const REFINE: f32 = 2.0;

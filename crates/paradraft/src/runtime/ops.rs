@@ -100,6 +100,9 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
         .collect()
 }
 
+/// Slots per split-K range of attention.
+pub const SLOT_CHUNK: usize = 128;
+
 /// Geometry of one attention call.
 pub struct AttnShape {
     pub n_heads: usize,
@@ -145,34 +148,25 @@ pub fn fast_exp(x: f32) -> f32 {
 /// the layer's cache `[slots, n_kv_heads, head_dim]`. One task per (new token, KV head): the
 /// query heads sharing a KV head (GQA) read each K/V row once, without copying.
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, vis: Visibility, out: &mut [f32]) {
-    // Work units are (token, KV head, range of slots); the query heads sharing a KV head are
-    // done together so each K/V row is read once. With few new tokens (decode, small drafts)
-    // the slots are split into ranges (split-K) so every thread gets work; the ranges'
-    // partial softmaxes are merged afterwards.
+    // Work units are (token, KV head, range of SLOT_CHUNK slots); the query heads sharing a KV
+    // head are done together so each K/V row is read once, and the slot ranges (split-K) give
+    // every thread work even in decode. Each range yields an unnormalised partial softmax,
+    // merged in slot order afterwards. The ranges are fixed by slot index, so a token's result
+    // does not depend on how many tokens share the forward: batched verification reproduces
+    // token-by-token decoding bit for bit.
     let threads = super::pool::threads();
     let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
     let total = s.prefix + s.n_new;
-    let base_units = s.n_new * s.n_kv_heads;
-    let chunks = if base_units < 2 * threads {
-        (2 * threads)
-            .div_ceil(base_units)
-            .min(total.div_ceil(64))
-            .max(1)
-    } else {
-        1
-    };
-    let units = base_units * chunks;
+    let chunks = total.div_ceil(SLOT_CHUNK);
+    let units = s.n_new * s.n_kv_heads * chunks;
     assert_eq!(out.len(), s.n_new * s.n_heads * hd);
     thread_local! {
         static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
         static PARTIAL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
-    // Per (unit, head): running max, sum of exponentials, unnormalised output.
     let pw = hd + 2;
     PARTIAL.with_borrow_mut(|partial| {
-        if chunks > 1 {
-            partial.resize(units * group * pw, 0.0);
-        }
+        partial.resize(units * group * pw, 0.0);
         let args = AttnArgs {
             q,
             k,
@@ -180,44 +174,38 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, vis: Visibility
             s,
             vis,
             chunks,
-            out: SendPtr(if chunks > 1 {
-                partial.as_mut_ptr()
-            } else {
-                out.as_mut_ptr()
-            }),
+            out: SendPtr(partial.as_mut_ptr()),
         };
         let tasks = (threads * 4).min(units);
         super::pool::run(tasks, |task| {
             SCORES.with_borrow_mut(|scores| {
                 for unit in task * units / tasks..(task + 1) * units / tasks {
-                    // SAFETY: each unit writes only its own output rows or partial records.
+                    // SAFETY: each unit writes only its own partial records.
                     unsafe { attend_dispatch(&args, unit, scores) };
                 }
             })
         });
-        if chunks > 1 {
-            for (bu, o) in out.chunks_exact_mut(group * hd).enumerate() {
-                for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
-                    let rec = |c: usize| &partial[((bu * chunks + c) * group + j) * pw..][..pw];
-                    let m = (0..chunks)
-                        .map(|c| rec(c)[0])
-                        .fold(f32::NEG_INFINITY, f32::max);
-                    oh.fill(0.0);
-                    let mut l = 0.0;
-                    for c in 0..chunks {
-                        let r = rec(c);
-                        if r[1] == 0.0 {
-                            continue;
-                        }
-                        let w = fast_exp(r[0] - m);
-                        l += w * r[1];
-                        for (a, &b) in oh.iter_mut().zip(&r[2..]) {
-                            *a += w * b;
-                        }
+        for (bu, o) in out.chunks_exact_mut(group * hd).enumerate() {
+            for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
+                let rec = |c: usize| &partial[((bu * chunks + c) * group + j) * pw..][..pw];
+                let m = (0..chunks)
+                    .map(|c| rec(c)[0])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                oh.fill(0.0);
+                let mut l = 0.0;
+                for c in 0..chunks {
+                    let r = rec(c);
+                    if r[1] == 0.0 {
+                        continue; // no visible slot in this range
                     }
-                    let inv = 1.0 / l;
-                    oh.iter_mut().for_each(|a| *a *= inv);
+                    let w = fast_exp(r[0] - m);
+                    l += w * r[1];
+                    for (a, &b) in oh.iter_mut().zip(&r[2..]) {
+                        *a += w * b;
+                    }
                 }
+                let inv = 1.0 / l;
+                oh.iter_mut().for_each(|a| *a *= inv);
             }
         }
     });
@@ -229,8 +217,9 @@ struct AttnArgs<'a> {
     v: &'a [f32],
     s: &'a AttnShape,
     vis: Visibility<'a>,
-    /// Slot ranges per (token, KV head); above 1, `out` receives partial records.
+    /// Slot ranges per (token, KV head).
     chunks: usize,
+    /// Partial records: per (unit, head) running max, sum of exponentials, unnormalised output.
     out: SendPtr,
 }
 
@@ -324,24 +313,34 @@ unsafe fn attend<D: HeadDot>(a: &AttnArgs, unit: usize, scores: &mut Vec<f32>) {
         unit / chunks % s.n_kv_heads,
         unit % chunks,
     );
-    let total = s.prefix + s.n_new;
-    let (lo, hi) = (c * total / chunks, (c + 1) * total / chunks);
-    let visible = |slot: &usize| {
-        *slot < s.prefix
-            || match vis {
-                Visibility::Causal => slot - s.prefix <= t,
-                Visibility::Mask(bits) => bits[t * s.n_new + slot - s.prefix],
-            }
+    // The c-th run of SLOT_CHUNK slots among those this token sees, in slot order: the cached
+    // prefix, then its visible new tokens (for a tree: its ancestors, by depth). A token sees
+    // the same sequence of K/V rows whether it runs alone, in a chain or in a tree, so its
+    // arithmetic (chunking included) is the same.
+    let new_visible = |j: &usize| match vis {
+        Visibility::Causal => *j <= t,
+        Visibility::Mask(bits) => bits[t * s.n_new + j],
     };
-    let len = hi - lo;
+    thread_local! {
+        static SLOTS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    }
+    let mut slots = SLOTS.with_borrow_mut(std::mem::take);
+    slots.clear();
+    slots.extend(
+        (0..s.prefix)
+            .chain((0..s.n_new).filter(new_visible).map(|j| s.prefix + j))
+            .skip(c * SLOT_CHUNK)
+            .take(SLOT_CHUNK),
+    );
+    let len = slots.len();
     scores.clear();
     scores.resize(group * len, f32::NEG_INFINITY);
     let h0 = g * group;
     let qs = &q[(t * s.n_heads + h0) * hd..(t * s.n_heads + h0 + group) * hd];
-    for slot in (lo..hi).filter(visible) {
+    for (i, &slot) in slots.iter().enumerate() {
         let kr = &k[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
         for (j, qh) in qs.chunks_exact(hd).enumerate() {
-            *scores.get_unchecked_mut(j * len + slot - lo) = D::dot(qh, kr) * scale;
+            *scores.get_unchecked_mut(j * len + i) = D::dot(qh, kr) * scale;
         }
     }
     let mut stats = [(0f32, 0f32); 16];
@@ -362,36 +361,27 @@ unsafe fn attend<D: HeadDot>(a: &AttnArgs, unit: usize, scores: &mut Vec<f32>) {
                 sum += *x;
             }
         }
-        if chunks == 1 {
-            let inv = 1.0 / sum;
-            sc.iter_mut().for_each(|x| *x *= inv);
-        }
         *st = (max, sum);
     }
-    // Rows of the output (normalised) or of the partial records (unnormalised, after m and l).
-    let (base, stride, off) = if chunks == 1 {
-        (a.out.0.add((t * s.n_heads + h0) * hd), hd, 0)
-    } else {
-        (a.out.0.add(unit * group * (hd + 2)), hd + 2, 2)
-    };
+    // This unit's partial records: m, l, then the unnormalised output.
+    let (base, stride, off) = (a.out.0.add(unit * group * (hd + 2)), hd + 2, 2);
     for (j, &(m, l)) in stats.iter().enumerate() {
         let row = std::slice::from_raw_parts_mut(base.add(j * stride), stride);
-        if chunks > 1 {
-            row[0] = m;
-            row[1] = l;
-        }
+        row[0] = m;
+        row[1] = l;
         row[off..].fill(0.0);
     }
-    for slot in (lo..hi).filter(visible) {
+    for (i, &slot) in slots.iter().enumerate() {
         let vr = &v[slot * kv_stride + g * hd..slot * kv_stride + (g + 1) * hd];
         for j in 0..group {
-            let p = *scores.get_unchecked(j * len + slot - lo);
+            let p = *scores.get_unchecked(j * len + i);
             let oh = std::slice::from_raw_parts_mut(base.add(j * stride + off), hd);
             for (a, &b) in oh.iter_mut().zip(vr) {
                 *a += p * b;
             }
         }
     }
+    SLOTS.with_borrow_mut(|s| *s = slots);
 }
 
 #[cfg(test)]

@@ -32,8 +32,6 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `n × k/32`: `d · Σ q` over the block.
     pub s: Vec<f32>,
-    /// Scratch for [`QActs::quantize_with_residual`].
-    residual: Vec<f32>,
 }
 
 impl QActs {
@@ -59,25 +57,6 @@ impl QActs {
             return;
         }
         self.quantize_portable(x);
-    }
-
-    /// Quantizes each row of `x` and then its quantization residual, as rows 2i and 2i+1: the
-    /// sum of a matmul's two output rows carries about 1/127 of the int8 error.
-    pub fn quantize_with_residual(&mut self, x: &[f32], k: usize) {
-        let n = x.len() / k;
-        let mut both = std::mem::take(&mut self.residual);
-        both.resize(2 * n * k, 0.0);
-        self.quantize(x, k);
-        for (i, row) in x.chunks_exact(k).enumerate() {
-            let nb = k / QK;
-            both[2 * i * k..(2 * i + 1) * k].copy_from_slice(row);
-            for (j, &v) in row.iter().enumerate() {
-                let q = self.qs[i * k + j] as f32 * self.d[i * nb + j / QK];
-                both[(2 * i + 1) * k + j] = v - q;
-            }
-        }
-        self.quantize(&both, k);
-        self.residual = both;
     }
 
     /// Scalar quantization (the reference for the SIMD version; same rounding).
