@@ -245,9 +245,11 @@ impl Model {
             let k = sized(&mut s.k, n * kvd);
             let v = sized(&mut s.v, n * kvd);
             prep(&mut s.qa, &[&l.wq, &l.wk, &l.wv], xn, self.exact);
-            l.wq.matmul(xn, &s.qa, q);
-            l.wk.matmul(xn, &s.qa, k);
-            l.wv.matmul(xn, &s.qa, v);
+            Matrix::matmul_many(
+                &mut [(&l.wq, &mut *q), (&l.wk, &mut *k), (&l.wv, &mut *v)],
+                xn,
+                &s.qa,
+            );
             for (buf, bias, dim) in [
                 (&mut *q, &l.bq, qd),
                 (&mut *k, &l.bk, kvd),
@@ -284,8 +286,11 @@ impl Model {
             let gate = sized(&mut s.gate, n * ff);
             let up = sized(&mut s.up, n * ff);
             prep(&mut s.qa, &[&l.w_gate, &l.w_up], xn, self.exact);
-            l.w_gate.matmul(xn, &s.qa, gate);
-            l.w_up.matmul(xn, &s.qa, up);
+            Matrix::matmul_many(
+                &mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)],
+                xn,
+                &s.qa,
+            );
             ops::silu_mul(gate, up);
             let proj = sized(&mut s.proj, n * h);
             prep(&mut s.qa, &[&l.w_down], gate, self.exact);

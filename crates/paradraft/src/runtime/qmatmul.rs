@@ -423,7 +423,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     /// Activation rows processed together per pass over a row group's weights.
-    const TILE: usize = 4;
+    const TILE: usize = 6;
 
     /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127.
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -476,11 +476,15 @@ mod avx512 {
                     (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
                     (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
                     (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
-                    (false, _) => q4_tile::<4>(p, a, g, t0, &mut acc),
+                    (false, 4) => q4_tile::<4>(p, a, g, t0, &mut acc),
+                    (false, 5) => q4_tile::<5>(p, a, g, t0, &mut acc),
+                    (false, _) => q4_tile::<6>(p, a, g, t0, &mut acc),
                     (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
                     (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
                     (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
-                    (true, _) => q8_tile::<4>(p, a, g, t0, &mut acc),
+                    (true, 4) => q8_tile::<4>(p, a, g, t0, &mut acc),
+                    (true, 5) => q8_tile::<5>(p, a, g, t0, &mut acc),
+                    (true, _) => q8_tile::<6>(p, a, g, t0, &mut acc),
                 }
                 let r0 = g * GROUP;
                 let valid = (p.rows - r0).min(GROUP);
@@ -535,13 +539,20 @@ mod avx512 {
             }
             let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
             let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+            // Integer partial sums are exact, so how they are split into chains (two per row
+            // for few rows, one when rows alone give enough independent chains) never changes
+            // a result: a row's output does not depend on the tile it was computed in.
             let mut s0 = [_mm512_setzero_si512(); N];
             let mut s1 = [_mm512_setzero_si512(); N];
             for i in 0..4 {
                 for t in 0..N {
                     let y = a.qs.as_ptr().add((t0 + t) * k + b * QK) as *const u8;
                     s0[t] = _mm512_dpbusd_epi32(s0[t], lo[i], bcast4(y.add(4 * i)));
-                    s1[t] = _mm512_dpbusd_epi32(s1[t], hi[i], bcast4(y.add(16 + 4 * i)));
+                    if N <= 2 {
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], hi[i], bcast4(y.add(16 + 4 * i)));
+                    } else {
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], hi[i], bcast4(y.add(16 + 4 * i)));
+                    }
                 }
             }
             for t in 0..N {
@@ -584,7 +595,11 @@ mod avx512 {
                 for t in 0..N {
                     let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
                     s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), w0);
-                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
+                    if N <= 2 {
+                        s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
+                    } else {
+                        s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(16 + 4 * i)), w1);
+                    }
                 }
             }
             for t in 0..N {

@@ -243,6 +243,46 @@ impl Matrix {
         });
     }
 
+    /// Several matmuls of the same input in one parallel region (q/k/v, gate/up): one barrier
+    /// instead of one per matrix. Falls back to one call each unless all are quantized.
+    pub fn matmul_many(jobs: &mut [(&Matrix, &mut [f32])], x: &[f32], qa: &QActs) {
+        let all_quant = qa.n > 0
+            && jobs
+                .iter()
+                .all(|(m, _)| matches!(m.data, MatrixData::Quant(_)));
+        if !all_quant {
+            for (m, out) in jobs.iter_mut() {
+                m.matmul(x, qa, out);
+            }
+            return;
+        }
+        let n = x.len() / jobs[0].0.cols;
+        assert!(qa.n == n, "activations not quantized for this matmul");
+        // Group index space: the matrices' row groups laid end to end.
+        let parts: Vec<(&Packed, SendPtr, usize, usize)> = jobs
+            .iter_mut()
+            .map(|(m, out)| {
+                let MatrixData::Quant(p) = &m.data else {
+                    unreachable!()
+                };
+                assert!(p.cols == qa.k && out.len() == n * m.rows);
+                (p, SendPtr(out.as_mut_ptr()), m.rows, p.groups())
+            })
+            .collect();
+        let total: usize = parts.iter().map(|p| p.3).sum();
+        par_ranges(total, |g0, g1| {
+            let mut base = 0;
+            for (p, out, m, groups) in &parts {
+                let (lo, hi) = (g0.max(base), g1.min(base + groups));
+                if lo < hi {
+                    // SAFETY: each task writes only the rows of its own groups.
+                    unsafe { p.matmul_groups(qa, lo - base, hi - base, out.0, *m) };
+                }
+                base += groups;
+            }
+        });
+    }
+
     /// Quantizes `x` and multiplies (for one-off calls; the model reuses its [`QActs`]).
     pub fn matmul_f32(&self, x: &[f32], out: &mut [f32]) {
         let mut qa = QActs::default();
