@@ -61,6 +61,73 @@ pub(crate) fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
     cut
 }
 
+/// Turns committed tokens into streamed text and decides when to stop: stop tokens (not
+/// emitted), stop strings (cut from the text), the token budget. Shared by AR and speculative
+/// decoding so both stop identically.
+pub(crate) struct Emitter<'a> {
+    tok: &'a Tokenizer,
+    params: &'a GenerateParams,
+    ids: Vec<TokenId>,
+    dec: StreamDecoder,
+    text: String,
+    emitted: usize,
+}
+
+impl<'a> Emitter<'a> {
+    pub(crate) fn new(tok: &'a Tokenizer, params: &'a GenerateParams) -> Self {
+        Emitter {
+            tok,
+            params,
+            ids: Vec::new(),
+            dec: StreamDecoder::new(),
+            text: String::new(),
+            emitted: 0,
+        }
+    }
+
+    /// Commits one token; returns why generation stops, if it does.
+    pub(crate) fn push(
+        &mut self,
+        t: TokenId,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<StopReason>> {
+        if self.tok.stop_tokens.contains(&t) {
+            return Ok(Some(StopReason::StopToken));
+        }
+        self.ids.push(t);
+        self.text = self.dec.push(self.tok, t)?.0;
+        let stops = &self.params.stop_strings;
+        if let Some(i) = stops
+            .iter()
+            .filter_map(|s| self.text.find(s.as_str()))
+            .min()
+        {
+            self.text.truncate(i);
+            return Ok(Some(StopReason::StopString));
+        }
+        let safe = safe_prefix_len(&self.text, stops);
+        if safe > self.emitted {
+            on_text(&self.text[self.emitted..safe]);
+            self.emitted = safe;
+        }
+        if self.ids.len() >= self.params.max_new_tokens {
+            return Ok(Some(StopReason::MaxTokens));
+        }
+        Ok(None)
+    }
+
+    /// Flushes held-back text; returns the final text and ids.
+    pub(crate) fn finish(mut self, on_text: &mut impl FnMut(&str)) -> (String, Vec<TokenId>) {
+        if self.text.len() > self.emitted {
+            on_text(&self.text[self.emitted..]);
+        }
+        (
+            std::mem::take(&mut self.text),
+            std::mem::take(&mut self.ids),
+        )
+    }
+}
+
 /// Generates a continuation of `prompt` token by token, calling `on_text` with each new piece
 /// of text as soon as it is final.
 pub fn generate(
@@ -100,33 +167,10 @@ pub fn generate(
     let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
-    let mut ids = Vec::new();
-    let mut dec = StreamDecoder::new();
-    let mut text = String::new();
-    let mut emitted = 0;
+    let mut em = Emitter::new(tok, params);
     let stop_reason = loop {
-        if tok.stop_tokens.contains(&next) {
-            break StopReason::StopToken;
-        }
-        ids.push(next);
-        let (full, _) = dec.push(tok, next)?;
-        text = full;
-        if let Some(i) = params
-            .stop_strings
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-        {
-            text.truncate(i);
-            break StopReason::StopString;
-        }
-        let safe = safe_prefix_len(&text, &params.stop_strings);
-        if safe > emitted {
-            on_text(&text[emitted..safe]);
-            emitted = safe;
-        }
-        if ids.len() >= params.max_new_tokens {
-            break StopReason::MaxTokens;
+        if let Some(r) = em.push(next, &mut on_text)? {
+            break r;
         }
         if kv.len() >= kv.capacity() {
             break StopReason::ContextFull;
@@ -144,9 +188,7 @@ pub fn generate(
         )?;
         next = sampler.sample(out.logits_row(0));
     };
-    if text.len() > emitted {
-        on_text(&text[emitted..]);
-    }
+    let (text, ids) = em.finish(&mut on_text);
     let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
     let n = ids.len();
     Ok(Generation {

@@ -5,6 +5,7 @@
 //! cache, the tokenizer and chat template, the sampler and autoregressive generation.
 
 pub mod bench;
+pub mod drafters;
 pub mod error;
 pub mod fetch;
 pub mod generate;
@@ -12,6 +13,7 @@ pub mod kv;
 pub mod model;
 pub mod runtime;
 pub mod sample;
+pub mod spec;
 pub mod types;
 
 pub use error::{Error, Result};

@@ -1,0 +1,5 @@
+//! Drafters, one module per method. Baselines: prompt lookup ([`pld`]) and replayed trees
+//! ([`replay`], for tests).
+
+pub mod pld;
+pub mod replay;

@@ -1,0 +1,93 @@
+//! Prompt lookup decoding (n-gram drafting over prompt + output, as llama.cpp's ngram-simple
+//! and HF's prompt lookup): find the most recent earlier occurrence of the last n committed
+//! tokens (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
+
+use crate::error::Result;
+use crate::spec::{DraftTree, Drafter, Outcome};
+use crate::types::TokenId;
+
+#[derive(Clone, Debug)]
+pub struct PromptLookup {
+    pub min_ngram: usize,
+    pub max_ngram: usize,
+    /// Most tokens proposed per round.
+    pub draft_len: usize,
+}
+
+impl Default for PromptLookup {
+    fn default() -> Self {
+        PromptLookup {
+            min_ngram: 1,
+            max_ngram: 3,
+            draft_len: 8,
+        }
+    }
+}
+
+impl PromptLookup {
+    /// The continuation of the latest earlier match of the longest matching suffix.
+    pub fn lookup(&self, ctx: &[TokenId], max: usize) -> Vec<TokenId> {
+        let want = self.draft_len.min(max);
+        for n in (self.min_ngram.max(1)..=self.max_ngram).rev() {
+            if ctx.len() <= n {
+                continue;
+            }
+            let suffix = &ctx[ctx.len() - n..];
+            // Latest start first, excluding the suffix itself.
+            for start in (0..ctx.len() - n).rev() {
+                if &ctx[start..start + n] == suffix {
+                    let from = start + n;
+                    let to = (from + want).min(ctx.len());
+                    if to > from {
+                        return ctx[from..to].to_vec();
+                    }
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+impl Drafter for PromptLookup {
+    fn name(&self) -> &str {
+        "pld"
+    }
+
+    fn begin(&mut self, _prompt: &[TokenId]) -> Result<()> {
+        Ok(())
+    }
+
+    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
+        Ok(DraftTree::chain(&self.lookup(committed, max_nodes)))
+    }
+
+    fn observe(&mut self, _outcome: &Outcome) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[u32]) -> Vec<TokenId> {
+        v.iter().map(|&x| TokenId(x)).collect()
+    }
+
+    #[test]
+    fn finds_latest_longest_match() {
+        let p = PromptLookup {
+            min_ngram: 1,
+            max_ngram: 3,
+            draft_len: 3,
+        };
+        // suffix [1,2] occurs at 0 (→ 3,4,5) and at 5 (→ 9,1,2); the latest wins
+        assert_eq!(
+            p.lookup(&t(&[1, 2, 3, 4, 5, 1, 2, 9, 1, 2]), 8),
+            t(&[9, 1, 2])
+        );
+        assert_eq!(p.lookup(&t(&[7, 8, 9]), 8), t(&[]));
+        assert_eq!(p.lookup(&t(&[5, 6, 5]), 8), t(&[6, 5]));
+        assert_eq!(p.lookup(&t(&[1, 2, 3, 4, 5, 1, 2, 9, 1, 2]), 1), t(&[9]));
+    }
+}

@@ -1,0 +1,181 @@
+//! The speculative decode loop (gpt-fast style: the whole algorithm on one screen).
+//!
+//! Invariant between rounds: the KV cache holds every committed token but the last one (the
+//! root), whose position is `kv.len()`. A round verifies [root, draft nodes] in one target
+//! forward, keeps the KV rows of the root and the accepted path, and commits the accepted
+//! tokens plus the target's bonus token, which becomes the next root.
+
+use super::tree::NodeId;
+use super::verify::{row_of, verify_greedy, verify_sample, Outcome};
+use super::Drafter;
+use crate::error::{Error, Result};
+use crate::generate::{Emitter, GenerateParams, Stats, StopReason};
+use crate::kv::KvCache;
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
+use crate::sample::Sampler;
+use crate::types::{Pos, SlotId, TokenId};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Telemetry of one round.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RoundStats {
+    pub drafted: usize,
+    pub accepted: usize,
+    pub draft_ms: f64,
+    pub verify_ms: f64,
+    pub commit_ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecGeneration {
+    pub text: String,
+    pub prompt_token_ids: Vec<TokenId>,
+    pub token_ids: Vec<TokenId>,
+    pub stop_reason: StopReason,
+    pub stats: Stats,
+    /// Target forwards after the prefill.
+    pub rounds: Vec<RoundStats>,
+    /// Tokens committed per target pass, bonus included (prefill's token not counted).
+    pub tau: f64,
+}
+
+/// The drafter of a speculative run and the most nodes it may propose per round.
+pub struct Speculation<'a> {
+    pub drafter: &'a mut dyn Drafter,
+    pub max_draft: usize,
+}
+
+/// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
+/// in one target forward.
+pub fn speculative_generate(
+    model: &Model,
+    tok: &Tokenizer,
+    kv: &mut KvCache,
+    prompt: &[TokenId],
+    params: &GenerateParams,
+    sp: Speculation,
+    mut on_text: impl FnMut(&str),
+) -> Result<SpecGeneration> {
+    let Speculation { drafter, max_draft } = sp;
+    let mut sampler = Sampler::new(params.sampling)?;
+    if prompt.is_empty() || prompt.len() >= kv.capacity() {
+        return Err(Error::ContextOverflow {
+            needed: prompt.len() + 1,
+            capacity: kv.capacity(),
+        });
+    }
+    let greedy = params.sampling.is_greedy();
+    let mut s = Scratch::default();
+    kv.clear();
+    drafter.begin(prompt)?;
+    let t0 = Instant::now();
+    let pos: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
+    let out = model.forward(
+        kv,
+        &Batch {
+            tokens: prompt,
+            positions: &pos,
+            mask: None,
+        },
+        &OutputSpec::last_full(),
+        &mut s,
+    )?;
+    let mut root = sampler.sample(out.logits_row(0));
+    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let mut committed = prompt.to_vec();
+    let mut em = Emitter::new(tok, params);
+    let mut rounds = Vec::new();
+    let mut stop = em.push(root, &mut on_text)?;
+    committed.push(root);
+    while stop.is_none() {
+        let base = kv.len(); // the root's slot and position
+        let room = kv.capacity().saturating_sub(base + 1);
+        if kv.capacity() <= base {
+            stop = Some(StopReason::ContextFull);
+            break;
+        }
+        let mut st = RoundStats::default();
+        let t = Instant::now();
+        let mut tree = drafter.propose(&committed, max_draft.min(room))?;
+        tree.truncate(max_draft.min(room));
+        st.draft_ms = t.elapsed().as_secs_f64() * 1e3;
+
+        // Verify: one forward over [root, nodes].
+        let t = Instant::now();
+        let lin = tree.linearise(root, base);
+        let logits = if greedy { Logits::Argmax } else { Logits::Full };
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits,
+            taps: vec![],
+        };
+        let out = model.forward(
+            kv,
+            &Batch {
+                tokens: &lin.tokens,
+                positions: &lin.positions,
+                mask: Some(&lin.mask),
+            },
+            &spec,
+            &mut s,
+        )?;
+        let outcome: Outcome = if greedy {
+            verify_greedy(&tree, &out.argmax)
+        } else {
+            verify_sample(&tree, |r| out.logits_row(r), &mut sampler)
+        };
+        st.verify_ms = t.elapsed().as_secs_f64() * 1e3;
+
+        // Commit: keep the root's slot and the accepted path's, contiguously.
+        let t = Instant::now();
+        let slots: Vec<SlotId> = outcome
+            .accepted
+            .iter()
+            .map(|&n: &NodeId| SlotId((base + row_of(Some(n))) as u32))
+            .collect();
+        kv.compact(base + 1, &slots)?;
+        for t in outcome.committed() {
+            committed.push(t);
+            if stop.is_none() {
+                stop = em.push(t, &mut on_text)?;
+            }
+        }
+        root = outcome.bonus;
+        drafter.observe(&outcome)?;
+        st.drafted = outcome.drafted;
+        st.accepted = outcome.accepted.len();
+        st.commit_ms = t.elapsed().as_secs_f64() * 1e3;
+        rounds.push(st);
+    }
+    let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let (text, ids) = em.finish(&mut on_text);
+    let n = ids.len();
+    let tau = if rounds.is_empty() {
+        0.0
+    } else {
+        rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / rounds.len() as f64
+    };
+    Ok(SpecGeneration {
+        text,
+        prompt_token_ids: prompt.to_vec(),
+        token_ids: ids,
+        stop_reason: stop.unwrap_or(StopReason::MaxTokens),
+        stats: Stats {
+            prompt_tokens: prompt.len(),
+            generated_tokens: n,
+            prefill_ms,
+            decode_ms,
+            prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3),
+            decode_tok_s: if n > 1 {
+                (n - 1) as f64 / (decode_ms / 1e3)
+            } else {
+                0.0
+            },
+        },
+        rounds,
+        tau,
+    })
+}

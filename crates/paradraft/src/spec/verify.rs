@@ -1,0 +1,255 @@
+//! Verification rules (spec §1.1). All are lossless for the drafts they are given:
+//!
+//! - **Greedy** (chain or tree): walk from the root; at each node the target's argmax there
+//!   must equal one child's token (siblings are distinct, so at most one can), which is then
+//!   accepted. The bonus is the argmax after the last accepted node. Every committed token is
+//!   the target's argmax given the committed prefix, i.e. exactly AR greedy.
+//! - **Sampling, one-hot proposals** (chain or tree, drafts treated as point masses): at a node
+//!   with target distribution p, try its children x₁, x₂, … in order: accept xᵢ with probability
+//!   r(xᵢ) / Σr, where r starts as p; on rejection set r(xᵢ) = 0 (renormalising implicitly). If
+//!   no child is accepted the bonus is drawn from r. Proof sketch: drawing y ~ r is the same as
+//!   "with probability r(x)/Σr output x, else draw from r without x"; applying this once per
+//!   distinct sibling therefore outputs a token distributed as p, whatever the drafts are.
+//! - **Sampling, proposals with known q** (chains whose tokens the drafter sampled from q):
+//!   accept x with probability min(1, p(x)/q(x)), else draw the bonus from norm(max(p − q, 0)).
+//!   Proof sketch (Leviathan et al.): P(out = y) = q(y)·min(1, p/q) + (1 − Σ min(p, q))·
+//!   max(p − q, 0)(y)/Σ max(p − q, 0) = min(p, q)(y) + max(p − q, 0)(y) = p(y).
+//!
+//! Every rule draws from the same [`Sampler`] distribution (temperature → top-k → top-p) that AR
+//! decoding uses, so "the target's distribution" means the same thing in both.
+
+use super::tree::{DraftTree, NodeId};
+use crate::sample::{Dist, Sampler};
+use crate::types::TokenId;
+
+/// Which rule verifies a round: greedy at temperature 0, else sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    Greedy,
+    Sample,
+}
+
+/// What the target made of one proposal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Accepted nodes, root to leaf.
+    pub accepted: Vec<NodeId>,
+    /// Their tokens.
+    pub tokens: Vec<TokenId>,
+    /// The target's own next token after the accepted path (recovered or bonus).
+    pub bonus: TokenId,
+    /// Nodes the drafter proposed.
+    pub drafted: usize,
+}
+
+impl Outcome {
+    /// Tokens committed by this round: the accepted ones, then the bonus.
+    pub fn committed(&self) -> impl Iterator<Item = TokenId> + '_ {
+        self.tokens
+            .iter()
+            .copied()
+            .chain(std::iter::once(self.bonus))
+    }
+}
+
+/// Row of the verification forward that holds node `n` (row 0 is the root).
+pub fn row_of(n: Option<NodeId>) -> usize {
+    n.map_or(0, |n| n.idx() + 1)
+}
+
+/// Greedy rule over per-row argmaxes (`argmax[row]`).
+pub fn verify_greedy(tree: &DraftTree, argmax: &[TokenId]) -> Outcome {
+    let mut cur: Option<NodeId> = None;
+    let mut accepted = Vec::new();
+    loop {
+        let want = argmax[row_of(cur)];
+        match tree.children(cur).find(|&c| tree.token(c) == want) {
+            Some(c) => {
+                accepted.push(c);
+                cur = Some(c);
+            }
+            None => break,
+        }
+    }
+    finish(tree, accepted, argmax[row_of(cur)])
+}
+
+fn finish(tree: &DraftTree, accepted: Vec<NodeId>, bonus: TokenId) -> Outcome {
+    Outcome {
+        tokens: accepted.iter().map(|&n| tree.token(n)).collect(),
+        accepted,
+        bonus,
+        drafted: tree.len(),
+    }
+}
+
+/// Draws from unnormalised non-negative weights.
+fn draw_weighted(entries: &[(TokenId, f32)], u: f32) -> TokenId {
+    let total: f32 = entries.iter().map(|e| e.1).sum();
+    let mut acc = 0.0;
+    for &(t, w) in entries {
+        acc += w;
+        if u * total < acc {
+            return t;
+        }
+    }
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.1 > 0.0)
+        .map_or(entries[0].0, |e| e.0)
+}
+
+/// Sampling rules over per-row target logits.
+pub fn verify_sample<'a>(
+    tree: &DraftTree,
+    logits: impl Fn(usize) -> &'a [f32],
+    sampler: &mut Sampler,
+) -> Outcome {
+    let mut cur: Option<NodeId> = None;
+    let mut accepted = Vec::new();
+    loop {
+        let p = sampler.dist(logits(row_of(cur)));
+        let children: Vec<NodeId> = tree.children(cur).collect();
+        if children.is_empty() {
+            let bonus = sampler.draw(&p);
+            return finish(tree, accepted, bonus);
+        }
+        // Known q on the only child: standard speculative sampling.
+        if let (1, Some(q)) = (children.len(), tree.q(children[0])) {
+            let x = tree.token(children[0]);
+            let (px, qx) = (p.prob(x), q.prob(x));
+            if qx > 0.0 && sampler.uniform() < (px / qx).min(1.0) {
+                accepted.push(children[0]);
+                cur = Some(children[0]);
+                continue;
+            }
+            let residual = residual(&p, q);
+            let u = sampler.uniform();
+            let bonus = if residual.iter().any(|e| e.1 > 0.0) {
+                draw_weighted(&residual, u)
+            } else {
+                sampler.draw(&p)
+            };
+            return finish(tree, accepted, bonus);
+        }
+        // One-hot proposals: recursive rejection over the siblings.
+        let mut r = p.entries.clone();
+        let mut next = None;
+        for &c in &children {
+            let x = tree.token(c);
+            let total: f32 = r.iter().map(|e| e.1).sum();
+            let Some(e) = r.iter_mut().find(|e| e.0 == x) else {
+                continue;
+            };
+            if total > 0.0 && sampler.uniform() < e.1 / total {
+                next = Some(c);
+                break;
+            }
+            e.1 = 0.0;
+        }
+        match next {
+            Some(c) => {
+                accepted.push(c);
+                cur = Some(c);
+            }
+            None => {
+                let u = sampler.uniform();
+                return finish(tree, accepted, draw_weighted(&r, u));
+            }
+        }
+    }
+}
+
+/// max(p − q, 0) over p's support (outside it the difference is never positive).
+fn residual(p: &Dist, q: &Dist) -> Vec<(TokenId, f32)> {
+    p.entries
+        .iter()
+        .map(|&(t, pt)| (t, (pt - q.prob(t)).max(0.0)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::SamplingParams;
+
+    #[test]
+    fn greedy_walks_the_matching_branch() {
+        // root → {5 → {7, 8}, 6}; argmax per row: root 5, node0(5) 8, node1(6) 1, node2(7) 2, node3(8) 9
+        let mut t = DraftTree::new();
+        let a = t.push(None, TokenId(5), None).unwrap();
+        t.push(None, TokenId(6), None).unwrap();
+        t.push(Some(a), TokenId(7), None).unwrap();
+        t.push(Some(a), TokenId(8), None).unwrap();
+        let am = [TokenId(5), TokenId(8), TokenId(1), TokenId(2), TokenId(9)];
+        let o = verify_greedy(&t, &am);
+        assert_eq!(o.tokens, vec![TokenId(5), TokenId(8)]);
+        assert_eq!(o.accepted, vec![NodeId(0), NodeId(3)]);
+        assert_eq!(o.bonus, TokenId(9));
+        let o = verify_greedy(&t, &[TokenId(3); 5]);
+        assert!(o.tokens.is_empty());
+        assert_eq!(o.bonus, TokenId(3));
+    }
+
+    /// Distribution of the first committed token under one-hot tree rejection equals p.
+    #[test]
+    fn one_hot_rejection_preserves_p() {
+        let logits = [1.0f32, 0.5, 0.0, -0.5, 2.0];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        let p = s.dist(&logits);
+        let mut t = DraftTree::new();
+        t.push(None, TokenId(2), None).unwrap();
+        t.push(None, TokenId(0), None).unwrap();
+        let n = 200_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..n {
+            let o = verify_sample(&t, |_| &logits[..], &mut s);
+            counts[o.committed().next().unwrap().idx()] += 1;
+        }
+        for (i, c) in counts.iter().enumerate() {
+            let want = p.prob(TokenId(i as u32)) as f64;
+            assert!(
+                (*c as f64 / n as f64 - want).abs() < 0.005,
+                "{i}: {c} vs {want}"
+            );
+        }
+    }
+
+    /// With a known q on a chain, accept-with-min(1, p/q) plus the residual gives p.
+    #[test]
+    fn speculative_sampling_with_q_preserves_p() {
+        let logits = [1.0f32, 0.5, 0.0, -0.5, 2.0];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            seed: 5,
+            ..Default::default()
+        })
+        .unwrap();
+        let p = s.dist(&logits);
+        let q = Dist {
+            entries: vec![(TokenId(1), 0.6), (TokenId(3), 0.3), (TokenId(4), 0.1)],
+        };
+        let n = 200_000;
+        let mut counts = [0usize; 5];
+        for _ in 0..n {
+            let x = s.draw(&q);
+            let mut t = DraftTree::new();
+            t.push(None, x, Some(q.clone())).unwrap();
+            let o = verify_sample(&t, |_| &logits[..], &mut s);
+            counts[o.committed().next().unwrap().idx()] += 1;
+        }
+        for (i, c) in counts.iter().enumerate() {
+            let want = p.prob(TokenId(i as u32)) as f64;
+            assert!(
+                (*c as f64 / n as f64 - want).abs() < 0.005,
+                "{i}: {c} vs {want}"
+            );
+        }
+    }
+}
