@@ -125,3 +125,204 @@ fn greedy_is_token_identical_on_smollm2() {
     // The chain drafter follows the true continuation, so it must be accepted in full.
     assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
 }
+
+/// Proposes a chain of `len` tokens sampled from a fixed q (over a few ids), attaching q.
+struct QChain {
+    q: paradraft::sample::Dist,
+    rng: Lcg,
+    len: usize,
+}
+
+impl Drafter for QChain {
+    fn name(&self) -> &str {
+        "q-chain"
+    }
+    fn begin(&mut self, _: &[TokenId]) -> paradraft::Result<()> {
+        Ok(())
+    }
+    fn propose(&mut self, _: &[TokenId], max: usize) -> paradraft::Result<DraftTree> {
+        let mut t = DraftTree::new();
+        let mut parent = None;
+        for _ in 0..self.len.min(max) {
+            let u = self.rng.next_u32() as f32 / (1u64 << 31) as f32; // next_u32 gives 31 bits
+            let mut acc = 0.0;
+            let mut x = self.q.entries[0].0;
+            for &(tok, p) in &self.q.entries {
+                acc += p;
+                if u < acc {
+                    x = tok;
+                    break;
+                }
+            }
+            parent = Some(t.push(parent, x, Some(self.q.clone()))?);
+        }
+        Ok(t)
+    }
+    fn observe(&mut self, _: &paradraft::spec::Outcome) -> paradraft::Result<()> {
+        Ok(())
+    }
+}
+
+/// Two-sample chi-square statistic over categories with enough mass; returns (χ², dof).
+fn chi_square(
+    a: &std::collections::HashMap<u32, usize>,
+    b: &std::collections::HashMap<u32, usize>,
+    na: usize,
+    nb: usize,
+) -> (f64, usize) {
+    let mut keys: Vec<u32> = a.keys().chain(b.keys()).copied().collect();
+    keys.sort();
+    keys.dedup();
+    let (mut chi, mut dof) = (0.0, 0usize);
+    let (mut ra, mut rb) = (0usize, 0usize); // pooled rare categories
+    let mut add = |x: usize, y: usize| {
+        let (x, y) = (x as f64, y as f64);
+        let (na, nb) = (na as f64, nb as f64);
+        let ea = (x + y) * na / (na + nb);
+        let eb = (x + y) * nb / (na + nb);
+        chi += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
+        dof += 1;
+    };
+    for k in keys {
+        let (x, y) = (*a.get(&k).unwrap_or(&0), *b.get(&k).unwrap_or(&0));
+        if x + y < 40 {
+            ra += x;
+            rb += y;
+        } else {
+            add(x, y);
+        }
+    }
+    if ra + rb > 0 {
+        add(ra, rb);
+    }
+    (chi, dof.saturating_sub(1))
+}
+
+/// Upper 0.1 % point of χ² with `dof` degrees of freedom (Wilson–Hilferty).
+fn chi_crit(dof: usize) -> f64 {
+    let k = dof.max(1) as f64;
+    let z = 3.09;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+#[test]
+fn sampling_matches_ar_distribution() {
+    use std::collections::HashMap;
+    let lm = load_tiny("qwen3");
+    let prompt = encode(&lm, "Tell me a story about the sea.", 64);
+    let n = 12_000;
+    let sampling = |seed| SamplingParams {
+        temperature: 1.0,
+        top_k: 12,
+        top_p: 1.0,
+        seed,
+    };
+    let mut kv = lm.model.new_kv(128);
+    let count = |runs: &mut dyn FnMut(u64) -> Vec<TokenId>| {
+        let mut hist: Vec<HashMap<u32, usize>> = vec![HashMap::new(); 3];
+        for seed in 0..n as u64 {
+            let ids = runs(seed);
+            for (pos, h) in hist.iter_mut().enumerate() {
+                *h.entry(ids.get(pos).map_or(u32::MAX, |t| t.0)).or_default() += 1;
+            }
+        }
+        hist
+    };
+    let params = |seed| GenerateParams {
+        max_new_tokens: 3,
+        sampling: sampling(seed),
+        stop_strings: vec![],
+    };
+    let ar = count(&mut |seed| {
+        generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            &params(seed),
+            |_| {},
+        )
+        .unwrap()
+        .token_ids
+    });
+    // T > 0 must sample: many distinct first tokens, not one greedy answer.
+    assert!(ar[0].len() > 3, "AR sampling looks greedy: {:?}", ar[0]);
+    let vocab = lm.model.config.vocab_size as u32;
+    let top: Vec<TokenId> = {
+        let mut v: Vec<(u32, usize)> = ar[1].iter().map(|(k, c)| (*k, *c)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.iter().take(6).map(|e| TokenId(e.0)).collect()
+    };
+    let q = paradraft::sample::Dist {
+        entries: top
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, [0.4, 0.2, 0.15, 0.1, 0.1, 0.05][i]))
+            .collect(),
+    };
+    let mut cases: Vec<(&str, Box<dyn Drafter>)> = vec![
+        (
+            "random trees",
+            Box::new(Replay::new({
+                let mut rng = Lcg(9);
+                move |_: &[TokenId], max: usize| random_tree(&mut rng, &[], vocab.min(24), max)
+            })),
+        ),
+        (
+            "q chain",
+            Box::new(QChain {
+                q: q.clone(),
+                rng: Lcg(11),
+                len: 3,
+            }),
+        ),
+        (
+            "q chain, other q",
+            Box::new(QChain {
+                q: paradraft::sample::Dist {
+                    entries: vec![(top[0], 0.9), (top[1], 0.1)],
+                },
+                rng: Lcg(12),
+                len: 2,
+            }),
+        ),
+    ];
+    for (name, d) in cases.iter_mut() {
+        let sp = count(&mut |seed| {
+            speculative_generate(
+                &lm.model,
+                &lm.tokenizer,
+                &mut kv,
+                &prompt,
+                &params(seed),
+                Speculation {
+                    drafter: d.as_mut(),
+                    max_draft: 6,
+                },
+                |_| {},
+            )
+            .unwrap()
+            .token_ids
+        });
+        for pos in 0..3 {
+            let (chi, dof) = chi_square(&ar[pos], &sp[pos], n, n);
+            if chi >= chi_crit(dof) {
+                let mut v: Vec<_> = ar[pos]
+                    .iter()
+                    .map(|(k, c)| (*k, *c, *sp[pos].get(k).unwrap_or(&0)))
+                    .collect();
+                v.sort_by(|a, b| b.1.cmp(&a.1));
+                eprintln!(
+                    "{name} pos {pos} q={:?}: (id, ar, spec) {:?}",
+                    q.entries,
+                    &v[..v.len().min(12)]
+                );
+            }
+            assert!(
+                chi < chi_crit(dof),
+                "{name}, token {pos}: χ² = {chi:.1} with {dof} dof (limit {:.1})",
+                chi_crit(dof)
+            );
+        }
+    }
+}
