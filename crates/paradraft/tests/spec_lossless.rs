@@ -250,7 +250,7 @@ fn sampling_matches_ar_distribution() {
     let vocab = lm.model.config.vocab_size as u32;
     let top: Vec<TokenId> = {
         let mut v: Vec<(u32, usize)> = ar[1].iter().map(|(k, c)| (*k, *c)).collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
         v.iter().take(6).map(|e| TokenId(e.0)).collect()
     };
     let q = paradraft::sample::Dist {
@@ -311,7 +311,7 @@ fn sampling_matches_ar_distribution() {
                     .iter()
                     .map(|(k, c)| (*k, *c, *sp[pos].get(k).unwrap_or(&0)))
                     .collect();
-                v.sort_by(|a, b| b.1.cmp(&a.1));
+                v.sort_by_key(|e| std::cmp::Reverse(e.1));
                 eprintln!(
                     "{name} pos {pos} q={:?}: (id, ar, spec) {:?}",
                     q.entries,
