@@ -129,6 +129,19 @@ impl Model {
         })
     }
 
+    /// The first `n` decoder layers, the final norm and the output layer.
+    pub fn truncate_layers(mut self, n: usize) -> Result<Self> {
+        if n == 0 || n > self.layers.len() {
+            return Err(Error::BadRequest(format!(
+                "cannot keep {n} of the model's {} layers",
+                self.layers.len()
+            )));
+        }
+        self.layers.truncate(n);
+        self.config.n_layers = n;
+        Ok(self)
+    }
+
     /// Chooses f32 activations for quantized matmuls (slower; the reference for the int8 path).
     pub fn set_exact(&mut self, exact: bool) {
         self.exact = exact;

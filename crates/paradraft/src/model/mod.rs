@@ -28,6 +28,20 @@ pub struct Loaded {
 
 /// Loads a `.gguf` file or an HF model directory.
 pub fn load(path: &Path) -> Result<Loaded> {
+    load_truncated(path, None)
+}
+
+/// Loads a model keeping only its first `layers` decoder layers (then the final norm and the
+/// output layer): a self-speculative drafter made from the target itself.
+pub fn load_truncated(path: &Path, layers: Option<usize>) -> Result<Loaded> {
+    let mut lm = load_full(path)?;
+    if let Some(n) = layers {
+        lm.model = lm.model.truncate_layers(n)?;
+    }
+    Ok(lm)
+}
+
+fn load_full(path: &Path) -> Result<Loaded> {
     if !path.exists() {
         return Err(Error::io(
             path,
