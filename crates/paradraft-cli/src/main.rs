@@ -2,9 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use paradraft::drafters::draft_model::DraftModel;
+use paradraft::drafters::pld::PromptLookup;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
+use paradraft::spec::{speculative_generate, Drafter, RoundStats, Speculation};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
 use std::io::Write;
@@ -93,6 +96,119 @@ struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    spec: SpecArgs,
+}
+
+/// Which drafter proposes tokens (speculative decoding); `none` is plain AR decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Method {
+    None,
+    /// Prompt lookup: n-gram matches over prompt and output.
+    Pld,
+    /// A draft model sharing the tokenizer, or the target's first --draft-layers layers.
+    #[value(name = "draft-model")]
+    #[serde(alias = "draft-model")]
+    DraftModel,
+}
+
+#[derive(Args, Clone, Debug)]
+struct SpecArgs {
+    #[arg(long, value_enum, default_value = "none")]
+    drafter: Method,
+    /// A draft model (.gguf or HF directory) for --drafter draft-model.
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Draft with the target's first N layers (self-speculative) for --drafter draft-model.
+    #[arg(long)]
+    draft_layers: Option<usize>,
+    /// Most draft tokens per round.
+    #[arg(long, default_value_t = 8)]
+    num_speculative_tokens: usize,
+    #[arg(long, default_value_t = 1)]
+    prompt_lookup_min: usize,
+    #[arg(long, default_value_t = 3)]
+    prompt_lookup_max: usize,
+    /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; overrides the
+    /// flags above. Keys: method, num_speculative_tokens, model, draft_layers,
+    /// prompt_lookup_min, prompt_lookup_max.
+    #[arg(long)]
+    speculative_config: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecConfig {
+    method: Method,
+    num_speculative_tokens: Option<usize>,
+    model: Option<PathBuf>,
+    draft_layers: Option<usize>,
+    prompt_lookup_min: Option<usize>,
+    prompt_lookup_max: Option<usize>,
+}
+
+impl SpecArgs {
+    fn resolved(&self) -> Result<SpecArgs> {
+        let Some(js) = &self.speculative_config else {
+            return Ok(self.clone());
+        };
+        let c: SpecConfig = serde_json::from_str(js).context("--speculative-config")?;
+        Ok(SpecArgs {
+            drafter: c.method,
+            draft_model: c.model.or(self.draft_model.clone()),
+            draft_layers: c.draft_layers.or(self.draft_layers),
+            num_speculative_tokens: c
+                .num_speculative_tokens
+                .unwrap_or(self.num_speculative_tokens),
+            prompt_lookup_min: c.prompt_lookup_min.unwrap_or(self.prompt_lookup_min),
+            prompt_lookup_max: c.prompt_lookup_max.unwrap_or(self.prompt_lookup_max),
+            speculative_config: None,
+        })
+    }
+
+    fn drafter(
+        &self,
+        target_path: &std::path::Path,
+        lm: &model::Loaded,
+        ctx: usize,
+        sampling: SamplingParams,
+    ) -> Result<Option<Box<dyn Drafter>>> {
+        if self.num_speculative_tokens == 0 {
+            bail!("num_speculative_tokens must be at least 1");
+        }
+        Ok(match self.drafter {
+            Method::None => None,
+            Method::Pld => {
+                if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
+                    bail!("prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max");
+                }
+                Some(Box::new(PromptLookup {
+                    min_ngram: self.prompt_lookup_min,
+                    max_ngram: self.prompt_lookup_max,
+                    draft_len: self.num_speculative_tokens,
+                }))
+            }
+            Method::DraftModel => {
+                let draft = match (&self.draft_model, self.draft_layers) {
+                    (Some(p), layers) => model::load_truncated(p, layers)
+                        .with_context(|| format!("loading draft model {}", p.display()))?,
+                    (None, Some(n)) => model::load_truncated(target_path, Some(n))?,
+                    (None, None) => {
+                        bail!("--drafter draft-model needs --draft-model PATH or --draft-layers N")
+                    }
+                };
+                let vocab = lm.model.config.vocab_size;
+                Some(Box::new(DraftModel::new(
+                    draft.model,
+                    vocab,
+                    ctx,
+                    self.num_speculative_tokens,
+                    sampling,
+                )?))
+            }
+        })
+    }
 }
 
 #[derive(Args)]
@@ -163,20 +279,54 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         stop_strings: a.stop.clone(),
     };
     let stream = !a.json;
-    let g = generate(&lm.model, tok, &mut kv, &prompt, &params, |piece| {
+    let print = |piece: &str| {
         if stream {
             print!("{piece}");
             let _ = std::io::stdout().flush();
         }
-    })?;
+    };
+    let spec = a.spec.resolved()?;
+    let target_path =
+        a.m.model
+            .clone()
+            .unwrap_or_else(paradraft::fetch::default_model_path);
+    let (json, stats, stop, extra) = match spec.drafter(&target_path, &lm, ctx, sampling)? {
+        None => {
+            let g = generate(&lm.model, tok, &mut kv, &prompt, &params, print)?;
+            (
+                serde_json::to_value(&g)?,
+                g.stats,
+                g.stop_reason,
+                String::new(),
+            )
+        }
+        Some(mut d) => {
+            let sp = Speculation {
+                drafter: d.as_mut(),
+                max_draft: spec.num_speculative_tokens,
+            };
+            let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
+            let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
+            let mut v = serde_json::to_value(&g)?;
+            let st = &mut v["stats"];
+            st["rounds"] = json!(g.rounds.len());
+            st["tau"] = json!(g.tau);
+            st["draft_ms"] = json!(sum(|r| r.draft_ms));
+            st["verify_ms"] = json!(sum(|r| r.verify_ms));
+            st["commit_ms"] = json!(sum(|r| r.commit_ms));
+            v["rounds_detail"] = v["rounds"].take();
+            v.as_object_mut().map(|o| o.remove("rounds"));
+            let extra = format!(" | {} rounds, tau {:.2}", g.rounds.len(), g.tau);
+            (v, g.stats, g.stop_reason, extra)
+        }
+    };
     if a.json {
-        println!("{}", serde_json::to_string(&g)?);
+        println!("{json}");
     } else {
         println!();
-        let s = &g.stats;
         eprintln!(
-            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s | stop: {:?}]",
-            s.prompt_tokens, s.prefill_tok_s, s.generated_tokens, s.decode_tok_s, g.stop_reason
+            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s{extra} | stop: {:?}]",
+            stats.prompt_tokens, stats.prefill_tok_s, stats.generated_tokens, stats.decode_tok_s, stop
         );
     }
     Ok(())

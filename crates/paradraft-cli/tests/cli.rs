@@ -203,3 +203,80 @@ fn kernel_families_agree_on_the_real_model() {
         assert!(mean <= 0.3, "{isa}: mean |Δlogit| {mean}");
     }
 }
+
+#[test]
+fn speculative_generation_matches_ar_and_reports_rounds() {
+    let m = tiny("qwen3");
+    let base = [
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "count: 1 2 3 1 2 3 1 2 3",
+        "--max-new-tokens",
+        "20",
+        "--json",
+    ];
+    let ar = json_of(&run(&base));
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        json_of(&run(&args))
+    };
+    for extra in [
+        vec!["--drafter", "pld"],
+        vec![
+            "--drafter",
+            "draft-model",
+            "--draft-layers",
+            "1",
+            "--num-speculative-tokens",
+            "3",
+        ],
+        vec![
+            "--speculative-config",
+            r#"{"method": "pld", "num_speculative_tokens": 4, "prompt_lookup_max": 2}"#,
+        ],
+    ] {
+        let v = with(&extra);
+        assert_eq!(v["token_ids"], ar["token_ids"], "{extra:?}");
+        let st = &v["stats"];
+        assert!(st["rounds"].as_u64().unwrap() >= 1);
+        assert!(st["tau"].as_f64().unwrap() >= 1.0);
+        for k in ["draft_ms", "verify_ms", "commit_ms"] {
+            assert!(st[k].as_f64().is_some(), "{k}");
+        }
+        assert_eq!(
+            v["rounds_detail"].as_array().unwrap().len() as u64,
+            st["rounds"].as_u64().unwrap()
+        );
+    }
+}
+
+#[test]
+fn bad_speculative_configs_are_refused() {
+    let m = tiny("qwen3");
+    for cfg in [
+        r#"{"method": "eagle"}"#,
+        r#"{"method": "pld", "k": 3}"#,
+        "not json",
+        r#"{"method": "draft_model"}"#,
+        r#"{"method": "pld", "num_speculative_tokens": 0}"#,
+    ] {
+        let out = run(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--speculative-config",
+            cfg,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cfg}: {err}");
+        assert!(
+            err.starts_with("error:") && !err.contains("panicked"),
+            "{cfg}: {err}"
+        );
+    }
+}

@@ -51,13 +51,24 @@ fn greedy(max_new: usize) -> GenerateParams {
 }
 
 /// A self-speculative drafter: the model's first `layers` layers.
-fn self_draft(path: &std::path::Path, lm: &Loaded, layers: usize, sampling: SamplingParams) -> DraftModel {
+fn self_draft(
+    path: &std::path::Path,
+    lm: &Loaded,
+    layers: usize,
+    sampling: SamplingParams,
+) -> DraftModel {
     let m = model::load_truncated(path, Some(layers)).unwrap().model;
     DraftModel::new(m, lm.model.config.vocab_size, 1024, 4, sampling).unwrap()
 }
 
 /// AR greedy, then each drafter (the built-in ones and `extra`); all outputs must be identical.
-fn check_greedy(lm: &Loaded, prompt: &[TokenId], max_new: usize, seed: u64, extra: &mut dyn Drafter) -> f64 {
+fn check_greedy(
+    lm: &Loaded,
+    prompt: &[TokenId],
+    max_new: usize,
+    seed: u64,
+    extra: &mut dyn Drafter,
+) -> f64 {
     let params = greedy(max_new);
     let mut kv = lm.model.new_kv(prompt.len() + max_new + 40);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &params, |_| {}).unwrap();
@@ -107,7 +118,13 @@ fn check_greedy(lm: &Loaded, prompt: &[TokenId], max_new: usize, seed: u64, extr
 fn greedy_is_token_identical_on_tiny_models() {
     let ps = prompts();
     assert!(ps.len() >= 200);
-    let paths = ["tiny/llama", "tiny/qwen2", "tiny/qwen3", "tiny/llama-quant.gguf"].map(|p| fixtures().join(p));
+    let paths = [
+        "tiny/llama",
+        "tiny/qwen2",
+        "tiny/qwen3",
+        "tiny/llama-quant.gguf",
+    ]
+    .map(|p| fixtures().join(p));
     for (m, path) in paths.iter().enumerate() {
         let lm = model::load(path).unwrap();
         let mut sd = self_draft(path, &lm, 1, SamplingParams::default());

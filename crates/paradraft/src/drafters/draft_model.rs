@@ -26,7 +26,13 @@ pub struct DraftModel {
 impl DraftModel {
     /// `sampling` is the target's: at temperature 0 drafts are argmaxes; otherwise they are
     /// sampled from the draft model's distribution, which is attached as q.
-    pub fn new(model: Model, target_vocab: usize, ctx: usize, draft_len: usize, sampling: SamplingParams) -> Result<Self> {
+    pub fn new(
+        model: Model,
+        target_vocab: usize,
+        ctx: usize,
+        draft_len: usize,
+        sampling: SamplingParams,
+    ) -> Result<Self> {
         if model.config.vocab_size != target_vocab {
             return Err(Error::BadRequest(format!(
                 "draft model vocabulary ({}) differs from the target's ({target_vocab})",
@@ -38,7 +44,10 @@ impl DraftModel {
             model,
             kv,
             scratch: Scratch::default(),
-            sampler: Sampler::new(SamplingParams { seed: sampling.seed ^ 0x5eed_d4af, ..sampling })?,
+            sampler: Sampler::new(SamplingParams {
+                seed: sampling.seed ^ 0x5eed_d4af,
+                ..sampling
+            })?,
             draft_len,
             done: vec![],
             proposed: vec![],
@@ -60,17 +69,38 @@ impl Drafter for DraftModel {
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         // Drop K/V of tokens that are no longer committed, then catch up.
-        let keep = self.done.iter().zip(committed).take_while(|(a, b)| a == b).count();
+        let keep = self
+            .done
+            .iter()
+            .zip(committed)
+            .take_while(|(a, b)| a == b)
+            .count();
         self.kv.truncate(keep);
         self.done.truncate(keep);
-        let k = self.draft_len.min(max_nodes).min(self.kv.capacity().saturating_sub(committed.len() + 1));
+        let k = self
+            .draft_len
+            .min(max_nodes)
+            .min(self.kv.capacity().saturating_sub(committed.len() + 1));
         if k == 0 {
             return Ok(DraftTree::new());
         }
         let spec = OutputSpec::last_full();
         let new = &committed[keep..];
         let pos: Vec<Pos> = (keep..committed.len()).map(|p| Pos(p as u32)).collect();
-        let mut logits = self.model.forward(&mut self.kv, &Batch { tokens: new, positions: &pos, mask: None }, &spec, &mut self.scratch)?.logits_row(0).to_vec();
+        let mut logits = self
+            .model
+            .forward(
+                &mut self.kv,
+                &Batch {
+                    tokens: new,
+                    positions: &pos,
+                    mask: None,
+                },
+                &spec,
+                &mut self.scratch,
+            )?
+            .logits_row(0)
+            .to_vec();
         self.done.extend_from_slice(new);
         let mut tree = DraftTree::new();
         let mut parent = None;
@@ -78,12 +108,29 @@ impl Drafter for DraftModel {
         for i in 0..k {
             let greedy = self.sampler.params.is_greedy();
             let q = self.sampler.dist(&logits);
-            let x = if greedy { q.entries[0].0 } else { self.sampler.draw(&q) };
+            let x = if greedy {
+                q.entries[0].0
+            } else {
+                self.sampler.draw(&q)
+            };
             parent = Some(tree.push(parent, x, (!greedy).then_some(q))?);
             self.proposed.push(x);
             if i + 1 < k {
                 let p = [Pos(self.kv.len() as u32)];
-                logits = self.model.forward(&mut self.kv, &Batch { tokens: &[x], positions: &p, mask: None }, &spec, &mut self.scratch)?.logits_row(0).to_vec();
+                logits = self
+                    .model
+                    .forward(
+                        &mut self.kv,
+                        &Batch {
+                            tokens: &[x],
+                            positions: &p,
+                            mask: None,
+                        },
+                        &spec,
+                        &mut self.scratch,
+                    )?
+                    .logits_row(0)
+                    .to_vec();
                 self.done.push(x);
             }
         }
