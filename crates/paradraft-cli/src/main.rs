@@ -7,6 +7,7 @@ use paradraft::drafters::pld::PromptLookup;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
+use paradraft::spec::sizing::{CostCurve, Sizer};
 use paradraft::spec::{speculative_generate, Drafter, RoundStats, Speculation};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
@@ -130,6 +131,11 @@ struct SpecArgs {
     prompt_lookup_min: usize,
     #[arg(long, default_value_t = 3)]
     prompt_lookup_max: usize,
+    /// Always draft --num-speculative-tokens; by default each round's draft size is chosen
+    /// from the target's measured verify costs and the acceptance so far (none when drafting
+    /// does not pay).
+    #[arg(long)]
+    fixed_draft: bool,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; overrides the
     /// flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// prompt_lookup_min, prompt_lookup_max.
@@ -163,6 +169,7 @@ impl SpecArgs {
                 .unwrap_or(self.num_speculative_tokens),
             prompt_lookup_min: c.prompt_lookup_min.unwrap_or(self.prompt_lookup_min),
             prompt_lookup_max: c.prompt_lookup_max.unwrap_or(self.prompt_lookup_max),
+            fixed_draft: self.fixed_draft,
             speculative_config: None,
         })
     }
@@ -301,9 +308,15 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             )
         }
         Some(mut d) => {
+            let mut sizer = if spec.fixed_draft {
+                None
+            } else {
+                Some(Sizer::new(CostCurve::measure(&lm.model, 64, 2)?))
+            };
             let sp = Speculation {
                 drafter: d.as_mut(),
                 max_draft: spec.num_speculative_tokens,
+                sizer: sizer.as_mut(),
             };
             let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
             let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
@@ -312,6 +325,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             st["rounds"] = json!(g.rounds.len());
             st["tau"] = json!(g.tau);
             st["draft_ms"] = json!(sum(|r| r.draft_ms));
+            st["tree_ms"] = json!(sum(|r| r.tree_ms));
             st["verify_ms"] = json!(sum(|r| r.verify_ms));
             st["commit_ms"] = json!(sum(|r| r.commit_ms));
             v["rounds_detail"] = v["rounds"].take();

@@ -11,6 +11,7 @@ use paradraft::drafters::replay::{random_tree, Lcg, Replay};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;
+use paradraft::spec::sizing::{CostCurve, Sizer};
 use paradraft::spec::{speculative_generate, DraftTree, Drafter, Speculation};
 use paradraft::types::TokenId;
 
@@ -100,6 +101,7 @@ fn check_greedy(
             Speculation {
                 drafter: d,
                 max_draft: 12,
+                sizer: None,
             },
             |_| {},
         )
@@ -111,6 +113,34 @@ fn check_greedy(
             tau = tau.max(sp.tau);
         }
     }
+    // Adaptive sizing only changes how much is drafted, never what is committed.
+    let curve = CostCurve {
+        points: vec![
+            (1, 5.0),
+            (2, 5.3),
+            (4, 6.0),
+            (8, 8.0),
+            (16, 13.0),
+            (32, 25.0),
+        ],
+    };
+    let mut sizer = Sizer::new(curve);
+    let mut pld = PromptLookup::default();
+    let sp = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        prompt,
+        &params,
+        Speculation {
+            drafter: &mut pld,
+            max_draft: 12,
+            sizer: Some(&mut sizer),
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sp.token_ids, ar.token_ids, "pld with adaptive sizing");
     tau
 }
 
@@ -322,6 +352,7 @@ fn sampling_matches_ar_distribution() {
                 Speculation {
                     drafter: d.as_mut(),
                     max_draft: 6,
+                    sizer: None,
                 },
                 |_| {},
             )

@@ -5,6 +5,7 @@
 //! forward, keeps the KV rows of the root and the accepted path, and commits the accepted
 //! tokens plus the target's bonus token, which becomes the next root.
 
+use super::sizing::Sizer;
 use super::tree::NodeId;
 use super::verify::{row_of, verify_greedy, verify_sample, Outcome};
 use super::Drafter;
@@ -23,6 +24,8 @@ pub struct RoundStats {
     pub drafted: usize,
     pub accepted: usize,
     pub draft_ms: f64,
+    /// Linearising the tree (positions, ancestor mask).
+    pub tree_ms: f64,
     pub verify_ms: f64,
     pub commit_ms: f64,
 }
@@ -40,10 +43,12 @@ pub struct SpecGeneration {
     pub tau: f64,
 }
 
-/// The drafter of a speculative run and the most nodes it may propose per round.
+/// The drafter of a speculative run, the most nodes it may propose per round, and optionally
+/// a [`Sizer`] that picks each round's budget from measured costs and acceptance.
 pub struct Speculation<'a> {
     pub drafter: &'a mut dyn Drafter,
     pub max_draft: usize,
+    pub sizer: Option<&'a mut Sizer>,
 }
 
 /// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
@@ -57,7 +62,11 @@ pub fn speculative_generate(
     sp: Speculation,
     mut on_text: impl FnMut(&str),
 ) -> Result<SpecGeneration> {
-    let Speculation { drafter, max_draft } = sp;
+    let Speculation {
+        drafter,
+        max_draft,
+        mut sizer,
+    } = sp;
     let mut sampler = Sampler::new(params.sampling)?;
     if prompt.is_empty() || prompt.len() >= kv.capacity() {
         return Err(Error::ContextOverflow {
@@ -98,14 +107,20 @@ pub fn speculative_generate(
             break;
         }
         let mut st = RoundStats::default();
+        let budget = sizer
+            .as_deref()
+            .map_or(max_draft, |s| s.choose(max_draft))
+            .min(room);
         let t = Instant::now();
-        let mut tree = drafter.propose(&committed, max_draft.min(room))?;
-        tree.truncate(max_draft.min(room));
+        let mut tree = drafter.propose(&committed, budget)?;
+        tree.truncate(budget);
         st.draft_ms = t.elapsed().as_secs_f64() * 1e3;
 
         // Verify: one forward over [root, nodes].
         let t = Instant::now();
         let lin = tree.linearise(root, base);
+        st.tree_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
         let logits = if greedy { Logits::Argmax } else { Logits::Full };
         let spec = OutputSpec {
             rows: Rows::All,
@@ -145,6 +160,14 @@ pub fn speculative_generate(
         }
         root = outcome.bonus;
         drafter.observe(&outcome)?;
+        if let Some(s) = sizer.as_deref_mut() {
+            s.observe(
+                tree.max_depth() as usize,
+                outcome.accepted.len(),
+                st.draft_ms,
+                tree.len(),
+            );
+        }
         st.drafted = outcome.drafted;
         st.accepted = outcome.accepted.len();
         st.commit_ms = t.elapsed().as_secs_f64() * 1e3;

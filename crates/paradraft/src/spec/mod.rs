@@ -2,6 +2,7 @@
 //! linearisation, verification rules, the decode loop and its telemetry.
 
 pub mod decode;
+pub mod sizing;
 pub mod tree;
 pub mod verify;
 

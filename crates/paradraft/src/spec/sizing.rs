@@ -1,0 +1,235 @@
+//! Hardware-aware draft sizing: pick the number of draft nodes that maximises expected committed
+//! tokens per second, E[accepted + 1] / (c(n + 1) + draft cost(n)), from the target's measured
+//! verify-cost curve c(rows) on this machine and acceptance rates tracked online per depth.
+//! Zero nodes (plain AR) is a candidate, so drafting stops when it does not pay.
+
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::types::{Pos, TokenId};
+use std::time::Instant;
+
+/// Verify cost in ms of a forward over `rows` rows, interpolated from measured points.
+#[derive(Clone, Debug)]
+pub struct CostCurve {
+    /// (rows, ms), increasing in rows.
+    pub points: Vec<(usize, f64)>,
+}
+
+impl CostCurve {
+    /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`) after `context` cached
+    /// tokens. Costs a few hundred ms on a small model.
+    pub fn measure(model: &Model, context: usize, repeats: usize) -> Result<CostCurve> {
+        let mut s = Scratch::default();
+        let mut kv: KvCache = model.new_kv(context + 40);
+        let vocab = model.config.vocab_size as u32;
+        let toks: Vec<TokenId> = (0..context as u32 + 32)
+            .map(|i| TokenId((i * 7919 + 11) % vocab))
+            .collect();
+        let pos = |a: usize, n: usize| (a..a + n).map(|p| Pos(p as u32)).collect::<Vec<_>>();
+        let none = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![],
+        };
+        model.forward(
+            &mut kv,
+            &Batch {
+                tokens: &toks[..context.max(1)],
+                positions: &pos(0, context.max(1)),
+                mask: None,
+            },
+            &none,
+            &mut s,
+        )?;
+        let base = kv.len();
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits: Logits::Argmax,
+            taps: vec![],
+        };
+        let mut points = vec![];
+        for rows in [1usize, 2, 4, 8, 16, 32] {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                model.forward(
+                    &mut kv,
+                    &Batch {
+                        tokens: &toks[base..base + rows],
+                        positions: &pos(base, rows),
+                        mask: None,
+                    },
+                    &spec,
+                    &mut s,
+                )?;
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+                kv.truncate(base);
+            }
+            points.push((rows, best));
+        }
+        Ok(CostCurve { points })
+    }
+
+    pub fn ms(&self, rows: usize) -> f64 {
+        let p = &self.points;
+        if rows <= p[0].0 {
+            return p[0].1;
+        }
+        for w in p.windows(2) {
+            let ((r0, c0), (r1, c1)) = (w[0], w[1]);
+            if rows <= r1 {
+                return c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64;
+            }
+        }
+        let ((r0, c0), (r1, c1)) = (p[p.len() - 2], p[p.len() - 1]);
+        c1 + (c1 - c0) / (r1 - r0) as f64 * (rows - r1) as f64
+    }
+}
+
+/// Online acceptance statistics and the draft-size choice.
+#[derive(Clone, Debug)]
+pub struct Sizer {
+    pub curve: CostCurve,
+    /// Per depth (1-based index d-1): drafts tried at depth d with depth d-1 accepted, and accepted.
+    tried: Vec<f64>,
+    accepted: Vec<f64>,
+    /// Drafting ms per proposed node (exponential moving average) and per round.
+    draft_ms_per_node: f64,
+    draft_ms_fixed: f64,
+    /// Forgetting factor for the statistics (1 = never forget).
+    decay: f64,
+}
+
+impl Sizer {
+    pub fn new(curve: CostCurve) -> Self {
+        Sizer {
+            curve,
+            tried: vec![],
+            accepted: vec![],
+            draft_ms_per_node: 0.0,
+            draft_ms_fixed: 0.0,
+            decay: 0.98,
+        }
+    }
+
+    /// Acceptance rate at depth d (≥ 1) given depth d−1 accepted, with a Beta(1, 1) prior.
+    pub fn rate(&self, d: usize) -> f64 {
+        let i = d - 1;
+        let (a, t) = (
+            self.accepted.get(i).copied().unwrap_or(0.0),
+            self.tried.get(i).copied().unwrap_or(0.0),
+        );
+        (a + 1.0) / (t + 2.0)
+    }
+
+    /// Expected committed tokens of a chain of n drafts: 1 + Σ_i Π_{j≤i} rate(j).
+    pub fn expected_tokens(&self, n: usize) -> f64 {
+        let (mut e, mut run) = (1.0, 1.0);
+        for d in 1..=n {
+            run *= self.rate(d);
+            e += run;
+        }
+        e
+    }
+
+    /// The draft size in 0..=max with the best expected tokens per ms.
+    pub fn choose(&self, max: usize) -> usize {
+        let score = |n: usize| {
+            let draft = if n == 0 {
+                0.0
+            } else {
+                self.draft_ms_fixed + self.draft_ms_per_node * n as f64
+            };
+            self.expected_tokens(n) / (self.curve.ms(n + 1) + draft)
+        };
+        (0..=max)
+            .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+            .unwrap_or(0)
+    }
+
+    /// Records a round: `drafted_depth` = deepest proposed depth, `accepted` = accepted length.
+    /// Rounds without drafts still decay the statistics towards the prior, so a drafter that
+    /// was switched off is tried again after a while.
+    pub fn observe(
+        &mut self,
+        drafted_depth: usize,
+        accepted: usize,
+        draft_ms: f64,
+        drafted_nodes: usize,
+    ) {
+        if self.tried.len() < drafted_depth {
+            self.tried.resize(drafted_depth, 0.0);
+            self.accepted.resize(drafted_depth, 0.0);
+        }
+        for v in self.tried.iter_mut().chain(self.accepted.iter_mut()) {
+            *v *= self.decay;
+        }
+        for d in 1..=drafted_depth.min(accepted + 1) {
+            self.tried[d - 1] += 1.0;
+            if d <= accepted {
+                self.accepted[d - 1] += 1.0;
+            }
+        }
+        if drafted_nodes > 0 {
+            // Split draft time into a per-round part and a per-node part, crudely: a quarter fixed.
+            let per = draft_ms / drafted_nodes as f64;
+            self.draft_ms_per_node = 0.8 * self.draft_ms_per_node + 0.2 * per * 0.75;
+            self.draft_ms_fixed = 0.8 * self.draft_ms_fixed + 0.2 * draft_ms * 0.25;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn curve() -> CostCurve {
+        CostCurve {
+            points: vec![
+                (1, 5.0),
+                (2, 5.5),
+                (4, 6.5),
+                (8, 9.0),
+                (16, 15.0),
+                (32, 30.0),
+            ],
+        }
+    }
+
+    #[test]
+    fn interpolates_and_extrapolates() {
+        let c = curve();
+        assert_eq!(c.ms(1), 5.0);
+        assert!((c.ms(3) - 6.0).abs() < 1e-9);
+        assert!((c.ms(12) - 12.0).abs() < 1e-9);
+        assert!((c.ms(48) - 45.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn drafts_more_when_acceptance_is_high_and_nothing_when_it_is_zero() {
+        let mut s = Sizer::new(curve());
+        for _ in 0..200 {
+            s.observe(8, 8, 0.1, 8);
+        }
+        let long = s.choose(16);
+        assert!(long >= 8, "{long}");
+        let mut s = Sizer::new(curve());
+        for _ in 0..200 {
+            s.observe(8, 0, 0.1, 8);
+        }
+        assert_eq!(s.choose(16), 0);
+        // Rounds without drafts forget the bad statistics, so drafting is retried eventually.
+        let rounds = (0..2000).find(|_| {
+            s.observe(0, 0, 0.0, 0);
+            s.choose(16) > 0
+        });
+        assert!(rounds.is_some());
+        // Expensive drafting also stops it.
+        let mut s = Sizer::new(curve());
+        for _ in 0..200 {
+            s.observe(4, 2, 40.0, 4);
+        }
+        assert_eq!(s.choose(16), 0);
+    }
+}
