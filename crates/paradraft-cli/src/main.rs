@@ -35,6 +35,45 @@ enum Cmd {
     Logits(LogitsArgs),
     /// Forward cost curve c(k), decode and prefill speed (optionally next to llama.cpp).
     BenchKernels(BenchKernelsArgs),
+    /// Speculative methods side by side with AR on benchmark prompt sets.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Speculative methods to run next to the AR baseline (which always runs).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "pld")]
+    methods: Vec<Method>,
+    /// Datasets: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "mt_bench,humaneval,gsm8k,math500"
+    )]
+    datasets: Vec<String>,
+    /// Items per dataset.
+    #[arg(long, default_value_t = 10)]
+    num_prompts: usize,
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Directory for runs.jsonl, summary.json, summary.md and the SVG charts.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Directory of the prompt sets (default: the repository's data/bench).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 #[derive(Args)]
@@ -460,6 +499,103 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     Ok(())
 }
 
+fn cmd_bench(a: BenchArgs) -> Result<()> {
+    use paradraft::bench::{datasets, harness, report};
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    };
+    sampling.validate()?;
+    let dir = a.data_dir.clone().unwrap_or_else(datasets::default_dir);
+    let sets = a
+        .datasets
+        .iter()
+        .map(|n| {
+            let d = datasets::Dataset::from_name(n).with_context(|| format!("unknown dataset {n:?} (known: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca)"))?;
+            Ok((d, d.load(&dir, a.num_prompts)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (lm, ctx) = load(&a.m)?;
+    let target_path =
+        a.m.model
+            .clone()
+            .unwrap_or_else(paradraft::fetch::default_model_path);
+    let curve = if a.spec.fixed_draft {
+        None
+    } else {
+        Some(CostCurve::measure(&lm.model, 64, 2)?)
+    };
+    let mut methods = vec![harness::Method {
+        name: "ar".into(),
+        drafter: None,
+        max_draft: 0,
+        curve: None,
+    }];
+    for &m in a.methods.iter().filter(|&&m| m != Method::None) {
+        let spec = SpecArgs {
+            drafter: m,
+            ..a.spec.resolved()?
+        };
+        let d = spec.drafter(&target_path, &lm, ctx, sampling)?;
+        let name = match m {
+            Method::Pld => "pld".to_string(),
+            Method::DraftModel => match (&spec.draft_model, spec.draft_layers) {
+                (Some(p), _) => format!(
+                    "draft:{}",
+                    p.file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                ),
+                (None, Some(n)) => format!("self-draft-{n}L"),
+                _ => "draft-model".into(),
+            },
+            Method::None => unreachable!(),
+        };
+        methods.push(harness::Method {
+            name,
+            drafter: d,
+            max_draft: spec.num_speculative_tokens,
+            curve: curve.clone(),
+        });
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut log = std::fs::File::create(a.out.join("runs.jsonl"))?;
+    let total: usize = sets.iter().map(|(_, i)| i.len()).sum::<usize>() * methods.len();
+    let mut done = 0;
+    let params = harness::BenchParams {
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        ctx,
+    };
+    let runs = harness::run_bench(&lm, &sets, &mut methods, &params, |r| {
+        let _ = writeln!(log, "{}", serde_json::to_string(r).unwrap_or_default());
+        if r.turn == 0 {
+            done += 1;
+        }
+        eprint!(
+            "\r[{done}/{total}] {} {} {}: {} tok, tau {:.2}      ",
+            r.dataset, r.id, r.method, r.generated, r.tau
+        );
+    })?;
+    eprintln!();
+    let summaries = harness::summarize(&runs, "ar");
+    std::fs::write(
+        a.out.join("summary.json"),
+        serde_json::to_string_pretty(&summaries)?,
+    )?;
+    let md = report::markdown(&summaries);
+    std::fs::write(a.out.join("summary.md"), &md)?;
+    report::charts(&summaries, &runs, &a.out)?;
+    println!("{md}");
+    eprintln!(
+        "wrote {}/{{runs.jsonl,summary.json,summary.md,speedup.svg,latency.svg,tau_hist.svg}}",
+        a.out.display()
+    );
+    Ok(())
+}
+
 fn rayon_threads() -> usize {
     paradraft::runtime::current_threads()
 }
@@ -473,6 +609,7 @@ fn main() {
         Cmd::Generate(a) => cmd_generate(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::BenchKernels(a) => cmd_bench_kernels(a),
+        Cmd::Bench(a) => cmd_bench(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -280,3 +280,51 @@ fn bad_speculative_configs_are_refused() {
         );
     }
 }
+
+#[test]
+fn bench_harness_writes_reports() {
+    let m = tiny("qwen3");
+    let out = std::env::temp_dir().join(format!("paradraft-bench-{}", std::process::id()));
+    let o = out.display().to_string();
+    let r = run(&[
+        "bench",
+        "--model",
+        &m,
+        "--methods",
+        "pld,draft-model",
+        "--draft-layers",
+        "1",
+        "--datasets",
+        "mt_bench,gsm8k",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        &o,
+        "--threads",
+        "1",
+        "--ctx-size",
+        "2048",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let rows = summary.as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 3, "2 datasets × (ar, pld, self-draft)");
+    for row in rows {
+        assert!(row["tok_s"].as_f64().unwrap() > 0.0);
+        assert!(row["tau_micro"].as_f64().unwrap() >= 1.0);
+        if row["method"] == "ar" {
+            assert_eq!(row["speedup"].as_f64().unwrap(), 1.0);
+        }
+    }
+    // MT-Bench items have two turns: 2 items × 2 turns × 3 methods, plus 2 GSM8K items × 3.
+    let runs = std::fs::read_to_string(out.join("runs.jsonl")).unwrap();
+    assert_eq!(runs.lines().count(), 2 * 2 * 3 + 2 * 3);
+    for f in ["summary.md", "speedup.svg", "latency.svg", "tau_hist.svg"] {
+        let text = std::fs::read_to_string(out.join(f)).unwrap();
+        assert!(text.len() > 200, "{f}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

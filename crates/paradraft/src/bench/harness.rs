@@ -1,0 +1,226 @@
+//! `paradraft bench`: methods × datasets on one target, the AR baseline through the same code
+//! path and interleaved per prompt (so machine noise hits all methods alike), per-round and
+//! per-prompt records, and a summary per (dataset, method).
+
+use super::datasets::{Dataset, Item};
+use crate::error::Result;
+use crate::generate::{generate, GenerateParams};
+use crate::model::{Loaded, Message};
+use crate::sample::SamplingParams;
+use crate::spec::sizing::{CostCurve, Sizer};
+use crate::spec::{speculative_generate, Drafter, RoundStats, Speculation};
+use serde::Serialize;
+
+/// One method under test; `drafter: None` is the AR baseline.
+pub struct Method {
+    pub name: String,
+    pub drafter: Option<Box<dyn Drafter>>,
+    pub max_draft: usize,
+    /// Adaptive draft sizing from this cost curve (None: always `max_draft`).
+    pub curve: Option<CostCurve>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchParams {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// KV capacity; prompts that do not fit with `max_new_tokens` are skipped.
+    pub ctx: usize,
+}
+
+/// One generation (one turn of one item with one method).
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub dataset: &'static str,
+    pub id: String,
+    pub turn: usize,
+    pub method: String,
+    pub prompt_tokens: usize,
+    pub generated: usize,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    /// Target passes after the prefill.
+    pub target_passes: usize,
+    pub tau: f64,
+    pub rounds: Vec<RoundStats>,
+}
+
+/// Runs every item of every dataset with every method (AR first), turn by turn; MT-Bench's
+/// second turn follows each method's own first answer. `on_run` sees each run as it ends.
+pub fn run_bench(
+    lm: &Loaded,
+    datasets: &[(Dataset, Vec<Item>)],
+    methods: &mut [Method],
+    p: &BenchParams,
+    mut on_run: impl FnMut(&Run),
+) -> Result<Vec<Run>> {
+    let mut kv = lm.model.new_kv(p.ctx);
+    let mut runs = Vec::new();
+    for (ds, items) in datasets {
+        for (ii, item) in items.iter().enumerate() {
+            for m in methods.iter_mut() {
+                let mut msgs: Vec<Message> = Vec::new();
+                for (turn, text) in item.turns.iter().enumerate() {
+                    msgs.push(Message::new("user", text));
+                    let prompt = lm
+                        .tokenizer
+                        .encode(&lm.tokenizer.apply_chat_template(&msgs, true)?)?;
+                    if prompt.len() + p.max_new_tokens + 2 > p.ctx {
+                        break;
+                    }
+                    let params = GenerateParams {
+                        max_new_tokens: p.max_new_tokens,
+                        sampling: SamplingParams {
+                            seed: p.sampling.seed.wrapping_add(ii as u64 * 1000 + turn as u64),
+                            ..p.sampling
+                        },
+                        stop_strings: vec![],
+                    };
+                    let run = match m.drafter.as_deref_mut() {
+                        None => {
+                            let g = generate(
+                                &lm.model,
+                                &lm.tokenizer,
+                                &mut kv,
+                                &prompt,
+                                &params,
+                                |_| {},
+                            )?;
+                            msgs.push(Message::new("assistant", &g.text));
+                            Run {
+                                dataset: ds.name(),
+                                id: item.id.clone(),
+                                turn,
+                                method: m.name.clone(),
+                                prompt_tokens: prompt.len(),
+                                generated: g.token_ids.len(),
+                                prefill_ms: g.stats.prefill_ms,
+                                decode_ms: g.stats.decode_ms,
+                                target_passes: g.token_ids.len().saturating_sub(1),
+                                tau: 1.0,
+                                rounds: vec![],
+                            }
+                        }
+                        Some(d) => {
+                            let mut sizer = m.curve.clone().map(Sizer::new);
+                            let sp = Speculation {
+                                drafter: d,
+                                max_draft: m.max_draft,
+                                sizer: sizer.as_mut(),
+                            };
+                            let g = speculative_generate(
+                                &lm.model,
+                                &lm.tokenizer,
+                                &mut kv,
+                                &prompt,
+                                &params,
+                                sp,
+                                |_| {},
+                            )?;
+                            msgs.push(Message::new("assistant", &g.text));
+                            Run {
+                                dataset: ds.name(),
+                                id: item.id.clone(),
+                                turn,
+                                method: m.name.clone(),
+                                prompt_tokens: prompt.len(),
+                                generated: g.token_ids.len(),
+                                prefill_ms: g.stats.prefill_ms,
+                                decode_ms: g.stats.decode_ms,
+                                target_passes: g.rounds.len(),
+                                tau: g.tau,
+                                rounds: g.rounds,
+                            }
+                        }
+                    };
+                    on_run(&run);
+                    runs.push(run);
+                }
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// Aggregates of one (dataset, method).
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub dataset: String,
+    pub method: String,
+    pub runs: usize,
+    pub tokens: usize,
+    /// Speculative rounds (0 for the AR baseline).
+    pub rounds: usize,
+    /// Committed tokens per target pass over all rounds (micro), and the mean of per-run τ (macro).
+    pub tau_micro: f64,
+    pub tau_macro: f64,
+    /// Decode tokens per second (prefill excluded) and its ratio to the AR baseline's.
+    pub tok_s: f64,
+    pub speedup: f64,
+    pub prefill_ms: f64,
+    /// Mean per round.
+    pub draft_ms: f64,
+    pub tree_ms: f64,
+    pub verify_ms: f64,
+    pub commit_ms: f64,
+    /// Fraction of rounds that accepted at least d drafts, d = 1, 2, ….
+    pub accept_at_least: Vec<f64>,
+}
+
+pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
+    let mut keys: Vec<(String, String)> = Vec::new();
+    for r in runs {
+        let k = (r.dataset.to_string(), r.method.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let tok_s = |ds: &str, m: &str| {
+        let rs: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.dataset == ds && r.method == m)
+            .collect();
+        // The first token of a run comes from the prefill; decode time covers the rest.
+        let toks: usize = rs.iter().map(|r| r.generated.saturating_sub(1)).sum();
+        let ms: f64 = rs.iter().map(|r| r.decode_ms).sum();
+        toks as f64 / (ms / 1e3).max(1e-9)
+    };
+    keys.iter()
+        .map(|(ds, m)| {
+            let rs: Vec<&Run> = runs
+                .iter()
+                .filter(|r| &r.dataset == ds && &r.method == m)
+                .collect();
+            let rounds: Vec<&RoundStats> = rs.iter().flat_map(|r| r.rounds.iter()).collect();
+            let nr = rounds.len().max(1) as f64;
+            let mean = |f: fn(&RoundStats) -> f64| {
+                rounds.iter().map(|r| f(r)).fold(0.0, |a, b| a + b) / nr
+            };
+            let max_acc = rounds.iter().map(|r| r.accepted).max().unwrap_or(0);
+            let ts = tok_s(ds, m);
+            Summary {
+                dataset: ds.clone(),
+                method: m.clone(),
+                runs: rs.len(),
+                tokens: rs.iter().map(|r| r.generated).sum(),
+                rounds: rounds.len(),
+                tau_micro: if rounds.is_empty() {
+                    1.0
+                } else {
+                    rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / nr
+                },
+                tau_macro: rs.iter().map(|r| r.tau).sum::<f64>() / rs.len().max(1) as f64,
+                tok_s: ts,
+                speedup: ts / tok_s(ds, baseline),
+                prefill_ms: rs.iter().map(|r| r.prefill_ms).sum::<f64>() / rs.len().max(1) as f64,
+                draft_ms: mean(|r| r.draft_ms),
+                tree_ms: mean(|r| r.tree_ms),
+                verify_ms: mean(|r| r.verify_ms),
+                commit_ms: mean(|r| r.commit_ms),
+                accept_at_least: (1..=max_acc)
+                    .map(|d| rounds.iter().filter(|r| r.accepted >= d).count() as f64 / nr)
+                    .collect(),
+            }
+        })
+        .collect()
+}

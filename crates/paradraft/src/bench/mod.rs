@@ -1,0 +1,9 @@
+//! Benchmarks: the target's kernel cost curve ([`kernels`]) and the speculative-decoding
+//! harness that runs methods side by side on prompt sets ([`harness`], [`report`]).
+
+pub mod datasets;
+pub mod harness;
+pub mod kernels;
+pub mod report;
+
+pub use kernels::{run_kernel_bench, KernelBench, KernelBenchParams};
