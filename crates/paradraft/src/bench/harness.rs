@@ -189,7 +189,7 @@ pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
         .map(|(ds, m)| {
             let rs: Vec<&Run> = runs
                 .iter()
-                .filter(|r| &r.dataset == ds && &r.method == m)
+                .filter(|r| r.dataset == ds && &r.method == m)
                 .collect();
             let rounds: Vec<&RoundStats> = rs.iter().flat_map(|r| r.rounds.iter()).collect();
             let nr = rounds.len().max(1) as f64;
