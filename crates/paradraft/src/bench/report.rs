@@ -67,12 +67,8 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
             .map_err(chart_err)?;
         ch.configure_mesh()
             .disable_x_mesh()
-            .x_labels(nd)
-            .x_label_formatter(&|x| {
-                datasets
-                    .get(x.floor() as usize)
-                    .map_or(String::new(), |d| d.to_string())
-            })
+            .x_labels(2 * nd + 1)
+            .x_label_formatter(&|x| category(&datasets, *x))
             .y_desc("speedup ×")
             .draw()
             .map_err(chart_err)?;
@@ -143,12 +139,8 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
             .map_err(chart_err)?;
         ch.configure_mesh()
             .disable_x_mesh()
-            .x_labels(methods.len())
-            .x_label_formatter(&|x| {
-                methods
-                    .get(x.floor() as usize)
-                    .map_or(String::new(), |m| m.to_string())
-            })
+            .x_labels(2 * methods.len() + 1)
+            .x_label_formatter(&|x| category(&methods, *x))
             .y_desc("ms")
             .draw()
             .map_err(chart_err)?;
@@ -240,6 +232,18 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
         root.present().map_err(chart_err)?;
     }
     Ok(())
+}
+
+/// The name of category i at x = i + 0.5 (the centre of its slot); nothing elsewhere.
+fn category(names: &[&str], x: f64) -> String {
+    let i = x.floor();
+    if (x - i - 0.5).abs() < 0.01 {
+        names
+            .get(i as usize)
+            .map_or(String::new(), |n| n.to_string())
+    } else {
+        String::new()
+    }
 }
 
 fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
