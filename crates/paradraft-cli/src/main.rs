@@ -58,14 +58,8 @@ struct BenchArgs {
     num_prompts: usize,
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Directory for runs.jsonl, summary.json, summary.md and the SVG charts.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -109,6 +103,33 @@ struct ModelArgs {
     ctx_size: Option<usize>,
 }
 
+/// The sampler: temperature → top-k → top-p, seeded (temperature 0 is greedy).
+#[derive(Args, Clone, Copy)]
+struct SamplingArgs {
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    fn params(self) -> Result<SamplingParams> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
 #[derive(Args)]
 struct GenerateArgs {
     #[command(flatten)]
@@ -122,14 +143,8 @@ struct GenerateArgs {
     raw: bool,
     #[arg(long, default_value_t = 256)]
     max_new_tokens: usize,
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Extra stop strings (repeatable).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -298,13 +313,7 @@ fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-    };
-    sampling.validate()?;
+    let sampling = a.sampling.params()?;
     let (lm, ctx) = load(&a.m)?;
     let tok = &lm.tokenizer;
     let text = if a.raw {
@@ -370,7 +379,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             v["rounds_detail"] = v["rounds"].take();
             v.as_object_mut().map(|o| o.remove("rounds"));
             let extra = format!(" | {} rounds, tau {:.2}", g.rounds.len(), g.tau);
-            (v, g.stats, g.stop_reason, extra)
+            (v, g.out.stats, g.out.stop_reason, extra)
         }
     };
     if a.json {
@@ -501,13 +510,7 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
 
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use paradraft::bench::{datasets, harness, report};
-    let sampling = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        seed: a.seed,
-    };
-    sampling.validate()?;
+    let sampling = a.sampling.params()?;
     let dir = a.data_dir.clone().unwrap_or_else(datasets::default_dir);
     let sets = a
         .datasets

@@ -37,6 +37,24 @@ pub struct Stats {
     pub decode_tok_s: f64,
 }
 
+impl Stats {
+    /// The first generated token comes from the prefill; decode speed counts the rest.
+    pub fn new(prompt_tokens: usize, generated: usize, prefill_ms: f64, decode_ms: f64) -> Stats {
+        Stats {
+            prompt_tokens,
+            generated_tokens: generated,
+            prefill_ms,
+            decode_ms,
+            prefill_tok_s: prompt_tokens as f64 / (prefill_ms / 1e3),
+            decode_tok_s: if generated > 1 {
+                (generated - 1) as f64 / (decode_ms / 1e3)
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Generation {
     pub text: String,
@@ -190,25 +208,12 @@ pub fn generate(
     };
     let (text, ids) = em.finish(&mut on_text);
     let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-    let n = ids.len();
     Ok(Generation {
         text,
         prompt_token_ids: prompt.to_vec(),
-        token_ids: ids,
         stop_reason,
-        stats: Stats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: n,
-            prefill_ms,
-            decode_ms,
-            prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3),
-            // The first token comes from the prefill; decode speed counts the forwards after it.
-            decode_tok_s: if n > 1 {
-                (n - 1) as f64 / (decode_ms / 1e3)
-            } else {
-                0.0
-            },
-        },
+        stats: Stats::new(prompt.len(), ids.len(), prefill_ms, decode_ms),
+        token_ids: ids,
     })
 }
 

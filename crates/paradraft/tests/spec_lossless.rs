@@ -106,9 +106,12 @@ fn check_greedy(
             |_| {},
         )
         .unwrap();
-        assert_eq!(sp.token_ids, ar.token_ids, "{name}: greedy output differs");
-        assert_eq!(sp.stop_reason, ar.stop_reason, "{name}");
-        assert_eq!(sp.text, ar.text, "{name}");
+        assert_eq!(
+            sp.out.token_ids, ar.token_ids,
+            "{name}: greedy output differs"
+        );
+        assert_eq!(sp.out.stop_reason, ar.stop_reason, "{name}");
+        assert_eq!(sp.out.text, ar.text, "{name}");
         if name == "replay" {
             tau = tau.max(sp.tau);
         }
@@ -140,7 +143,7 @@ fn check_greedy(
         |_| {},
     )
     .unwrap();
-    assert_eq!(sp.token_ids, ar.token_ids, "pld with adaptive sizing");
+    assert_eq!(sp.out.token_ids, ar.token_ids, "pld with adaptive sizing");
     tau
 }
 
@@ -357,6 +360,7 @@ fn sampling_matches_ar_distribution() {
                 |_| {},
             )
             .unwrap()
+            .out
             .token_ids
         });
         for pos in 0..3 {

@@ -76,31 +76,12 @@ pub fn run_bench(
                         },
                         stop_strings: vec![],
                     };
-                    let run = match m.drafter.as_deref_mut() {
-                        None => {
-                            let g = generate(
-                                &lm.model,
-                                &lm.tokenizer,
-                                &mut kv,
-                                &prompt,
-                                &params,
-                                |_| {},
-                            )?;
-                            msgs.push(Message::new("assistant", &g.text));
-                            Run {
-                                dataset: ds.name(),
-                                id: item.id.clone(),
-                                turn,
-                                method: m.name.clone(),
-                                prompt_tokens: prompt.len(),
-                                generated: g.token_ids.len(),
-                                prefill_ms: g.stats.prefill_ms,
-                                decode_ms: g.stats.decode_ms,
-                                target_passes: g.token_ids.len().saturating_sub(1),
-                                tau: 1.0,
-                                rounds: vec![],
-                            }
-                        }
+                    let (g, rounds, tau) = match m.drafter.as_deref_mut() {
+                        None => (
+                            generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {})?,
+                            vec![],
+                            1.0,
+                        ),
                         Some(d) => {
                             let mut sizer = m.curve.clone().map(Sizer::new);
                             let sp = Speculation {
@@ -117,21 +98,27 @@ pub fn run_bench(
                                 sp,
                                 |_| {},
                             )?;
-                            msgs.push(Message::new("assistant", &g.text));
-                            Run {
-                                dataset: ds.name(),
-                                id: item.id.clone(),
-                                turn,
-                                method: m.name.clone(),
-                                prompt_tokens: prompt.len(),
-                                generated: g.token_ids.len(),
-                                prefill_ms: g.stats.prefill_ms,
-                                decode_ms: g.stats.decode_ms,
-                                target_passes: g.rounds.len(),
-                                tau: g.tau,
-                                rounds: g.rounds,
-                            }
+                            (g.out, g.rounds, g.tau)
                         }
+                    };
+                    msgs.push(Message::new("assistant", &g.text));
+                    let run = Run {
+                        dataset: ds.name(),
+                        id: item.id.clone(),
+                        turn,
+                        method: m.name.clone(),
+                        prompt_tokens: prompt.len(),
+                        generated: g.token_ids.len(),
+                        prefill_ms: g.stats.prefill_ms,
+                        decode_ms: g.stats.decode_ms,
+                        // AR: one pass per token after the prefill's.
+                        target_passes: if m.drafter.is_some() {
+                            rounds.len()
+                        } else {
+                            g.token_ids.len().saturating_sub(1)
+                        },
+                        tau,
+                        rounds,
                     };
                     on_run(&run);
                     runs.push(run);

@@ -10,7 +10,7 @@ use super::tree::NodeId;
 use super::verify::{row_of, verify_greedy, verify_sample, Outcome};
 use super::Drafter;
 use crate::error::{Error, Result};
-use crate::generate::{Emitter, GenerateParams, Stats, StopReason};
+use crate::generate::{Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
 use crate::sample::Sampler;
@@ -32,11 +32,9 @@ pub struct RoundStats {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct SpecGeneration {
-    pub text: String,
-    pub prompt_token_ids: Vec<TokenId>,
-    pub token_ids: Vec<TokenId>,
-    pub stop_reason: StopReason,
-    pub stats: Stats,
+    /// What AR generation reports too.
+    #[serde(flatten)]
+    pub out: Generation,
     /// Target forwards after the prefill.
     pub rounds: Vec<RoundStats>,
     /// Tokens committed per target pass, bonus included (prefill's token not counted).
@@ -175,28 +173,18 @@ pub fn speculative_generate(
     }
     let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
     let (text, ids) = em.finish(&mut on_text);
-    let n = ids.len();
     let tau = if rounds.is_empty() {
         0.0
     } else {
         rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / rounds.len() as f64
     };
     Ok(SpecGeneration {
-        text,
-        prompt_token_ids: prompt.to_vec(),
-        token_ids: ids,
-        stop_reason: stop.unwrap_or(StopReason::MaxTokens),
-        stats: Stats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: n,
-            prefill_ms,
-            decode_ms,
-            prefill_tok_s: prompt.len() as f64 / (prefill_ms / 1e3),
-            decode_tok_s: if n > 1 {
-                (n - 1) as f64 / (decode_ms / 1e3)
-            } else {
-                0.0
-            },
+        out: Generation {
+            text,
+            prompt_token_ids: prompt.to_vec(),
+            stop_reason: stop.unwrap_or(StopReason::MaxTokens),
+            stats: Stats::new(prompt.len(), ids.len(), prefill_ms, decode_ms),
+            token_ids: ids,
         },
         rounds,
         tau,
