@@ -12,7 +12,7 @@ use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::sizing::{CostCurve, Sizer};
-use paradraft::spec::{speculative_generate, DraftTree, Drafter, Speculation};
+use paradraft::spec::{speculative_generate, DraftTree, Drafter, Hidden, Speculation};
 use paradraft::types::TokenId;
 
 fn prompts() -> Vec<String> {
@@ -194,7 +194,7 @@ impl Drafter for QChain {
     fn name(&self) -> &str {
         "q-chain"
     }
-    fn begin(&mut self, _: &[TokenId]) -> paradraft::Result<()> {
+    fn begin(&mut self, _: &[TokenId], _: Hidden) -> paradraft::Result<()> {
         Ok(())
     }
     fn propose(&mut self, _: &[TokenId], max: usize) -> paradraft::Result<DraftTree> {
@@ -215,7 +215,7 @@ impl Drafter for QChain {
         }
         Ok(t)
     }
-    fn observe(&mut self, _: &paradraft::spec::Outcome) -> paradraft::Result<()> {
+    fn observe(&mut self, _: &paradraft::spec::Outcome, _: Hidden) -> paradraft::Result<()> {
         Ok(())
     }
 }
@@ -384,4 +384,98 @@ fn sampling_matches_ar_distribution() {
             );
         }
     }
+}
+
+/// Records the hidden states it is given; drafts random trees so that compaction happens.
+struct TapRecorder {
+    taps: Vec<usize>,
+    rows: Vec<f32>,
+    width: usize,
+    rng: Lcg,
+    vocab: u32,
+}
+
+impl Drafter for TapRecorder {
+    fn name(&self) -> &str {
+        "tap-recorder"
+    }
+    fn taps(&self) -> &[usize] {
+        &self.taps
+    }
+    fn begin(&mut self, _: &[TokenId], h: Hidden) -> paradraft::Result<()> {
+        self.width = h.width;
+        self.rows = h.rows.to_vec();
+        Ok(())
+    }
+    fn propose(&mut self, _: &[TokenId], max: usize) -> paradraft::Result<DraftTree> {
+        Ok(random_tree(&mut self.rng, &[], self.vocab, max))
+    }
+    fn observe(&mut self, _: &paradraft::spec::Outcome, h: Hidden) -> paradraft::Result<()> {
+        assert_eq!(h.width, self.width);
+        self.rows.extend_from_slice(h.rows);
+        Ok(())
+    }
+}
+
+#[test]
+fn drafters_receive_the_targets_hidden_states_of_committed_positions() {
+    use paradraft::model::{Batch, Logits, OutputSpec, Rows, Scratch};
+    let lm = load(&fixtures().join("tiny/llama-quant.gguf"));
+    let prompt = encode(&lm, "count: 1 2 3 1 2 3 1 2 3 1 2", 64);
+    let mut rec = TapRecorder {
+        taps: vec![2, 0],
+        rows: vec![],
+        width: 0,
+        rng: Lcg(5),
+        vocab: 24,
+    };
+    let mut kv = lm.model.new_kv(256);
+    let g = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        &prompt,
+        &greedy(30),
+        Speculation {
+            drafter: &mut rec,
+            max_draft: 6,
+            sizer: None,
+        },
+        |_| {},
+    )
+    .unwrap();
+    // Every committed position except the last root has been reported, in order.
+    let mut seq = prompt.clone();
+    seq.extend(&g.out.token_ids);
+    let n = prompt.len() + g.rounds.len();
+    assert_eq!(rec.rows.len(), n * rec.width);
+    let mut s = Scratch::default();
+    let mut kv = lm.model.new_kv(256);
+    let pos = seq_positions(0, n);
+    let spec = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::None,
+        taps: vec![2, 0],
+    };
+    let out = lm
+        .model
+        .forward(
+            &mut kv,
+            &Batch {
+                tokens: &seq[..n],
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            &mut s,
+        )
+        .unwrap();
+    assert_eq!(
+        out.hidden, rec.rows,
+        "taps differ from a fresh forward over the committed tokens"
+    );
+}
+
+fn load(p: &std::path::Path) -> Loaded {
+    model::load(p).unwrap()
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Model, OutputSpec, Scratch};
 use crate::sample::{Sampler, SamplingParams};
-use crate::spec::{DraftTree, Drafter, Outcome};
+use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 
 pub struct DraftModel {
@@ -60,7 +60,7 @@ impl Drafter for DraftModel {
         "draft-model"
     }
 
-    fn begin(&mut self, _prompt: &[TokenId]) -> Result<()> {
+    fn begin(&mut self, _prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
         self.kv.clear();
         self.done.clear();
         self.proposed.clear();
@@ -137,7 +137,7 @@ impl Drafter for DraftModel {
         Ok(tree)
     }
 
-    fn observe(&mut self, _outcome: &Outcome) -> Result<()> {
+    fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {
         // `propose` reconciles the cache with the committed tokens it is given next round.
         Ok(())
     }

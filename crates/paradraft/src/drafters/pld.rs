@@ -3,7 +3,7 @@
 //! tokens (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
 
 use crate::error::Result;
-use crate::spec::{DraftTree, Drafter, Outcome};
+use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 
 #[derive(Clone, Debug)]
@@ -53,7 +53,7 @@ impl Drafter for PromptLookup {
         "pld"
     }
 
-    fn begin(&mut self, _prompt: &[TokenId]) -> Result<()> {
+    fn begin(&mut self, _prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
         Ok(())
     }
 
@@ -61,7 +61,7 @@ impl Drafter for PromptLookup {
         Ok(DraftTree::chain(&self.lookup(committed, max_nodes)))
     }
 
-    fn observe(&mut self, _outcome: &Outcome) -> Result<()> {
+    fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {
         Ok(())
     }
 }

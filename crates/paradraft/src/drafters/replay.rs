@@ -2,7 +2,7 @@
 //! continuation (so that drafts get accepted) with random siblings.
 
 use crate::error::Result;
-use crate::spec::{DraftTree, Drafter, NodeId, Outcome};
+use crate::spec::{DraftTree, Drafter, Hidden, NodeId, Outcome};
 use crate::types::TokenId;
 
 /// Builds a tree per round from the committed tokens.
@@ -25,7 +25,7 @@ impl<F: FnMut(&[TokenId], usize) -> DraftTree> Drafter for Replay<F> {
         "replay"
     }
 
-    fn begin(&mut self, _prompt: &[TokenId]) -> Result<()> {
+    fn begin(&mut self, _prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
         self.outcomes.clear();
         Ok(())
     }
@@ -34,7 +34,7 @@ impl<F: FnMut(&[TokenId], usize) -> DraftTree> Drafter for Replay<F> {
         Ok((self.make)(committed, max_nodes))
     }
 
-    fn observe(&mut self, outcome: &Outcome) -> Result<()> {
+    fn observe(&mut self, outcome: &Outcome, _hidden: Hidden) -> Result<()> {
         self.outcomes.push(outcome.clone());
         Ok(())
     }

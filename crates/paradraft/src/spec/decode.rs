@@ -8,7 +8,7 @@
 use super::sizing::Sizer;
 use super::tree::NodeId;
 use super::verify::{row_of, verify_greedy, verify_sample, Outcome};
-use super::Drafter;
+use super::{Drafter, Hidden};
 use crate::error::{Error, Result};
 use crate::generate::{Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::kv::KvCache;
@@ -75,9 +75,14 @@ pub fn speculative_generate(
     let greedy = params.sampling.is_greedy();
     let mut s = Scratch::default();
     kv.clear();
-    drafter.begin(prompt)?;
+    let taps = drafter.taps().to_vec();
+    let width = taps.len() * model.config.hidden_size;
     let t0 = Instant::now();
     let pos: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
+    let spec = OutputSpec {
+        taps: taps.clone(),
+        ..OutputSpec::last_full()
+    };
     let out = model.forward(
         kv,
         &Batch {
@@ -85,11 +90,19 @@ pub fn speculative_generate(
             positions: &pos,
             mask: None,
         },
-        &OutputSpec::last_full(),
+        &spec,
         &mut s,
     )?;
     let mut root = sampler.sample(out.logits_row(0));
     let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    drafter.begin(
+        prompt,
+        Hidden {
+            width,
+            rows: &out.hidden,
+        },
+    )?;
+    let mut hidden = Vec::new();
 
     let t1 = Instant::now();
     let mut committed = prompt.to_vec();
@@ -123,7 +136,7 @@ pub fn speculative_generate(
         let spec = OutputSpec {
             rows: Rows::All,
             logits,
-            taps: vec![],
+            taps: taps.clone(),
         };
         let out = model.forward(
             kv,
@@ -157,7 +170,18 @@ pub fn speculative_generate(
             }
         }
         root = outcome.bonus;
-        drafter.observe(&outcome)?;
+        // Hidden states of the rows now committed: the root (row 0) and the accepted nodes.
+        hidden.clear();
+        for row in std::iter::once(0).chain(outcome.accepted.iter().map(|&n| row_of(Some(n)))) {
+            hidden.extend_from_slice(&out.hidden[row * width..(row + 1) * width]);
+        }
+        drafter.observe(
+            &outcome,
+            Hidden {
+                width,
+                rows: &hidden,
+            },
+        )?;
         if let Some(s) = sizer.as_deref_mut() {
             s.observe(
                 tree.max_depth() as usize,

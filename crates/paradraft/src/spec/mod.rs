@@ -13,20 +13,44 @@ pub use verify::{Outcome, Rule};
 use crate::error::Result;
 use crate::types::TokenId;
 
+/// Target hidden states for newly committed positions: for each position, the outputs of the
+/// layers the drafter asked for ([`Drafter::taps`]), concatenated in that order. Empty when it
+/// asked for none.
+#[derive(Clone, Copy, Debug)]
+pub struct Hidden<'a> {
+    /// Floats per position (taps × hidden size).
+    pub width: usize,
+    /// `positions × width`.
+    pub rows: &'a [f32],
+}
+
+impl Hidden<'_> {
+    pub fn positions(&self) -> usize {
+        self.rows.len().checked_div(self.width).unwrap_or(0)
+    }
+}
+
 /// A drafter's lifecycle: `begin` once per request, then per round `propose` a tree that
 /// continues the committed tokens and `observe` what the target accepted.
 pub trait Drafter {
     /// A short name for reports.
     fn name(&self) -> &str;
 
-    /// A new request starts with these prompt tokens.
-    fn begin(&mut self, prompt: &[TokenId]) -> Result<()>;
+    /// Target decoder layers (0-based, their outputs) whose states the drafter needs.
+    fn taps(&self) -> &[usize] {
+        &[]
+    }
+
+    /// A new request starts with these prompt tokens; `hidden` holds the prompt's positions.
+    fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()>;
 
     /// Proposes tokens to follow `committed` (prompt and output so far; its last token is the
     /// root of the tree, not yet verified by a target forward). An empty tree means plain
     /// autoregressive decoding this round.
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree>;
 
-    /// The target accepted `outcome` for the last proposal.
-    fn observe(&mut self, outcome: &Outcome) -> Result<()>;
+    /// The target accepted `outcome` for the last proposal. `hidden` holds the positions this
+    /// round committed to the KV cache: the root, then each accepted node (the bonus token is
+    /// the next root, so its states come with the next round).
+    fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()>;
 }
