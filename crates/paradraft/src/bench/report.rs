@@ -44,194 +44,214 @@ const COLORS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
+/// One legend entry of a bar chart: its rectangles as ((x0, y0), (x1, y1)).
+struct Series {
+    label: String,
+    rects: Vec<((f64, f64), (f64, f64))>,
+}
+
+/// Axis description of a bar chart: x from 0 to `x_max`, named categories (one per unit) or
+/// numeric ticks, and the y extent.
+struct Axes<'a> {
+    x: std::ops::Range<f64>,
+    categories: Option<&'a [&'a str]>,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    y_max: f64,
+}
+
+fn bar_chart(path: &Path, caption: &str, axes: Axes, series: Vec<Series>) -> Result<()> {
+    let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_err)?;
+    let mut ch = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(axes.x.clone(), 0f64..axes.y_max)
+        .map_err(chart_err)?;
+    let mut mesh = ch.configure_mesh();
+    mesh.disable_x_mesh()
+        .y_desc(axes.y_desc)
+        .x_desc(axes.x_desc);
+    let integer = |x: f64| {
+        if (x - x.round()).abs() < 1e-6 {
+            format!("{x:.0}")
+        } else {
+            String::new()
+        }
+    };
+    let fmt = |x: &f64| {
+        axes.categories
+            .map_or_else(|| integer(*x), |c| category(c, *x))
+    };
+    if let Some(c) = axes.categories {
+        mesh.x_labels(2 * c.len() + 1);
+    }
+    mesh.x_label_formatter(&fmt).draw().map_err(chart_err)?;
+    for (i, s) in series.into_iter().enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        ch.draw_series(
+            s.rects
+                .into_iter()
+                .map(|(a, b)| Rectangle::new([a, b], c.filled())),
+        )
+        .map_err(chart_err)?
+        .label(s.label)
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
+    }
+    ch.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(chart_err)?;
+    root.present().map_err(chart_err)
+}
+
 /// Writes `speedup.svg`, `latency.svg` and `tau_hist.svg` into `dir`.
 pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
     let datasets: Vec<&str> = dedup(summaries.iter().map(|s| s.dataset.as_str()));
     let methods: Vec<&str> = dedup(summaries.iter().map(|s| s.method.as_str()));
-    let find = |d: &str, m: &str| summaries.iter().find(|s| s.dataset == d && s.method == m);
+    let rounds_of = |m: &str| -> Vec<&crate::spec::RoundStats> {
+        runs.iter()
+            .filter(|r| r.method == m)
+            .flat_map(|r| r.rounds.iter())
+            .collect()
+    };
 
     // Speedup per dataset, one bar per method.
-    {
-        let path = dir.join("speedup.svg");
-        let root = SVGBackend::new(&path, (900, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(chart_err)?;
-        let ymax = summaries.iter().map(|s| s.speedup).fold(1.0, f64::max) * 1.15;
-        let nd = datasets.len();
-        let nm = methods.len();
-        let mut ch = ChartBuilder::on(&root)
-            .caption("decode speedup over AR", ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0f64..nd as f64, 0f64..ymax)
-            .map_err(chart_err)?;
-        ch.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(2 * nd + 1)
-            .x_label_formatter(&|x| category(&datasets, *x))
-            .y_desc("speedup ×")
-            .draw()
-            .map_err(chart_err)?;
-        for (mi, m) in methods.iter().enumerate() {
-            let w = 0.8 / nm as f64;
-            let c = COLORS[mi % COLORS.len()];
-            let bars: Vec<_> = datasets
+    let w = 0.8 / methods.len() as f64;
+    let series = methods
+        .iter()
+        .enumerate()
+        .map(|(mi, m)| Series {
+            label: m.to_string(),
+            rects: datasets
                 .iter()
                 .enumerate()
-                .filter_map(|(di, d)| find(d, m).map(|s| (di, s.speedup)))
+                .filter_map(|(di, d)| {
+                    summaries
+                        .iter()
+                        .find(|s| s.dataset == *d && s.method == *m)
+                        .map(|s| (di, s.speedup))
+                })
                 .map(|(di, v)| {
                     let x0 = di as f64 + 0.1 + w * mi as f64;
-                    Rectangle::new([(x0, 0.0), (x0 + w * 0.9, v)], c.filled())
+                    ((x0, 0.0), (x0 + w * 0.9, v))
                 })
-                .collect();
-            ch.draw_series(bars)
-                .map_err(chart_err)?
-                .label(m.to_string())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-        }
-        ch.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(chart_err)?;
-        root.present().map_err(chart_err)?;
-    }
+                .collect(),
+        })
+        .collect();
+    let y_max = summaries.iter().map(|s| s.speedup).fold(1.0, f64::max) * 1.15;
+    let axes = Axes {
+        x: 0.0..datasets.len() as f64,
+        categories: Some(&datasets),
+        x_desc: "",
+        y_desc: "speedup ×",
+        y_max,
+    };
+    bar_chart(
+        &dir.join("speedup.svg"),
+        "decode speedup over AR",
+        axes,
+        series,
+    )?;
 
-    // Mean latency per round, stacked by stage, per method (all datasets pooled).
-    {
-        let path = dir.join("latency.svg");
-        let root = SVGBackend::new(&path, (900, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(chart_err)?;
-        let per: Vec<(f64, f64, f64, f64)> = methods
-            .iter()
-            .map(|m| {
-                let rs: Vec<_> = runs
-                    .iter()
-                    .filter(|r| r.method == *m)
-                    .flat_map(|r| r.rounds.iter())
-                    .collect();
-                let n = rs.len().max(1) as f64;
-                let sum = |f: fn(&crate::spec::RoundStats) -> f64| {
-                    rs.iter().map(|r| f(r)).sum::<f64>() / n
-                };
-                (
-                    sum(|r| r.draft_ms),
-                    sum(|r| r.tree_ms),
-                    sum(|r| r.verify_ms),
-                    sum(|r| r.commit_ms),
-                )
-            })
-            .collect();
-        let ymax = per
-            .iter()
-            .map(|p| p.0 + p.1 + p.2 + p.3)
-            .fold(1.0, f64::max)
-            * 1.15;
-        let mut ch = ChartBuilder::on(&root)
-            .caption(
-                "mean ms per round (speculative methods)",
-                ("sans-serif", 20),
-            )
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0f64..methods.len() as f64, 0f64..ymax)
-            .map_err(chart_err)?;
-        ch.configure_mesh()
-            .disable_x_mesh()
-            .x_labels(2 * methods.len() + 1)
-            .x_label_formatter(&|x| category(&methods, *x))
-            .y_desc("ms")
-            .draw()
-            .map_err(chart_err)?;
-        let stages = ["draft", "tree", "verify", "commit"];
-        for (si, stage) in stages.iter().enumerate() {
-            let c = COLORS[si % COLORS.len()];
-            let bars: Vec<_> = per
+    // Mean latency per round, stacked by stage, per speculative method (all datasets pooled).
+    let spec_methods: Vec<&str> = methods
+        .iter()
+        .copied()
+        .filter(|m| !rounds_of(m).is_empty())
+        .collect();
+    let per: Vec<[f64; 4]> = spec_methods
+        .iter()
+        .map(|m| {
+            let rs = rounds_of(m);
+            let n = rs.len().max(1) as f64;
+            let mean = |f: fn(&crate::spec::RoundStats) -> f64| {
+                rs.iter().map(|r| f(r)).fold(0.0, |a, b| a + b) / n
+            };
+            [
+                mean(|r| r.draft_ms),
+                mean(|r| r.tree_ms),
+                mean(|r| r.verify_ms),
+                mean(|r| r.commit_ms),
+            ]
+        })
+        .collect();
+    let series = ["draft", "tree", "verify", "commit"]
+        .iter()
+        .enumerate()
+        .map(|(si, stage)| Series {
+            label: stage.to_string(),
+            rects: per
                 .iter()
                 .enumerate()
-                .map(|(mi, p)| {
-                    let v = [p.0, p.1, p.2, p.3];
+                .map(|(mi, v)| {
                     let lo: f64 = v[..si].iter().sum();
-                    Rectangle::new(
-                        [(mi as f64 + 0.2, lo), (mi as f64 + 0.8, lo + v[si])],
-                        c.filled(),
-                    )
+                    ((mi as f64 + 0.2, lo), (mi as f64 + 0.8, lo + v[si]))
                 })
-                .collect();
-            ch.draw_series(bars)
-                .map_err(chart_err)?
-                .label(stage.to_string())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-        }
-        ch.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(chart_err)?;
-        root.present().map_err(chart_err)?;
-    }
+                .collect(),
+        })
+        .collect();
+    let y_max = per
+        .iter()
+        .map(|v| v.iter().sum::<f64>())
+        .fold(1.0, f64::max)
+        * 1.15;
+    let axes = Axes {
+        x: 0.0..spec_methods.len().max(1) as f64,
+        categories: Some(&spec_methods),
+        x_desc: "",
+        y_desc: "ms",
+        y_max,
+    };
+    bar_chart(
+        &dir.join("latency.svg"),
+        "mean ms per round (speculative methods)",
+        axes,
+        series,
+    )?;
 
-    // Histogram of committed tokens per round (τ of single rounds), per method.
-    {
-        let path = dir.join("tau_hist.svg");
-        let root = SVGBackend::new(&path, (900, 420)).into_drawing_area();
-        root.fill(&WHITE).map_err(chart_err)?;
-        let spec_methods: Vec<&str> = methods
-            .iter()
-            .copied()
-            .filter(|m| runs.iter().any(|r| r.method == *m && !r.rounds.is_empty()))
-            .collect();
-        let maxk = runs
-            .iter()
-            .flat_map(|r| r.rounds.iter())
-            .map(|r| r.accepted + 1)
-            .max()
-            .unwrap_or(1);
-        let frac = |m: &str, k: usize| {
-            let rs: Vec<_> = runs
-                .iter()
-                .filter(|r| r.method == m)
-                .flat_map(|r| r.rounds.iter())
-                .collect();
-            rs.iter().filter(|r| r.accepted + 1 == k).count() as f64 / rs.len().max(1) as f64
-        };
-        let mut ch = ChartBuilder::on(&root)
-            .caption("tokens committed per round", ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(30)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0.5f64..maxk as f64 + 0.5, 0f64..1f64)
-            .map_err(chart_err)?;
-        ch.configure_mesh()
-            .disable_x_mesh()
-            .y_desc("fraction of rounds")
-            .x_desc("τ of a round")
-            .draw()
-            .map_err(chart_err)?;
-        let nm = spec_methods.len().max(1) as f64;
-        for (mi, m) in spec_methods.iter().enumerate() {
-            let c = COLORS[mi % COLORS.len()];
-            let w = 0.8 / nm;
-            let bars: Vec<_> = (1..=maxk)
-                .map(|k| {
-                    let x0 = k as f64 - 0.4 + w * mi as f64;
-                    Rectangle::new([(x0, 0.0), (x0 + w * 0.9, frac(m, k))], c.filled())
-                })
-                .collect();
-            ch.draw_series(bars)
-                .map_err(chart_err)?
-                .label(m.to_string())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
-        }
-        ch.configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(chart_err)?;
-        root.present().map_err(chart_err)?;
-    }
-    Ok(())
+    // Histogram of tokens committed per round, per speculative method.
+    let maxk = runs
+        .iter()
+        .flat_map(|r| r.rounds.iter())
+        .map(|r| r.accepted + 1)
+        .max()
+        .unwrap_or(1);
+    let w = 0.8 / spec_methods.len().max(1) as f64;
+    let series = spec_methods
+        .iter()
+        .enumerate()
+        .map(|(mi, m)| {
+            let rs = rounds_of(m);
+            Series {
+                label: m.to_string(),
+                rects: (1..=maxk)
+                    .map(|k| {
+                        let f = rs.iter().filter(|r| r.accepted + 1 == k).count() as f64
+                            / rs.len().max(1) as f64;
+                        let x0 = k as f64 - 0.4 + w * mi as f64;
+                        ((x0, 0.0), (x0 + w * 0.9, f))
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let axes = Axes {
+        x: 0.5..maxk as f64 + 0.5,
+        categories: None,
+        x_desc: "τ of a round",
+        y_desc: "fraction of rounds",
+        y_max: 1.0,
+    };
+    bar_chart(
+        &dir.join("tau_hist.svg"),
+        "tokens committed per round",
+        axes,
+        series,
+    )
 }
 
 /// The name of category i at x = i + 0.5 (the centre of its slot); nothing elsewhere.
