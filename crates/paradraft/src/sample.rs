@@ -164,24 +164,22 @@ impl Sampler {
         if p.is_greedy() {
             return ops::argmax(logits);
         }
-        if p.top_k == 0 || p.top_k >= logits.len() {
-            if p.top_p >= 1.0 {
-                // The full-vocabulary case of `dist` + `draw` (same weights, same order)
-                // without materialising the distribution.
-                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let inv_t = 1.0 / p.temperature;
-                let w = |l: f32| ops::fast_exp((l - max) * inv_t);
-                let sum: f64 = logits.iter().map(|&l| w(l) as f64).sum();
-                let target = self.uniform() as f64 * sum;
-                let mut acc = 0f64;
-                for (i, &l) in logits.iter().enumerate() {
-                    acc += w(l) as f64;
-                    if target < acc {
-                        return TokenId(i as u32);
-                    }
+        if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 {
+            // The full-vocabulary case of `dist` + `draw` (same weights, same order)
+            // without materialising the distribution.
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let inv_t = 1.0 / p.temperature;
+            let w = |l: f32| ops::fast_exp((l - max) * inv_t);
+            let sum: f64 = logits.iter().map(|&l| w(l) as f64).sum();
+            let target = self.uniform() as f64 * sum;
+            let mut acc = 0f64;
+            for (i, &l) in logits.iter().enumerate() {
+                acc += w(l) as f64;
+                if target < acc {
+                    return TokenId(i as u32);
                 }
-                return ops::argmax(logits);
             }
+            return ops::argmax(logits);
         }
         let d = self.dist(logits);
         self.draw(&d)
