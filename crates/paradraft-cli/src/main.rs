@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::pld::PromptLookup;
+use paradraft::drafters::NoDraft;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
@@ -532,7 +533,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     };
     let mut methods = vec![harness::Method {
         name: "ar".into(),
-        drafter: None,
+        drafter: Box::new(NoDraft),
         max_draft: 0,
         curve: None,
     }];
@@ -541,7 +542,9 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             drafter: m,
             ..a.spec.resolved()?
         };
-        let d = spec.drafter(&target_path, &lm, ctx, sampling)?;
+        let d = spec
+            .drafter(&target_path, &lm, ctx, sampling)?
+            .context("a speculative method needs a drafter")?;
         let name = match m {
             Method::Pld => "pld".to_string(),
             Method::DraftModel => match (&spec.draft_model, spec.draft_layers) {

@@ -4,17 +4,17 @@
 
 use super::datasets::{Dataset, Item};
 use crate::error::Result;
-use crate::generate::{generate, GenerateParams};
+use crate::generate::GenerateParams;
 use crate::model::{Loaded, Message};
 use crate::sample::SamplingParams;
 use crate::spec::sizing::{CostCurve, Sizer};
-use crate::spec::{speculative_generate, Drafter, RoundStats, Speculation};
+use crate::spec::{speculative_generate, Drafter, RoundStats, SpecGeneration, Speculation};
 use serde::Serialize;
 
-/// One method under test; `drafter: None` is the AR baseline.
+/// One method under test. The AR baseline is [`crate::drafters::NoDraft`] through the same loop.
 pub struct Method {
     pub name: String,
-    pub drafter: Option<Box<dyn Drafter>>,
+    pub drafter: Box<dyn Drafter>,
     pub max_draft: usize,
     /// Adaptive draft sizing from this cost curve (None: always `max_draft`).
     pub curve: Option<CostCurve>,
@@ -76,31 +76,25 @@ pub fn run_bench(
                         },
                         stop_strings: vec![],
                     };
-                    let (g, rounds, tau) = match m.drafter.as_deref_mut() {
-                        None => (
-                            generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {})?,
-                            vec![],
-                            1.0,
-                        ),
-                        Some(d) => {
-                            let mut sizer = m.curve.clone().map(Sizer::new);
-                            let sp = Speculation {
-                                drafter: d,
-                                max_draft: m.max_draft,
-                                sizer: sizer.as_mut(),
-                            };
-                            let g = speculative_generate(
-                                &lm.model,
-                                &lm.tokenizer,
-                                &mut kv,
-                                &prompt,
-                                &params,
-                                sp,
-                                |_| {},
-                            )?;
-                            (g.out, g.rounds, g.tau)
-                        }
+                    let mut sizer = m.curve.clone().map(Sizer::new);
+                    let sp = Speculation {
+                        drafter: m.drafter.as_mut(),
+                        max_draft: m.max_draft,
+                        sizer: sizer.as_mut(),
                     };
+                    let SpecGeneration {
+                        out: g,
+                        rounds,
+                        tau,
+                    } = speculative_generate(
+                        &lm.model,
+                        &lm.tokenizer,
+                        &mut kv,
+                        &prompt,
+                        &params,
+                        sp,
+                        |_| {},
+                    )?;
                     msgs.push(Message::new("assistant", &g.text));
                     let run = Run {
                         dataset: ds.name(),
@@ -111,12 +105,7 @@ pub fn run_bench(
                         generated: g.token_ids.len(),
                         prefill_ms: g.stats.prefill_ms,
                         decode_ms: g.stats.decode_ms,
-                        // AR: one pass per token after the prefill's.
-                        target_passes: if m.drafter.is_some() {
-                            rounds.len()
-                        } else {
-                            g.token_ids.len().saturating_sub(1)
-                        },
+                        target_passes: rounds.len(),
                         tau,
                         rounds,
                     };
@@ -136,7 +125,7 @@ pub struct Summary {
     pub method: String,
     pub runs: usize,
     pub tokens: usize,
-    /// Speculative rounds (0 for the AR baseline).
+    /// Target passes after the prefill.
     pub rounds: usize,
     /// Committed tokens per target pass over all rounds (micro), and the mean of per-run τ (macro).
     pub tau_micro: f64,

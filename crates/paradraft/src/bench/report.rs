@@ -13,14 +13,6 @@ pub fn markdown(summaries: &[Summary]) -> String {
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for x in summaries {
         let acc = |d: usize| x.accept_at_least.get(d - 1).copied().unwrap_or(0.0);
-        if x.rounds == 0 {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | 1.00 | 1.00 | {:.1} | {:.2}× | — | — | — | — | — |",
-                x.dataset, x.method, x.runs, x.tokens, x.tok_s, x.speedup
-            );
-            continue;
-        }
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.2}× | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} |",

@@ -4,3 +4,26 @@
 pub mod draft_model;
 pub mod pld;
 pub mod replay;
+
+use crate::error::Result;
+use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::types::TokenId;
+
+/// Proposes nothing: the speculative loop then decodes one token per target pass, which makes
+/// it the AR baseline with exactly the speculative methods' overheads.
+pub struct NoDraft;
+
+impl Drafter for NoDraft {
+    fn name(&self) -> &str {
+        "ar"
+    }
+    fn begin(&mut self, _: &[TokenId], _: Hidden) -> Result<()> {
+        Ok(())
+    }
+    fn propose(&mut self, _: &[TokenId], _: usize) -> Result<DraftTree> {
+        Ok(DraftTree::new())
+    }
+    fn observe(&mut self, _: &Outcome, _: Hidden) -> Result<()> {
+        Ok(())
+    }
+}
