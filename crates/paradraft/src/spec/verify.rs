@@ -109,12 +109,13 @@ pub fn verify_sample<'a>(
     let mut cur: Option<NodeId> = None;
     let mut accepted = Vec::new();
     loop {
-        let p = sampler.dist(logits(row_of(cur)));
         let children: Vec<NodeId> = tree.children(cur).collect();
         if children.is_empty() {
-            let bonus = sampler.draw(&p);
+            // Nothing to verify below this node: an ordinary draw from p.
+            let bonus = sampler.sample(logits(row_of(cur)));
             return finish(tree, accepted, bonus);
         }
+        let p = sampler.dist(logits(row_of(cur)));
         // Known q on the only child: standard speculative sampling.
         if let (1, Some(q)) = (children.len(), tree.q(children[0])) {
             let x = tree.token(children[0]);
