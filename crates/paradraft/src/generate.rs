@@ -109,6 +109,9 @@ impl<'a> Emitter<'a> {
         t: TokenId,
         on_text: &mut impl FnMut(&str),
     ) -> Result<Option<StopReason>> {
+        if self.ids.len() >= self.params.max_new_tokens {
+            return Ok(Some(StopReason::MaxTokens));
+        }
         if self.tok.stop_tokens.contains(&t) {
             return Ok(Some(StopReason::StopToken));
         }

@@ -357,3 +357,36 @@ fn malformed_forward_requests() {
     assert!(TreeMask::from_bits(2, vec![true, false, false, false]).is_err());
     assert_eq!(kv.len(), 0, "refused requests leave the cache untouched");
 }
+
+#[test]
+fn zero_new_tokens_generates_nothing() {
+    use paradraft::drafters::pld::PromptLookup;
+    use paradraft::spec::{speculative_generate, Speculation};
+    let lm = load_tiny("qwen3");
+    let mut kv = lm.model.new_kv(64);
+    let params = GenerateParams {
+        max_new_tokens: 0,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+    };
+    let prompt: Vec<TokenId> = (10..20).map(TokenId).collect();
+    let g = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+    assert!(g.token_ids.is_empty() && g.text.is_empty());
+    let mut d = PromptLookup::default();
+    let sp = Speculation {
+        drafter: &mut d,
+        max_draft: 4,
+        sizer: None,
+    };
+    let g = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        &prompt,
+        &params,
+        sp,
+        |_| {},
+    )
+    .unwrap();
+    assert!(g.out.token_ids.is_empty());
+}
