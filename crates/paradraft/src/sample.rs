@@ -61,6 +61,12 @@ pub struct Dist {
 
 impl Dist {
     pub fn prob(&self, t: TokenId) -> f32 {
+        // Full-vocabulary distributions are stored in id order: a direct hit.
+        if let Some(&(id, p)) = self.entries.get(t.idx()) {
+            if id == t {
+                return p;
+            }
+        }
         self.entries
             .iter()
             .find(|(id, _)| *id == t)

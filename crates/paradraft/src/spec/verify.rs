@@ -83,21 +83,21 @@ fn finish(tree: &DraftTree, accepted: Vec<NodeId>, bonus: TokenId) -> Outcome {
     }
 }
 
-/// Draws from unnormalised non-negative weights.
-fn draw_weighted(entries: &[(TokenId, f32)], u: f32) -> TokenId {
-    let total: f32 = entries.iter().map(|e| e.1).sum();
+/// Draws from unnormalised non-negative weights (two passes over them).
+fn draw_weighted(entries: impl Iterator<Item = (TokenId, f32)> + Clone, u: f32) -> TokenId {
+    let total: f32 = entries.clone().map(|e| e.1).sum();
     let mut acc = 0.0;
-    for &(t, w) in entries {
+    let mut last = None;
+    for (t, w) in entries {
+        if w > 0.0 {
+            last = Some(t);
+        }
         acc += w;
         if u * total < acc {
             return t;
         }
     }
-    entries
-        .iter()
-        .rev()
-        .find(|e| e.1 > 0.0)
-        .map_or(entries[0].0, |e| e.0)
+    last.unwrap_or(TokenId(0))
 }
 
 /// Sampling rules over per-row target logits.
@@ -128,26 +128,30 @@ pub fn verify_sample<'a>(
             let residual = residual(&p, q);
             let u = sampler.uniform();
             let bonus = if residual.iter().any(|e| e.1 > 0.0) {
-                draw_weighted(&residual, u)
+                draw_weighted(residual.iter().copied(), u)
             } else {
                 sampler.draw(&p)
             };
             return finish(tree, accepted, bonus);
         }
-        // One-hot proposals: recursive rejection over the siblings.
-        let mut r = p.entries.clone();
+        // One-hot proposals: recursive rejection over the siblings. The residual r is p with
+        // the rejected tokens removed; it is kept implicitly (the removed tokens and their mass).
+        let sum_p: f32 = p.entries.iter().map(|e| e.1).sum();
+        let (mut removed, mut removed_mass) = (Vec::new(), 0f32);
         let mut next = None;
         for &c in &children {
             let x = tree.token(c);
-            let total: f32 = r.iter().map(|e| e.1).sum();
-            let Some(e) = r.iter_mut().find(|e| e.0 == x) else {
-                continue;
-            };
-            if total > 0.0 && sampler.uniform() < e.1 / total {
+            let px = p.prob(x);
+            if px <= 0.0 {
+                continue; // outside p's support: rejected, r unchanged
+            }
+            let total = sum_p - removed_mass;
+            if total > 0.0 && sampler.uniform() < px / total {
                 next = Some(c);
                 break;
             }
-            e.1 = 0.0;
+            removed.push(x);
+            removed_mass += px;
         }
         match next {
             Some(c) => {
@@ -156,7 +160,11 @@ pub fn verify_sample<'a>(
             }
             None => {
                 let u = sampler.uniform();
-                return finish(tree, accepted, draw_weighted(&r, u));
+                let r = p
+                    .entries
+                    .iter()
+                    .map(|&(t, w)| (t, if removed.contains(&t) { 0.0 } else { w }));
+                return finish(tree, accepted, draw_weighted(r, u));
             }
         }
     }
