@@ -460,7 +460,7 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => paradraft::fetch::default_model_path(),
     };
-    let threads = rayon_threads();
+    let threads = paradraft::runtime::current_threads();
     let p = paradraft::bench::KernelBenchParams {
         repeats: a.repeats,
         context: a.context,
@@ -600,10 +600,6 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         a.out.display()
     );
     Ok(())
-}
-
-fn rayon_threads() -> usize {
-    paradraft::runtime::current_threads()
 }
 
 fn main() {

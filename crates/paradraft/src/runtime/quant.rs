@@ -282,15 +282,6 @@ impl Matrix {
             }
         });
     }
-
-    /// Quantizes `x` and multiplies (for one-off calls; the model reuses its [`QActs`]).
-    pub fn matmul_f32(&self, x: &[f32], out: &mut [f32]) {
-        let mut qa = QActs::default();
-        if self.wants_qacts() {
-            qa.quantize(x, self.cols);
-        }
-        self.matmul(x, &qa, out);
-    }
 }
 
 multiversion! {
@@ -373,7 +364,7 @@ mod tests {
             .collect();
         let mat = Matrix::from_f32(m, k, w.clone());
         let mut out = vec![0f32; n * m];
-        mat.matmul_f32(&x, &mut out);
+        mat.matmul(&x, &QActs::default(), &mut out);
         for t in 0..n {
             for r in 0..m {
                 let want: f32 = (0..k).map(|i| w[r * k + i] * x[t * k + i]).sum();

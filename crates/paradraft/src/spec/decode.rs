@@ -103,6 +103,13 @@ pub fn speculative_generate(
         },
     )?;
     let mut hidden = Vec::new();
+    // Every verification forward: all rows, argmaxes (greedy) or full rows (sampling), the taps.
+    let logits = if greedy { Logits::Argmax } else { Logits::Full };
+    let verify_spec = OutputSpec {
+        rows: Rows::All,
+        logits,
+        taps,
+    };
 
     let t1 = Instant::now();
     let mut committed = prompt.to_vec();
@@ -132,12 +139,6 @@ pub fn speculative_generate(
         let lin = tree.linearise(root, base);
         st.tree_ms = t.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
-        let logits = if greedy { Logits::Argmax } else { Logits::Full };
-        let spec = OutputSpec {
-            rows: Rows::All,
-            logits,
-            taps: taps.clone(),
-        };
         let out = model.forward(
             kv,
             &Batch {
@@ -145,7 +146,7 @@ pub fn speculative_generate(
                 positions: &lin.positions,
                 mask: Some(&lin.mask),
             },
-            &spec,
+            &verify_spec,
             &mut s,
         )?;
         let outcome: Outcome = if greedy {

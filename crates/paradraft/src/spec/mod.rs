@@ -24,12 +24,6 @@ pub struct Hidden<'a> {
     pub rows: &'a [f32],
 }
 
-impl Hidden<'_> {
-    pub fn positions(&self) -> usize {
-        self.rows.len().checked_div(self.width).unwrap_or(0)
-    }
-}
-
 /// A drafter's lifecycle: `begin` once per request, then per round `propose` a tree that
 /// continues the committed tokens and `observe` what the target accepted.
 pub trait Drafter {

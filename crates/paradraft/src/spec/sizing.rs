@@ -94,9 +94,8 @@ pub struct Sizer {
     /// Per depth (1-based index d-1): drafts tried at depth d with depth d-1 accepted, and accepted.
     tried: Vec<f64>,
     accepted: Vec<f64>,
-    /// Drafting ms per proposed node (exponential moving average) and per round.
+    /// Drafting ms per proposed node (exponential moving average).
     draft_ms_per_node: f64,
-    draft_ms_fixed: f64,
     /// Forgetting factor for the statistics (1 = never forget).
     decay: f64,
 }
@@ -108,7 +107,6 @@ impl Sizer {
             tried: vec![],
             accepted: vec![],
             draft_ms_per_node: 0.0,
-            draft_ms_fixed: 0.0,
             decay: 0.98,
         }
     }
@@ -136,11 +134,7 @@ impl Sizer {
     /// The draft size in 0..=max with the best expected tokens per ms.
     pub fn choose(&self, max: usize) -> usize {
         let score = |n: usize| {
-            let draft = if n == 0 {
-                0.0
-            } else {
-                self.draft_ms_fixed + self.draft_ms_per_node * n as f64
-            };
+            let draft = self.draft_ms_per_node * n as f64;
             self.expected_tokens(n) / (self.curve.ms(n + 1) + draft)
         };
         (0..=max)
@@ -172,10 +166,8 @@ impl Sizer {
             }
         }
         if drafted_nodes > 0 {
-            // Split draft time into a per-round part and a per-node part, crudely: a quarter fixed.
             let per = draft_ms / drafted_nodes as f64;
-            self.draft_ms_per_node = 0.8 * self.draft_ms_per_node + 0.2 * per * 0.75;
-            self.draft_ms_fixed = 0.8 * self.draft_ms_fixed + 0.2 * draft_ms * 0.25;
+            self.draft_ms_per_node = 0.8 * self.draft_ms_per_node + 0.2 * per;
         }
     }
 }

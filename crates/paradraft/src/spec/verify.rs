@@ -201,24 +201,23 @@ mod tests {
         assert_eq!(o.bonus, TokenId(3));
     }
 
-    /// Distribution of the first committed token under one-hot tree rejection equals p.
-    #[test]
-    fn one_hot_rejection_preserves_p() {
-        let logits = [1.0f32, 0.5, 0.0, -0.5, 2.0];
+    const LOGITS: [f32; 5] = [1.0, 0.5, 0.0, -0.5, 2.0];
+
+    /// Asserts that the first committed token of `verify_sample` over trees from `tree` is
+    /// distributed as the sampler's p for [`LOGITS`] (200 000 draws, ±0.005 per token).
+    fn assert_first_token_follows_p(seed: u64, mut tree: impl FnMut(&mut Sampler) -> DraftTree) {
         let mut s = Sampler::new(SamplingParams {
             temperature: 1.0,
-            seed: 3,
+            seed,
             ..Default::default()
         })
         .unwrap();
-        let p = s.dist(&logits);
-        let mut t = DraftTree::new();
-        t.push(None, TokenId(2), None).unwrap();
-        t.push(None, TokenId(0), None).unwrap();
+        let p = s.dist(&LOGITS);
         let n = 200_000;
         let mut counts = [0usize; 5];
         for _ in 0..n {
-            let o = verify_sample(&t, |_| &logits[..], &mut s);
+            let t = tree(&mut s);
+            let o = verify_sample(&t, |_| &LOGITS[..], &mut s);
             counts[o.committed().next().unwrap().idx()] += 1;
         }
         for (i, c) in counts.iter().enumerate() {
@@ -230,35 +229,25 @@ mod tests {
         }
     }
 
+    /// One-hot tree rejection over two siblings.
+    #[test]
+    fn one_hot_rejection_preserves_p() {
+        let mut t = DraftTree::new();
+        t.push(None, TokenId(2), None).unwrap();
+        t.push(None, TokenId(0), None).unwrap();
+        assert_first_token_follows_p(3, |_| t.clone());
+    }
+
     /// With a known q on a chain, accept-with-min(1, p/q) plus the residual gives p.
     #[test]
     fn speculative_sampling_with_q_preserves_p() {
-        let logits = [1.0f32, 0.5, 0.0, -0.5, 2.0];
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            seed: 5,
-            ..Default::default()
-        })
-        .unwrap();
-        let p = s.dist(&logits);
         let q = Dist {
             entries: vec![(TokenId(1), 0.6), (TokenId(3), 0.3), (TokenId(4), 0.1)],
         };
-        let n = 200_000;
-        let mut counts = [0usize; 5];
-        for _ in 0..n {
-            let x = s.draw(&q);
+        assert_first_token_follows_p(5, |s| {
             let mut t = DraftTree::new();
-            t.push(None, x, Some(q.clone())).unwrap();
-            let o = verify_sample(&t, |_| &logits[..], &mut s);
-            counts[o.committed().next().unwrap().idx()] += 1;
-        }
-        for (i, c) in counts.iter().enumerate() {
-            let want = p.prob(TokenId(i as u32)) as f64;
-            assert!(
-                (*c as f64 / n as f64 - want).abs() < 0.005,
-                "{i}: {c} vs {want}"
-            );
-        }
+            t.push(None, s.draw(&q), Some(q.clone())).unwrap();
+            t
+        });
     }
 }
