@@ -9,7 +9,7 @@
 //! worker read the job pointer, and the job cannot end before the claimed task reports done, so
 //! the pointer is live while the task runs.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
@@ -26,6 +26,8 @@ struct Shared {
     job: AtomicPtr<()>,
     done: AtomicUsize,
     sleeping: AtomicUsize,
+    /// A task of the current job panicked.
+    panicked: AtomicBool,
 }
 
 pub struct Pool {
@@ -58,8 +60,14 @@ impl Shared {
                 .is_ok()
             {
                 // SAFETY: the CAS succeeded in epoch `e`, so `job` and `n` belong to this epoch,
-                // and the publisher waits for this task's `done` before the job goes away.
-                unsafe { (*job)(i) };
+                // and the publisher waits for this task's `done` before the job goes away. A
+                // panicking task still counts as done (and is reported by `run`), so the job
+                // never goes away under a running task.
+                let ok =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*job)(i) }));
+                if ok.is_err() {
+                    self.panicked.store(true, Release);
+                }
                 self.done.fetch_add(1, Release);
                 ran += 1;
             }
@@ -102,6 +110,7 @@ impl Pool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             done: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
         });
         let workers = (1..threads.max(1))
             .map(|i| {
@@ -137,6 +146,7 @@ impl Pool {
         s.job.store(&job as *const Job as *mut (), Release);
         s.n_tasks.store(n, Release);
         s.done.store(0, Release);
+        s.panicked.store(false, Release);
         let e = epoch(s.state.load(Acquire)) + 1;
         s.state.store(e << 32, SeqCst);
         if s.sleeping.load(SeqCst) > 0 {
@@ -147,6 +157,9 @@ impl Pool {
         s.work(e);
         while s.done.load(Acquire) < n {
             std::hint::spin_loop();
+        }
+        if s.panicked.load(Acquire) {
+            panic!("a parallel task panicked");
         }
     }
 }
@@ -195,6 +208,33 @@ mod tests {
             }
             assert!(hits.iter().all(|h| h.load(Relaxed) == 50));
         }
+    }
+
+    #[test]
+    fn a_panicking_task_is_reported_after_all_tasks_finish() {
+        let p = Pool::new(2);
+        let finished = AtomicUsize::new(0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.run(16, &|i| {
+                if i == 3 {
+                    panic!("task 3");
+                }
+                std::thread::sleep(Duration::from_micros(200));
+                finished.fetch_add(1, Relaxed);
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(
+            finished.load(Relaxed),
+            15,
+            "the other tasks ran to completion first"
+        );
+        // The pool still works afterwards.
+        let sum = AtomicUsize::new(0);
+        p.run(8, &|i| {
+            sum.fetch_add(i, Relaxed);
+        });
+        assert_eq!(sum.load(Relaxed), 28);
     }
 
     #[test]
