@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use paradraft::drafters::dflash::{Dflash, DflashModel, DraftSampling};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::pld::PromptLookup;
 use paradraft::drafters::NoDraft;
@@ -14,6 +15,8 @@ use paradraft::types::{Pos, TokenId};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
+
+mod train;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +41,9 @@ enum Cmd {
     BenchKernels(BenchKernelsArgs),
     /// Speculative methods side by side with AR on benchmark prompt sets.
     Bench(BenchArgs),
+    /// Train a drafter for the target.
+    #[command(subcommand)]
+    Train(train::TrainCmd),
 }
 
 #[derive(Args)]
@@ -92,7 +98,7 @@ struct BenchKernelsArgs {
 }
 
 #[derive(Args)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -167,6 +173,18 @@ enum Method {
     #[value(name = "draft-model")]
     #[serde(alias = "draft-model")]
     DraftModel,
+    /// DFlash block-diffusion drafter (the committed SmolLM2 drafter unless --draft-model);
+    /// at temperature > 0 it drafts greedily (one-hot q).
+    Dflash,
+    /// DFlash drafting by sampling each slot from the drafter's distribution (q known).
+    #[value(name = "dflash-sample")]
+    #[serde(alias = "dflash-sample")]
+    DflashSample,
+}
+
+/// The DFlash drafter trained for SmolLM2-135M-Instruct that ships with the repository.
+fn default_dflash_drafter() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dflash")
 }
 
 #[derive(Args, Clone, Debug)]
@@ -179,9 +197,12 @@ struct SpecArgs {
     /// Draft with the target's first N layers (self-speculative) for --drafter draft-model.
     #[arg(long)]
     draft_layers: Option<usize>,
-    /// Most draft tokens per round.
+    /// Most draft tokens per round (DFlash: block size − 1 unless --block-size is given).
     #[arg(long, default_value_t = 8)]
     num_speculative_tokens: usize,
+    /// DFlash block size at run time (default: the size it was trained with).
+    #[arg(long)]
+    block_size: Option<usize>,
     #[arg(long, default_value_t = 1)]
     prompt_lookup_min: usize,
     #[arg(long, default_value_t = 3)]
@@ -203,6 +224,7 @@ struct SpecArgs {
 struct SpecConfig {
     method: Method,
     num_speculative_tokens: Option<usize>,
+    block_size: Option<usize>,
     model: Option<PathBuf>,
     draft_layers: Option<usize>,
     prompt_lookup_min: Option<usize>,
@@ -224,32 +246,49 @@ impl SpecArgs {
                 .unwrap_or(self.num_speculative_tokens),
             prompt_lookup_min: c.prompt_lookup_min.unwrap_or(self.prompt_lookup_min),
             prompt_lookup_max: c.prompt_lookup_max.unwrap_or(self.prompt_lookup_max),
+            block_size: c.block_size.or(self.block_size),
             fixed_draft: self.fixed_draft,
             speculative_config: None,
         })
     }
 
-    fn drafter(
+    /// The drafter and the most nodes it may propose per round.
+    fn drafter<'a>(
         &self,
         target_path: &std::path::Path,
-        lm: &model::Loaded,
+        lm: &'a model::Loaded,
         ctx: usize,
         sampling: SamplingParams,
-    ) -> Result<Option<Box<dyn Drafter>>> {
+    ) -> Result<Option<(Box<dyn Drafter + 'a>, usize)>> {
         if self.num_speculative_tokens == 0 {
             bail!("num_speculative_tokens must be at least 1");
         }
+        let k = self.num_speculative_tokens;
         Ok(match self.drafter {
             Method::None => None,
+            Method::Dflash | Method::DflashSample => {
+                let dir = self.draft_model.clone().unwrap_or_else(default_dflash_drafter);
+                let m = DflashModel::load(&dir)
+                    .with_context(|| format!("loading DFlash drafter {}", dir.display()))?;
+                let mut d = Dflash::new(m, &lm.model, ctx, self.block_size, sampling)?;
+                if self.drafter == Method::DflashSample {
+                    d.draft_sampling = DraftSampling::Sample;
+                }
+                let max = d.block_size - 1;
+                Some((Box::new(d), max))
+            }
             Method::Pld => {
                 if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
                     bail!("prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max");
                 }
-                Some(Box::new(PromptLookup {
-                    min_ngram: self.prompt_lookup_min,
-                    max_ngram: self.prompt_lookup_max,
-                    draft_len: self.num_speculative_tokens,
-                }))
+                Some((
+                    Box::new(PromptLookup {
+                        min_ngram: self.prompt_lookup_min,
+                        max_ngram: self.prompt_lookup_max,
+                        draft_len: k,
+                    }),
+                    k,
+                ))
             }
             Method::DraftModel => {
                 let draft = match (&self.draft_model, self.draft_layers) {
@@ -261,13 +300,10 @@ impl SpecArgs {
                     }
                 };
                 let vocab = lm.model.config.vocab_size;
-                Some(Box::new(DraftModel::new(
-                    draft.model,
-                    vocab,
-                    ctx,
-                    self.num_speculative_tokens,
-                    sampling,
-                )?))
+                Some((
+                    Box::new(DraftModel::new(draft.model, vocab, ctx, k, sampling)?),
+                    k,
+                ))
             }
         })
     }
@@ -291,7 +327,7 @@ struct LogitsArgs {
     json: bool,
 }
 
-fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
+pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
     let threads = m
         .threads
         .unwrap_or_else(paradraft::runtime::default_threads);
@@ -356,7 +392,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
                 String::new(),
             )
         }
-        Some(mut d) => {
+        Some((mut d, max_draft)) => {
             let mut sizer = if spec.fixed_draft {
                 None
             } else {
@@ -364,7 +400,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             };
             let sp = Speculation {
                 drafter: d.as_mut(),
-                max_draft: spec.num_speculative_tokens,
+                max_draft,
                 sizer: sizer.as_mut(),
             };
             let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
@@ -542,7 +578,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             drafter: m,
             ..a.spec.resolved()?
         };
-        let d = spec
+        let (d, max_draft) = spec
             .drafter(&target_path, &lm, ctx, sampling)?
             .context("a speculative method needs a drafter")?;
         let name = match m {
@@ -557,12 +593,14 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
                 (None, Some(n)) => format!("self-draft-{n}L"),
                 _ => "draft-model".into(),
             },
+            Method::Dflash => "dflash".into(),
+            Method::DflashSample => "dflash-sample".into(),
             Method::None => unreachable!(),
         };
         methods.push(harness::Method {
             name,
             drafter: d,
-            max_draft: spec.num_speculative_tokens,
+            max_draft,
             curve: curve.clone(),
         });
     }
@@ -612,6 +650,7 @@ fn main() {
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::BenchKernels(a) => cmd_bench_kernels(a),
         Cmd::Bench(a) => cmd_bench(a),
+        Cmd::Train(c) => train::run(c),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

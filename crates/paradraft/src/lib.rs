@@ -14,6 +14,7 @@ pub mod model;
 pub mod runtime;
 pub mod sample;
 pub mod spec;
+pub mod train;
 pub mod types;
 
 pub use error::{Error, Result};

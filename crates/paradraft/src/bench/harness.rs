@@ -12,9 +12,9 @@ use crate::spec::{speculative_generate, Drafter, RoundStats, SpecGeneration, Spe
 use serde::Serialize;
 
 /// One method under test. The AR baseline is [`crate::drafters::NoDraft`] through the same loop.
-pub struct Method {
+pub struct Method<'a> {
     pub name: String,
-    pub drafter: Box<dyn Drafter>,
+    pub drafter: Box<dyn Drafter + 'a>,
     pub max_draft: usize,
     /// Adaptive draft sizing from this cost curve (None: always `max_draft`).
     pub curve: Option<CostCurve>,
@@ -50,7 +50,7 @@ pub struct Run {
 pub fn run_bench(
     lm: &Loaded,
     datasets: &[(Dataset, Vec<Item>)],
-    methods: &mut [Method],
+    methods: &mut [Method<'_>],
     p: &BenchParams,
     mut on_run: impl FnMut(&Run),
 ) -> Result<Vec<Run>> {

@@ -1,6 +1,7 @@
 //! Drafters, one module per method. Baselines: prompt lookup ([`pld`]) and replayed trees
 //! ([`replay`], for tests).
 
+pub mod dflash;
 pub mod draft_model;
 pub mod pld;
 pub mod replay;

@@ -142,6 +142,27 @@ impl Model {
         Ok(self)
     }
 
+    /// Writes the input embedding of `id` into `dst` (length `hidden_size`).
+    pub fn embed_row(&self, id: usize, dst: &mut [f32]) {
+        self.embed.row_into(id, dst);
+    }
+
+    /// The output layer (the embedding when tied): drafters that share the target's LM head
+    /// (DFlash, DART) score with it.
+    pub fn output_head(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Weights of the final RMSNorm before the output layer.
+    pub fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
+    /// The input embedding matrix.
+    pub fn embedding(&self) -> &Matrix {
+        &self.embed
+    }
+
     /// Chooses f32 activations for quantized matmuls (slower; the reference for the int8 path).
     pub fn set_exact(&mut self, exact: bool) {
         self.exact = exact;

@@ -130,6 +130,25 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
         reason,
     };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let config = hf_config(&v, &cp)?;
+    let src = SafetensorsSource::open(dir)?;
+    let config = Config {
+        tie_embeddings: config.tie_embeddings || !src.has("output.weight"),
+        ..config
+    };
+    let tokenizer = Tokenizer::from_hf_dir(dir, &v)?;
+    let model = Model::from_source(config, &src)?;
+    Ok(Loaded { model, tokenizer })
+}
+
+/// A model configuration from an HF `config.json` (Llama, Qwen2 and Qwen3 keys; DFlash
+/// drafters use the Qwen3 ones). `path` is named in errors.
+pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
+    let bad = |reason: String| Error::BadModelFile {
+        path: path.to_path_buf(),
+        format: "config.json",
+        reason,
+    };
     let model_type = v["model_type"].as_str().unwrap_or("");
     let arch = match model_type {
         "llama" | "mistral" => Arch::Llama,
@@ -185,7 +204,7 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
             other => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
         }
     };
-    let config = Config {
+    Ok(Config {
         arch,
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
@@ -206,13 +225,5 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
         rope_style: RopeStyle::Half,
         max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
         tie_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
-    };
-    let src = SafetensorsSource::open(dir)?;
-    let config = Config {
-        tie_embeddings: config.tie_embeddings || !src.has("output.weight"),
-        ..config
-    };
-    let tokenizer = Tokenizer::from_hf_dir(dir, &v)?;
-    let model = Model::from_source(config, &src)?;
-    Ok(Loaded { model, tokenizer })
+    })
 }

@@ -90,6 +90,8 @@ pub struct SafetensorsSource {
     dir: PathBuf,
     maps: Vec<Mmap>,
     entries: HashMap<String, StEntry>,
+    /// Integer tensors: (file, is I64, start, end).
+    ints: HashMap<String, (usize, bool, usize, usize)>,
 }
 
 impl SafetensorsSource {
@@ -137,6 +139,7 @@ impl SafetensorsSource {
         }
         let mut maps = Vec::new();
         let mut entries = HashMap::new();
+        let mut ints = HashMap::new();
         for (fi, path) in files.iter().enumerate() {
             let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
             // SAFETY: read-only map of a file we do not modify.
@@ -150,21 +153,28 @@ impl SafetensorsSource {
                 .map_err(|e| bad(format!("{e:?}")))?;
             let base = 8 + hlen;
             for (name, info) in meta.tensors() {
+                let (s, e) = info.data_offsets;
+                if base + e > map.len() {
+                    return Err(bad(format!("tensor {name} ends past the end of the file")));
+                }
+                if matches!(info.dtype, safetensors::Dtype::I64 | safetensors::Dtype::I32) {
+                    ints.insert(
+                        name.clone(),
+                        (fi, info.dtype == safetensors::Dtype::I64, base + s, base + e),
+                    );
+                    continue;
+                }
                 let ty = match info.dtype {
                     safetensors::Dtype::F32 => GgmlType::F32,
                     safetensors::Dtype::F16 => GgmlType::F16,
                     safetensors::Dtype::BF16 => GgmlType::BF16,
                     d => {
                         return Err(Error::Unsupported(format!(
-                            "tensor {name} in {} has dtype {d:?} (supported: F32, F16, BF16)",
+                            "tensor {name} in {} has dtype {d:?} (supported: F32, F16, BF16, I32, I64)",
                             path.display()
                         )))
                     }
                 };
-                let (s, e) = info.data_offsets;
-                if base + e > map.len() {
-                    return Err(bad(format!("tensor {name} ends past the end of the file")));
-                }
                 entries.insert(
                     name.clone(),
                     StEntry {
@@ -182,6 +192,22 @@ impl SafetensorsSource {
             dir: dir.to_path_buf(),
             maps,
             entries,
+            ints,
+        })
+    }
+
+    /// An integer tensor (I32 or I64), flattened, by its exact name.
+    pub fn int_tensor(&self, name: &str) -> Option<Vec<i64>> {
+        let &(f, wide, s, e) = self.ints.get(name)?;
+        let b = &self.maps[f][s..e];
+        Some(if wide {
+            b.chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        } else {
+            b.chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect()
         })
     }
 

@@ -178,6 +178,46 @@ impl Packed {
         }
     }
 
+    /// A matrix of the given rows of this one, in that order, bit for bit (a reduced output
+    /// vocabulary).
+    pub fn select_rows(&self, rows: &[usize]) -> Packed {
+        let nb = self.cols / QK;
+        let cb = Self::chunk_bytes(self.ty);
+        let groups = rows.len().div_ceil(GROUP);
+        let per_row = |empty: bool| if empty { 0 } else { groups * nb * GROUP };
+        let mut out = Packed {
+            ty: self.ty,
+            rows: rows.len(),
+            cols: self.cols,
+            q: vec![0u8; groups * nb * cb],
+            d: vec![f16::ZERO; per_row(self.d.is_empty())],
+            m: vec![f16::ZERO; per_row(self.m.is_empty())],
+            wsum: vec![0i16; per_row(self.wsum.is_empty())],
+        };
+        for (nr, &r) in rows.iter().enumerate() {
+            assert!(r < self.rows, "row {r} out of range");
+            let (g, lane) = (r / GROUP, r % GROUP);
+            let (ng, nlane) = (nr / GROUP, nr % GROUP);
+            for b in 0..nb {
+                let (gb, ngb) = (g * nb + b, ng * nb + b);
+                for i in 0..cb / 64 {
+                    let s = gb * cb + i * 64 + lane * 4;
+                    let t = ngb * cb + i * 64 + nlane * 4;
+                    out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
+                }
+                let (s, t) = (gb * GROUP + lane, ngb * GROUP + nlane);
+                out.d[t] = self.d[s];
+                if !self.m.is_empty() {
+                    out.m[t] = self.m[s];
+                }
+                if !self.wsum.is_empty() {
+                    out.wsum[t] = self.wsum[s];
+                }
+            }
+        }
+        out
+    }
+
     /// Dequantises row `r` (exactly the values the kernels multiply with).
     pub fn row_into(&self, r: usize, dst: &mut [f32]) {
         let nb = self.cols / QK;

@@ -176,6 +176,23 @@ impl Matrix {
         }
     }
 
+    /// The given rows, in that order, in the same type (bit-exact).
+    pub fn select_rows(&self, rows: &[usize]) -> Matrix {
+        let data = match &self.data {
+            MatrixData::F32(v) => MatrixData::F32(
+                rows.iter()
+                    .flat_map(|&r| v[r * self.cols..(r + 1) * self.cols].iter().copied())
+                    .collect(),
+            ),
+            MatrixData::Quant(p) => MatrixData::Quant(p.select_rows(rows)),
+        };
+        Matrix {
+            rows: rows.len(),
+            cols: self.cols,
+            data,
+        }
+    }
+
     /// Whether [`Matrix::matmul`] wants int8 activations ([`QActs`]) rather than f32.
     pub fn wants_qacts(&self) -> bool {
         matches!(self.data, MatrixData::Quant(_))
@@ -369,6 +386,47 @@ mod tests {
             for r in 0..m {
                 let want: f32 = (0..k).map(|i| w[r * k + i] * x[t * k + i]).sum();
                 assert!((out[t * m + r] - want).abs() < 1e-4);
+            }
+        }
+    }
+
+    #[test]
+    fn select_rows_is_bit_exact_for_every_type() {
+        let (rows, cols) = (40, 64);
+        let pick = [39, 0, 17, 16, 5, 33];
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32] {
+            let bytes: Vec<u8> = (0..rows * ty.row_bytes(cols))
+                // Bytes below 60 keep every f16 scale and f32 value finite and small.
+                .map(|i| ((i * 131 + 7) % 251 % 60) as u8)
+                .collect();
+            let full = Matrix::from_bytes(ty, rows, cols, &bytes);
+            let sub = full.select_rows(&pick);
+            assert_eq!(sub.rows, pick.len());
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for (i, &r) in pick.iter().enumerate() {
+                full.row_into(r, &mut a);
+                sub.row_into(i, &mut b);
+                assert_eq!(
+                    a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{ty:?} row {r}"
+                );
+            }
+            // And the kernels agree: the subset's products are the full matrix's rows.
+            let x: Vec<f32> = (0..2 * cols).map(|i| ((i % 9) as f32 - 4.0) * 0.25).collect();
+            let mut qa = QActs::default();
+            if full.wants_qacts() {
+                qa.quantize(&x, cols);
+            }
+            let mut of = vec![0f32; 2 * rows];
+            let mut os = vec![0f32; 2 * pick.len()];
+            full.matmul(&x, &qa, &mut of);
+            sub.matmul(&x, &qa, &mut os);
+            for t in 0..2 {
+                for (i, &r) in pick.iter().enumerate() {
+                    let (u, v) = (of[t * rows + r], os[t * pick.len() + i]);
+                    assert!((u - v).abs() <= 1e-5 * u.abs().max(1.0), "{ty:?} {u} vs {v}");
+                }
             }
         }
     }

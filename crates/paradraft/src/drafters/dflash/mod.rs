@@ -1,0 +1,201 @@
+//! DFlash (Chen et al., "DFlash: Block Diffusion for Flash Speculative Decoding"): a few-layer
+//! block-diffusion drafter conditioned on the target's hidden states.
+//!
+//! - §3.1 architecture, §3.2 KV injection → [`model`]: fused taps become each draft layer's
+//!   context K/V, kept across rounds; the block [bonus, MASK × (B − 1)] attends non-causally
+//!   over [context ⧺ block]; slot k predicts position s + k.
+//! - §3.2 one round → [`Dflash`] (this file): one draft pass proposes a chain of B − 1 tokens,
+//!   which the core verifies in one target pass.
+//! - §3.3 training → `crate::train::dflash`.
+//!
+//! The embedding and LM head are the target's, frozen and shared. The mask slots use a frozen
+//! target embedding row (`dflash_config.mask_token_id`), as the published Qwen3 drafters do.
+
+pub mod config;
+pub mod model;
+
+pub use config::{default_target_layers, DflashConfig};
+pub use model::DflashModel;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::Model;
+use crate::runtime::qmatmul::QActs;
+use crate::runtime::quant::Matrix;
+use crate::sample::{Dist, Sampler, SamplingParams};
+use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::types::{Pos, TokenId};
+
+/// How drafts are chosen at temperature > 0 (both are lossless; they differ in acceptance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftSampling {
+    /// Argmax of each slot (one-hot q, the reference code's choice).
+    Greedy,
+    /// Each slot sampled from its own distribution, which is attached as q.
+    Sample,
+}
+
+/// A DFlash drafter bound to its target (whose embedding and LM head it uses).
+pub struct Dflash<'t> {
+    model: DflashModel,
+    target: &'t Model,
+    /// The reduced-vocabulary head, when the drafter has one.
+    head: Option<Matrix>,
+    kv: KvCache,
+    s: model::Scratch,
+    /// Block size used at run time (≤ any value; the trained one is typical).
+    pub block_size: usize,
+    sampler: Sampler,
+    pub draft_sampling: DraftSampling,
+    x: Vec<f32>,
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+    qa: QActs,
+    positions: Vec<Pos>,
+}
+
+impl<'t> Dflash<'t> {
+    /// `ctx`: the target's KV capacity. `sampling`: the target's sampler settings.
+    pub fn new(
+        model: DflashModel,
+        target: &'t Model,
+        ctx: usize,
+        block_size: Option<usize>,
+        sampling: SamplingParams,
+    ) -> Result<Self> {
+        model.config.check_target(&target.config)?;
+        let block_size = block_size.unwrap_or(model.config.block_size);
+        if block_size < 2 {
+            return Err(Error::BadRequest(format!(
+                "DFlash block size {block_size} must be at least 2"
+            )));
+        }
+        let head = model
+            .draft_to_target
+            .as_ref()
+            .map(|ids| {
+                let rows: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+                target.output_head().select_rows(&rows)
+            });
+        let kv = model.new_kv(ctx + block_size);
+        Ok(Dflash {
+            model,
+            target,
+            head,
+            kv,
+            s: model::Scratch::default(),
+            block_size,
+            sampler: Sampler::new(SamplingParams {
+                seed: sampling.seed ^ 0xdf1a_5400,
+                ..sampling
+            })?,
+            draft_sampling: DraftSampling::Greedy,
+            x: vec![],
+            hidden: vec![],
+            logits: vec![],
+            qa: QActs::default(),
+            positions: vec![],
+        })
+    }
+
+    pub fn config(&self) -> &DflashConfig {
+        &self.model.config
+    }
+
+    fn add_context(&mut self, hidden: Hidden) -> Result<()> {
+        let n = hidden.rows.len() / hidden.width.max(1);
+        let p0 = self.kv.len() as u32;
+        self.positions.clear();
+        self.positions.extend((0..n as u32).map(|i| Pos(p0 + i)));
+        self.model
+            .add_context(&mut self.kv, hidden.rows, &self.positions, &mut self.s)
+    }
+
+    fn target_id(&self, draft_id: usize) -> TokenId {
+        match &self.model.draft_to_target {
+            Some(ids) => TokenId(ids[draft_id]),
+            None => TokenId(draft_id as u32),
+        }
+    }
+}
+
+impl Drafter for Dflash<'_> {
+    fn name(&self) -> &str {
+        "dflash"
+    }
+
+    fn taps(&self) -> &[usize] {
+        &self.model.config.target_layer_ids
+    }
+
+    fn begin(&mut self, _prompt: &[TokenId], hidden: Hidden) -> Result<()> {
+        self.kv.clear();
+        self.add_context(hidden)
+    }
+
+    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
+        let s = committed.len() - 1; // the root (bonus token) sits at position s
+        if self.kv.len() != s {
+            return Err(Error::BadRequest(format!(
+                "DFlash context holds {} positions but the root is at {s}",
+                self.kv.len()
+            )));
+        }
+        let room = self.kv.capacity().saturating_sub(s);
+        let b = self.block_size.min(max_nodes + 1).min(room);
+        if b < 2 {
+            return Ok(DraftTree::new());
+        }
+        let h = self.target.config.hidden_size;
+        // Block input: [root, MASK × (b − 1)] embedded with the target's embedding.
+        self.x.resize(b * h, 0.0);
+        self.target.embed_row(committed[s].idx(), &mut self.x[..h]);
+        let mask = self.model.config.mask_token_id as usize;
+        self.target.embed_row(mask, &mut self.x[h..2 * h]);
+        for i in 2..b {
+            self.x.copy_within(h..2 * h, i * h);
+        }
+        self.positions.clear();
+        self.positions.extend((s..s + b).map(|p| Pos(p as u32)));
+        self.model.block_forward(
+            &mut self.kv,
+            &self.x,
+            &self.positions,
+            &mut self.s,
+            &mut self.hidden,
+        )?;
+        // Slots 1..b predict positions s+1..s+b−1 through the target's (or reduced) LM head.
+        let head = self.head.as_ref().unwrap_or(self.target.output_head());
+        let rows = &self.hidden[h..b * h];
+        let v = head.rows;
+        self.logits.resize((b - 1) * v, 0.0);
+        if head.wants_qacts() {
+            self.qa.quantize(rows, h);
+        } else {
+            self.qa.clear();
+        }
+        head.matmul(rows, &self.qa, &mut self.logits);
+        let mut tree = DraftTree::new();
+        let mut parent = None;
+        let sample = self.draft_sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
+        for i in 0..b - 1 {
+            let row = &self.logits[i * v..(i + 1) * v];
+            let (tok, q) = if sample {
+                let mut d = self.sampler.dist(row);
+                for e in d.entries.iter_mut() {
+                    e.0 = self.target_id(e.0.idx());
+                }
+                let d = Dist { entries: d.entries };
+                (self.sampler.draw(&d), Some(d))
+            } else {
+                (self.target_id(crate::runtime::ops::argmax(row).idx()), None)
+            };
+            parent = Some(tree.push(parent, tok, q)?);
+        }
+        Ok(tree)
+    }
+
+    fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
+        self.add_context(hidden)
+    }
+}

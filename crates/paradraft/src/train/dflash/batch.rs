@@ -1,0 +1,176 @@
+//! Training batches (spec §3.3): random anchors per sequence, their blocks
+//! [x_a, MASK × (B − 1)] at positions a..a+B−1, labels slot k → x_{a+k} on response tokens, and
+//! the context mask (a block sees its own sequence's features strictly before its anchor).
+
+use super::net::{Batch, CResult};
+use crate::model::Model;
+use crate::train::data::Sample;
+use crate::train::features::FeatureCache;
+use crate::types::TokenId;
+use candle_core::{Device, Tensor};
+use rand_chacha::ChaCha8Rng;
+use rand_core::RngCore;
+
+/// Maps target ids to the draft vocabulary (identity when the drafter scores all of it).
+pub struct Vocab {
+    /// Draft id of each target id, `u32::MAX` when absent.
+    t2d: Vec<u32>,
+    /// Target id of each draft id.
+    pub d2t: Vec<u32>,
+}
+
+impl Vocab {
+    pub fn full(n: usize) -> Self {
+        Vocab {
+            t2d: (0..n as u32).collect(),
+            d2t: (0..n as u32).collect(),
+        }
+    }
+
+    /// The `size` most frequent response tokens of `samples` (ties to the lower id), kept in
+    /// ascending target-id order.
+    pub fn most_frequent(samples: &[Sample], vocab: usize, size: usize) -> Self {
+        let mut count = vec![0u64; vocab];
+        for s in samples {
+            for t in &s.tokens[s.prompt_len as usize..] {
+                count[t.idx()] += 1;
+            }
+        }
+        let mut ids: Vec<u32> = (0..vocab as u32).collect();
+        ids.sort_by(|&a, &b| count[b as usize].cmp(&count[a as usize]).then(a.cmp(&b)));
+        ids.truncate(size.min(vocab));
+        ids.sort_unstable();
+        Self::from_d2t(ids, vocab)
+    }
+
+    pub fn from_d2t(d2t: Vec<u32>, vocab: usize) -> Self {
+        let mut t2d = vec![u32::MAX; vocab];
+        for (d, &t) in d2t.iter().enumerate() {
+            t2d[t as usize] = d as u32;
+        }
+        Vocab { t2d, d2t }
+    }
+
+    pub fn len(&self) -> usize {
+        self.d2t.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.d2t.is_empty()
+    }
+
+    pub fn draft_id(&self, t: TokenId) -> Option<u32> {
+        self.t2d.get(t.idx()).copied().filter(|&d| d != u32::MAX)
+    }
+
+    /// Fraction of the response tokens of `samples` inside this vocabulary.
+    pub fn coverage(&self, samples: &[Sample]) -> f64 {
+        let (mut hit, mut all) = (0usize, 0usize);
+        for s in samples {
+            for &t in &s.tokens[s.prompt_len as usize..] {
+                all += 1;
+                hit += self.draft_id(t).is_some() as usize;
+            }
+        }
+        hit as f64 / all.max(1) as f64
+    }
+}
+
+/// Anchor positions `a` with both `a` and `a + 1` inside the response (loss mask 1).
+pub fn valid_anchors(s: &Sample) -> std::ops::Range<usize> {
+    let start = s.prompt_len as usize;
+    start..s.tokens.len().saturating_sub(1).max(start)
+}
+
+/// Up to `n` distinct valid anchors, uniformly without replacement, sorted.
+pub fn sample_anchors(s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut all: Vec<usize> = valid_anchors(s).collect();
+    let k = n.min(all.len());
+    for i in 0..k {
+        let j = i + (rng.next_u64() % (all.len() - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(k);
+    all.sort_unstable();
+    all
+}
+
+/// A batch plus its labels: `label[j·(B−1) + k−1]` is the draft id slot k of block j must
+/// predict, with weight `weight[..]` (0 = no loss: outside the response, past the end, or not
+/// in the draft vocabulary).
+pub struct Labeled {
+    /// One batch per sequence (attention never crosses sequences, so none is packed).
+    pub batches: Vec<Batch>,
+    pub labels: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// Builds the batches of `items` = (sample index, its anchors).
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    target: &Model,
+    samples: &[Sample],
+    feats: &FeatureCache,
+    items: &[(usize, Vec<usize>)],
+    block: usize,
+    mask_id: TokenId,
+    vocab: &Vocab,
+    gamma: f32,
+) -> CResult<Labeled> {
+    let h = target.config.hidden_size;
+    let mut mask_row = vec![0f32; h];
+    target.embed_row(mask_id.idx(), &mut mask_row);
+    let mut row = vec![0f32; h];
+    let (mut batches, mut labels, mut weights) = (vec![], vec![], vec![]);
+    let dev = &Device::Cpu;
+    for (si, anchors) in items {
+        let s = &samples[*si];
+        let Some(&last) = anchors.last() else {
+            continue;
+        };
+        // Context: positions 0..last (the latest anchor sees those before it).
+        let mut features = Vec::with_capacity(last * feats.width);
+        feats.rows_into(*si, last, &mut features);
+        let resp = s.prompt_len as usize;
+        let mut block_x = Vec::with_capacity(anchors.len() * block * h);
+        let mut block_pos = Vec::with_capacity(anchors.len() * block);
+        let mut mask = vec![-1e9f32; anchors.len() * block * last];
+        for (j, &a) in anchors.iter().enumerate() {
+            target.embed_row(s.tokens[a].idx(), &mut row);
+            block_x.extend_from_slice(&row);
+            for k in 0..block {
+                block_pos.push((a + k) as u32);
+                mask[(j * block + k) * last..(j * block + k) * last + a].fill(0.0);
+                if k == 0 {
+                    continue;
+                }
+                block_x.extend_from_slice(&mask_row);
+                let p = a + k;
+                let d = (p < s.tokens.len() && p >= resp)
+                    .then(|| vocab.draft_id(s.tokens[p]))
+                    .flatten();
+                labels.push(d.unwrap_or(0));
+                weights.push(if d.is_some() {
+                    (-((k - 1) as f32) / gamma).exp()
+                } else {
+                    0.0
+                });
+            }
+        }
+        let n = anchors.len() * block;
+        batches.push(Batch {
+            features: Tensor::from_vec(features, (last, feats.width), dev)?,
+            ctx_pos: (0..last as u32).collect(),
+            block_x: Tensor::from_vec(block_x, (n, h), dev)?,
+            block_pos,
+            n_blocks: anchors.len(),
+            block,
+            ctx_mask: Tensor::from_vec(mask, (n, last), dev)?,
+        });
+    }
+    Ok(Labeled {
+        batches,
+        labels,
+        weights,
+    })
+}

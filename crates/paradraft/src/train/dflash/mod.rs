@@ -1,0 +1,402 @@
+//! DFlash drafter training (DFlash §4 "Training", spec §3.3): self-distilled sequences, cached
+//! target features, random anchor blocks with block-sparse attention, position-decayed
+//! cross-entropy, AdamW with cosine warm-up, gradient clipping, resumable checkpoints, a
+//! held-out acceptance evaluation and export in the published checkpoint format.
+
+pub mod batch;
+pub mod net;
+
+use crate::drafters::dflash::DflashConfig;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::train::data::Sample;
+use crate::train::features::FeatureCache;
+use crate::train::optim::{cosine_lr, AdamW};
+use crate::types::TokenId;
+use batch::{build, sample_anchors, valid_anchors, Vocab};
+use candle_core::{DType, Device, Tensor, D};
+use net::{CResult, FrozenHead, Net};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+pub(crate) fn cerr(e: candle_core::Error) -> Error {
+    Error::BadRequest(format!("training: {e}"))
+}
+
+/// Hyper-parameters (defaults: the paper's where the CPU budget allows; see the README).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainParams {
+    pub block_size: usize,
+    /// Anchors per sequence, resampled each epoch (paper: up to 512).
+    pub anchors: usize,
+    /// Sequences per optimiser step.
+    pub batch_seqs: usize,
+    pub epochs: usize,
+    /// Cap on optimiser steps (0: epochs decide).
+    pub max_steps: usize,
+    pub lr: f64,
+    pub warmup_ratio: f64,
+    pub grad_clip: f64,
+    /// Loss decay: weight exp(−(k − 1)/γ) for the k-th draft.
+    pub gamma: f32,
+    pub seed: u64,
+    /// Steps between checkpoints.
+    pub save_every: usize,
+}
+
+impl Default for TrainParams {
+    fn default() -> Self {
+        TrainParams {
+            block_size: 16,
+            anchors: 48,
+            batch_seqs: 4,
+            epochs: 3,
+            max_steps: 0,
+            lr: 6e-4,
+            warmup_ratio: 0.04,
+            grad_clip: 1.0,
+            gamma: 7.0,
+            seed: 0,
+            save_every: 50,
+        }
+    }
+}
+
+/// One line of `train_log.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LogLine {
+    pub step: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    /// Top-1 accuracy of the first draft slot in this batch.
+    pub acc1: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub secs: f64,
+    pub elapsed_s: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct State {
+    step: usize,
+    elapsed_s: f64,
+}
+
+/// Everything the loop needs besides the network.
+pub struct Data<'a> {
+    pub target: &'a Model,
+    pub samples: &'a [Sample],
+    pub features: &'a FeatureCache,
+    pub train: Vec<usize>,
+    pub vocab: &'a Vocab,
+}
+
+/// The target's head rows of the draft vocabulary, f32, frozen.
+pub fn frozen_head(target: &Model, vocab: &Vocab) -> CResult<FrozenHead> {
+    let h = target.config.hidden_size;
+    let head = target.output_head();
+    let mut w = vec![0f32; vocab.len() * h];
+    for (d, &t) in vocab.d2t.iter().enumerate() {
+        head.row_into(t as usize, &mut w[d * h..(d + 1) * h]);
+    }
+    FrozenHead::new(Tensor::from_vec(w, (vocab.len(), h), &Device::Cpu)?)
+}
+
+/// Weighted cross-entropy over labelled rows and the first-slot accuracy; `None` when the
+/// batch has no labelled row.
+pub fn loss(
+    net: &Net,
+    head: &FrozenHead,
+    lb: &batch::Labeled,
+) -> CResult<Option<(Tensor, f64)>> {
+    let Some(b) = lb.batches.first().map(|x| x.block) else {
+        return Ok(None);
+    };
+    let rows: Vec<u32> = (0..lb.labels.len() as u32)
+        .filter(|&i| lb.weights[i as usize] > 0.0)
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let hs = lb
+        .batches
+        .iter()
+        .map(|x| net.forward(x))
+        .collect::<CResult<Vec<_>>>()?;
+    let hidden = Tensor::cat(&hs, 0)?;
+    // Row i of the labels is slot (i mod (B−1)) + 1 of block i / (B−1).
+    let slot = |i: u32| {
+        let (j, k) = (i as usize / (b - 1), i as usize % (b - 1) + 1);
+        (j * b + k) as u32
+    };
+    let dev = &Device::Cpu;
+    let idx = Tensor::from_vec(rows.iter().map(|&i| slot(i)).collect::<Vec<_>>(), rows.len(), dev)?;
+    let logits = head.forward(&hidden.index_select(&idx, 0)?.contiguous()?)?;
+    let m = logits.max_keepdim(D::Minus1)?.detach();
+    let lse = (logits.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + &m)?;
+    let lab: Vec<u32> = rows.iter().map(|&i| lb.labels[i as usize]).collect();
+    let lab_t = Tensor::from_vec(lab.clone(), (rows.len(), 1), dev)?;
+    let picked = logits.gather(&lab_t, 1)?;
+    let nll = (lse - picked)?.squeeze(1)?;
+    let w: Vec<f32> = rows.iter().map(|&i| lb.weights[i as usize]).collect();
+    let wsum: f32 = w.iter().sum();
+    let wt = Tensor::from_vec(w, rows.len(), dev)?;
+    let loss = ((nll * wt)?.sum_all()? / wsum as f64)?;
+    // First-slot accuracy (a cheap progress signal).
+    let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    let (mut hit, mut n) = (0, 0);
+    for (r, &i) in rows.iter().enumerate() {
+        if i as usize % (b - 1) == 0 {
+            n += 1;
+            hit += (am[r] == lab[r]) as usize;
+        }
+    }
+    Ok(Some((loss, hit as f64 / n.max(1) as f64)))
+}
+
+/// Saves weights and optimiser moments (f32) plus the step counter.
+fn save_checkpoint(dir: &Path, net: &Net, opt: &AdamW, st: &State) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut t = opt.state();
+    for (k, v) in &net.vars {
+        t.insert(k.clone(), v.as_tensor().clone());
+    }
+    let tmp = dir.join("state.safetensors.tmp");
+    candle_core::safetensors::save(&t, &tmp).map_err(cerr)?;
+    std::fs::rename(&tmp, dir.join("state.safetensors")).map_err(|e| Error::io(dir, e))?;
+    let js = serde_json::to_string(st).expect("state serialises");
+    std::fs::write(dir.join("state.json"), js).map_err(|e| Error::io(dir, e))
+}
+
+/// Loads a checkpoint written by [`train`], if `dir` has one.
+pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<(Net, HashMap<String, Tensor>, usize, f64)>> {
+    let p = dir.join("state.safetensors");
+    if !p.exists() {
+        return Ok(None);
+    }
+    let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(cerr)?;
+    let net = Net::from_tensors(config.clone(), &t).map_err(cerr)?;
+    let js = std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(dir, e))?;
+    let st: State = serde_json::from_str(&js).map_err(|e| Error::BadRequest(e.to_string()))?;
+    Ok(Some((net, t, st.step, st.elapsed_s)))
+}
+
+/// The sequence order of `epoch` (a seeded shuffle).
+fn epoch_order(train: &[usize], seed: u64, epoch: usize) -> Vec<usize> {
+    let mut v = train.to_vec();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9));
+    for i in (1..v.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
+/// Trains (or resumes) in `dir`; calls `on_log` after every step. Returns the trained net.
+pub fn train(
+    config: &DflashConfig,
+    data: &Data,
+    p: &TrainParams,
+    dir: &Path,
+    mut on_log: impl FnMut(&LogLine),
+) -> Result<Net> {
+    let ckpt = dir.join("checkpoint");
+    let (net, mut opt, mut step, mut elapsed) = match load_checkpoint(&ckpt, config)? {
+        Some((net, t, step, el)) => {
+            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            opt.load_state(&t, step).map_err(cerr)?;
+            (net, opt, step, el)
+        }
+        None => {
+            let net = Net::init(config.clone(), p.seed).map_err(cerr)?;
+            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            (net, opt, 0, 0.0)
+        }
+    };
+    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let per_epoch = data.train.len().div_ceil(p.batch_seqs);
+    let mut total = per_epoch * p.epochs;
+    if p.max_steps > 0 {
+        total = total.min(p.max_steps);
+    }
+    let warmup = ((total as f64 * p.warmup_ratio).ceil() as usize).max(1);
+    let mask = TokenId(config.mask_token_id);
+    let log_path = dir.join("train_log.jsonl");
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| Error::io(&log_path, e))?;
+    while step < total {
+        let (epoch, in_epoch) = (step / per_epoch, step % per_epoch);
+        let order = epoch_order(&data.train, p.seed, epoch);
+        let chunk = &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
+        let t0 = Instant::now();
+        let items: Vec<(usize, Vec<usize>)> = chunk
+            .iter()
+            .map(|&si| {
+                let mut rng = ChaCha8Rng::seed_from_u64(
+                    p.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x51_7cc1),
+                );
+                (si, sample_anchors(&data.samples[si], p.anchors, &mut rng))
+            })
+            .collect();
+        let lb = build(
+            data.target,
+            data.samples,
+            data.features,
+            &items,
+            p.block_size,
+            mask,
+            data.vocab,
+            p.gamma,
+        )
+        .map_err(cerr)?;
+        let lr = cosine_lr(step, total, warmup, p.lr);
+        let (lv, acc1, gn) = match loss(&net, &head, &lb).map_err(cerr)? {
+            None => (0.0, 0.0, 0.0),
+            Some((l, acc1)) => {
+                let grads = l.backward().map_err(cerr)?;
+                let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
+                let scale = if gn > p.grad_clip { p.grad_clip / gn } else { 1.0 };
+                opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
+                (l.to_scalar::<f32>().map_err(cerr)? as f64, acc1, gn)
+            }
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        elapsed += secs;
+        step += 1;
+        let line = LogLine {
+            step,
+            epoch,
+            loss: lv,
+            acc1,
+            lr,
+            grad_norm: gn,
+            secs,
+            elapsed_s: elapsed,
+        };
+        use std::io::Write;
+        writeln!(log, "{}", serde_json::to_string(&line).expect("log line")).map_err(|e| Error::io(&log_path, e))?;
+        on_log(&line);
+        if step % p.save_every == 0 || step == total {
+            save_checkpoint(&ckpt, &net, &opt, &State { step, elapsed_s: elapsed })?;
+        }
+    }
+    Ok(net)
+}
+
+/// Held-out acceptance: `acc[k−1]` = fraction of blocks whose first k drafts all equal the
+/// target's greedy tokens (per-position acceptance α_k = acc[k−1] / acc[k−2]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Eval {
+    pub block_size: usize,
+    pub blocks: usize,
+    pub acc: Vec<f64>,
+    pub alpha: Vec<f64>,
+    /// 1 + Σ acc: tokens per target pass with greedy chain verification.
+    pub expected_tau: f64,
+}
+
+/// Evaluates on `held_out` samples: up to `anchors` anchors each whose whole block lies in
+/// the response.
+pub fn evaluate(
+    net: &Net,
+    data: &Data,
+    held_out: &[usize],
+    block: usize,
+    anchors: usize,
+) -> Result<Eval> {
+    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let mut hits = vec![0usize; block - 1];
+    let mut blocks = 0;
+    for &si in held_out {
+        let s = &data.samples[si];
+        let full: Vec<usize> = valid_anchors(s)
+            .filter(|&a| a + block - 1 < s.tokens.len())
+            .collect();
+        if full.is_empty() {
+            continue;
+        }
+        // Evenly spaced anchors (deterministic).
+        let step = full.len().div_ceil(anchors).max(1);
+        let chosen: Vec<usize> = full.iter().copied().step_by(step).collect();
+        let lb = build(
+            data.target,
+            data.samples,
+            data.features,
+            &[(si, chosen.clone())],
+            block,
+            TokenId(net.config.mask_token_id),
+            data.vocab,
+            1.0,
+        )
+        .map_err(cerr)?;
+        let hidden = net.forward(&lb.batches[0]).map_err(cerr)?;
+        let logits = head.forward(&hidden).map_err(cerr)?;
+        let am: Vec<u32> = logits.argmax(D::Minus1).map_err(cerr)?.to_vec1().map_err(cerr)?;
+        for (j, &a) in chosen.iter().enumerate() {
+            blocks += 1;
+            for k in 1..block {
+                let want = s.tokens[a + k];
+                if data.vocab.d2t[am[j * block + k] as usize] != want.0 {
+                    break;
+                }
+                hits[k - 1] += 1;
+            }
+        }
+    }
+    let acc: Vec<f64> = hits.iter().map(|&h| h as f64 / blocks.max(1) as f64).collect();
+    let alpha = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let prev = if i == 0 { 1.0 } else { acc[i - 1] };
+            if prev > 0.0 {
+                a / prev
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ok(Eval {
+        block_size: block,
+        blocks,
+        expected_tau: 1.0 + acc.iter().sum::<f64>(),
+        acc,
+        alpha,
+    })
+}
+
+/// Writes the drafter in the published layout: `config.json` + `model.safetensors` (weights
+/// in `dtype`, plus `d2t` when the vocabulary is reduced).
+pub fn export(net: &Net, vocab: &Vocab, target_vocab: usize, dir: &Path, dtype: DType) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut config = net.config.clone();
+    let mut t = HashMap::new();
+    for (k, v) in &net.vars {
+        t.insert(k.clone(), v.as_tensor().to_dtype(dtype).map_err(cerr)?);
+    }
+    if vocab.len() < target_vocab {
+        config.draft_vocab_size = Some(vocab.len());
+        let d2t: Vec<i64> = vocab
+            .d2t
+            .iter()
+            .enumerate()
+            .map(|(i, &tid)| tid as i64 - i as i64)
+            .collect();
+        t.insert(
+            "d2t".to_string(),
+            Tensor::from_vec(d2t, vocab.len(), &Device::Cpu).map_err(cerr)?,
+        );
+    } else {
+        config.draft_vocab_size = None;
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).map_err(cerr)?;
+    let js = serde_json::to_string_pretty(&config.to_json()).expect("config serialises");
+    std::fs::write(dir.join("config.json"), js + "\n").map_err(|e| Error::io(dir, e))
+}

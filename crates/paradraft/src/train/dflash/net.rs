@@ -1,0 +1,295 @@
+//! The DFlash drafter as a differentiable candle graph (spec §3.1 and §3.3): the same network
+//! as `drafters::dflash::model`, evaluated for many anchor blocks of a packed batch at once
+//! with the training attention pattern. Every op here records a backward: RMSNorm, RoPE and
+//! softmax are written out from primitive ops (candle's fused `rms_norm`, `rope` and
+//! `softmax_last_dim` kernels have none).
+
+use crate::drafters::dflash::DflashConfig;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var, D};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use std::collections::BTreeMap;
+
+pub type CResult<T> = candle_core::Result<T>;
+
+/// Trainable weights by checkpoint name (the published DFlash names).
+pub struct Net {
+    pub config: DflashConfig,
+    pub vars: BTreeMap<String, Var>,
+    inv_freq: Vec<f32>,
+}
+
+/// The target's LM head rows (frozen): forward `h Wᵀ`, backward only into `h` (candle's matmul
+/// backward would also form the unused weight gradient, as large as the head itself).
+pub struct FrozenHead {
+    /// `[vocab, hidden]`.
+    pub w: Tensor,
+    /// `[hidden, vocab]`, contiguous.
+    wt: Tensor,
+}
+
+impl FrozenHead {
+    pub fn new(w: Tensor) -> CResult<Self> {
+        let wt = w.t()?.contiguous()?;
+        Ok(FrozenHead { w, wt })
+    }
+    pub fn forward(&self, h: &Tensor) -> CResult<Tensor> {
+        h.apply_op1(HeadOp {
+            w: self.w.clone(),
+            wt: self.wt.clone(),
+        })
+    }
+}
+
+struct HeadOp {
+    w: Tensor,
+    wt: Tensor,
+}
+
+impl CustomOp1 for HeadOp {
+    fn name(&self) -> &'static str {
+        "frozen-head"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> CResult<(CpuStorage, Shape)> {
+        let (n, h) = l.shape().dims2()?;
+        let x = match l.contiguous_offsets() {
+            Some((a, b)) => Tensor::from_slice(&s.as_slice::<f32>()?[a..b], (n, h), &Device::Cpu)?,
+            None => candle_core::bail!("frozen-head wants a contiguous input"),
+        };
+        let y = x.matmul(&self.wt)?;
+        let (st, _) = y.storage_and_layout();
+        match &*st {
+            candle_core::Storage::Cpu(c) => Ok((c.clone(), y.shape().clone())),
+            _ => candle_core::bail!("frozen-head runs on the CPU"),
+        }
+    }
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> CResult<Option<Tensor>> {
+        Ok(Some(grad.matmul(&self.w)?))
+    }
+}
+
+/// The blocks of one sequence (see `super::batch`).
+pub struct Batch {
+    /// `[S, taps × hidden]` target features of every context slot.
+    pub features: Tensor,
+    /// Position of each context slot within its sequence.
+    pub ctx_pos: Vec<u32>,
+    /// `[A × B, hidden]` block inputs (anchor token, then masks), from the target embedding.
+    pub block_x: Tensor,
+    /// Position of each block slot.
+    pub block_pos: Vec<u32>,
+    /// Blocks.
+    pub n_blocks: usize,
+    pub block: usize,
+    /// `[A × B, S]` additive mask: 0 where a block query may see a context slot (position
+    /// strictly before its anchor), −10⁹ elsewhere.
+    pub ctx_mask: Tensor,
+}
+
+fn rms(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
+        .broadcast_mul(w)
+}
+
+/// Rotate-half RoPE on `[n, heads, hd]` with `cos`, `sin` of shape `[n, 1, hd/2]`.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> CResult<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+    let b = (x1.broadcast_mul(sin)? + x2.broadcast_mul(cos)?)?;
+    Tensor::cat(&[a, b], D::Minus1)
+}
+
+fn softmax(x: &Tensor) -> CResult<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&m)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// `[n, kv_heads, hd]` → `[n, heads, hd]` (each KV head serves `heads / kv_heads` queries).
+fn expand_kv(x: &Tensor, groups: usize) -> CResult<Tensor> {
+    if groups == 1 {
+        return Ok(x.clone());
+    }
+    let (n, kvh, hd) = x.dims3()?;
+    x.unsqueeze(2)?
+        .broadcast_as((n, kvh, groups, hd))?
+        .reshape((n, kvh * groups, hd))
+}
+
+/// Standard-normal samples from a seeded stream (Box–Muller).
+fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
+    let u = |r: &mut ChaCha8Rng| ((r.next_u32() >> 8) as f32 + 0.5) / (1u32 << 24) as f32;
+    (0..n)
+        .map(|_| {
+            let (a, b) = (u(rng), u(rng));
+            std * (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
+        })
+        .collect()
+}
+
+impl Net {
+    /// Fresh weights: matrices N(0, 0.02²), norms 1 (the HF initialisation), seeded.
+    pub fn init(config: DflashConfig, seed: u64) -> CResult<Self> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut vars = BTreeMap::new();
+        for (name, shape) in Self::shapes(&config) {
+            let n: usize = shape.iter().product();
+            let v = if shape.len() == 1 {
+                vec![1f32; n]
+            } else {
+                normals(&mut rng, n, 0.02)
+            };
+            vars.insert(name, Var::from_vec(v, shape, &Device::Cpu)?);
+        }
+        let inv_freq = config.layers.inv_freqs();
+        Ok(Net {
+            config,
+            vars,
+            inv_freq,
+        })
+    }
+
+    /// Weights from tensors by name (a checkpoint); every expected tensor must be present.
+    pub fn from_tensors(
+        config: DflashConfig,
+        t: &std::collections::HashMap<String, Tensor>,
+    ) -> CResult<Self> {
+        let mut vars = BTreeMap::new();
+        for (name, shape) in Self::shapes(&config) {
+            let x = t
+                .get(&name)
+                .ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {name}")))?
+                .to_dtype(DType::F32)?;
+            if x.dims() != shape.as_slice() {
+                candle_core::bail!("{name} has shape {:?}, expected {shape:?}", x.dims());
+            }
+            vars.insert(name, Var::from_tensor(&x)?);
+        }
+        let inv_freq = config.layers.inv_freqs();
+        Ok(Net {
+            config,
+            vars,
+            inv_freq,
+        })
+    }
+
+    /// Every trainable tensor with its shape, in the checkpoint naming.
+    pub fn shapes(config: &DflashConfig) -> Vec<(String, Vec<usize>)> {
+        let c = &config.layers;
+        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let width = config.target_layer_ids.len() * h;
+        let mut v = vec![
+            ("fc.weight".to_string(), vec![h, width]),
+            ("hidden_norm.weight".to_string(), vec![h]),
+            ("norm.weight".to_string(), vec![h]),
+        ];
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("layers.{i}.{s}.weight");
+            v.extend([
+                (n("input_layernorm"), vec![h]),
+                (n("post_attention_layernorm"), vec![h]),
+                (n("self_attn.q_proj"), vec![qd, h]),
+                (n("self_attn.k_proj"), vec![kvd, h]),
+                (n("self_attn.v_proj"), vec![kvd, h]),
+                (n("self_attn.o_proj"), vec![h, qd]),
+                (n("self_attn.q_norm"), vec![hd]),
+                (n("self_attn.k_norm"), vec![hd]),
+                (n("mlp.gate_proj"), vec![ff, h]),
+                (n("mlp.up_proj"), vec![ff, h]),
+                (n("mlp.down_proj"), vec![h, ff]),
+            ]);
+        }
+        v
+    }
+
+    fn w(&self, name: &str) -> &Tensor {
+        self.vars[name].as_tensor()
+    }
+
+    fn cos_sin(&self, pos: &[u32]) -> CResult<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let (mut c, mut s) = (Vec::with_capacity(pos.len() * half), Vec::new());
+        s.reserve(pos.len() * half);
+        for &p in pos {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                c.push(a.cos());
+                s.push(a.sin());
+            }
+        }
+        let shape = (pos.len(), 1, half);
+        Ok((
+            Tensor::from_vec(c, shape, &Device::Cpu)?,
+            Tensor::from_vec(s, shape, &Device::Cpu)?,
+        ))
+    }
+
+    /// Final-normed hidden states of every block slot, `[A × B, hidden]`.
+    pub fn forward(&self, b: &Batch) -> CResult<Tensor> {
+        let c = &self.config.layers;
+        let eps = c.rms_eps as f64;
+        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+        let groups = nh / nkv;
+        let s_len = b.ctx_pos.len();
+        let (na, bs) = (b.n_blocks, b.block);
+        let n = na * bs;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let ctx = rms(
+            &linear(&b.features, self.w("fc.weight"))?,
+            self.w("hidden_norm.weight"),
+            eps,
+        )?;
+        let (cos_c, sin_c) = self.cos_sin(&b.ctx_pos)?;
+        let (cos_b, sin_b) = self.cos_sin(&b.block_pos)?;
+        let mut x = b.block_x.clone();
+        for i in 0..c.n_layers {
+            let w = |s: &str| self.w(&format!("layers.{i}.{s}.weight"));
+            // Context K/V: the layer's k/v projections of the fused features (no input norm).
+            let ck = linear(&ctx, w("self_attn.k_proj"))?.reshape((s_len, nkv, hd))?;
+            let ck = rope(&rms(&ck, w("self_attn.k_norm"), eps)?, &cos_c, &sin_c)?;
+            let cv = linear(&ctx, w("self_attn.v_proj"))?.reshape((s_len, nkv, hd))?;
+            // Block Q/K/V.
+            let xn = rms(&x, w("input_layernorm"), eps)?;
+            let q = linear(&xn, w("self_attn.q_proj"))?.reshape((n, nh, hd))?;
+            let q = rope(&rms(&q, w("self_attn.q_norm"), eps)?, &cos_b, &sin_b)?;
+            let bk = linear(&xn, w("self_attn.k_proj"))?.reshape((n, nkv, hd))?;
+            let bk = rope(&rms(&bk, w("self_attn.k_norm"), eps)?, &cos_b, &sin_b)?;
+            let bv = linear(&xn, w("self_attn.v_proj"))?.reshape((n, nkv, hd))?;
+            let (ck, cv) = (expand_kv(&ck, groups)?, expand_kv(&cv, groups)?);
+            let (bk, bv) = (expand_kv(&bk, groups)?, expand_kv(&bv, groups)?);
+            // Scores against the context: [nh, N, S], masked per block.
+            let qh = q.transpose(0, 1)?.contiguous()?; // [nh, N, hd]
+            let s_ctx = qh
+                .matmul(&ck.permute((1, 2, 0))?.contiguous()?)?
+                .affine(scale, 0.0)?
+                .broadcast_add(&b.ctx_mask)?;
+            // Scores inside each block (bidirectional): [nh, A, B, B].
+            let qb = q.reshape((na, bs, nh, hd))?.permute((2, 0, 1, 3))?.contiguous()?;
+            let kb = bk.reshape((na, bs, nh, hd))?.permute((2, 0, 3, 1))?.contiguous()?;
+            let s_blk = qb.matmul(&kb)?.affine(scale, 0.0)?;
+            let scores = Tensor::cat(&[s_ctx.reshape((nh, na, bs, s_len))?, s_blk], 3)?;
+            let p = softmax(&scores)?;
+            let p_ctx = p.narrow(3, 0, s_len)?.reshape((nh, n, s_len))?;
+            let o_ctx = p_ctx.matmul(&cv.transpose(0, 1)?.contiguous()?)?; // [nh, N, hd]
+            let vb = bv.reshape((na, bs, nh, hd))?.permute((2, 0, 1, 3))?.contiguous()?;
+            let o_blk = p.narrow(3, s_len, bs)?.contiguous()?.matmul(&vb)?; // [nh, A, B, hd]
+            let o = (o_ctx + o_blk.reshape((nh, n, hd))?)?
+                .transpose(0, 1)?
+                .reshape((n, nh * hd))?;
+            x = (x + linear(&o, w("self_attn.o_proj"))?)?;
+            let xn = rms(&x, w("post_attention_layernorm"), eps)?;
+            let g = linear(&xn, w("mlp.gate_proj"))?.silu()?;
+            let u = linear(&xn, w("mlp.up_proj"))?;
+            x = (x + linear(&(g * u)?, w("mlp.down_proj"))?)?;
+        }
+        rms(&x, self.w("norm.weight"), eps)
+    }
+}

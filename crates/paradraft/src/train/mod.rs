@@ -1,0 +1,8 @@
+//! Drafter training: self-distillation data, cached target features, shared optimisation
+//! pieces and the per-method training loops (DFlash first; the data, feature and optimiser
+//! stages are meant for the drafters that follow).
+
+pub mod data;
+pub mod dflash;
+pub mod features;
+pub mod optim;
