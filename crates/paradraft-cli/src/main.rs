@@ -101,7 +101,7 @@ struct BenchKernelsArgs {
 pub(crate) struct ModelArgs {
     /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Worker threads (default: all available cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -225,7 +225,7 @@ struct SpecConfig {
     method: Method,
     num_speculative_tokens: Option<usize>,
     block_size: Option<usize>,
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     draft_layers: Option<usize>,
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,

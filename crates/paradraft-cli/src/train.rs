@@ -220,6 +220,12 @@ fn dflash(a: DflashArgs) -> Result<()> {
             );
         }
     })?;
+    let log = paradraft::train::plot::read_log(&a.out.join("train_log.jsonl"))?;
+    paradraft::train::plot::loss_svg(
+        &log,
+        &format!("DFlash drafter for {}: {} layer(s), block {}", target_name(&a), a.draft_layers, a.block_size),
+        &a.out.join("loss.svg"),
+    )?;
     let dir = a.export.clone().unwrap_or_else(|| a.out.join("drafter"));
     export(&net, &vocab, tc.vocab_size, &dir, candle_core::DType::F16)?;
     eprintln!("drafter written to {}", dir.display());
@@ -239,6 +245,13 @@ fn dflash(a: DflashArgs) -> Result<()> {
     }
     std::fs::write(a.out.join("eval.json"), serde_json::to_string_pretty(&evals)?)?;
     Ok(())
+}
+
+fn target_name(a: &DflashArgs) -> String {
+    a.m.model
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map_or("SmolLM2-135M-Instruct".into(), |f| f.to_string_lossy().into_owned())
 }
 
 /// The paper's loss decay: γ = 7 for B = 16, 5 for 10, 4 for 8 (interpolated elsewhere).

@@ -350,3 +350,58 @@ fn drafters_that_do_not_fit_are_refused() {
     let m = DflashModel::load(dir.path()).unwrap();
     assert!(Dflash::new(m, &lm.model, 100, Some(1), SamplingParams::default()).is_err());
 }
+
+#[test]
+fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
+    use paradraft::train::data::Sample;
+    use paradraft::train::dflash::batch::build;
+    use paradraft::train::features;
+    let lm = load_tiny("qwen3");
+    let n = lm.model.config.vocab_size;
+    let toks = tokens(30, n);
+    let s = Sample {
+        prompt_index: 0,
+        prompt_len: 10,
+        tokens: toks.clone(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = features::cache_path(dir.path(), &TAPS);
+    let samples = vec![s];
+    let fc = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {}).unwrap();
+    // Resuming finds everything cached and returns the same bytes.
+    let again = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {}).unwrap();
+    let (mut a, mut b) = (vec![], vec![]);
+    fc.rows_into(0, 30, &mut a);
+    again.rows_into(0, 30, &mut b);
+    assert_eq!(a, b);
+    assert_eq!(a.len(), 30 * TAPS.len() * lm.model.config.hidden_size);
+    // The cached rows are the target's taps (f16-rounded).
+    let f = features(&lm, &toks);
+    let worst = a.iter().zip(&f).map(|(x, y)| (x - y).abs() / y.abs().max(1.0)).fold(0f32, f32::max);
+    assert!(worst < 1e-3, "{worst}");
+    // Vocabulary without token toks[12]: its label gets weight 0.
+    let vocab = Vocab::from_d2t((0..n as u32).filter(|&i| i != toks[12].0).collect(), n);
+    let lb = build(&lm.model, &samples, &fc, &[(0, vec![10, 26])], BLOCK, TokenId(5), &vocab, 7.0).unwrap();
+    assert_eq!(lb.batches.len(), 1);
+    let bt = &lb.batches[0];
+    assert_eq!(bt.ctx_pos, (0..26).collect::<Vec<u32>>());
+    assert_eq!(bt.block_pos[..BLOCK], (10..16).collect::<Vec<u32>>()[..]);
+    let m = bt.ctx_mask.to_vec2::<f32>().unwrap();
+    assert_eq!(m[0].iter().filter(|&&x| x == 0.0).count(), 10, "anchor 10 sees 0..10");
+    assert_eq!(m[BLOCK].iter().filter(|&&x| x == 0.0).count(), 26);
+    for k in 1..BLOCK {
+        let i = k - 1;
+        let want = vocab.draft_id(toks[10 + k]);
+        if 10 + k == 12 {
+            assert_eq!(lb.weights[i], 0.0);
+        } else {
+            assert_eq!(Some(lb.labels[i]), want);
+            assert!((lb.weights[i] - (-((k - 1) as f32) / 7.0).exp()).abs() < 1e-6);
+        }
+    }
+    // Anchor 26: slots past the sequence end (30) carry no loss.
+    for k in 1..BLOCK {
+        let w = lb.weights[(BLOCK - 1) + k - 1];
+        assert_eq!(w > 0.0, 26 + k < 30, "slot {k}");
+    }
+}

@@ -6,3 +6,4 @@ pub mod data;
 pub mod dflash;
 pub mod features;
 pub mod optim;
+pub mod plot;

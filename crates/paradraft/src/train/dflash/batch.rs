@@ -27,13 +27,18 @@ impl Vocab {
         }
     }
 
-    /// The `size` most frequent response tokens of `samples` (ties to the lower id), kept in
-    /// ascending target-id order.
+    /// The `size` most frequent tokens of `samples` (responses count twice, prompts once,
+    /// since drafts often copy from the prompt); ties and unseen ids go to the lower id, which
+    /// in a BPE vocabulary is the earlier, more frequent merge. Kept in ascending id order.
     pub fn most_frequent(samples: &[Sample], vocab: usize, size: usize) -> Self {
         let mut count = vec![0u64; vocab];
         for s in samples {
-            for t in &s.tokens[s.prompt_len as usize..] {
+            let (p, r) = s.tokens.split_at(s.prompt_len as usize);
+            for t in p {
                 count[t.idx()] += 1;
+            }
+            for t in r {
+                count[t.idx()] += 2;
             }
         }
         let mut ids: Vec<u32> = (0..vocab as u32).collect();
