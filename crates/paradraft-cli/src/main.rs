@@ -267,7 +267,10 @@ impl SpecArgs {
         Ok(match self.drafter {
             Method::None => None,
             Method::Dflash | Method::DflashSample => {
-                let dir = self.draft_model.clone().unwrap_or_else(default_dflash_drafter);
+                let dir = self
+                    .draft_model
+                    .clone()
+                    .unwrap_or_else(default_dflash_drafter);
                 let m = DflashModel::load(&dir)
                     .with_context(|| format!("loading DFlash drafter {}", dir.display()))?;
                 let mut d = Dflash::new(m, &lm.model, ctx, self.block_size, sampling)?;

@@ -136,7 +136,9 @@ fn dflash(a: DflashArgs) -> Result<()> {
         bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
     }
     // Held-out split: the last 5 % of the samples (at least one).
-    let n_eval = (samples.len() / 20).max(1).min(samples.len().saturating_sub(1));
+    let n_eval = (samples.len() / 20)
+        .max(1)
+        .min(samples.len().saturating_sub(1));
     let train_idx: Vec<usize> = (0..samples.len() - n_eval).collect();
     let eval_idx: Vec<usize> = (samples.len() - n_eval..samples.len()).collect();
     let vocab = if a.draft_vocab == 0 || a.draft_vocab >= tc.vocab_size {
@@ -157,7 +159,12 @@ fn dflash(a: DflashArgs) -> Result<()> {
         None => {
             // A frozen row the target never sees in this data and never emits to end a turn.
             let mut seen = vec![false; tc.vocab_size];
-            for t in lm.tokenizer.stop_tokens.iter().chain(lm.tokenizer.bos.iter()) {
+            for t in lm
+                .tokenizer
+                .stop_tokens
+                .iter()
+                .chain(lm.tokenizer.bos.iter())
+            {
                 seen[t.idx()] = true;
             }
             for s in &samples {
@@ -181,11 +188,18 @@ fn dflash(a: DflashArgs) -> Result<()> {
         target_layer_ids: taps.clone(),
         draft_vocab_size: None,
     };
-    eprintln!("mask token {mask} ({:?}), target layers {taps:?}", lm.tokenizer.decode(&[paradraft::TokenId(mask)]).unwrap_or_default());
+    eprintln!(
+        "mask token {mask} ({:?}), target layers {taps:?}",
+        lm.tokenizer
+            .decode(&[paradraft::TokenId(mask)])
+            .unwrap_or_default()
+    );
 
     let fpath = features::cache_path(&a.out, &taps);
     let pb = bar(samples.len(), "target features");
-    let feats = features::build(target, &samples, &taps, &fpath, |d, _| pb.set_position(d as u64))?;
+    let feats = features::build(target, &samples, &taps, &fpath, |d, _| {
+        pb.set_position(d as u64)
+    })?;
     pb.finish();
     if a.until == Some(Stage::Features) {
         return Ok(());
@@ -210,7 +224,9 @@ fn dflash(a: DflashArgs) -> Result<()> {
     };
     std::fs::write(
         a.out.join("train_params.json"),
-        serde_json::to_string_pretty(&serde_json::json!({"params": p, "config": config.to_json()}))?,
+        serde_json::to_string_pretty(
+            &serde_json::json!({"params": p, "config": config.to_json()}),
+        )?,
     )?;
     let net = train(&config, &data, &p, &a.out, |l| {
         if l.step % 10 == 0 || l.step == 1 {
@@ -223,7 +239,12 @@ fn dflash(a: DflashArgs) -> Result<()> {
     let log = paradraft::train::plot::read_log(&a.out.join("train_log.jsonl"))?;
     paradraft::train::plot::loss_svg(
         &log,
-        &format!("DFlash drafter for {}: {} layer(s), block {}", target_name(&a), a.draft_layers, a.block_size),
+        &format!(
+            "DFlash drafter for {}: {} layer(s), block {}",
+            target_name(&a),
+            a.draft_layers,
+            a.block_size
+        ),
         &a.out.join("loss.svg"),
     )?;
     let dir = a.export.clone().unwrap_or_else(|| a.out.join("drafter"));
@@ -239,11 +260,17 @@ fn dflash(a: DflashArgs) -> Result<()> {
             "held-out (block {block}, {} blocks): expected τ {:.2}, α {:?}",
             e.blocks,
             e.expected_tau,
-            e.alpha.iter().map(|x| (x * 1000.0).round() / 1000.0).collect::<Vec<_>>()
+            e.alpha
+                .iter()
+                .map(|x| (x * 1000.0).round() / 1000.0)
+                .collect::<Vec<_>>()
         );
         evals.push(e);
     }
-    std::fs::write(a.out.join("eval.json"), serde_json::to_string_pretty(&evals)?)?;
+    std::fs::write(
+        a.out.join("eval.json"),
+        serde_json::to_string_pretty(&evals)?,
+    )?;
     Ok(())
 }
 
@@ -251,7 +278,9 @@ fn target_name(a: &DflashArgs) -> String {
     a.m.model
         .as_ref()
         .and_then(|p| p.file_name())
-        .map_or("SmolLM2-135M-Instruct".into(), |f| f.to_string_lossy().into_owned())
+        .map_or("SmolLM2-135M-Instruct".into(), |f| {
+            f.to_string_lossy().into_owned()
+        })
 }
 
 /// The paper's loss decay: γ = 7 for B = 16, 5 for 10, 4 for 8 (interpolated elsewhere).

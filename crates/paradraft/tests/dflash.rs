@@ -75,7 +75,13 @@ fn tokens(n: usize, vocab: usize) -> Vec<TokenId> {
 }
 
 /// A packed training batch with one block per anchor, context 0..max(anchor).
-fn packed(lm: &Loaded, toks: &[TokenId], feats: &[f32], anchors: &[usize], mask: TokenId) -> net::Batch {
+fn packed(
+    lm: &Loaded,
+    toks: &[TokenId],
+    feats: &[f32],
+    anchors: &[usize],
+    mask: TokenId,
+) -> net::Batch {
     let h = lm.model.config.hidden_size;
     let width = TAPS.len() * h;
     let last = *anchors.iter().max().unwrap();
@@ -106,7 +112,13 @@ fn packed(lm: &Loaded, toks: &[TokenId], feats: &[f32], anchors: &[usize], mask:
 }
 
 /// The runtime's hidden states for one block at anchor `a` (context 0..a injected first).
-fn runtime_block(lm: &Loaded, m: &DflashModel, toks: &[TokenId], feats: &[f32], a: usize) -> Vec<f32> {
+fn runtime_block(
+    lm: &Loaded,
+    m: &DflashModel,
+    toks: &[TokenId],
+    feats: &[f32],
+    a: usize,
+) -> Vec<f32> {
     let h = lm.model.config.hidden_size;
     let width = TAPS.len() * h;
     let mut kv: KvCache = m.new_kv(64);
@@ -114,8 +126,10 @@ fn runtime_block(lm: &Loaded, m: &DflashModel, toks: &[TokenId], feats: &[f32], 
     // Inject in two pieces, as rounds do.
     let cut = a / 2;
     let pos: Vec<Pos> = (0..a as u32).map(Pos).collect();
-    m.add_context(&mut kv, &feats[..cut * width], &pos[..cut], &mut s).unwrap();
-    m.add_context(&mut kv, &feats[cut * width..a * width], &pos[cut..], &mut s).unwrap();
+    m.add_context(&mut kv, &feats[..cut * width], &pos[..cut], &mut s)
+        .unwrap();
+    m.add_context(&mut kv, &feats[cut * width..a * width], &pos[cut..], &mut s)
+        .unwrap();
     let mut x = vec![0f32; BLOCK * h];
     lm.model.embed_row(toks[a].idx(), &mut x[..h]);
     for k in 1..BLOCK {
@@ -124,7 +138,8 @@ fn runtime_block(lm: &Loaded, m: &DflashModel, toks: &[TokenId], feats: &[f32], 
     }
     let bpos: Vec<Pos> = (a..a + BLOCK).map(|p| Pos(p as u32)).collect();
     let mut out = vec![];
-    m.block_forward(&mut kv, &x, &bpos, &mut s, &mut out).unwrap();
+    m.block_forward(&mut kv, &x, &bpos, &mut s, &mut out)
+        .unwrap();
     assert_eq!(kv.len(), a, "block K/V must not persist");
     out
 }
@@ -137,7 +152,14 @@ fn training_graph_matches_the_inference_runtime() {
         let net = Net::init(cfg.clone(), 7).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let vocab = Vocab::full(lm.model.config.vocab_size);
-        export(&net, &vocab, lm.model.config.vocab_size, dir.path(), DType::F32).unwrap();
+        export(
+            &net,
+            &vocab,
+            lm.model.config.vocab_size,
+            dir.path(),
+            DType::F32,
+        )
+        .unwrap();
         let m = DflashModel::load(dir.path()).unwrap();
         let toks = tokens(40, lm.model.config.vocab_size);
         let feats = features(&lm, &toks);
@@ -154,7 +176,10 @@ fn training_graph_matches_the_inference_runtime() {
                 }
             }
         }
-        assert!(worst < 2e-4, "{tiny}: training graph vs runtime max |Δ| {worst}");
+        assert!(
+            worst < 2e-4,
+            "{tiny}: training graph vs runtime max |Δ| {worst}"
+        );
     }
 }
 
@@ -189,7 +214,13 @@ fn every_trainable_tensor_gets_a_gradient() {
         let gr = g
             .get(v.as_tensor())
             .unwrap_or_else(|| panic!("{name} gets no gradient"));
-        let s = gr.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        let s = gr
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
         assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
     }
 }
@@ -221,13 +252,23 @@ fn a_few_steps_of_training_lower_the_loss() {
     };
     let lb = mk();
     let mut opt = paradraft::train::optim::AdamW::new(&net.vars, 0.0).unwrap();
-    let first = loss(&net, &head, &lb).unwrap().unwrap().0.to_scalar::<f32>().unwrap();
+    let first = loss(&net, &head, &lb)
+        .unwrap()
+        .unwrap()
+        .0
+        .to_scalar::<f32>()
+        .unwrap();
     for _ in 0..30 {
         let (l, _) = loss(&net, &head, &lb).unwrap().unwrap();
         let g = l.backward().unwrap();
         opt.step(&net.vars, &g, 3e-3, 1.0).unwrap();
     }
-    let last = loss(&net, &head, &lb).unwrap().unwrap().0.to_scalar::<f32>().unwrap();
+    let last = loss(&net, &head, &lb)
+        .unwrap()
+        .unwrap()
+        .0
+        .to_scalar::<f32>()
+        .unwrap();
     assert!(last < 0.5 * first, "loss {first} → {last}");
 }
 
@@ -248,7 +289,10 @@ fn drafter_dir(lm: &Loaded, reduced: bool) -> tempfile::TempDir {
 #[test]
 fn speculative_decoding_with_dflash_is_lossless() {
     let lm = load_tiny("qwen3");
-    let prompt = lm.tokenizer.encode("the quick brown fox jumps over").unwrap();
+    let prompt = lm
+        .tokenizer
+        .encode("the quick brown fox jumps over")
+        .unwrap();
     let greedy = GenerateParams {
         max_new_tokens: 40,
         sampling: SamplingParams::default(),
@@ -275,8 +319,14 @@ fn speculative_decoding_with_dflash_is_lossless() {
                 |_| {},
             )
             .unwrap();
-            assert_eq!(sp.out.token_ids, ar.token_ids, "reduced={reduced} block={block}");
-            assert!(sp.rounds.iter().all(|r| r.drafted == block - 1 || r.drafted < block));
+            assert_eq!(
+                sp.out.token_ids, ar.token_ids,
+                "reduced={reduced} block={block}"
+            );
+            assert!(sp
+                .rounds
+                .iter()
+                .all(|r| r.drafted == block - 1 || r.drafted < block));
         }
     }
     // Sampling: both draft modes run and stay within the rules (distribution equality is
@@ -342,7 +392,11 @@ fn drafters_that_do_not_fit_are_refused() {
     let msg = DflashModel::load(dir.path()).err().unwrap().to_string();
     assert!(msg.contains("layers.1.mlp.up_proj.weight"), "{msg}");
     // A broken config is a clear error, not a panic.
-    std::fs::write(dir.path().join("config.json"), "{\"model_type\": \"qwen3\"}").unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        "{\"model_type\": \"qwen3\"}",
+    )
+    .unwrap();
     let msg = DflashModel::load(dir.path()).err().unwrap().to_string();
     assert!(msg.contains("config.json"), "{msg}");
     // Block size 1 is refused.
@@ -377,17 +431,35 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
     assert_eq!(a.len(), 30 * TAPS.len() * lm.model.config.hidden_size);
     // The cached rows are the target's taps (f16-rounded).
     let f = features(&lm, &toks);
-    let worst = a.iter().zip(&f).map(|(x, y)| (x - y).abs() / y.abs().max(1.0)).fold(0f32, f32::max);
+    let worst = a
+        .iter()
+        .zip(&f)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0f32, f32::max);
     assert!(worst < 1e-3, "{worst}");
     // Vocabulary without token toks[12]: its label gets weight 0.
     let vocab = Vocab::from_d2t((0..n as u32).filter(|&i| i != toks[12].0).collect(), n);
-    let lb = build(&lm.model, &samples, &fc, &[(0, vec![10, 26])], BLOCK, TokenId(5), &vocab, 7.0).unwrap();
+    let lb = build(
+        &lm.model,
+        &samples,
+        &fc,
+        &[(0, vec![10, 26])],
+        BLOCK,
+        TokenId(5),
+        &vocab,
+        7.0,
+    )
+    .unwrap();
     assert_eq!(lb.batches.len(), 1);
     let bt = &lb.batches[0];
     assert_eq!(bt.ctx_pos, (0..26).collect::<Vec<u32>>());
     assert_eq!(bt.block_pos[..BLOCK], (10..16).collect::<Vec<u32>>()[..]);
     let m = bt.ctx_mask.to_vec2::<f32>().unwrap();
-    assert_eq!(m[0].iter().filter(|&&x| x == 0.0).count(), 10, "anchor 10 sees 0..10");
+    assert_eq!(
+        m[0].iter().filter(|&&x| x == 0.0).count(),
+        10,
+        "anchor 10 sees 0..10"
+    );
     assert_eq!(m[BLOCK].iter().filter(|&&x| x == 0.0).count(), 26);
     for k in 1..BLOCK {
         let i = k - 1;
@@ -403,5 +475,71 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
     for k in 1..BLOCK {
         let w = lb.weights[(BLOCK - 1) + k - 1];
         assert_eq!(w > 0.0, 26 + k < 30, "slot {k}");
+    }
+}
+
+#[test]
+fn training_resumes_from_its_checkpoint_bit_for_bit() {
+    use paradraft::train::data::Sample;
+    use paradraft::train::dflash::{train, Data, TrainParams};
+    use paradraft::train::features;
+    let lm = load_tiny("qwen3");
+    let n = lm.model.config.vocab_size;
+    let samples: Vec<Sample> = (0..6)
+        .map(|i| Sample {
+            prompt_index: i,
+            prompt_len: 6,
+            tokens: tokens(24 + i as usize, n)
+                .into_iter()
+                .map(|t| TokenId((t.0 + i * 3) % n as u32))
+                .collect(),
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let p = features::cache_path(dir.path(), &TAPS);
+    let fc = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {}).unwrap();
+    let vocab = Vocab::most_frequent(&samples, n, 100);
+    let data = Data {
+        target: &lm.model,
+        samples: &samples,
+        features: &fc,
+        train: (0..6).collect(),
+        vocab: &vocab,
+    };
+    let cfg = config(&lm, 1);
+    let params = TrainParams {
+        block_size: BLOCK,
+        anchors: 4,
+        batch_seqs: 2,
+        epochs: 2,
+        save_every: 100,
+        ..TrainParams::default()
+    };
+    let straight = tempfile::tempdir().unwrap();
+    let a = train(&cfg, &data, &params, straight.path(), |_| {}).unwrap();
+    let resumed = tempfile::tempdir().unwrap();
+    let mut steps = vec![];
+    let paused = TrainParams {
+        pause_at: 2,
+        ..params.clone()
+    };
+    train(&cfg, &data, &paused, resumed.path(), |l| steps.push(l.step)).unwrap();
+    assert_eq!(steps, [1, 2], "the first run pauses after step 2");
+    let b = train(&cfg, &data, &params, resumed.path(), |l| steps.push(l.step)).unwrap();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>());
+    for (name, v) in &a.vars {
+        let x = v
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let y = b.vars[name]
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(x, y, "{name} differs after resuming");
     }
 }

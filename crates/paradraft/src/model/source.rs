@@ -157,10 +157,18 @@ impl SafetensorsSource {
                 if base + e > map.len() {
                     return Err(bad(format!("tensor {name} ends past the end of the file")));
                 }
-                if matches!(info.dtype, safetensors::Dtype::I64 | safetensors::Dtype::I32) {
+                if matches!(
+                    info.dtype,
+                    safetensors::Dtype::I64 | safetensors::Dtype::I32
+                ) {
                     ints.insert(
                         name.clone(),
-                        (fi, info.dtype == safetensors::Dtype::I64, base + s, base + e),
+                        (
+                            fi,
+                            info.dtype == safetensors::Dtype::I64,
+                            base + s,
+                            base + e,
+                        ),
                     );
                     continue;
                 }
@@ -170,9 +178,9 @@ impl SafetensorsSource {
                     safetensors::Dtype::BF16 => GgmlType::BF16,
                     d => {
                         return Err(Error::Unsupported(format!(
-                            "tensor {name} in {} has dtype {d:?} (supported: F32, F16, BF16, I32, I64)",
-                            path.display()
-                        )))
+                        "tensor {name} in {} has dtype {d:?} (supported: F32, F16, BF16, I32, I64)",
+                        path.display()
+                    )))
                     }
                 };
                 entries.insert(

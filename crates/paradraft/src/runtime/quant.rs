@@ -394,7 +394,12 @@ mod tests {
     fn select_rows_is_bit_exact_for_every_type() {
         let (rows, cols) = (40, 64);
         let pick = [39, 0, 17, 16, 5, 33];
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F32] {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::F32,
+        ] {
             let bytes: Vec<u8> = (0..rows * ty.row_bytes(cols))
                 // Bytes below 60 keep every f16 scale and f32 value finite and small.
                 .map(|i| ((i * 131 + 7) % 251 % 60) as u8)
@@ -413,7 +418,9 @@ mod tests {
                 );
             }
             // And the kernels agree: the subset's products are the full matrix's rows.
-            let x: Vec<f32> = (0..2 * cols).map(|i| ((i % 9) as f32 - 4.0) * 0.25).collect();
+            let x: Vec<f32> = (0..2 * cols)
+                .map(|i| ((i % 9) as f32 - 4.0) * 0.25)
+                .collect();
             let mut qa = QActs::default();
             if full.wants_qacts() {
                 qa.quantize(&x, cols);
@@ -425,7 +432,10 @@ mod tests {
             for t in 0..2 {
                 for (i, &r) in pick.iter().enumerate() {
                     let (u, v) = (of[t * rows + r], os[t * pick.len() + i]);
-                    assert!((u - v).abs() <= 1e-5 * u.abs().max(1.0), "{ty:?} {u} vs {v}");
+                    assert!(
+                        (u - v).abs() <= 1e-5 * u.abs().max(1.0),
+                        "{ty:?} {u} vs {v}"
+                    );
                 }
             }
         }

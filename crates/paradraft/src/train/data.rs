@@ -56,7 +56,10 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, usize)> {
         }
         let (pi, pl) = (word(at), word(at + 4));
         if pl as usize > n {
-            return Err(bad(path, format!("record at byte {at}: prompt longer than sample")));
+            return Err(bad(
+                path,
+                format!("record at byte {at}: prompt longer than sample"),
+            ));
         }
         let tokens = (0..n).map(|i| TokenId(word(at + 12 + 4 * i))).collect();
         out.push(Sample {
@@ -81,7 +84,10 @@ impl SampleWriter {
         let io = |e| Error::io(path, e);
         let existing = if path.exists() {
             let (s, valid) = read_samples(path)?;
-            let f = std::fs::OpenOptions::new().write(true).open(path).map_err(io)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io)?;
             f.set_len(valid as u64).map_err(io)?;
             s
         } else {
@@ -132,7 +138,10 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
             serde_json::from_str(l).map_err(|e| {
-                bad(path, format!("line {}: {e} (want {{\"id\", \"prompt\"}})", i + 1))
+                bad(
+                    path,
+                    format!("line {}: {e} (want {{\"id\", \"prompt\"}})", i + 1),
+                )
             })
         })
         .collect()

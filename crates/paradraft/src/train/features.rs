@@ -39,7 +39,9 @@ pub fn build(
 ) -> Result<FeatureCache> {
     let width = taps.len() * model.config.hidden_size;
     let row_bytes = 2 * width;
-    let have = std::fs::metadata(path).map(|m| m.len() as usize).unwrap_or(0);
+    let have = std::fs::metadata(path)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
     // Whole samples present; a torn tail is cut off.
     let (mut done, mut bytes) = (0, 0);
     for s in samples {

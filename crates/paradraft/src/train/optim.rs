@@ -150,7 +150,10 @@ mod tests {
             opt.step(&vars, &g, 0.05, 1.0)?;
         }
         let w = vars["w"].as_tensor().to_vec1::<f32>()?;
-        assert!((w[0] - 1.0).abs() < 1e-2 && (w[1] - 0.5).abs() < 1e-2, "{w:?}");
+        assert!(
+            (w[0] - 1.0).abs() < 1e-2 && (w[1] - 0.5).abs() < 1e-2,
+            "{w:?}"
+        );
         Ok(())
     }
 }

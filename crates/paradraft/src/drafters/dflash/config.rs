@@ -50,7 +50,9 @@ impl DflashConfig {
             return Err(bad("a DFlash drafter has model_type \"qwen3\"".into()));
         }
         if v["attention_bias"].as_bool() == Some(true) {
-            return Err(Error::Unsupported("DFlash drafters with attention biases".into()));
+            return Err(Error::Unsupported(
+                "DFlash drafters with attention biases".into(),
+            ));
         }
         let uint = |x: &serde_json::Value, k: &str| {
             x.as_u64()
@@ -91,11 +93,12 @@ impl DflashConfig {
     pub fn load(dir: &Path) -> Result<Self> {
         let p = dir.join("config.json");
         let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
-            path: p.clone(),
-            format: "DFlash config.json",
-            reason: e.to_string(),
-        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
+                path: p.clone(),
+                format: "DFlash config.json",
+                reason: e.to_string(),
+            })?;
         Self::from_json(&v, &p)
     }
 
@@ -135,7 +138,11 @@ impl DflashConfig {
     /// Refuses a drafter that does not fit `target` (hidden size, vocabulary, tapped layers).
     pub fn check_target(&self, target: &Config) -> Result<()> {
         let c = &self.layers;
-        let no = |m: String| Err(Error::BadRequest(format!("DFlash drafter does not fit the target: {m}")));
+        let no = |m: String| {
+            Err(Error::BadRequest(format!(
+                "DFlash drafter does not fit the target: {m}"
+            )))
+        };
         if c.hidden_size != target.hidden_size {
             return no(format!(
                 "hidden size {} ≠ the target's {} (the drafter shares its embedding and LM head)",
@@ -154,8 +161,15 @@ impl DflashConfig {
                 self.num_target_layers, target.n_layers
             ));
         }
-        if let Some(&l) = self.target_layer_ids.iter().find(|&&l| l >= target.n_layers) {
-            return no(format!("taps layer {l}; the target has {} layers", target.n_layers));
+        if let Some(&l) = self
+            .target_layer_ids
+            .iter()
+            .find(|&&l| l >= target.n_layers)
+        {
+            return no(format!(
+                "taps layer {l}; the target has {} layers",
+                target.n_layers
+            ));
         }
         if self.mask_token_id as usize >= target.vocab_size {
             return no(format!(

@@ -70,13 +70,10 @@ impl<'t> Dflash<'t> {
                 "DFlash block size {block_size} must be at least 2"
             )));
         }
-        let head = model
-            .draft_to_target
-            .as_ref()
-            .map(|ids| {
-                let rows: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
-                target.output_head().select_rows(&rows)
-            });
+        let head = model.draft_to_target.as_ref().map(|ids| {
+            let rows: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+            target.output_head().select_rows(&rows)
+        });
         let kv = model.new_kv(ctx + block_size);
         Ok(Dflash {
             model,
@@ -177,7 +174,8 @@ impl Drafter for Dflash<'_> {
         head.matmul(rows, &self.qa, &mut self.logits);
         let mut tree = DraftTree::new();
         let mut parent = None;
-        let sample = self.draft_sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
+        let sample =
+            self.draft_sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
         for i in 0..b - 1 {
             let row = &self.logits[i * v..(i + 1) * v];
             let (tok, q) = if sample {

@@ -109,9 +109,9 @@ impl DflashModel {
                     format: "DFlash drafter",
                     reason,
                 };
-                let d2t = src
-                    .int_tensor("d2t")
-                    .ok_or_else(|| bad("draft_vocab_size is set but tensor d2t is missing".into()))?;
+                let d2t = src.int_tensor("d2t").ok_or_else(|| {
+                    bad("draft_vocab_size is set but tensor d2t is missing".into())
+                })?;
                 if d2t.len() != n {
                     return Err(bad(format!("d2t has {} entries, expected {n}", d2t.len())));
                 }
@@ -278,7 +278,11 @@ impl DflashModel {
             ops::rms_norm(&s.x, &l.post_norm, c.rms_eps, xn);
             let gate = sized(&mut s.gate, b * ff);
             let up = sized(&mut s.up, b * ff);
-            Matrix::matmul_many(&mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)], xn, &s.qa);
+            Matrix::matmul_many(
+                &mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)],
+                xn,
+                &s.qa,
+            );
             ops::silu_mul(gate, up);
             let proj = sized(&mut s.proj, b * h);
             l.w_down.matmul(gate, &s.qa, proj);

@@ -46,6 +46,8 @@ pub struct TrainParams {
     pub seed: u64,
     /// Steps between checkpoints.
     pub save_every: usize,
+    /// Pause after this step (a checkpoint is written; a later run resumes). 0: run to the end.
+    pub pause_at: usize,
 }
 
 impl Default for TrainParams {
@@ -62,6 +64,7 @@ impl Default for TrainParams {
             gamma: 7.0,
             seed: 0,
             save_every: 50,
+            pause_at: 0,
         }
     }
 }
@@ -108,11 +111,7 @@ pub fn frozen_head(target: &Model, vocab: &Vocab) -> CResult<FrozenHead> {
 
 /// Weighted cross-entropy over labelled rows and the first-slot accuracy; `None` when the
 /// batch has no labelled row.
-pub fn loss(
-    net: &Net,
-    head: &FrozenHead,
-    lb: &batch::Labeled,
-) -> CResult<Option<(Tensor, f64)>> {
+pub fn loss(net: &Net, head: &FrozenHead, lb: &batch::Labeled) -> CResult<Option<(Tensor, f64)>> {
     let Some(b) = lb.batches.first().map(|x| x.block) else {
         return Ok(None);
     };
@@ -134,10 +133,19 @@ pub fn loss(
         (j * b + k) as u32
     };
     let dev = &Device::Cpu;
-    let idx = Tensor::from_vec(rows.iter().map(|&i| slot(i)).collect::<Vec<_>>(), rows.len(), dev)?;
+    let idx = Tensor::from_vec(
+        rows.iter().map(|&i| slot(i)).collect::<Vec<_>>(),
+        rows.len(),
+        dev,
+    )?;
     let logits = head.forward(&hidden.index_select(&idx, 0)?.contiguous()?)?;
     let m = logits.max_keepdim(D::Minus1)?.detach();
-    let lse = (logits.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + &m)?;
+    let lse = (logits
+        .broadcast_sub(&m)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        + &m)?;
     let lab: Vec<u32> = rows.iter().map(|&i| lb.labels[i as usize]).collect();
     let lab_t = Tensor::from_vec(lab.clone(), (rows.len(), 1), dev)?;
     let picked = logits.gather(&lab_t, 1)?;
@@ -150,7 +158,7 @@ pub fn loss(
     let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
     let (mut hit, mut n) = (0, 0);
     for (r, &i) in rows.iter().enumerate() {
-        if i as usize % (b - 1) == 0 {
+        if (i as usize).is_multiple_of(b - 1) {
             n += 1;
             hit += (am[r] == lab[r]) as usize;
         }
@@ -172,8 +180,17 @@ fn save_checkpoint(dir: &Path, net: &Net, opt: &AdamW, st: &State) -> Result<()>
     std::fs::write(dir.join("state.json"), js).map_err(|e| Error::io(dir, e))
 }
 
+/// A loaded checkpoint: the network, all saved tensors (optimiser moments included), the
+/// step it was taken at and the training seconds so far.
+pub struct Checkpoint {
+    pub net: Net,
+    pub tensors: HashMap<String, Tensor>,
+    pub step: usize,
+    pub elapsed_s: f64,
+}
+
 /// Loads a checkpoint written by [`train`], if `dir` has one.
-pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<(Net, HashMap<String, Tensor>, usize, f64)>> {
+pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<Checkpoint>> {
     let p = dir.join("state.safetensors");
     if !p.exists() {
         return Ok(None);
@@ -182,7 +199,12 @@ pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<(Net,
     let net = Net::from_tensors(config.clone(), &t).map_err(cerr)?;
     let js = std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(dir, e))?;
     let st: State = serde_json::from_str(&js).map_err(|e| Error::BadRequest(e.to_string()))?;
-    Ok(Some((net, t, st.step, st.elapsed_s)))
+    Ok(Some(Checkpoint {
+        net,
+        tensors: t,
+        step: st.step,
+        elapsed_s: st.elapsed_s,
+    }))
 }
 
 /// The sequence order of `epoch` (a seeded shuffle).
@@ -206,10 +228,10 @@ pub fn train(
 ) -> Result<Net> {
     let ckpt = dir.join("checkpoint");
     let (net, mut opt, mut step, mut elapsed) = match load_checkpoint(&ckpt, config)? {
-        Some((net, t, step, el)) => {
-            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
-            opt.load_state(&t, step).map_err(cerr)?;
-            (net, opt, step, el)
+        Some(c) => {
+            let mut opt = AdamW::new(&c.net.vars, 0.0).map_err(cerr)?;
+            opt.load_state(&c.tensors, c.step).map_err(cerr)?;
+            (c.net, opt, c.step, c.elapsed_s)
         }
         None => {
             let net = Net::init(config.clone(), p.seed).map_err(cerr)?;
@@ -234,7 +256,8 @@ pub fn train(
     while step < total {
         let (epoch, in_epoch) = (step / per_epoch, step % per_epoch);
         let order = epoch_order(&data.train, p.seed, epoch);
-        let chunk = &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
+        let chunk =
+            &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
         let t0 = Instant::now();
         let items: Vec<(usize, Vec<usize>)> = chunk
             .iter()
@@ -262,7 +285,11 @@ pub fn train(
             Some((l, acc1)) => {
                 let grads = l.backward().map_err(cerr)?;
                 let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
-                let scale = if gn > p.grad_clip { p.grad_clip / gn } else { 1.0 };
+                let scale = if gn > p.grad_clip {
+                    p.grad_clip / gn
+                } else {
+                    1.0
+                };
                 opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
                 (l.to_scalar::<f32>().map_err(cerr)? as f64, acc1, gn)
             }
@@ -281,10 +308,19 @@ pub fn train(
             elapsed_s: elapsed,
         };
         use std::io::Write;
-        writeln!(log, "{}", serde_json::to_string(&line).expect("log line")).map_err(|e| Error::io(&log_path, e))?;
+        writeln!(log, "{}", serde_json::to_string(&line).expect("log line"))
+            .map_err(|e| Error::io(&log_path, e))?;
         on_log(&line);
-        if step % p.save_every == 0 || step == total {
-            save_checkpoint(&ckpt, &net, &opt, &State { step, elapsed_s: elapsed })?;
+        let pause = step == p.pause_at;
+        if step % p.save_every == 0 || step == total || pause {
+            let st = State {
+                step,
+                elapsed_s: elapsed,
+            };
+            save_checkpoint(&ckpt, &net, &opt, &st)?;
+        }
+        if pause {
+            break;
         }
     }
     Ok(net)
@@ -338,7 +374,11 @@ pub fn evaluate(
         .map_err(cerr)?;
         let hidden = net.forward(&lb.batches[0]).map_err(cerr)?;
         let logits = head.forward(&hidden).map_err(cerr)?;
-        let am: Vec<u32> = logits.argmax(D::Minus1).map_err(cerr)?.to_vec1().map_err(cerr)?;
+        let am: Vec<u32> = logits
+            .argmax(D::Minus1)
+            .map_err(cerr)?
+            .to_vec1()
+            .map_err(cerr)?;
         for (j, &a) in chosen.iter().enumerate() {
             blocks += 1;
             for k in 1..block {
@@ -350,7 +390,10 @@ pub fn evaluate(
             }
         }
     }
-    let acc: Vec<f64> = hits.iter().map(|&h| h as f64 / blocks.max(1) as f64).collect();
+    let acc: Vec<f64> = hits
+        .iter()
+        .map(|&h| h as f64 / blocks.max(1) as f64)
+        .collect();
     let alpha = acc
         .iter()
         .enumerate()
@@ -374,7 +417,13 @@ pub fn evaluate(
 
 /// Writes the drafter in the published layout: `config.json` + `model.safetensors` (weights
 /// in `dtype`, plus `d2t` when the vocabulary is reduced).
-pub fn export(net: &Net, vocab: &Vocab, target_vocab: usize, dir: &Path, dtype: DType) -> Result<()> {
+pub fn export(
+    net: &Net,
+    vocab: &Vocab,
+    target_vocab: usize,
+    dir: &Path,
+    dtype: DType,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut config = net.config.clone();
     let mut t = HashMap::new();

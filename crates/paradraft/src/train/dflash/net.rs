@@ -272,14 +272,23 @@ impl Net {
                 .affine(scale, 0.0)?
                 .broadcast_add(&b.ctx_mask)?;
             // Scores inside each block (bidirectional): [nh, A, B, B].
-            let qb = q.reshape((na, bs, nh, hd))?.permute((2, 0, 1, 3))?.contiguous()?;
-            let kb = bk.reshape((na, bs, nh, hd))?.permute((2, 0, 3, 1))?.contiguous()?;
+            let qb = q
+                .reshape((na, bs, nh, hd))?
+                .permute((2, 0, 1, 3))?
+                .contiguous()?;
+            let kb = bk
+                .reshape((na, bs, nh, hd))?
+                .permute((2, 0, 3, 1))?
+                .contiguous()?;
             let s_blk = qb.matmul(&kb)?.affine(scale, 0.0)?;
             let scores = Tensor::cat(&[s_ctx.reshape((nh, na, bs, s_len))?, s_blk], 3)?;
             let p = softmax(&scores)?;
             let p_ctx = p.narrow(3, 0, s_len)?.reshape((nh, n, s_len))?;
             let o_ctx = p_ctx.matmul(&cv.transpose(0, 1)?.contiguous()?)?; // [nh, N, hd]
-            let vb = bv.reshape((na, bs, nh, hd))?.permute((2, 0, 1, 3))?.contiguous()?;
+            let vb = bv
+                .reshape((na, bs, nh, hd))?
+                .permute((2, 0, 1, 3))?
+                .contiguous()?;
             let o_blk = p.narrow(3, s_len, bs)?.contiguous()?.matmul(&vb)?; // [nh, A, B, hd]
             let o = (o_ctx + o_blk.reshape((nh, n, hd))?)?
                 .transpose(0, 1)?
