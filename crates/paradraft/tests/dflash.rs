@@ -160,7 +160,8 @@ fn training_graph_matches_the_inference_runtime() {
             DType::F32,
         )
         .unwrap();
-        let m = DflashModel::load(dir.path()).unwrap();
+        let m = DflashModel::load_with(dir.path(), false).unwrap();
+        let mq = DflashModel::load(dir.path()).unwrap();
         let toks = tokens(40, lm.model.config.vocab_size);
         let feats = features(&lm, &toks);
         let anchors = [5usize, 17, 30];

@@ -63,6 +63,21 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
+/// Quantises f32 values (a multiple of 32) to GGML Q8_0 blocks: per 32 values an f16 scale
+/// d = max|x| / 127 and round(x / d) as i8 (llama.cpp's reference quantiser).
+pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK), "Q8_0 needs whole blocks of 32");
+    let mut out = Vec::with_capacity(x.len() / QK * 34);
+    for b in x.chunks_exact(QK) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+    }
+    out
+}
+
 /// Dequantises `src` (a whole number of blocks of `ty`) into `dst`.
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     debug_assert_eq!(ty.row_bytes(dst.len()), src.len());
@@ -173,6 +188,17 @@ impl Matrix {
         match &self.data {
             MatrixData::F32(v) => dst.copy_from_slice(&v[r * self.cols..(r + 1) * self.cols]),
             MatrixData::Quant(p) => p.row_into(r, dst),
+        }
+    }
+
+    /// This matrix in Q8_0 (for dense weights whose columns are a multiple of 32); already
+    /// quantized matrices and other widths are returned unchanged.
+    pub fn to_q8_0(self) -> Matrix {
+        match &self.data {
+            MatrixData::F32(v) if self.cols.is_multiple_of(QK) => {
+                Matrix::from_bytes(GgmlType::Q8_0, self.rows, self.cols, &quantize_q8_0(v))
+            }
+            _ => self,
         }
     }
 
@@ -437,6 +463,27 @@ mod tests {
                         "{ty:?} {u} vs {v}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q8_0_quantiser_round_trips_within_half_a_step() {
+        let x: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.013)
+            .collect();
+        let q = quantize_q8_0(&x);
+        assert_eq!(q.len(), 3 * 34);
+        let mut y = vec![0f32; 96];
+        dequantize(GgmlType::Q8_0, &q, &mut y);
+        for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let step = amax / 127.0;
+            for (a, c) in xb.iter().zip(yb) {
+                assert!(
+                    (a - c).abs() <= 0.5 * step * 1.01 + 1e-6,
+                    "block {b}: {a} vs {c}"
+                );
             }
         }
     }

@@ -55,14 +55,30 @@ pub struct Scratch {
     qa: QActs,
 }
 
+/// Quantizes `x` into `qa` when `m` takes int8 activations.
+fn prep(qa: &mut QActs, m: &Matrix, x: &[f32]) {
+    if m.wants_qacts() {
+        qa.quantize(x, m.cols);
+    } else {
+        qa.clear();
+    }
+}
+
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
 }
 
 impl DflashModel {
-    /// Loads `config.json` + `model.safetensors` from a drafter directory.
+    /// Loads `config.json` + `model.safetensors` from a drafter directory, with Q8_0 weights
+    /// (the int8 kernels; see [`DflashModel::load_with`]).
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with(dir, true)
+    }
+
+    /// Loads with Q8_0 weights (`quantize`) or the f32 weights as stored (exact; the
+    /// reference the training graph is tested against).
+    pub fn load_with(dir: &Path, quantize: bool) -> Result<Self> {
         if !dir.is_dir() {
             return Err(Error::io(
                 dir,
@@ -74,7 +90,29 @@ impl DflashModel {
         }
         let config = DflashConfig::load(dir)?;
         let src = SafetensorsSource::open(dir)?;
-        Self::from_source(config, &src)
+        let m = Self::from_source(config, &src)?;
+        Ok(if quantize { m.quantized() } else { m })
+    }
+
+    /// Every matrix in Q8_0 (int8 activations on the VNNI kernels instead of f32 dot products).
+    pub fn quantized(mut self) -> Self {
+        let q =
+            |m: &mut Matrix| *m = std::mem::replace(m, Matrix::from_f32(0, 0, vec![])).to_q8_0();
+        q(&mut self.fc);
+        for l in &mut self.layers {
+            for m in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.w_gate,
+                &mut l.w_up,
+                &mut l.w_down,
+            ] {
+                q(m);
+            }
+        }
+        self
     }
 
     pub fn from_source(config: DflashConfig, src: &SafetensorsSource) -> Result<Self> {
@@ -187,12 +225,15 @@ impl DflashModel {
         let slot0 = kv.reserve(n)?;
         // c = hidden_norm(fc(concat features)), shared by all layers.
         let cx = sized(&mut s.c, n * h);
-        s.qa.clear();
+        prep(&mut s.qa, &self.fc, features);
         self.fc.matmul(features, &s.qa, cx);
         ops::rms_norm_inplace(cx, &self.hidden_norm, c.rms_eps);
         self.rope_table(positions, &mut s.rope);
         let half = hd / 2;
         let row = kv.row();
+        if let Some(l) = self.layers.first() {
+            prep(&mut s.qa, &l.wk, &s.c);
+        }
         for (li, l) in self.layers.iter().enumerate() {
             // The layer's own k/v projections, no input norm on the context.
             let k = sized(&mut s.k, n * kvd);
@@ -240,10 +281,10 @@ impl DflashModel {
         };
         let half = hd / 2;
         let row = kv.row();
-        s.qa.clear();
         for (li, l) in self.layers.iter().enumerate() {
             let xn = sized(&mut s.xn, b * h);
             ops::rms_norm(&s.x, &l.in_norm, c.rms_eps, xn);
+            prep(&mut s.qa, &l.wq, xn);
             let q = sized(&mut s.q, b * qd);
             let k = sized(&mut s.k, b * kvd);
             let v = sized(&mut s.v, b * kvd);
@@ -272,12 +313,14 @@ impl DflashModel {
                 attn,
             );
             let proj = sized(&mut s.proj, b * h);
+            prep(&mut s.qa, &l.wo, attn);
             l.wo.matmul(attn, &s.qa, proj);
             ops::add_inplace(&mut s.x, proj);
             let xn = sized(&mut s.xn, b * h);
             ops::rms_norm(&s.x, &l.post_norm, c.rms_eps, xn);
             let gate = sized(&mut s.gate, b * ff);
             let up = sized(&mut s.up, b * ff);
+            prep(&mut s.qa, &l.w_gate, xn);
             Matrix::matmul_many(
                 &mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)],
                 xn,
@@ -285,6 +328,7 @@ impl DflashModel {
             );
             ops::silu_mul(gate, up);
             let proj = sized(&mut s.proj, b * h);
+            prep(&mut s.qa, &l.w_down, gate);
             l.w_down.matmul(gate, &s.qa, proj);
             ops::add_inplace(&mut s.x, proj);
         }
