@@ -111,6 +111,30 @@ fn packed(
     }
 }
 
+/// [`packed`] with labels slot k → token a + k, weighted exp(−(k − 1)/γ).
+fn labeled(
+    lm: &Loaded,
+    toks: &[TokenId],
+    feats: &[f32],
+    anchors: &[usize],
+    mask: TokenId,
+    gamma: f32,
+) -> Labeled {
+    let mut labels = vec![];
+    let mut weights = vec![];
+    for &a in anchors {
+        for k in 1..BLOCK {
+            labels.push(toks[a + k].0);
+            weights.push((-((k - 1) as f32) / gamma).exp());
+        }
+    }
+    Labeled {
+        batches: vec![packed(lm, toks, feats, anchors, mask)],
+        labels,
+        weights,
+    }
+}
+
 /// The runtime's hidden states for one block at anchor `a` (context 0..a injected first).
 fn runtime_block(
     lm: &Loaded,
@@ -168,18 +192,25 @@ fn training_graph_matches_the_inference_runtime() {
         let b = packed(&lm, &toks, &feats, &anchors, TokenId(cfg.mask_token_id));
         let hid = net.forward(&b).unwrap().to_vec2::<f32>().unwrap();
         let h = lm.model.config.hidden_size;
-        let mut worst = 0f32;
+        let (mut worst, mut worst_q) = (0f32, 0f32);
         for (j, &a) in anchors.iter().enumerate() {
             let r = runtime_block(&lm, &m, &toks, &feats, a);
+            let rq = runtime_block(&lm, &mq, &toks, &feats, a);
             for k in 0..BLOCK {
                 for i in 0..h {
                     worst = worst.max((hid[j * BLOCK + k][i] - r[k * h + i]).abs());
+                    worst_q = worst_q.max((rq[k * h + i] - r[k * h + i]).abs());
                 }
             }
         }
         assert!(
             worst < 2e-4,
             "{tiny}: training graph vs runtime max |Δ| {worst}"
+        );
+        // Q8_0 weights with int8 activations (the default); outputs are RMS-normed (order 1).
+        assert!(
+            worst_q < 0.05 && worst_q > 0.0,
+            "{tiny}: Q8_0 runtime vs f32 max |Δ| {worst_q}"
         );
     }
 }
@@ -194,20 +225,14 @@ fn every_trainable_tensor_gets_a_gradient() {
     let toks = tokens(32, lm.model.config.vocab_size);
     let feats = features(&lm, &toks);
     let anchors = [4usize, 20];
-    let batch = packed(&lm, &toks, &feats, &anchors, TokenId(cfg.mask_token_id));
-    let mut labels = vec![];
-    let mut weights = vec![];
-    for &a in &anchors {
-        for k in 1..BLOCK {
-            labels.push(toks[a + k].0);
-            weights.push((-((k - 1) as f32) / 7.0).exp());
-        }
-    }
-    let lb = Labeled {
-        batches: vec![batch],
-        labels,
-        weights,
-    };
+    let lb = labeled(
+        &lm,
+        &toks,
+        &feats,
+        &anchors,
+        TokenId(cfg.mask_token_id),
+        7.0,
+    );
     let (l, _) = loss(&net, &head, &lb).unwrap().unwrap();
     assert!(l.to_scalar::<f32>().unwrap().is_finite());
     let g = l.backward().unwrap();
@@ -236,22 +261,14 @@ fn a_few_steps_of_training_lower_the_loss() {
     let toks = tokens(32, lm.model.config.vocab_size);
     let feats = features(&lm, &toks);
     let anchors = [3usize, 9, 15, 21];
-    let mk = || {
-        let batch = packed(&lm, &toks, &feats, &anchors, TokenId(cfg.mask_token_id));
-        let mut labels = vec![];
-        for &a in &anchors {
-            for k in 1..BLOCK {
-                labels.push(toks[a + k].0);
-            }
-        }
-        let weights = vec![1.0; labels.len()];
-        Labeled {
-            batches: vec![batch],
-            labels,
-            weights,
-        }
-    };
-    let lb = mk();
+    let lb = labeled(
+        &lm,
+        &toks,
+        &feats,
+        &anchors,
+        TokenId(cfg.mask_token_id),
+        f32::INFINITY,
+    );
     let mut opt = paradraft::train::optim::AdamW::new(&net.vars, 0.0).unwrap();
     let first = loss(&net, &head, &lb)
         .unwrap()
@@ -543,4 +560,114 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
             .unwrap();
         assert_eq!(x, y, "{name} differs after resuming");
     }
+}
+
+/// The drafter committed for SmolLM2-135M-Instruct.
+fn committed_drafter() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dflash")
+}
+
+#[test]
+fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
+    use paradraft::bench::datasets::Dataset;
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = paradraft::model::load(&path).unwrap();
+    let dir = paradraft::bench::datasets::default_dir();
+    let mut items = Dataset::Gsm8k.load(&dir, 3).unwrap();
+    items.extend(Dataset::HumanEval.load(&dir, 3).unwrap());
+    let params = GenerateParams {
+        max_new_tokens: 48,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+    };
+    let mut kv = lm.model.new_kv(1024);
+    let (mut rounds, mut committed) = (0usize, 0usize);
+    for it in &items {
+        let text = lm
+            .tokenizer
+            .apply_chat_template(
+                &[paradraft::model::Message::new("user", &it.turns[0])],
+                true,
+            )
+            .unwrap();
+        let prompt = lm.tokenizer.encode(&text).unwrap();
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+        let m = DflashModel::load(&committed_drafter()).unwrap();
+        let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling).unwrap();
+        let sp = speculative_generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            &params,
+            Speculation {
+                drafter: &mut d,
+                max_draft: 15,
+                sizer: None,
+            },
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            sp.out.token_ids, ar.token_ids,
+            "{}: output differs from AR",
+            it.id
+        );
+        rounds += sp.rounds.len();
+        committed += sp.rounds.iter().map(|r| r.accepted + 1).sum::<usize>();
+    }
+    let tau = committed as f64 / rounds as f64;
+    // A trained drafter: an untrained one stays at τ ≈ 1.
+    assert!(tau > TAU_FLOOR, "τ {tau:.2} on GSM8K + HumanEval prompts");
+}
+
+/// Well below what the committed drafter reaches on these prompts (see docs/dflash.md).
+const TAU_FLOOR: f64 = 1.5;
+
+#[test]
+fn published_style_configs_load() {
+    // A config as z-lab publishes them (Qwen3 keys, auto_map, layer_types, sliding window off,
+    // bf16 weights), written over an exported drafter.
+    let lm = load_tiny("qwen3");
+    let dir = drafter_dir(&lm, false);
+    let p = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let o = v.as_object_mut().unwrap();
+    o.insert(
+        "auto_map".into(),
+        serde_json::json!({"AutoModel": "dflash.DFlashDraftModel"}),
+    );
+    o.insert(
+        "layer_types".into(),
+        serde_json::json!(["full_attention", "full_attention"]),
+    );
+    o.insert("sliding_window".into(), serde_json::Value::Null);
+    o.insert("torch_dtype".into(), "bfloat16".into());
+    o.insert("hidden_act".into(), "silu".into());
+    o.insert("initializer_range".into(), serde_json::json!(0.02));
+    o.insert("use_cache".into(), serde_json::json!(true));
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+    let m = DflashModel::load(dir.path()).unwrap();
+    assert_eq!(m.config.target_layer_ids, TAPS.to_vec());
+    assert_eq!(m.config.block_size, BLOCK);
+    // Without target_layer_ids the reference default applies (spread 1..L−3, or L/2 for one).
+    v["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("target_layer_ids");
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+    assert_eq!(
+        DflashConfig::load(dir.path()).unwrap().target_layer_ids,
+        paradraft::drafters::dflash::default_target_layers(3, 2)
+    );
+    assert_eq!(
+        paradraft::drafters::dflash::default_target_layers(36, 5),
+        [1, 9, 17, 25, 33]
+    );
+    // Sliding-window drafters are refused, not silently run without the window.
+    v["use_sliding_window"] = serde_json::json!(true);
+    std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+    let msg = DflashModel::load(dir.path()).err().unwrap().to_string();
+    assert!(msg.contains("sliding"), "{msg}");
 }

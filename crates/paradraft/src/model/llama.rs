@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape};
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::Matrix;
+use crate::runtime::quant::{prep_acts as prep, sized, Matrix};
 
 struct Layer {
     attn_norm: Vec<f32>,
@@ -58,21 +58,6 @@ pub struct Scratch {
     cand: Vec<u32>,
     qa: QActs,
     pub out: Output,
-}
-
-/// Quantizes `x` into `qa` when any of the matrices about to multiply it takes int8 activations
-/// (unless `exact` asks for f32 activations throughout).
-fn prep(qa: &mut QActs, ms: &[&Matrix], x: &[f32], exact: bool) {
-    if !exact && ms.iter().any(|m| m.wants_qacts()) {
-        qa.quantize(x, ms[0].cols);
-    } else {
-        qa.clear();
-    }
-}
-
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
 }
 
 impl Model {

@@ -344,6 +344,22 @@ multiversion! {
     }
 }
 
+/// Quantizes `x` into `qa` when any of the matrices about to multiply it takes int8 activations
+/// (unless `exact` asks for f32 activations throughout); clears `qa` otherwise.
+pub fn prep_acts(qa: &mut QActs, ms: &[&Matrix], x: &[f32], exact: bool) {
+    if !exact && ms.iter().any(|m| m.wants_qacts()) {
+        qa.quantize(x, ms[0].cols);
+    } else {
+        qa.clear();
+    }
+}
+
+/// `v` resized to `n` (a scratch buffer reused across calls), as a slice.
+pub fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
+}
+
 /// Splits `0..n` into contiguous ranges, a few per thread, and runs them on the pool.
 pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
     let tasks = (super::pool::threads() * 4).clamp(1, n.max(1));

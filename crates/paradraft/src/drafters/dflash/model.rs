@@ -8,7 +8,7 @@ use crate::kv::KvCache;
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::Matrix;
+use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::Pos;
 use std::path::Path;
 
@@ -57,16 +57,7 @@ pub struct Scratch {
 
 /// Quantizes `x` into `qa` when `m` takes int8 activations.
 fn prep(qa: &mut QActs, m: &Matrix, x: &[f32]) {
-    if m.wants_qacts() {
-        qa.quantize(x, m.cols);
-    } else {
-        qa.clear();
-    }
-}
-
-fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
+    prep_acts(qa, &[m], x, false);
 }
 
 impl DflashModel {
