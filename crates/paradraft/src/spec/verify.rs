@@ -172,9 +172,12 @@ pub fn verify_sample<'a>(
 
 /// max(p − q, 0) over p's support (outside it the difference is never positive).
 fn residual(p: &Dist, q: &Dist) -> Vec<(TokenId, f32)> {
+    // q as a map: a drafter's q may cover thousands of ids in any order, and a lookup per
+    // entry of p must not scan it.
+    let qm: std::collections::HashMap<TokenId, f32> = q.entries.iter().copied().collect();
     p.entries
         .iter()
-        .map(|&(t, pt)| (t, (pt - q.prob(t)).max(0.0)))
+        .map(|&(t, pt)| (t, (pt - qm.get(&t).copied().unwrap_or(0.0)).max(0.0)))
         .collect()
 }
 
