@@ -3,29 +3,12 @@
 
 use super::config::{Arch, Config};
 use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
+use super::layer::{rope_table, Layer, LayerScratch};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape};
-use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts as prep, sized, Matrix};
-
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Matrix,
-    wk: Matrix,
-    wv: Matrix,
-    wo: Matrix,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    w_gate: Matrix,
-    w_up: Matrix,
-    w_down: Matrix,
-}
 
 pub struct Model {
     pub config: Config,
@@ -42,21 +25,11 @@ pub struct Model {
 /// Per-forward scratch buffers, grown on demand and reused.
 #[derive(Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    rope: Vec<(f32, f32)>,
+    l: LayerScratch,
     rows_x: Vec<f32>,
     logits: Vec<f32>,
     row_tmp: Vec<f32>,
     cand: Vec<u32>,
-    qa: QActs,
     pub out: Output,
 }
 
@@ -64,8 +37,7 @@ impl Model {
     pub fn from_source(config: Config, src: &dyn TensorSource) -> Result<Self> {
         config.validate()?;
         let c = &config;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let h = c.hidden_size;
         let embed = src.matrix("token_embd.weight", c.vocab_size, h)?;
         let lm_head = if c.tie_embeddings {
             None
@@ -73,35 +45,10 @@ impl Model {
             Some(src.matrix("output.weight", c.vocab_size, h)?)
         };
         let output_norm = src.vector("output_norm.weight", h)?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let qk_norm = c.arch == Arch::Qwen3;
-            layers.push(Layer {
-                attn_norm: src.vector(&n("attn_norm.weight"), h)?,
-                wq: src.matrix(&n("attn_q.weight"), qd, h)?,
-                wk: src.matrix(&n("attn_k.weight"), kvd, h)?,
-                wv: src.matrix(&n("attn_v.weight"), kvd, h)?,
-                wo: src.matrix(&n("attn_output.weight"), h, qd)?,
-                bq: src.opt_vector(&n("attn_q.bias"), qd)?,
-                bk: src.opt_vector(&n("attn_k.bias"), kvd)?,
-                bv: src.opt_vector(&n("attn_v.bias"), kvd)?,
-                q_norm: if qk_norm {
-                    Some(src.vector(&n("attn_q_norm.weight"), hd)?)
-                } else {
-                    None
-                },
-                k_norm: if qk_norm {
-                    Some(src.vector(&n("attn_k_norm.weight"), hd)?)
-                } else {
-                    None
-                },
-                ffn_norm: src.vector(&n("ffn_norm.weight"), h)?,
-                w_gate: src.matrix(&n("ffn_gate.weight"), c.intermediate_size, h)?,
-                w_up: src.matrix(&n("ffn_up.weight"), c.intermediate_size, h)?,
-                w_down: src.matrix(&n("ffn_down.weight"), h, c.intermediate_size)?,
-            });
-        }
+        let qk_norm = c.arch == Arch::Qwen3;
+        let layers = (0..c.n_layers)
+            .map(|i| Layer::load(src, c, qk_norm, |s| format!("blk.{i}.{s}")))
+            .collect::<Result<Vec<_>>>()?;
         let inv_freq = config.inv_freqs();
         Ok(Model {
             config,
@@ -161,16 +108,7 @@ impl Model {
 
     /// Total bytes of weights (what one decode step streams).
     pub fn weight_bytes(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                    .iter()
-                    .map(|m| m.nbytes())
-                    .sum::<usize>()
-            })
-            .sum();
+        let l: usize = self.layers.iter().map(Layer::weight_bytes).sum();
         l + self.lm_head.as_ref().unwrap_or(&self.embed).nbytes()
     }
 
@@ -226,30 +164,22 @@ impl Model {
         self.validate(kv, b, spec)?;
         let c = &self.config;
         let n = b.tokens.len();
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, ff) = (c.n_heads * hd, c.n_kv_heads * hd, c.intermediate_size);
+        let h = c.hidden_size;
         let prefix = kv.len();
         let slot0 = kv.reserve(n)?;
 
-        let x = sized(&mut s.x, n * h);
+        let x = sized(&mut s.l.x, n * h);
         for (t, tok) in b.tokens.iter().enumerate() {
             self.embed.row_into(tok.idx(), &mut x[t * h..(t + 1) * h]);
         }
-        let half = hd / 2;
-        s.rope.clear();
-        for p in b.positions {
-            for &f in &self.inv_freq {
-                let a = p.0 as f32 * f;
-                s.rope.push((a.cos(), a.sin()));
-            }
-        }
+        rope_table(&self.inv_freq, b.positions, &mut s.l.rope);
         let n_taps = spec.taps.len();
         s.out.hidden.clear();
         s.out.hidden.resize(n * n_taps * h, 0.0);
         let shape = AttnShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
-            head_dim: hd,
+            head_dim: c.head_dim,
             prefix,
             n_new: n,
         };
@@ -258,68 +188,11 @@ impl Model {
             None => ops::Visibility::Causal,
         };
         for (li, l) in self.layers.iter().enumerate() {
-            let xn = sized(&mut s.xn, n * h);
-            ops::rms_norm(&s.x, &l.attn_norm, c.rms_eps, xn);
-            let q = sized(&mut s.q, n * qd);
-            let k = sized(&mut s.k, n * kvd);
-            let v = sized(&mut s.v, n * kvd);
-            prep(&mut s.qa, &[&l.wq, &l.wk, &l.wv], xn, self.exact);
-            Matrix::matmul_many(
-                &mut [(&l.wq, &mut *q), (&l.wk, &mut *k), (&l.wv, &mut *v)],
-                xn,
-                &s.qa,
-            );
-            for (buf, bias, dim) in [
-                (&mut *q, &l.bq, qd),
-                (&mut *k, &l.bk, kvd),
-                (&mut *v, &l.bv, kvd),
-            ] {
-                if let Some(bias) = bias {
-                    for r in buf.chunks_exact_mut(dim) {
-                        ops::add_inplace(r, bias);
-                    }
-                }
-            }
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                ops::rms_norm_inplace(q, qn, c.rms_eps);
-                ops::rms_norm_inplace(k, kn, c.rms_eps);
-            }
-            for t in 0..n {
-                let cs = &s.rope[t * half..(t + 1) * half];
-                ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
-                ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
-            }
-            let row = kv.row();
-            kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
-            kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
-            let attn = sized(&mut s.attn, n * qd);
-            let end = (slot0 + n) * row;
-            ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], &shape, vis, attn);
-            let proj = sized(&mut s.proj, n * h);
-            prep(&mut s.qa, &[&l.wo], attn, self.exact);
-            l.wo.matmul(attn, &s.qa, proj);
-            ops::add_inplace(&mut s.x, proj);
-
-            let xn = sized(&mut s.xn, n * h);
-            ops::rms_norm(&s.x, &l.ffn_norm, c.rms_eps, xn);
-            let gate = sized(&mut s.gate, n * ff);
-            let up = sized(&mut s.up, n * ff);
-            prep(&mut s.qa, &[&l.w_gate, &l.w_up], xn, self.exact);
-            Matrix::matmul_many(
-                &mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)],
-                xn,
-                &s.qa,
-            );
-            ops::silu_mul(gate, up);
-            let proj = sized(&mut s.proj, n * h);
-            prep(&mut s.qa, &[&l.w_down], gate, self.exact);
-            l.w_down.matmul(gate, &s.qa, proj);
-            ops::add_inplace(&mut s.x, proj);
-
+            l.forward(c, kv, li, slot0, &shape, vis, &mut s.l, self.exact);
             for (ti, _) in spec.taps.iter().enumerate().filter(|(_, &t)| t == li) {
                 for t in 0..n {
                     let dst = (t * n_taps + ti) * h;
-                    s.out.hidden[dst..dst + h].copy_from_slice(&s.x[t * h..(t + 1) * h]);
+                    s.out.hidden[dst..dst + h].copy_from_slice(&s.l.x[t * h..(t + 1) * h]);
                 }
             }
         }
@@ -348,7 +221,7 @@ impl Model {
         let xs = sized(&mut s.rows_x, m * h);
         for (i, &r) in out.rows.iter().enumerate() {
             ops::rms_norm(
-                &s.x[r * h..(r + 1) * h],
+                &s.l.x[r * h..(r + 1) * h],
                 &self.output_norm,
                 c.rms_eps,
                 &mut xs[i * h..(i + 1) * h],
@@ -362,8 +235,8 @@ impl Model {
             sized(&mut s.logits, m * vocab)
         };
         let int8 = head.wants_qacts() && !self.exact;
-        prep(&mut s.qa, &[head], xs, self.exact);
-        head.matmul(xs, &s.qa, logits);
+        prep(&mut s.l.qa, &[head], xs, self.exact);
+        head.matmul(xs, &s.l.qa, logits);
         let keep = match spec.logits {
             Logits::TopK(k) => k.max(1),
             _ => 1,

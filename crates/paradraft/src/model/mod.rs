@@ -4,6 +4,7 @@
 pub mod config;
 pub mod forward;
 pub mod gguf;
+pub mod layer;
 pub mod llama;
 pub mod source;
 pub mod tokenizer;

@@ -220,7 +220,7 @@ impl SafetensorsSource {
     }
 
     /// Maps a GGUF tensor name to its HF name.
-    fn hf_name(name: &str) -> String {
+    pub(crate) fn hf_name(name: &str) -> String {
         let fixed = match name {
             "token_embd.weight" => Some("model.embed_tokens.weight"),
             "output_norm.weight" => Some("model.norm.weight"),

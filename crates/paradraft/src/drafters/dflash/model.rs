@@ -5,31 +5,18 @@
 use super::config::DflashConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
+use crate::model::layer::{rope_table, Layer, LayerScratch};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
-use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::Pos;
 use std::path::Path;
-
-struct Layer {
-    in_norm: Vec<f32>,
-    post_norm: Vec<f32>,
-    wq: Matrix,
-    wk: Matrix,
-    wv: Matrix,
-    wo: Matrix,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-    w_gate: Matrix,
-    w_up: Matrix,
-    w_down: Matrix,
-}
 
 pub struct DflashModel {
     pub config: DflashConfig,
     fc: Matrix,
     hidden_norm: Vec<f32>,
+    /// Qwen3 decoder layers (the target's layer code, run non-causally over the block).
     layers: Vec<Layer>,
     norm: Vec<f32>,
     /// Target id of each draft-vocabulary id (reduced vocabulary only).
@@ -40,24 +27,11 @@ pub struct DflashModel {
 /// Reusable buffers of one drafter.
 #[derive(Default)]
 pub struct Scratch {
+    /// Fused context features.
     c: Vec<f32>,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    proj: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    rope: Vec<(f32, f32)>,
+    l: LayerScratch,
+    /// The block's all-visible attention mask.
     mask: Vec<bool>,
-    qa: QActs,
-}
-
-/// Quantizes `x` into `qa` when `m` takes int8 activations.
-fn prep(qa: &mut QActs, m: &Matrix, x: &[f32]) {
-    prep_acts(qa, &[m], x, false);
 }
 
 impl DflashModel {
@@ -91,17 +65,7 @@ impl DflashModel {
             |m: &mut Matrix| *m = std::mem::replace(m, Matrix::from_f32(0, 0, vec![])).to_q8_0();
         q(&mut self.fc);
         for l in &mut self.layers {
-            for m in [
-                &mut l.wq,
-                &mut l.wk,
-                &mut l.wv,
-                &mut l.wo,
-                &mut l.w_gate,
-                &mut l.w_up,
-                &mut l.w_down,
-            ] {
-                q(m);
-            }
+            l.matrices_mut().into_iter().for_each(q);
         }
         self
     }
@@ -109,27 +73,18 @@ impl DflashModel {
     pub fn from_source(config: DflashConfig, src: &SafetensorsSource) -> Result<Self> {
         config.layers.validate()?;
         let c = &config.layers;
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let h = c.hidden_size;
         let width = config.target_layer_ids.len() * h;
         let fc = src.matrix("fc.weight", h, width)?;
-        let mut layers = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            let n = |s: &str| format!("layers.{i}.{s}.weight");
-            layers.push(Layer {
-                in_norm: src.vector(&n("input_layernorm"), h)?,
-                post_norm: src.vector(&n("post_attention_layernorm"), h)?,
-                wq: src.matrix(&n("self_attn.q_proj"), qd, h)?,
-                wk: src.matrix(&n("self_attn.k_proj"), kvd, h)?,
-                wv: src.matrix(&n("self_attn.v_proj"), kvd, h)?,
-                wo: src.matrix(&n("self_attn.o_proj"), h, qd)?,
-                q_norm: src.vector(&n("self_attn.q_norm"), hd)?,
-                k_norm: src.vector(&n("self_attn.k_norm"), hd)?,
-                w_gate: src.matrix(&n("mlp.gate_proj"), ff, h)?,
-                w_up: src.matrix(&n("mlp.up_proj"), ff, h)?,
-                w_down: src.matrix(&n("mlp.down_proj"), h, ff)?,
-            });
-        }
+        // Published names: `layers.{i}.self_attn.q_proj.weight` (HF without the `model.` prefix).
+        let layers = (0..c.n_layers)
+            .map(|i| {
+                Layer::load(src, c, true, |s| {
+                    let hf = SafetensorsSource::hf_name(&format!("blk.{i}.{s}"));
+                    hf.trim_start_matches("model.").to_string()
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let draft_to_target = match config.draft_vocab_size {
             None => None,
             Some(n) => {
@@ -180,16 +135,6 @@ impl DflashModel {
         self.fc.cols
     }
 
-    fn rope_table(&self, positions: &[Pos], out: &mut Vec<(f32, f32)>) {
-        out.clear();
-        for p in positions {
-            for &f in &self.inv_freq {
-                let a = p.0 as f32 * f;
-                out.push((a.cos(), a.sin()));
-            }
-        }
-    }
-
     /// KV injection: appends the context K/V of `positions` (their target features in
     /// `features`, `positions.len() × feature_width`) to every layer's cache.
     pub fn add_context(
@@ -215,24 +160,26 @@ impl DflashModel {
         let kvd = c.n_kv_heads * hd;
         let slot0 = kv.reserve(n)?;
         // c = hidden_norm(fc(concat features)), shared by all layers.
-        let cx = sized(&mut s.c, n * h);
-        prep(&mut s.qa, &self.fc, features);
-        self.fc.matmul(features, &s.qa, cx);
+        let (cx, l) = (sized(&mut s.c, n * h), &mut s.l);
+        prep_acts(&mut l.qa, &[&self.fc], features, false);
+        self.fc.matmul(features, &l.qa, cx);
         ops::rms_norm_inplace(cx, &self.hidden_norm, c.rms_eps);
-        self.rope_table(positions, &mut s.rope);
+        rope_table(&self.inv_freq, positions, &mut l.rope);
         let half = hd / 2;
         let row = kv.row();
-        if let Some(l) = self.layers.first() {
-            prep(&mut s.qa, &l.wk, &s.c);
+        if let Some(first) = self.layers.first() {
+            prep_acts(&mut l.qa, &[&first.wk], cx, false);
         }
-        for (li, l) in self.layers.iter().enumerate() {
-            // The layer's own k/v projections, no input norm on the context.
-            let k = sized(&mut s.k, n * kvd);
-            let v = sized(&mut s.v, n * kvd);
-            Matrix::matmul_many(&mut [(&l.wk, &mut *k), (&l.wv, &mut *v)], &s.c, &s.qa);
-            ops::rms_norm_inplace(k, &l.k_norm, c.rms_eps);
+        for (li, layer) in self.layers.iter().enumerate() {
+            // The layer's own k/v projections (+ k_norm, RoPE); no input norm on the context.
+            let k = sized(&mut l.k, n * kvd);
+            let v = sized(&mut l.v, n * kvd);
+            Matrix::matmul_many(&mut [(&layer.wk, &mut *k), (&layer.wv, &mut *v)], cx, &l.qa);
+            if let Some(kn) = &layer.k_norm {
+                ops::rms_norm_inplace(k, kn, c.rms_eps);
+            }
             for t in 0..n {
-                let cs = &s.rope[t * half..(t + 1) * half];
+                let cs = &l.rope[t * half..(t + 1) * half];
                 ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
             }
             kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
@@ -254,78 +201,35 @@ impl DflashModel {
     ) -> Result<()> {
         let c = &self.config.layers;
         let b = positions.len();
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let prefix = kv.len();
         let slot0 = kv.reserve(b)?;
-        s.x.clear();
-        s.x.extend_from_slice(x);
-        self.rope_table(positions, &mut s.rope);
+        s.l.x.clear();
+        s.l.x.extend_from_slice(x);
+        rope_table(&self.inv_freq, positions, &mut s.l.rope);
         s.mask.clear();
         s.mask.resize(b * b, true); // bidirectional inside the block
         let shape = AttnShape {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
-            head_dim: hd,
+            head_dim: c.head_dim,
             prefix,
             n_new: b,
         };
-        let half = hd / 2;
-        let row = kv.row();
         for (li, l) in self.layers.iter().enumerate() {
-            let xn = sized(&mut s.xn, b * h);
-            ops::rms_norm(&s.x, &l.in_norm, c.rms_eps, xn);
-            prep(&mut s.qa, &l.wq, xn);
-            let q = sized(&mut s.q, b * qd);
-            let k = sized(&mut s.k, b * kvd);
-            let v = sized(&mut s.v, b * kvd);
-            Matrix::matmul_many(
-                &mut [(&l.wq, &mut *q), (&l.wk, &mut *k), (&l.wv, &mut *v)],
-                xn,
-                &s.qa,
-            );
-            ops::rms_norm_inplace(q, &l.q_norm, c.rms_eps);
-            ops::rms_norm_inplace(k, &l.k_norm, c.rms_eps);
-            for t in 0..b {
-                let cs = &s.rope[t * half..(t + 1) * half];
-                ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
-                ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
-            }
-            kv.k[li][slot0 * row..(slot0 + b) * row].copy_from_slice(k);
-            kv.v[li][slot0 * row..(slot0 + b) * row].copy_from_slice(v);
-            let attn = sized(&mut s.attn, b * qd);
-            let end = (slot0 + b) * row;
-            ops::attention(
-                q,
-                &kv.k[li][..end],
-                &kv.v[li][..end],
+            l.forward(
+                c,
+                kv,
+                li,
+                slot0,
                 &shape,
                 Visibility::Mask(&s.mask),
-                attn,
+                &mut s.l,
+                false,
             );
-            let proj = sized(&mut s.proj, b * h);
-            prep(&mut s.qa, &l.wo, attn);
-            l.wo.matmul(attn, &s.qa, proj);
-            ops::add_inplace(&mut s.x, proj);
-            let xn = sized(&mut s.xn, b * h);
-            ops::rms_norm(&s.x, &l.post_norm, c.rms_eps, xn);
-            let gate = sized(&mut s.gate, b * ff);
-            let up = sized(&mut s.up, b * ff);
-            prep(&mut s.qa, &l.w_gate, xn);
-            Matrix::matmul_many(
-                &mut [(&l.w_gate, &mut *gate), (&l.w_up, &mut *up)],
-                xn,
-                &s.qa,
-            );
-            ops::silu_mul(gate, up);
-            let proj = sized(&mut s.proj, b * h);
-            prep(&mut s.qa, &l.w_down, gate);
-            l.w_down.matmul(gate, &s.qa, proj);
-            ops::add_inplace(&mut s.x, proj);
         }
         kv.truncate(prefix);
-        out.resize(b * h, 0.0);
-        ops::rms_norm(&s.x, &self.norm, c.rms_eps, out);
+        out.resize(b * c.hidden_size, 0.0);
+        ops::rms_norm(&s.l.x, &self.norm, c.rms_eps, out);
         Ok(())
     }
 }

@@ -1,0 +1,203 @@
+//! One Llama-family decoder layer (pre-norm attention with optional biases and q/k norm, then a
+//! SwiGLU MLP), shared by the target models and by drafters built from the same layers (DFlash).
+
+use super::config::Config;
+use super::source::TensorSource;
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::runtime::ops::{self, AttnShape, Visibility};
+use crate::runtime::qmatmul::QActs;
+use crate::runtime::quant::{prep_acts as prep, sized, Matrix};
+use crate::types::Pos;
+
+pub(crate) struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Matrix,
+    pub(crate) wk: Matrix,
+    pub(crate) wv: Matrix,
+    wo: Matrix,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
+}
+
+/// Buffers of a layer forward, grown on demand and reused.
+#[derive(Default)]
+pub(crate) struct LayerScratch {
+    /// The residual stream, `n × hidden`.
+    pub(crate) x: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
+    q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// `(cos, sin)` per new token and frequency (see [`rope_table`]).
+    pub(crate) rope: Vec<(f32, f32)>,
+    pub(crate) qa: QActs,
+}
+
+/// The RoPE table of `positions`: `(cos, sin)` of position × frequency, token-major.
+pub(crate) fn rope_table(inv_freq: &[f32], positions: &[Pos], out: &mut Vec<(f32, f32)>) {
+    out.clear();
+    for p in positions {
+        for &f in inv_freq {
+            let a = p.0 as f32 * f;
+            out.push((a.cos(), a.sin()));
+        }
+    }
+}
+
+impl Layer {
+    /// Loads layer weights named by `name` from their GGUF-style suffix (`"attn_q.weight"`);
+    /// q/k norms when `qk_norm`.
+    pub(crate) fn load(
+        src: &dyn TensorSource,
+        c: &Config,
+        qk_norm: bool,
+        name: impl Fn(&str) -> String,
+    ) -> Result<Layer> {
+        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let n = |s: &str| name(s);
+        let norm = |s: &str| -> Result<Option<Vec<f32>>> {
+            qk_norm.then(|| src.vector(&n(s), hd)).transpose()
+        };
+        Ok(Layer {
+            attn_norm: src.vector(&n("attn_norm.weight"), h)?,
+            wq: src.matrix(&n("attn_q.weight"), qd, h)?,
+            wk: src.matrix(&n("attn_k.weight"), kvd, h)?,
+            wv: src.matrix(&n("attn_v.weight"), kvd, h)?,
+            wo: src.matrix(&n("attn_output.weight"), h, qd)?,
+            bq: src.opt_vector(&n("attn_q.bias"), qd)?,
+            bk: src.opt_vector(&n("attn_k.bias"), kvd)?,
+            bv: src.opt_vector(&n("attn_v.bias"), kvd)?,
+            q_norm: norm("attn_q_norm.weight")?,
+            k_norm: norm("attn_k_norm.weight")?,
+            ffn_norm: src.vector(&n("ffn_norm.weight"), h)?,
+            w_gate: src.matrix(&n("ffn_gate.weight"), ff, h)?,
+            w_up: src.matrix(&n("ffn_up.weight"), ff, h)?,
+            w_down: src.matrix(&n("ffn_down.weight"), h, ff)?,
+        })
+    }
+
+    /// The weight matrices (to convert their storage).
+    pub(crate) fn matrices_mut(&mut self) -> [&mut Matrix; 7] {
+        [
+            &mut self.wq,
+            &mut self.wk,
+            &mut self.wv,
+            &mut self.wo,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
+        ]
+    }
+
+    /// Bytes of weight matrices (what one forward streams).
+    pub(crate) fn weight_bytes(&self) -> usize {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+        .iter()
+        .map(|m| m.nbytes())
+        .sum()
+    }
+
+    /// Runs the `shape.n_new` rows of `s.x` (whose RoPE table is `s.rope`) through the layer:
+    /// their K/V are written to layer `li` of `kv` at slots `slot0..`, they attend over
+    /// `kv`'s first `shape.prefix` slots and, as `vis` says, each other; attention and MLP are
+    /// added to `s.x`. `exact` asks for f32 activations in quantized matmuls.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        c: &Config,
+        kv: &mut KvCache,
+        li: usize,
+        slot0: usize,
+        shape: &AttnShape,
+        vis: Visibility,
+        s: &mut LayerScratch,
+        exact: bool,
+    ) {
+        let n = shape.n_new;
+        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let half = hd / 2;
+        let xn = sized(&mut s.xn, n * h);
+        ops::rms_norm(&s.x, &self.attn_norm, c.rms_eps, xn);
+        let q = sized(&mut s.q, n * qd);
+        let k = sized(&mut s.k, n * kvd);
+        let v = sized(&mut s.v, n * kvd);
+        prep(&mut s.qa, &[&self.wq, &self.wk, &self.wv], xn, exact);
+        Matrix::matmul_many(
+            &mut [
+                (&self.wq, &mut *q),
+                (&self.wk, &mut *k),
+                (&self.wv, &mut *v),
+            ],
+            xn,
+            &s.qa,
+        );
+        for (buf, bias, dim) in [
+            (&mut *q, &self.bq, qd),
+            (&mut *k, &self.bk, kvd),
+            (&mut *v, &self.bv, kvd),
+        ] {
+            if let Some(bias) = bias {
+                for r in buf.chunks_exact_mut(dim) {
+                    ops::add_inplace(r, bias);
+                }
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            ops::rms_norm_inplace(q, qn, c.rms_eps);
+            ops::rms_norm_inplace(k, kn, c.rms_eps);
+        }
+        for t in 0..n {
+            let cs = &s.rope[t * half..(t + 1) * half];
+            ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
+            ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
+        }
+        let row = kv.row();
+        kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
+        kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
+        let attn = sized(&mut s.attn, n * qd);
+        let end = (slot0 + n) * row;
+        ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], shape, vis, attn);
+        let proj = sized(&mut s.proj, n * h);
+        prep(&mut s.qa, &[&self.wo], attn, exact);
+        self.wo.matmul(attn, &s.qa, proj);
+        ops::add_inplace(&mut s.x, proj);
+
+        let xn = sized(&mut s.xn, n * h);
+        ops::rms_norm(&s.x, &self.ffn_norm, c.rms_eps, xn);
+        let gate = sized(&mut s.gate, n * ff);
+        let up = sized(&mut s.up, n * ff);
+        prep(&mut s.qa, &[&self.w_gate, &self.w_up], xn, exact);
+        Matrix::matmul_many(
+            &mut [(&self.w_gate, &mut *gate), (&self.w_up, &mut *up)],
+            xn,
+            &s.qa,
+        );
+        ops::silu_mul(gate, up);
+        let proj = sized(&mut s.proj, n * h);
+        prep(&mut s.qa, &[&self.w_down], gate, exact);
+        self.w_down.matmul(gate, &s.qa, proj);
+        ops::add_inplace(&mut s.x, proj);
+    }
+}
