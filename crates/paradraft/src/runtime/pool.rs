@@ -3,16 +3,23 @@
 //! neither thread wake-ups nor a scheduler round trip per region, and an idle engine (or one
 //! sharing the machine with a build) does not burn cores.
 //!
-//! Protocol: `state` packs (epoch << 32 | next task). A job is published by storing its closure
-//! pointer and task count, then bumping the epoch. A worker claims task i of epoch e only by a
-//! CAS from (e, i) to (e, i + 1); a successful CAS proves the epoch did not change since the
-//! worker read the job pointer, and the job cannot end before the claimed task reports done, so
-//! the pointer is live while the task runs.
+//! Protocol: `state` packs (epoch << 32 | next task). A job is published in three steps: close
+//! the old epoch (bump it with a task index no job reaches), store the closure pointer and task
+//! count, then open a new epoch at task 0. A worker claims task i of epoch e only by a CAS from
+//! (e, i) to (e, i + 1); a successful CAS proves the state did not change since the worker read
+//! the job pointer and count, so both belong to epoch e, and the job cannot end before the
+//! claimed task reports done, so the pointer is live while the task runs. Without the closing
+//! step a worker leaving job k could read job k + 1's larger count while the state still said
+//! (k, n_k) and claim a task twice (or of a closure already gone): the cause of an intermittent
+//! SIGSEGV in the test suite.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, OnceLock};
 use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
+
+/// Task index of a closed epoch (between jobs): never below a job's task count.
+const CLOSED: u64 = 0xFFFF_FFFF;
 
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
@@ -143,11 +150,15 @@ impl Pool {
         }
         let s = &*self.shared;
         let job: Job = f;
+        // Close the previous epoch first (no task index is claimable in epoch e − 1): a worker
+        // still leaving the previous job may already read the new task count and job pointer,
+        // but its claim, a CAS on the old state, can then no longer succeed.
+        let e = epoch(s.state.load(Acquire)) + 2;
+        s.state.store(((e - 1) << 32) | CLOSED, SeqCst);
         s.job.store(&job as *const Job as *mut (), Release);
         s.n_tasks.store(n, Release);
         s.done.store(0, Release);
         s.panicked.store(false, Release);
-        let e = epoch(s.state.load(Acquire)) + 1;
         s.state.store(e << 32, SeqCst);
         if s.sleeping.load(SeqCst) > 0 {
             for w in &self.workers {
@@ -235,6 +246,23 @@ mod tests {
             sum.fetch_add(i, Relaxed);
         });
         assert_eq!(sum.load(Relaxed), 28);
+    }
+
+    #[test]
+    fn back_to_back_jobs_of_different_sizes_run_each_task_exactly_once() {
+        // A worker still leaving job k must not claim tasks of job k + 1 (or of a job whose
+        // closure is gone) while job k + 1 is being published.
+        let p = Pool::new(3);
+        for round in 0..400_000usize {
+            let n = if round % 2 == 0 { 2 } else { 9 };
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            p.run(n, &|i| {
+                hits[i].fetch_add(1, Relaxed);
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(Relaxed), 1, "round {round}: task {i} of {n}");
+            }
+        }
     }
 
     #[test]
