@@ -10,7 +10,7 @@ use common::load_tiny;
 use paradraft::drafters::dflash::{Dflash, DflashConfig, DflashModel, DraftSampling};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::kv::KvCache;
-use paradraft::model::{Arch, Batch, Loaded, Logits, OutputSpec, Rows, Scratch};
+use paradraft::model::{Loaded, Logits, OutputSpec, Rows};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::{speculative_generate, Speculation};
 use paradraft::train::dflash::batch::{Labeled, Vocab};
@@ -22,50 +22,17 @@ const TAPS: [usize; 2] = [0, 2];
 const BLOCK: usize = 6;
 
 fn config(target: &Loaded, layers: usize) -> DflashConfig {
-    let t = &target.model.config;
-    let mut c = t.clone();
-    c.arch = Arch::Qwen3;
-    c.n_layers = layers;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 16;
-    c.intermediate_size = 96;
-    c.rope_theta = 10000.0;
-    c.rope_scaling = paradraft::model::config::RopeScaling::None;
-    c.rope_style = paradraft::runtime::ops::RopeStyle::Half;
-    DflashConfig {
-        layers: c,
-        block_size: BLOCK,
-        num_target_layers: t.n_layers,
-        mask_token_id: 5,
-        target_layer_ids: TAPS.to_vec(),
-        draft_vocab_size: None,
-    }
+    common::tiny_dflash_config(target, layers, &TAPS, BLOCK)
 }
 
 /// Target features (the taps) of every position of `tokens`.
 fn features(lm: &Loaded, tokens: &[TokenId]) -> Vec<f32> {
-    let mut kv = lm.model.new_kv(tokens.len());
-    let pos: Vec<Pos> = (0..tokens.len() as u32).map(Pos).collect();
-    let mut s = Scratch::default();
-    let out = lm
-        .model
-        .forward(
-            &mut kv,
-            &Batch {
-                tokens,
-                positions: &pos,
-                mask: None,
-            },
-            &OutputSpec {
-                rows: Rows::Last,
-                logits: Logits::None,
-                taps: TAPS.to_vec(),
-            },
-            &mut s,
-        )
-        .unwrap();
-    out.hidden.clone()
+    let spec = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::None,
+        taps: TAPS.to_vec(),
+    };
+    common::run_forward(lm, tokens, &spec).hidden
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<TokenId> {
@@ -291,17 +258,7 @@ fn a_few_steps_of_training_lower_the_loss() {
 }
 
 fn drafter_dir(lm: &Loaded, reduced: bool) -> tempfile::TempDir {
-    let cfg = config(lm, 2);
-    let net = Net::init(cfg, 11).unwrap();
-    let n = lm.model.config.vocab_size;
-    let vocab = if reduced {
-        Vocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
-    } else {
-        Vocab::full(n)
-    };
-    let dir = tempfile::tempdir().unwrap();
-    export(&net, &vocab, n, dir.path(), DType::F16).unwrap();
-    dir
+    common::tiny_dflash_dir(lm, &config(lm, 2), reduced)
 }
 
 #[test]
@@ -617,6 +574,7 @@ fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
         committed += sp.rounds.iter().map(|r| r.accepted + 1).sum::<usize>();
     }
     let tau = committed as f64 / rounds as f64;
+    eprintln!("committed drafter: τ {tau:.3} over {rounds} rounds");
     // A trained drafter: an untrained one stays at τ ≈ 1.
     assert!(tau > TAU_FLOOR, "τ {tau:.2} on GSM8K + HumanEval prompts");
 }

@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use paradraft::drafters::dflash::{Dflash, DflashModel, DraftSampling};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::pld::PromptLookup;
 use paradraft::drafters::replay::{random_tree, Lcg, Replay};
@@ -317,7 +318,19 @@ fn sampling_matches_ar_distribution() {
             .map(|(i, &t)| (t, [0.4, 0.2, 0.15, 0.1, 0.1, 0.05][i]))
             .collect(),
     };
-    let mut cases: Vec<(&str, Box<dyn Drafter>)> = vec![
+    // DFlash drafts (an untrained drafter over a reduced vocabulary): greedy drafts checked by
+    // the one-hot rule, sampled drafts by the known-q rule.
+    let dflash_dir =
+        common::tiny_dflash_dir(&lm, &common::tiny_dflash_config(&lm, 1, &[0, 2], 4), true);
+    let dflash = |mode| -> Box<dyn Drafter + '_> {
+        let m = DflashModel::load(dflash_dir.path()).unwrap();
+        let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
+        d.draft_sampling = mode;
+        Box::new(d)
+    };
+    let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
+        ("dflash, greedy drafts", dflash(DraftSampling::Greedy)),
+        ("dflash, sampled drafts", dflash(DraftSampling::Sample)),
         (
             "random trees",
             Box::new(Replay::new({

@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
-use paradraft::model::{self, Batch, Loaded, Logits, OutputSpec, Rows, Scratch};
+use paradraft::model::{self, Batch, Loaded, Logits, Output, OutputSpec, Rows, Scratch};
 use paradraft::types::{Pos, TokenId};
 use std::path::PathBuf;
 
@@ -42,24 +42,25 @@ pub fn seq_positions(start: usize, n: usize) -> Vec<Pos> {
     (start..start + n).map(|p| Pos(p as u32)).collect()
 }
 
-/// Full logits for every token of `tokens`, run as one causal forward from an empty cache.
-pub fn run_logits(lm: &Loaded, tokens: &[TokenId]) -> Vec<Vec<f32>> {
+/// One causal forward over `tokens` from an empty cache.
+pub fn run_forward(lm: &Loaded, tokens: &[TokenId], spec: &OutputSpec) -> Output {
     let mut kv = lm.model.new_kv(tokens.len() + 8);
     let mut s = Scratch::default();
     let pos = seq_positions(0, tokens.len());
-    let out = lm
-        .model
-        .forward(
-            &mut kv,
-            &Batch {
-                tokens,
-                positions: &pos,
-                mask: None,
-            },
-            &OutputSpec::all_full(),
-            &mut s,
-        )
-        .unwrap();
+    let batch = Batch {
+        tokens,
+        positions: &pos,
+        mask: None,
+    };
+    lm.model
+        .forward(&mut kv, &batch, spec, &mut s)
+        .unwrap()
+        .clone()
+}
+
+/// Full logits for every token of `tokens`, run as one causal forward from an empty cache.
+pub fn run_logits(lm: &Loaded, tokens: &[TokenId]) -> Vec<Vec<f32>> {
+    let out = run_forward(lm, tokens, &OutputSpec::all_full());
     (0..tokens.len())
         .map(|i| out.logits_row(i).to_vec())
         .collect()
@@ -78,4 +79,52 @@ pub fn spec_with_taps(taps: Vec<usize>) -> OutputSpec {
         logits: Logits::Full,
         taps,
     }
+}
+
+/// A small DFlash configuration for a tiny target (Qwen3 layers of its own shape).
+pub fn tiny_dflash_config(
+    target: &Loaded,
+    layers: usize,
+    taps: &[usize],
+    block: usize,
+) -> paradraft::drafters::dflash::DflashConfig {
+    let t = &target.model.config;
+    let mut c = t.clone();
+    c.arch = model::Arch::Qwen3;
+    c.n_layers = layers;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 16;
+    c.intermediate_size = 96;
+    c.rope_theta = 10000.0;
+    c.rope_scaling = model::config::RopeScaling::None;
+    c.rope_style = paradraft::runtime::ops::RopeStyle::Half;
+    paradraft::drafters::dflash::DflashConfig {
+        layers: c,
+        block_size: block,
+        num_target_layers: t.n_layers,
+        mask_token_id: 5,
+        target_layer_ids: taps.to_vec(),
+        draft_vocab_size: None,
+    }
+}
+
+/// An untrained DFlash drafter (seeded random weights, f16) written to a temporary directory;
+/// `reduced` drops every third id from its vocabulary.
+pub fn tiny_dflash_dir(
+    lm: &Loaded,
+    cfg: &paradraft::drafters::dflash::DflashConfig,
+    reduced: bool,
+) -> tempfile::TempDir {
+    use paradraft::train::dflash::batch::Vocab;
+    let net = paradraft::train::dflash::net::Net::init(cfg.clone(), 11).unwrap();
+    let n = lm.model.config.vocab_size;
+    let vocab = if reduced {
+        Vocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
+    } else {
+        Vocab::full(n)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    paradraft::train::dflash::export(&net, &vocab, n, dir.path(), candle_core::DType::F16).unwrap();
+    dir
 }

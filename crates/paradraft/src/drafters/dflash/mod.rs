@@ -21,8 +21,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::Matrix;
-use crate::sample::{Dist, Sampler, SamplingParams};
+use crate::runtime::quant::{prep_acts, Matrix};
+use crate::sample::{Sampler, SamplingParams};
 use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 
@@ -166,11 +166,7 @@ impl Drafter for Dflash<'_> {
         let rows = &self.hidden[h..b * h];
         let v = head.rows;
         self.logits.resize((b - 1) * v, 0.0);
-        if head.wants_qacts() {
-            self.qa.quantize(rows, h);
-        } else {
-            self.qa.clear();
-        }
+        prep_acts(&mut self.qa, &[head], rows, false);
         head.matmul(rows, &self.qa, &mut self.logits);
         let mut tree = DraftTree::new();
         let mut parent = None;
@@ -179,12 +175,11 @@ impl Drafter for Dflash<'_> {
         for i in 0..b - 1 {
             let row = &self.logits[i * v..(i + 1) * v];
             let (tok, q) = if sample {
-                let mut d = self.sampler.dist(row);
-                for e in d.entries.iter_mut() {
+                let mut q = self.sampler.dist(row);
+                for e in q.entries.iter_mut() {
                     e.0 = self.target_id(e.0.idx());
                 }
-                let d = Dist { entries: d.entries };
-                (self.sampler.draw(&d), Some(d))
+                (self.sampler.draw(&q), Some(q))
             } else {
                 (self.target_id(crate::runtime::ops::argmax(row).idx()), None)
             };

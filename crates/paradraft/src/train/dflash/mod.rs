@@ -253,9 +253,13 @@ pub fn train(
         .append(true)
         .open(&log_path)
         .map_err(|e| Error::io(&log_path, e))?;
+    let mut order: (usize, Vec<usize>) = (usize::MAX, vec![]); // (epoch, its sequence order)
     while step < total {
         let (epoch, in_epoch) = (step / per_epoch, step % per_epoch);
-        let order = epoch_order(&data.train, p.seed, epoch);
+        if order.0 != epoch {
+            order = (epoch, epoch_order(&data.train, p.seed, epoch));
+        }
+        let order = &order.1;
         let chunk =
             &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
         let t0 = Instant::now();
