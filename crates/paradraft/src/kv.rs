@@ -4,24 +4,107 @@
 use crate::error::{Error, Result};
 use crate::types::SlotId;
 
+/// Slots per K tile: K is stored transposed in tiles of this many slots, so attention
+/// scores 16 slots with one vector FMA per head dimension.
+pub const KV_TILE: usize = 16;
+
 pub struct KvCache {
-    /// Per layer: `[capacity, n_kv_heads, head_dim]`.
+    /// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]`: slot `s`, dimension `d` of
+    /// KV head `g` sits at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`.
     pub(crate) k: Vec<Vec<f32>>,
+    /// Per layer, V as `[n_kv_heads, capacity, head_dim]`.
     pub(crate) v: Vec<Vec<f32>>,
-    row: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
     capacity: usize,
     len: usize,
 }
 
+/// One layer of the cache, read-only (what attention reads).
+#[derive(Clone, Copy)]
+pub(crate) struct KvLayer<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    /// K tiles per KV head.
+    pub tiles: usize,
+    /// V rows per KV head.
+    pub capacity: usize,
+}
+
 impl KvCache {
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let row = n_kv_heads * head_dim;
+        let tiles = capacity.div_ceil(KV_TILE);
         KvCache {
-            k: (0..n_layers).map(|_| vec![0f32; capacity * row]).collect(),
-            v: (0..n_layers).map(|_| vec![0f32; capacity * row]).collect(),
-            row,
+            k: (0..n_layers)
+                .map(|_| vec![0f32; n_kv_heads * tiles * KV_TILE * head_dim])
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| vec![0f32; n_kv_heads * capacity * head_dim])
+                .collect(),
+            n_kv_heads,
+            head_dim,
             capacity,
             len: 0,
+        }
+    }
+
+    fn tiles(&self) -> usize {
+        self.capacity.div_ceil(KV_TILE)
+    }
+
+    #[inline]
+    fn k_at(&self, g: usize, slot: usize, d: usize) -> usize {
+        ((g * self.tiles() + slot / KV_TILE) * self.head_dim + d) * KV_TILE + slot % KV_TILE
+    }
+
+    /// Writes the K/V rows (`[n, n_kv_heads, head_dim]` each) of slots `slot0..slot0 + n`
+    /// of layer `li`.
+    pub(crate) fn write(&mut self, li: usize, slot0: usize, k: &[f32], v: &[f32]) {
+        let (hd, row) = (self.head_dim, self.n_kv_heads * self.head_dim);
+        let n = k.len() / row;
+        debug_assert!(slot0 + n <= self.capacity && v.len() == k.len());
+        for t in 0..n {
+            let slot = slot0 + t;
+            for g in 0..self.n_kv_heads {
+                let src = &k[t * row + g * hd..t * row + (g + 1) * hd];
+                let base = self.k_at(g, slot, 0);
+                let kl = &mut self.k[li];
+                for (d, &x) in src.iter().enumerate() {
+                    kl[base + d * KV_TILE] = x;
+                }
+                let vo = (g * self.capacity + slot) * hd;
+                self.v[li][vo..vo + hd]
+                    .copy_from_slice(&v[t * row + g * hd..t * row + (g + 1) * hd]);
+            }
+        }
+    }
+
+    /// Layer `li`, for attention.
+    pub(crate) fn layer(&self, li: usize) -> KvLayer<'_> {
+        KvLayer {
+            k: &self.k[li],
+            v: &self.v[li],
+            tiles: self.tiles(),
+            capacity: self.capacity,
+        }
+    }
+
+    /// Moves slot `src` to slot `dst` in every layer.
+    fn move_slot(&mut self, src: usize, dst: usize) {
+        let hd = self.head_dim;
+        for li in 0..self.k.len() {
+            for g in 0..self.n_kv_heads {
+                let (a, b) = (self.k_at(g, src, 0), self.k_at(g, dst, 0));
+                let kl = &mut self.k[li];
+                for d in 0..hd {
+                    kl[b + d * KV_TILE] = kl[a + d * KV_TILE];
+                }
+                let (a, b) = (
+                    (g * self.capacity + src) * hd,
+                    (g * self.capacity + dst) * hd,
+                );
+                self.v[li].copy_within(a..a + hd, b);
+            }
         }
     }
 
@@ -51,10 +134,6 @@ impl KvCache {
         Ok(start)
     }
 
-    pub(crate) fn row(&self) -> usize {
-        self.row
-    }
-
     /// Drops every slot from `len` on.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
@@ -79,13 +158,9 @@ impl KvCache {
             }
             prev = Some(s.idx());
         }
-        let row = self.row;
         for (dst, s) in (keep_prefix..).zip(slots) {
-            let src = s.idx();
-            if src != dst {
-                for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-                    buf.copy_within(src * row..(src + 1) * row, dst * row);
-                }
+            if s.idx() != dst {
+                self.move_slot(s.idx(), dst);
             }
         }
         self.len = keep_prefix + slots.len();

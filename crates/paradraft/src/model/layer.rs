@@ -173,12 +173,9 @@ impl Layer {
             ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
             ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
         }
-        let row = kv.row();
-        kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
-        kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
+        kv.write(li, slot0, k, v);
         let attn = sized(&mut s.attn, n * qd);
-        let end = (slot0 + n) * row;
-        ops::attention(q, &kv.k[li][..end], &kv.v[li][..end], shape, vis, attn);
+        ops::attention(q, kv.layer(li), shape, vis, attn);
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);

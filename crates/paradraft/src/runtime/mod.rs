@@ -34,6 +34,7 @@ macro_rules! multiversion {
     };
 }
 
+pub mod attention;
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;

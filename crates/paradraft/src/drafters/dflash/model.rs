@@ -166,7 +166,6 @@ impl DflashModel {
         ops::rms_norm_inplace(cx, &self.hidden_norm, c.rms_eps);
         rope_table(&self.inv_freq, positions, &mut l.rope);
         let half = hd / 2;
-        let row = kv.row();
         if let Some(first) = self.layers.first() {
             prep_acts(&mut l.qa, &[&first.wk], cx, false);
         }
@@ -182,8 +181,7 @@ impl DflashModel {
                 let cs = &l.rope[t * half..(t + 1) * half];
                 ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
             }
-            kv.k[li][slot0 * row..(slot0 + n) * row].copy_from_slice(k);
-            kv.v[li][slot0 * row..(slot0 + n) * row].copy_from_slice(v);
+            kv.write(li, slot0, k, v);
         }
         Ok(())
     }
