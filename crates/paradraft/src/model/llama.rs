@@ -8,7 +8,10 @@ use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape};
-use crate::runtime::quant::{prep_acts as prep, sized, Matrix};
+use crate::runtime::pool;
+use crate::runtime::quant::{prep_acts as prep, sized, Matrix, SendPtr};
+use crate::types::TokenId;
+use std::cell::RefCell;
 
 pub struct Model {
     pub config: Config,
@@ -28,8 +31,6 @@ pub struct Scratch {
     l: LayerScratch,
     rows_x: Vec<f32>,
     logits: Vec<f32>,
-    row_tmp: Vec<f32>,
-    cand: Vec<u32>,
     pub out: Output,
 }
 
@@ -109,7 +110,7 @@ impl Model {
     /// Total bytes of weights (what one decode step streams).
     pub fn weight_bytes(&self) -> usize {
         let l: usize = self.layers.iter().map(Layer::weight_bytes).sum();
-        l + self.lm_head.as_ref().unwrap_or(&self.embed).nbytes()
+        l + self.output_head().nbytes()
     }
 
     fn validate(&self, kv: &KvCache, b: &Batch, spec: &OutputSpec) -> Result<()> {
@@ -227,38 +228,64 @@ impl Model {
                 &mut xs[i * h..(i + 1) * h],
             );
         }
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let head = self.output_head();
         let logits = if spec.logits == Logits::Full {
             out.logits.resize(m * vocab, 0.0);
             &mut out.logits[..]
         } else {
             sized(&mut s.logits, m * vocab)
         };
-        let int8 = head.wants_qacts() && !self.exact;
         prep(&mut s.l.qa, &[head], xs, self.exact);
         head.matmul(xs, &s.l.qa, logits);
         let keep = match spec.logits {
             Logits::TopK(k) => k.max(1),
             _ => 1,
         };
-        let tmp = sized(&mut s.row_tmp, h);
-        for (i, row) in logits.chunks_exact_mut(vocab).enumerate() {
-            if int8 {
-                refine_top(
-                    row,
-                    keep,
-                    |id, t| head.row_dot(id, &xs[i * h..(i + 1) * h], t),
-                    tmp,
-                    &mut s.cand,
-                );
+        let (xs, approx) = (&*xs, s.l.qa.n > 0);
+        match spec.logits {
+            Logits::Argmax => out.argmax.resize(m, TokenId(0)),
+            Logits::TopK(_) => out.top.resize(m, Vec::new()),
+            _ => {}
+        }
+        let (lp, ap, tp) = (
+            SendPtr(logits.as_mut_ptr()),
+            Disjoint(out.argmax.as_mut_ptr()),
+            Disjoint(out.top.as_mut_ptr()),
+        );
+        pool::run(m, |i| {
+            // SAFETY: task i alone touches row i of the logits and entry i of the results.
+            let row = unsafe { std::slice::from_raw_parts_mut(lp.get().add(i * vocab), vocab) };
+            let x = &xs[i * h..(i + 1) * h];
+            if approx {
+                ROW.with_borrow_mut(|(tmp, cand)| {
+                    tmp.resize(h, 0.0);
+                    refine_top(row, keep, |id, t| head.row_dot(id, x, t), tmp, cand);
+                });
             }
             match spec.logits {
-                Logits::Argmax => out.argmax.push(ops::argmax(row)),
-                Logits::TopK(k) => out.top.push(ops::top_k(row, k)),
+                Logits::Argmax => unsafe { ap.set(i, ops::argmax(row)) },
+                Logits::TopK(k) => unsafe { tp.set(i, ops::top_k(row, k)) },
                 Logits::Full | Logits::None => {}
             }
-        }
+        });
     }
+}
+
+/// Elements of a slice that parallel tasks write, each task its own indices.
+struct Disjoint<T>(*mut T);
+// SAFETY: tasks write disjoint elements (see `at`).
+unsafe impl<T: Send> Sync for Disjoint<T> {}
+impl<T> Disjoint<T> {
+    /// # Safety
+    /// `i` is in bounds and no other task uses element `i` meanwhile.
+    unsafe fn set(&self, i: usize, v: T) {
+        *self.0.add(i) = v;
+    }
+}
+
+thread_local! {
+    /// Per-thread buffers of the exact re-scoring: a dequantised row, candidate ids.
+    static ROW: RefCell<(Vec<f32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Re-scores with f32 activations the ids whose int8-activation logit lies within [`REFINE`] of

@@ -368,6 +368,18 @@ pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
 
 /// A raw output pointer shared by tasks that write disjoint elements.
 pub(crate) struct SendPtr(pub(crate) *mut f32);
+impl Clone for SendPtr {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl Copy for SendPtr {}
+impl SendPtr {
+    /// The pointer (a method, so that closures capture the `SendPtr`, not its field).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
