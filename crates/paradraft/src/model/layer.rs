@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::{prep_acts as prep, sized, Matrix};
+use crate::runtime::quant::{par_rows, prep_acts as prep, sized, Matrix};
 use crate::types::Pos;
 
 pub(crate) struct Layer {
@@ -139,7 +139,10 @@ impl Layer {
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let half = hd / 2;
         let xn = sized(&mut s.xn, n * h);
-        ops::rms_norm(&s.x, &self.attn_norm, c.rms_eps, xn);
+        let x = &s.x;
+        par_rows(xn, h, |r, o| {
+            ops::rms_norm(&x[r.start * h..r.end * h], &self.attn_norm, c.rms_eps, o)
+        });
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
@@ -182,7 +185,10 @@ impl Layer {
         ops::add_inplace(&mut s.x, proj);
 
         let xn = sized(&mut s.xn, n * h);
-        ops::rms_norm(&s.x, &self.ffn_norm, c.rms_eps, xn);
+        let x = &s.x;
+        par_rows(xn, h, |r, o| {
+            ops::rms_norm(&x[r.start * h..r.end * h], &self.ffn_norm, c.rms_eps, o)
+        });
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);
         prep(&mut s.qa, &[&self.w_gate, &self.w_up], xn, exact);
@@ -191,7 +197,10 @@ impl Layer {
             xn,
             &s.qa,
         );
-        ops::silu_mul(gate, up);
+        let up = &*up;
+        par_rows(gate, ff, |r, g| {
+            ops::silu_mul(g, &up[r.start * ff..r.end * ff])
+        });
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.w_down], gate, exact);
         self.w_down.matmul(gate, &s.qa, proj);

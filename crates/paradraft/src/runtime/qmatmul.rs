@@ -40,6 +40,8 @@ impl QActs {
         self.n = 0;
     }
 
+    /// Quantizes the `x.len() / k` rows of `x`; rows are split across the pool when there are
+    /// enough of them (the result does not depend on the split).
     pub fn quantize(&mut self, x: &[f32], k: usize) {
         assert!(k.is_multiple_of(QK) && x.len().is_multiple_of(k));
         let n = x.len() / k;
@@ -50,34 +52,95 @@ impl QActs {
         self.us.resize(n * k, 0);
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
-        #[cfg(target_arch = "x86_64")]
-        if isa() == Isa::Avx512Vnni {
-            // SAFETY: the CPU supports AVX-512; sizes were set above.
-            unsafe { avx512::quantize(x, self) };
-            return;
+        let simd = cfg!(target_arch = "x86_64") && isa() == Isa::Avx512Vnni;
+        let out = BlockOut {
+            qs: self.qs.as_mut_ptr(),
+            us: self.us.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+        };
+        let run = |t0: usize, t1: usize| {
+            let xs = &x[t0 * k..t1 * k];
+            let o = out.at(t0 * nb);
+            // SAFETY: rows t0..t1 own blocks t0·nb..t1·nb of every output array.
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: the CPU supports AVX-512.
+                return unsafe { avx512::quantize(xs, o) };
+            }
+            let _ = simd;
+            unsafe { quantize_blocks_portable(xs, o) }
+        };
+        if n >= PAR_QUANT_ROWS {
+            super::quant::par_ranges(n, run);
+        } else {
+            run(0, n);
         }
-        self.quantize_portable(x);
     }
 
-    /// Scalar quantization (the reference for the SIMD version; same rounding).
+    /// Scalar quantization of all rows (the reference for the SIMD version; same rounding).
+    /// The buffers must already be sized (as [`QActs::quantize`] does).
     pub fn quantize_portable(&mut self, x: &[f32]) {
-        for (bi, xb) in x.chunks_exact(QK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (j, &xv) in xb.iter().enumerate() {
-                // Round to nearest (ties to even) without a libm call: adding 1.5·2^23 pushes
-                // the fraction out of the f32 mantissa. |xv·id| ≤ 127 here.
-                const MAGIC: f32 = 12_582_912.0;
-                let q = ((xv * id + MAGIC) - MAGIC) as i8;
-                self.qs[bi * QK + j] = q;
-                self.us[bi * QK + j] = (q as u8) ^ 0x80;
-                sum += q as i32;
-            }
-            self.d[bi] = d;
-            self.s[bi] = d * sum as f32;
+        let out = BlockOut {
+            qs: self.qs.as_mut_ptr(),
+            us: self.us.as_mut_ptr(),
+            d: self.d.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+        };
+        assert!(self.qs.len() >= x.len() && self.d.len() >= x.len() / QK);
+        // SAFETY: sizes checked above.
+        unsafe { quantize_blocks_portable(x, out) }
+    }
+}
+
+/// Rows of activations from which quantization is split across threads.
+const PAR_QUANT_ROWS: usize = 4;
+
+/// Where quantized blocks go: `qs`/`us` 32 bytes and `d`/`s` one value per block, from block 0.
+#[derive(Clone, Copy)]
+struct BlockOut {
+    qs: *mut i8,
+    us: *mut u8,
+    d: *mut f32,
+    s: *mut f32,
+}
+// SAFETY: tasks write disjoint block ranges.
+unsafe impl Sync for BlockOut {}
+unsafe impl Send for BlockOut {}
+
+impl BlockOut {
+    /// The same arrays from block `b` on.
+    fn at(self, b: usize) -> BlockOut {
+        BlockOut {
+            qs: self.qs.wrapping_add(b * QK),
+            us: self.us.wrapping_add(b * QK),
+            d: self.d.wrapping_add(b),
+            s: self.s.wrapping_add(b),
         }
+    }
+}
+
+/// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127.
+///
+/// # Safety
+/// `o` must be valid for `x.len() / 32` blocks.
+unsafe fn quantize_blocks_portable(x: &[f32], o: BlockOut) {
+    for (bi, xb) in x.chunks_exact(QK).enumerate() {
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (j, &xv) in xb.iter().enumerate() {
+            // Round to nearest (ties to even) without a libm call: adding 1.5·2^23 pushes
+            // the fraction out of the f32 mantissa. |xv·id| ≤ 127 here.
+            const MAGIC: f32 = 12_582_912.0;
+            let q = ((xv * id + MAGIC) - MAGIC) as i8;
+            *o.qs.add(bi * QK + j) = q;
+            *o.us.add(bi * QK + j) = (q as u8) ^ 0x80;
+            sum += q as i32;
+        }
+        *o.d.add(bi) = d;
+        *o.s.add(bi) = d * sum as f32;
     }
 }
 
@@ -459,7 +522,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{GgmlType, Packed, QActs, GROUP, QK};
+    use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
     use std::arch::x86_64::*;
 
     /// Activation rows processed together per pass over a row group's weights.
@@ -467,7 +530,7 @@ mod avx512 {
 
     /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub unsafe fn quantize(x: &[f32], a: &mut QActs) {
+    pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
         let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
         for (bi, xb) in x.chunks_exact(QK).enumerate() {
             let v0 = _mm512_loadu_ps(xb.as_ptr());
@@ -485,15 +548,15 @@ mod avx512 {
             let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
             let b0 = _mm512_cvtepi32_epi8(q0);
             let b1 = _mm512_cvtepi32_epi8(q1);
-            let dst = a.qs.as_mut_ptr().add(bi * QK) as *mut __m128i;
+            let dst = o.qs.add(bi * QK) as *mut __m128i;
             _mm_storeu_si128(dst, b0);
             _mm_storeu_si128(dst.add(1), b1);
             let flip = _mm_set1_epi8(-128);
-            let udst = a.us.as_mut_ptr().add(bi * QK) as *mut __m128i;
+            let udst = o.us.add(bi * QK) as *mut __m128i;
             _mm_storeu_si128(udst, _mm_xor_si128(b0, flip));
             _mm_storeu_si128(udst.add(1), _mm_xor_si128(b1, flip));
-            a.d[bi] = d;
-            a.s[bi] = d * sum as f32;
+            *o.d.add(bi) = d;
+            *o.s.add(bi) = d * sum as f32;
         }
     }
 
@@ -543,6 +606,23 @@ mod avx512 {
         }
     }
 
+    /// Row groups ahead whose weights are prefetched while a group is computed: the stream of
+    /// weights is read once per forward, and the hardware prefetcher alone leaves the kernel
+    /// waiting on DRAM.
+    const PREFETCH_GROUPS: usize = 1;
+
+    /// Prefetches the `bytes` (a multiple of 32) at `p` advanced by [`PREFETCH_GROUPS`] groups
+    /// of `nb` such chunks.
+    #[inline(always)]
+    unsafe fn prefetch_ahead(p: *const u8, bytes: usize, nb: usize) {
+        let q = p.wrapping_add(PREFETCH_GROUPS * nb * bytes);
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+            o += 64;
+        }
+    }
+
     #[inline(always)]
     unsafe fn bcast4(p: *const u8) -> __m512i {
         _mm512_set1_epi32((p as *const i32).read_unaligned())
@@ -570,6 +650,11 @@ mod avx512 {
         for b in 0..nb {
             let gb = g * nb + b;
             let base = p.q.as_ptr().add(gb * 256);
+            if t0 == 0 {
+                prefetch_ahead(base, 256, nb);
+                prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+                prefetch_ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            }
             let mut lo = [_mm512_setzero_si512(); 4];
             let mut hi = [_mm512_setzero_si512(); 4];
             for i in 0..4 {
@@ -622,6 +707,11 @@ mod avx512 {
         for b in 0..nb {
             let gb = g * nb + b;
             let base = p.q.as_ptr().add(gb * 512);
+            if t0 == 0 {
+                prefetch_ahead(base, 512, nb);
+                prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+                prefetch_ahead(p.wsum.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            }
             let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
             let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
                 p.wsum.as_ptr().add(gb * GROUP) as *const __m256i

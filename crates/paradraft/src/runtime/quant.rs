@@ -366,6 +366,26 @@ pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
     super::pool::run(tasks, |i| f(i * n / tasks, (i + 1) * n / tasks));
 }
 
+/// Runs `f(t0..t1, rows)` over disjoint ranges of the rows (each `width` wide) of `out`, across
+/// the pool when there are at least 4 rows (per-token element-wise work of a batched forward).
+pub fn par_rows(
+    out: &mut [f32],
+    width: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+) {
+    let n = out.len() / width;
+    if n < 4 {
+        return f(0..n, out);
+    }
+    let p = SendPtr(out.as_mut_ptr());
+    par_ranges(n, |t0, t1| {
+        // SAFETY: ranges are disjoint and within `out`.
+        let rows =
+            unsafe { std::slice::from_raw_parts_mut(p.get().add(t0 * width), (t1 - t0) * width) };
+        f(t0..t1, rows)
+    });
+}
+
 /// A raw output pointer shared by tasks that write disjoint elements.
 pub(crate) struct SendPtr(pub(crate) *mut f32);
 impl Clone for SendPtr {
