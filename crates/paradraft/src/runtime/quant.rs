@@ -361,10 +361,37 @@ pub fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// Splits `0..n` into contiguous ranges, a few per thread, and runs them on the pool.
+///
+/// Ranges shrink as the work runs out (guided scheduling: each takes 1/(2·threads) of what is
+/// left), so the threads finish close together: a region ends with small tasks instead of
+/// one thread waiting for another's large one.
 pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
-    let tasks = (super::pool::threads() * 4).clamp(1, n.max(1));
-    super::pool::run(tasks, |i| f(i * n / tasks, (i + 1) * n / tasks));
+    let threads = super::pool::threads();
+    if threads == 1 || n <= 1 {
+        return f(0, n);
+    }
+    let mut ends = [0usize; MAX_RANGES];
+    let mut tasks = 0;
+    let mut start = 0;
+    while start < n {
+        let left = n - start;
+        let size = if tasks + 1 == MAX_RANGES {
+            left
+        } else {
+            left.div_ceil(2 * threads)
+        };
+        start += size;
+        ends[tasks] = start;
+        tasks += 1;
+    }
+    super::pool::run(tasks, |i| {
+        let lo = if i == 0 { 0 } else { ends[i - 1] };
+        f(lo, ends[i])
+    });
 }
+
+/// Most ranges [`par_ranges`] makes.
+const MAX_RANGES: usize = 64;
 
 /// Runs `f(t0..t1, rows)` over disjoint ranges of the rows (each `width` wide) of `out`, across
 /// the pool when there are at least 4 rows (per-token element-wise work of a batched forward).
