@@ -108,6 +108,9 @@ pub(crate) struct ModelArgs {
     /// KV-cache capacity in tokens (default: the model's context length, at most 8192).
     #[arg(long)]
     ctx_size: Option<usize>,
+    /// KV-cache element type: f16 (half the attention traffic) or f32.
+    #[arg(long, default_value = "f16")]
+    kv_dtype: paradraft::kv::KvDtype,
 }
 
 /// The sampler: temperature → top-k → top-p, seeded (temperature 0 is greedy).
@@ -342,7 +345,8 @@ pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
         Some(p) => p.clone(),
         None => paradraft::fetch::ensure_default_model()?,
     };
-    let loaded = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let mut loaded = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    loaded.model.set_kv_dtype(m.kv_dtype);
     let ctx = m
         .ctx_size
         .unwrap_or(loaded.model.config.max_position_embeddings.min(8192));

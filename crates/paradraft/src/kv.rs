@@ -3,17 +3,104 @@
 
 use crate::error::{Error, Result};
 use crate::types::SlotId;
+use half::f16;
 
 /// Slots per K tile: K is stored transposed in tiles of this many slots, so attention
 /// scores 16 slots with one vector FMA per head dimension.
 pub const KV_TILE: usize = 16;
 
+/// Largest head size the cache takes (checked when a model's config is validated).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// Element type of the cache. f16 halves the bytes attention reads (llama.cpp's default);
+/// f32 is the reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    #[default]
+    F16,
+    F32,
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f16" => Ok(KvDtype::F16),
+            "f32" => Ok(KvDtype::F32),
+            _ => Err(format!("KV cache type `{s}`: expected f16 or f32")),
+        }
+    }
+}
+
+/// A value the cache can store.
+pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
+    fn of(x: f32) -> Self;
+    fn get(self) -> f32;
+    /// `dst[i] = of(src[i])`, vectorised where the type allows.
+    fn convert(src: &[f32], dst: &mut [Self]) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = Self::of(x);
+        }
+    }
+}
+impl KvElem for f32 {
+    #[inline(always)]
+    fn of(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+}
+impl KvElem for f16 {
+    #[inline(always)]
+    fn of(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self.to_f32()
+    }
+    fn convert(src: &[f32], dst: &mut [f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::runtime::qmatmul::isa() == crate::runtime::qmatmul::Isa::Avx512Vnni {
+            // SAFETY: the CPU has AVX-512 (and F16C with it).
+            return unsafe { f16_avx512(src, dst) };
+        }
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = f16::from_f32(x);
+        }
+    }
+}
+
+/// f32 → f16 (round to nearest even, as `f16::from_f32`), 16 at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn f16_avx512(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 16 <= n {
+        let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.as_ptr().add(i)));
+        _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h);
+        i += 16;
+    }
+    for j in i..n {
+        dst[j] = f16::from_f32(src[j]);
+    }
+}
+
+/// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]` (slot `s`, dimension `d` of KV head
+/// `g` at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`) and V as
+/// `[n_kv_heads, capacity, head_dim]`.
+enum Store {
+    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
+    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
+}
+
 pub struct KvCache {
-    /// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]`: slot `s`, dimension `d` of
-    /// KV head `g` sits at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`.
-    pub(crate) k: Vec<Vec<f32>>,
-    /// Per layer, V as `[n_kv_heads, capacity, head_dim]`.
-    pub(crate) v: Vec<Vec<f32>>,
+    store: Store,
     n_kv_heads: usize,
     head_dim: usize,
     capacity: usize,
@@ -22,25 +109,111 @@ pub struct KvCache {
 
 /// One layer of the cache, read-only (what attention reads).
 #[derive(Clone, Copy)]
-pub(crate) struct KvLayer<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+pub(crate) struct KvLayer<'a, E> {
+    pub k: &'a [E],
+    pub v: &'a [E],
     /// K tiles per KV head.
     pub tiles: usize,
     /// V rows per KV head.
     pub capacity: usize,
 }
 
+/// A layer of either element type.
+#[derive(Clone, Copy)]
+pub(crate) enum KvLayerRef<'a> {
+    F32(KvLayer<'a, f32>),
+    F16(KvLayer<'a, f16>),
+}
+
+/// Geometry shared by the typed helpers.
+#[derive(Clone, Copy)]
+struct Geom {
+    n_kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+}
+
+impl Geom {
+    fn tiles(self) -> usize {
+        self.capacity.div_ceil(KV_TILE)
+    }
+
+    #[inline]
+    fn k_at(self, g: usize, slot: usize) -> usize {
+        (g * self.tiles() + slot / KV_TILE) * self.head_dim * KV_TILE + slot % KV_TILE
+    }
+
+    fn write<E: KvElem>(self, kl: &mut [E], vl: &mut [E], slot0: usize, k: &[f32], v: &[f32]) {
+        let (hd, row) = (self.head_dim, self.n_kv_heads * self.head_dim);
+        // One head's K row converted at a time, on the stack (no allocation per step).
+        let mut kc = [E::default(); MAX_HEAD_DIM];
+        for t in 0..k.len() / row {
+            let slot = slot0 + t;
+            for g in 0..self.n_kv_heads {
+                E::convert(&k[t * row + g * hd..][..hd], &mut kc[..hd]);
+                let base = self.k_at(g, slot);
+                for (d, &x) in kc[..hd].iter().enumerate() {
+                    kl[base + d * KV_TILE] = x;
+                }
+                let vo = (g * self.capacity + slot) * hd;
+                E::convert(&v[t * row + g * hd..][..hd], &mut vl[vo..vo + hd]);
+            }
+        }
+    }
+
+    fn move_slot<E: KvElem>(self, kl: &mut [E], vl: &mut [E], src: usize, dst: usize) {
+        let hd = self.head_dim;
+        for g in 0..self.n_kv_heads {
+            let (a, b) = (self.k_at(g, src), self.k_at(g, dst));
+            for d in 0..hd {
+                kl[b + d * KV_TILE] = kl[a + d * KV_TILE];
+            }
+            let (a, b) = (
+                (g * self.capacity + src) * hd,
+                (g * self.capacity + dst) * hd,
+            );
+            vl.copy_within(a..a + hd, b);
+        }
+    }
+
+    fn layer<'a, E>(self, k: &'a [E], v: &'a [E]) -> KvLayer<'a, E> {
+        KvLayer {
+            k,
+            v,
+            tiles: self.tiles(),
+            capacity: self.capacity,
+        }
+    }
+}
+
 impl KvCache {
+    /// An f32 cache (the reference type).
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let tiles = capacity.div_ceil(KV_TILE);
+        Self::with_dtype(n_layers, n_kv_heads, head_dim, capacity, KvDtype::F32)
+    }
+
+    pub fn with_dtype(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        assert!(
+            head_dim <= MAX_HEAD_DIM,
+            "head_dim {head_dim} > {MAX_HEAD_DIM}"
+        );
+        let kn = n_kv_heads * capacity.div_ceil(KV_TILE) * KV_TILE * head_dim;
+        let vn = n_kv_heads * capacity * head_dim;
+        fn bufs<E: KvElem>(layers: usize, n: usize) -> Vec<Vec<E>> {
+            (0..layers).map(|_| vec![E::default(); n]).collect()
+        }
+        let store = match dtype {
+            KvDtype::F32 => Store::F32(bufs(n_layers, kn), bufs(n_layers, vn)),
+            KvDtype::F16 => Store::F16(bufs(n_layers, kn), bufs(n_layers, vn)),
+        };
         KvCache {
-            k: (0..n_layers)
-                .map(|_| vec![0f32; n_kv_heads * tiles * KV_TILE * head_dim])
-                .collect(),
-            v: (0..n_layers)
-                .map(|_| vec![0f32; n_kv_heads * capacity * head_dim])
-                .collect(),
+            store,
             n_kv_heads,
             head_dim,
             capacity,
@@ -48,63 +221,54 @@ impl KvCache {
         }
     }
 
-    fn tiles(&self) -> usize {
-        self.capacity.div_ceil(KV_TILE)
+    pub fn dtype(&self) -> KvDtype {
+        match self.store {
+            Store::F32(..) => KvDtype::F32,
+            Store::F16(..) => KvDtype::F16,
+        }
     }
 
-    #[inline]
-    fn k_at(&self, g: usize, slot: usize, d: usize) -> usize {
-        ((g * self.tiles() + slot / KV_TILE) * self.head_dim + d) * KV_TILE + slot % KV_TILE
+    fn geom(&self) -> Geom {
+        Geom {
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            capacity: self.capacity,
+        }
     }
 
     /// Writes the K/V rows (`[n, n_kv_heads, head_dim]` each) of slots `slot0..slot0 + n`
     /// of layer `li`.
     pub(crate) fn write(&mut self, li: usize, slot0: usize, k: &[f32], v: &[f32]) {
-        let (hd, row) = (self.head_dim, self.n_kv_heads * self.head_dim);
-        let n = k.len() / row;
-        debug_assert!(slot0 + n <= self.capacity && v.len() == k.len());
-        for t in 0..n {
-            let slot = slot0 + t;
-            for g in 0..self.n_kv_heads {
-                let src = &k[t * row + g * hd..t * row + (g + 1) * hd];
-                let base = self.k_at(g, slot, 0);
-                let kl = &mut self.k[li];
-                for (d, &x) in src.iter().enumerate() {
-                    kl[base + d * KV_TILE] = x;
-                }
-                let vo = (g * self.capacity + slot) * hd;
-                self.v[li][vo..vo + hd]
-                    .copy_from_slice(&v[t * row + g * hd..t * row + (g + 1) * hd]);
-            }
+        let g = self.geom();
+        debug_assert!(v.len() == k.len());
+        debug_assert!(slot0 + k.len() / (g.n_kv_heads * g.head_dim) <= g.capacity);
+        match &mut self.store {
+            Store::F32(kb, vb) => g.write(&mut kb[li], &mut vb[li], slot0, k, v),
+            Store::F16(kb, vb) => g.write(&mut kb[li], &mut vb[li], slot0, k, v),
         }
     }
 
     /// Layer `li`, for attention.
-    pub(crate) fn layer(&self, li: usize) -> KvLayer<'_> {
-        KvLayer {
-            k: &self.k[li],
-            v: &self.v[li],
-            tiles: self.tiles(),
-            capacity: self.capacity,
+    pub(crate) fn layer(&self, li: usize) -> KvLayerRef<'_> {
+        let g = self.geom();
+        match &self.store {
+            Store::F32(kb, vb) => KvLayerRef::F32(g.layer(&kb[li], &vb[li])),
+            Store::F16(kb, vb) => KvLayerRef::F16(g.layer(&kb[li], &vb[li])),
         }
     }
 
     /// Moves slot `src` to slot `dst` in every layer.
     fn move_slot(&mut self, src: usize, dst: usize) {
-        let hd = self.head_dim;
-        for li in 0..self.k.len() {
-            for g in 0..self.n_kv_heads {
-                let (a, b) = (self.k_at(g, src, 0), self.k_at(g, dst, 0));
-                let kl = &mut self.k[li];
-                for d in 0..hd {
-                    kl[b + d * KV_TILE] = kl[a + d * KV_TILE];
-                }
-                let (a, b) = (
-                    (g * self.capacity + src) * hd,
-                    (g * self.capacity + dst) * hd,
-                );
-                self.v[li].copy_within(a..a + hd, b);
-            }
+        let g = self.geom();
+        match &mut self.store {
+            Store::F32(kb, vb) => kb
+                .iter_mut()
+                .zip(vb)
+                .for_each(|(k, v)| g.move_slot(k, v, src, dst)),
+            Store::F16(kb, vb) => kb
+                .iter_mut()
+                .zip(vb)
+                .for_each(|(k, v)| g.move_slot(k, v, src, dst)),
         }
     }
 

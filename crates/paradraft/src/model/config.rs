@@ -76,6 +76,13 @@ impl Config {
         if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head dimension {} must be even", self.head_dim));
         }
+        if self.head_dim > crate::kv::MAX_HEAD_DIM {
+            return bad(format!(
+                "head dimension {} exceeds {}",
+                self.head_dim,
+                crate::kv::MAX_HEAD_DIM
+            ));
+        }
         if self.hidden_size == 0 || self.n_layers == 0 || self.vocab_size == 0 {
             return bad("model has an empty dimension".into());
         }

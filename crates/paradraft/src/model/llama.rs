@@ -6,7 +6,7 @@ use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
 use super::layer::{rope_table, Layer, LayerScratch};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvDtype};
 use crate::runtime::ops::{self, AttnShape};
 use crate::runtime::pool;
 use crate::runtime::quant::{prep_acts as prep, sized, Matrix, SendPtr};
@@ -23,6 +23,8 @@ pub struct Model {
     inv_freq: Vec<f32>,
     /// f32 activations in every matmul (the reference path) instead of int8 ones.
     exact: bool,
+    /// Element type of the KV caches [`Model::new_kv`] makes.
+    kv_dtype: KvDtype,
 }
 
 /// Per-forward scratch buffers, grown on demand and reused.
@@ -59,6 +61,7 @@ impl Model {
             layers,
             inv_freq,
             exact: false,
+            kv_dtype: KvDtype::F16,
         })
     }
 
@@ -97,14 +100,27 @@ impl Model {
     }
 
     /// Chooses f32 activations for quantized matmuls (slower; the reference for the int8 path).
+    /// The reference path also keeps its KV cache in f32.
     pub fn set_exact(&mut self, exact: bool) {
         self.exact = exact;
+        self.kv_dtype = if exact { KvDtype::F32 } else { KvDtype::F16 };
+    }
+
+    /// The element type of KV caches made from now on (default f16; f32 on the exact path).
+    pub fn set_kv_dtype(&mut self, dtype: KvDtype) {
+        self.kv_dtype = dtype;
     }
 
     /// A KV cache for this model holding `capacity` slots.
     pub fn new_kv(&self, capacity: usize) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+        KvCache::with_dtype(
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            capacity,
+            self.kv_dtype,
+        )
     }
 
     /// Total bytes of weights (what one decode step streams).

@@ -17,7 +17,8 @@
 use super::ops::fast_exp;
 use super::qmatmul::{isa, Isa};
 use super::quant::SendPtr;
-use crate::kv::{KvLayer, KV_TILE};
+use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
+use half::f16;
 use std::cell::RefCell;
 
 /// Slots per split-K range of attention.
@@ -45,13 +46,58 @@ pub enum Visibility<'a> {
 
 /// `q` is `[n_new, n_heads, head_dim]`; `out` the same shape. The new tokens' K/V must already
 /// be in `kv` at slots `prefix..prefix + n_new`.
-pub(crate) fn attention(q: &[f32], kv: KvLayer, s: &AttnShape, vis: Visibility, out: &mut [f32]) {
+pub(crate) fn attention(
+    q: &[f32],
+    kv: KvLayerRef,
+    s: &AttnShape,
+    vis: Visibility,
+    out: &mut [f32],
+) {
     let kern = if isa() == Isa::Avx512Vnni && s.head_dim.is_multiple_of(16) {
         Kernel::Avx512
     } else {
         Kernel::Portable
     };
-    attention_with(kern, q, kv, s, vis, out)
+    attention_kern(kern, q, kv, s, vis, out)
+}
+
+/// [`attention`] with a chosen kernel.
+pub(crate) fn attention_kern(
+    kern: Kernel,
+    q: &[f32],
+    kv: KvLayerRef,
+    s: &AttnShape,
+    vis: Visibility,
+    out: &mut [f32],
+) {
+    match kv {
+        KvLayerRef::F32(l) => attention_with(kern, q, l, s, vis, out),
+        KvLayerRef::F16(l) => attention_with(kern, q, l, s, vis, out),
+    }
+}
+
+/// An element type attention reads from the cache.
+pub(crate) trait AttnElem: KvElem {
+    /// 16 consecutive values widened to f32.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+}
+
+impl AttnElem for f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+}
+
+impl AttnElem for f16 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
 }
 
 /// Which implementation of the two inner loops (scores of a K tile, the V sum) to use.
@@ -62,10 +108,10 @@ pub(crate) enum Kernel {
     Avx512,
 }
 
-pub(crate) fn attention_with(
+fn attention_with<E: AttnElem>(
     kern: Kernel,
     q: &[f32],
-    kv: KvLayer,
+    kv: KvLayer<E>,
     s: &AttnShape,
     vis: Visibility,
     out: &mut [f32],
@@ -134,9 +180,9 @@ fn merge(partial: &[f32], chunks: usize, group: usize, hd: usize, out: &mut [f32
     }
 }
 
-struct Args<'a> {
+struct Args<'a, E> {
     q: &'a [f32],
-    kv: KvLayer<'a>,
+    kv: KvLayer<'a, E>,
     s: &'a AttnShape,
     vis: Visibility<'a>,
     /// Slot ranges per (token, KV head).
@@ -160,7 +206,7 @@ thread_local! {
     static UNIT: RefCell<UnitScratch> = RefCell::new(UnitScratch::default());
 }
 
-unsafe fn dispatch(a: &Args, unit: usize, us: &mut UnitScratch) {
+unsafe fn dispatch<E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
     match a.kern {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 => unit_avx512(a, unit, us),
@@ -169,78 +215,67 @@ unsafe fn dispatch(a: &Args, unit: usize, us: &mut UnitScratch) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn unit_avx512(a: &Args, unit: usize, us: &mut UnitScratch) {
-    attend::<avx512::K>(a, unit, us)
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn unit_avx512<E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
+    attend::<avx512::K, E>(a, unit, us)
 }
 
-unsafe fn unit_portable(a: &Args, unit: usize, us: &mut UnitScratch) {
-    attend::<Portable>(a, unit, us)
+unsafe fn unit_portable<E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
+    attend::<Portable, E>(a, unit, us)
+}
+
+/// Where a unit's partial records go: per head `j`, `pw` floats from `out + j·pw` (max, sum,
+/// then the unnormalised output).
+#[derive(Clone, Copy)]
+struct Records {
+    out: *mut f32,
+    pw: usize,
 }
 
 /// The two inner loops, per instruction set.
 trait Inner {
     /// `out[j·16 + l] = Σ_d q[j·hd + d] · kt[d·16 + l]` for the `group` heads of `q`, summed as
     /// even dimensions plus odd dimensions, each in dimension order.
-    unsafe fn tile_scores(kt: &[f32], q: &[f32], group: usize, hd: usize, out: &mut [f32]);
-    /// `out[j·pw + 2 + d] = Σ_i p[j·len + i] · v[slots[i]·hd + d]`, summed in slot order.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn weighted_v(
-        p: &[f32],
-        len: usize,
-        slots: &[u32],
-        v: &[f32],
-        hd: usize,
-        out: *mut f32,
-        pw: usize,
-        group: usize,
-    );
+    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]);
+    /// Head `j`'s output `Σ_i p[j·len + i] · v[slots[i]·hd + d]`, summed in slot order, into
+    /// its record, for each of the `p.len() / slots.len()` heads.
+    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records);
 }
 
 struct Portable;
 impl Inner for Portable {
     #[inline(always)]
-    unsafe fn tile_scores(kt: &[f32], q: &[f32], group: usize, hd: usize, out: &mut [f32]) {
-        for j in 0..group {
-            let qh = &q[j * hd..(j + 1) * hd];
+    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+        for (qh, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KV_TILE)) {
             let mut even = [0f32; KV_TILE];
             let mut odd = [0f32; KV_TILE];
             for d in (0..hd).step_by(2) {
                 for l in 0..KV_TILE {
-                    even[l] += qh[d] * kt[d * KV_TILE + l];
+                    even[l] += qh[d] * kt[d * KV_TILE + l].get();
                 }
                 if d + 1 < hd {
                     for l in 0..KV_TILE {
-                        odd[l] += qh[d + 1] * kt[(d + 1) * KV_TILE + l];
+                        odd[l] += qh[d + 1] * kt[(d + 1) * KV_TILE + l].get();
                     }
                 }
             }
             for l in 0..KV_TILE {
-                out[j * KV_TILE + l] = even[l] + odd[l];
+                o[l] = even[l] + odd[l];
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn weighted_v(
-        p: &[f32],
-        len: usize,
-        slots: &[u32],
-        v: &[f32],
-        hd: usize,
-        out: *mut f32,
-        pw: usize,
-        group: usize,
-    ) {
-        for j in 0..group {
-            let o = std::slice::from_raw_parts_mut(out.add(j * pw + 2), hd);
+    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
+        let len = slots.len();
+        for j in 0..p.len() / len.max(1) {
+            let o = std::slice::from_raw_parts_mut(r.out.add(j * r.pw + 2), hd);
             o.fill(0.0);
             for (i, &slot) in slots.iter().enumerate() {
                 let w = p[j * len + i];
                 let vr = &v[slot as usize * hd..][..hd];
                 for (a, &b) in o.iter_mut().zip(vr) {
-                    *a += w * b;
+                    *a += w * b.get();
                 }
             }
         }
@@ -249,20 +284,25 @@ impl Inner for Portable {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Inner, KV_TILE};
+    use super::{AttnElem, Inner, Records, KV_TILE};
     use std::arch::x86_64::*;
 
     pub struct K;
 
     /// Up to 4 heads at once: 8 independent FMA chains for 3–4 heads.
     #[inline(always)]
-    unsafe fn scores<const H: usize>(kt: *const f32, q: *const f32, hd: usize, out: *mut f32) {
+    unsafe fn scores<const H: usize, E: AttnElem>(
+        kt: *const E,
+        q: *const f32,
+        hd: usize,
+        out: *mut f32,
+    ) {
         let mut even = [_mm512_setzero_ps(); H];
         let mut odd = [_mm512_setzero_ps(); H];
         let mut d = 0;
         while d < hd {
-            let k0 = _mm512_loadu_ps(kt.add(d * KV_TILE));
-            let k1 = _mm512_loadu_ps(kt.add((d + 1) * KV_TILE));
+            let k0 = E::load16(kt.add(d * KV_TILE));
+            let k1 = E::load16(kt.add((d + 1) * KV_TILE));
             for h in 0..H {
                 even[h] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * hd + d)), k0, even[h]);
                 odd[h] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * hd + d + 1)), k1, odd[h]);
@@ -276,10 +316,10 @@ mod avx512 {
 
     /// `R` vectors of 16 dimensions of one head's output, accumulated over the slots.
     #[inline(always)]
-    unsafe fn vsum<const R: usize>(
+    unsafe fn vsum<const R: usize, E: AttnElem>(
         p: *const f32,
         slots: &[u32],
-        v: *const f32,
+        v: *const E,
         hd: usize,
         out: *mut f32,
     ) {
@@ -288,7 +328,7 @@ mod avx512 {
             let w = _mm512_set1_ps(*p.add(i));
             let vr = v.add(slot as usize * hd);
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(w, _mm512_loadu_ps(vr.add(16 * r)), *a);
+                *a = _mm512_fmadd_ps(w, E::load16(vr.add(16 * r)), *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
@@ -298,45 +338,43 @@ mod avx512 {
 
     impl Inner for K {
         #[inline(always)]
-        unsafe fn tile_scores(kt: &[f32], q: &[f32], group: usize, hd: usize, out: &mut [f32]) {
-            debug_assert!(kt.len() >= hd * KV_TILE && q.len() >= group * hd);
+        unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+            let group = q.len() / hd;
+            debug_assert!(kt.len() >= hd * KV_TILE && out.len() >= group * KV_TILE);
             let (kt, q, o) = (kt.as_ptr(), q.as_ptr(), out.as_mut_ptr());
             let mut j = 0;
             while j < group {
                 let (qj, oj) = (q.add(j * hd), o.add(j * KV_TILE));
                 match group - j {
-                    1 => scores::<1>(kt, qj, hd, oj),
-                    2 => scores::<2>(kt, qj, hd, oj),
-                    3 => scores::<3>(kt, qj, hd, oj),
-                    _ => scores::<4>(kt, qj, hd, oj),
+                    1 => scores::<1, E>(kt, qj, hd, oj),
+                    2 => scores::<2, E>(kt, qj, hd, oj),
+                    3 => scores::<3, E>(kt, qj, hd, oj),
+                    _ => scores::<4, E>(kt, qj, hd, oj),
                 }
                 j += 4;
             }
         }
 
-        #[allow(clippy::too_many_arguments)]
         #[inline(always)]
-        unsafe fn weighted_v(
+        unsafe fn weighted_v<E: AttnElem>(
             p: &[f32],
-            len: usize,
             slots: &[u32],
-            v: &[f32],
+            v: &[E],
             hd: usize,
-            out: *mut f32,
-            pw: usize,
-            group: usize,
+            r: Records,
         ) {
-            for j in 0..group {
+            let len = slots.len();
+            for j in 0..p.len() / len.max(1) {
                 let pj = p.as_ptr().add(j * len);
                 let mut d = 0;
                 while d < hd {
-                    let o = out.add(j * pw + 2 + d);
+                    let o = r.out.add(j * r.pw + 2 + d);
                     let vd = v.as_ptr().add(d);
                     match (hd - d) / 16 {
-                        1 => vsum::<1>(pj, slots, vd, hd, o),
-                        2 => vsum::<2>(pj, slots, vd, hd, o),
-                        3 => vsum::<3>(pj, slots, vd, hd, o),
-                        _ => vsum::<4>(pj, slots, vd, hd, o),
+                        1 => vsum::<1, E>(pj, slots, vd, hd, o),
+                        2 => vsum::<2, E>(pj, slots, vd, hd, o),
+                        3 => vsum::<3, E>(pj, slots, vd, hd, o),
+                        _ => vsum::<4, E>(pj, slots, vd, hd, o),
                     }
                     d += 64;
                 }
@@ -347,7 +385,7 @@ mod avx512 {
 
 /// One unit: token `t`'s query heads of KV head `g` over the `c`-th range of its visible slots.
 #[inline(always)]
-unsafe fn attend<I: Inner>(a: &Args, unit: usize, us: &mut UnitScratch) {
+unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
     let Args {
         q,
         kv,
@@ -399,7 +437,6 @@ unsafe fn attend<I: Inner>(a: &Args, unit: usize, us: &mut UnitScratch) {
         I::tile_scores(
             &kh[tile * hd * KV_TILE..][..hd * KV_TILE],
             qs,
-            group,
             hd,
             &mut us.tile,
         );
@@ -427,7 +464,7 @@ unsafe fn attend<I: Inner>(a: &Args, unit: usize, us: &mut UnitScratch) {
         *base.add(j * pw + 1) = sum;
     }
     let vh = &kv.v[g * kv.capacity * hd..][..kv.capacity * hd];
-    I::weighted_v(scores, len, slots, vh, hd, base, pw, group);
+    I::weighted_v(scores, slots, vh, hd, Records { out: base, pw });
 }
 
 /// Σ x in a fixed order: 16 lane sums (element i into lane i mod 16), then the lanes in order.
@@ -449,7 +486,7 @@ fn lane_sum(x: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::KvCache;
+    use crate::kv::{KvCache, KvDtype};
 
     struct Lcg(u64);
     impl Lcg {
@@ -544,26 +581,38 @@ mod tests {
                             };
                         }
                     }
-                    let mut kv = KvCache::new(1, n_kv, hd, total + 3);
-                    kv.write(0, 0, &k, &v);
-                    let want = reference(&q, &k, &v, &s, &mask);
                     let vis = Visibility::Mask(&mask);
                     let mut kerns = vec![Kernel::Portable];
                     if isa() == Isa::Avx512Vnni && hd % 16 == 0 {
                         kerns.push(Kernel::Avx512);
                     }
-                    for kern in kerns {
+                    for (kern, dtype) in kerns
+                        .into_iter()
+                        .flat_map(|k| [(k, KvDtype::F32), (k, KvDtype::F16)])
+                    {
+                        let mut kv = KvCache::with_dtype(1, n_kv, hd, total + 3, dtype);
+                        kv.write(0, 0, &k, &v);
+                        // The reference sees what the cache holds (f16-rounded K/V for f16).
+                        let round = |x: &Vec<f32>| -> Vec<f32> {
+                            match dtype {
+                                KvDtype::F32 => x.clone(),
+                                KvDtype::F16 => {
+                                    x.iter().map(|&y| f16::from_f32(y).to_f32()).collect()
+                                }
+                            }
+                        };
+                        let want = reference(&q, &round(&k), &round(&v), &s, &mask);
                         let mut out = vec![0f32; q.len()];
-                        attention_with(kern, &q, kv.layer(0), &s, vis, &mut out);
+                        attention_kern(kern, &q, kv.layer(0), &s, vis, &mut out);
                         let err = out
                             .iter()
                             .zip(&want)
                             .map(|(a, b)| (a - b).abs())
                             .fold(0f32, f32::max);
-                        assert!(err < 2e-5, "{kern:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: {err}");
+                        assert!(err < 2e-5, "{kern:?} {dtype:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: {err}");
                         if !tree {
                             let mut causal = vec![0f32; q.len()];
-                            attention_with(
+                            attention_kern(
                                 kern,
                                 &q,
                                 kv.layer(0),
