@@ -316,7 +316,7 @@ fn refine_top(
     cand: &mut Vec<u32>,
 ) {
     let kth = if keep == 1 {
-        row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        ops::max_value(row)
     } else {
         ops::top_k(row, keep)
             .last()
@@ -324,7 +324,7 @@ fn refine_top(
     };
     let cut = kth - REFINE;
     cand.clear();
-    cand.extend((0..row.len() as u32).filter(|&i| row[i as usize] >= cut));
+    ops::indices_at_least(row, cut, cand);
     if cand.len() > REFINE_CAP.max(keep) {
         let cap = REFINE_CAP.max(keep);
         cand.select_nth_unstable_by(cap - 1, |&a, &b| {

@@ -6,20 +6,20 @@
 /// Defines a function whose body is compiled twice: for the baseline target and with AVX-512
 /// enabled, chosen at run time (the body must be safe, portable Rust that vectorises well).
 macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn inner($($arg: $ty),*) $body
+            fn inner($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 use $crate::runtime::qmatmul::{isa, Isa};
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-                unsafe fn fast512($($arg: $ty),*) {
+                unsafe fn fast512($($arg: $ty),*) $(-> $ret)? {
                     inner($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma,f16c")]
-                unsafe fn fast256($($arg: $ty),*) {
+                unsafe fn fast256($($arg: $ty),*) $(-> $ret)? {
                     inner($($arg),*)
                 }
                 // SAFETY: the CPU has the features each clone is compiled for.

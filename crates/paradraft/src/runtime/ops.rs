@@ -73,15 +73,56 @@ multiversion! {
     }
 }
 
-/// Index of the largest value; ties go to the lowest index (deterministic greedy).
+/// Index of the largest value; ties go to the lowest index (deterministic greedy). NaNs are
+/// never chosen.
 pub fn argmax(x: &[f32]) -> TokenId {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
+    let m = max_value(x);
+    TokenId(x.iter().position(|&v| v == m).unwrap_or(0) as u32)
+}
+
+multiversion! {
+    /// The largest value (−∞ for an empty slice; NaNs ignored), 16 lanes at a time.
+    pub fn max_value(x: &[f32]) -> f32 {
+        let mut lanes = [f32::NEG_INFINITY; 16];
+        let mut ch = x.chunks_exact(16);
+        for c in &mut ch {
+            for l in 0..16 {
+                // `>` is false for NaN, so a NaN never replaces a lane.
+                lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+            }
+        }
+        let mut m = f32::NEG_INFINITY;
+        for &v in lanes.iter().chain(ch.remainder()) {
+            if v > m {
+                m = v;
+            }
+        }
+        m
+    }
+}
+
+multiversion! {
+    /// Appends to `out` the indices `i` with `x[i] >= cut`, in order; 16-wide chunks with no
+    /// such value are skipped after one vector comparison.
+    pub fn indices_at_least(x: &[f32], cut: f32, out: &mut Vec<u32>) {
+        let mut ch = x.chunks_exact(16);
+        let mut base = 0u32;
+        for c in &mut ch {
+            let mut any = false;
+            for &v in c {
+                any |= v >= cut;
+            }
+            if any {
+                out.extend((0..16u32).filter(|&l| c[l as usize] >= cut).map(|l| base + l));
+            }
+            base += 16;
+        }
+        for (l, &v) in ch.remainder().iter().enumerate() {
+            if v >= cut {
+                out.push(base + l as u32);
+            }
         }
     }
-    TokenId(best as u32)
 }
 
 /// The `k` largest values, descending, ties broken by lower id first.
@@ -144,6 +185,26 @@ mod tests {
     #[test]
     fn argmax_ties_go_low() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), TokenId(1));
+        // Across 16-lane chunks and in the remainder, against the scalar definition.
+        let x: Vec<f32> = (0..100).map(|i| ((i * 37) % 23) as f32).collect();
+        let want = (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b });
+        assert_eq!(argmax(&x), TokenId(want as u32));
+        let mut y = x.clone();
+        y[5] = f32::NAN;
+        y[97] = 99.0;
+        assert_eq!(argmax(&y), TokenId(97));
+        assert_eq!(max_value(&[]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn indices_at_least_matches_filter() {
+        let x: Vec<f32> = (0..70).map(|i| ((i * 13) % 31) as f32).collect();
+        for cut in [0.0, 20.0, 29.5, 31.0] {
+            let mut got = vec![];
+            indices_at_least(&x, cut, &mut got);
+            let want: Vec<u32> = (0..70).filter(|&i| x[i as usize] >= cut).collect();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
