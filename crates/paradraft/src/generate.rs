@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Model, OutputSpec, Scratch, StreamDecoder, Tokenizer};
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, StreamDecoder, Tokenizer};
 use crate::sample::{Sampler, SamplingParams};
 use crate::types::{Pos, TokenId};
 use serde::Serialize;
@@ -172,6 +172,14 @@ pub fn generate(
     kv.clear();
     let mut scratch = Scratch::default();
     let spec = OutputSpec::last_full();
+    // Greedy steps ask for the fused argmax (the same output-layer path as greedy verification,
+    // so speculative greedy decoding reproduces this loop token for token).
+    let greedy = params.sampling.is_greedy();
+    let argmax = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::Argmax,
+        taps: vec![],
+    };
     let t0 = Instant::now();
     let positions: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
     let out = model.forward(
@@ -204,10 +212,14 @@ pub fn generate(
                 positions: &pos,
                 mask: None,
             },
-            &spec,
+            if greedy { &argmax } else { &spec },
             &mut scratch,
         )?;
-        next = sampler.sample(out.logits_row(0));
+        next = if greedy {
+            out.argmax[0]
+        } else {
+            sampler.sample(out.logits_row(0))
+        };
     };
     let (text, ids) = em.finish(&mut on_text);
     let decode_ms = t1.elapsed().as_secs_f64() * 1e3;

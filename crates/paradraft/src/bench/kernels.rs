@@ -96,7 +96,8 @@ fn positions(start: usize, n: usize) -> Vec<Pos> {
     (start..start + n).map(|p| Pos(p as u32)).collect()
 }
 
-/// Median/min seconds of one forward of `k` tokens after `ctx` cached ones.
+/// Seconds of one forward of `k` tokens after `ctx` cached ones (median of
+/// [`FORWARDS_PER_REPEAT`]).
 fn time_forward(
     model: &Model,
     ctx: usize,
@@ -129,21 +130,29 @@ fn time_forward(
         taps: vec![],
     };
     let base = kv.len();
-    let t = Instant::now();
-    model.forward(
-        &mut kv,
-        &Batch {
-            tokens: &toks,
-            positions: &pos,
-            mask: None,
-        },
-        &spec,
-        s,
-    )?;
-    let dt = t.elapsed().as_secs_f64();
-    kv.truncate(base);
-    Ok(dt)
+    // The median of a few back-to-back forwards (the new tokens dropped after each), so one
+    // repeat is not one scheduler hiccup on a shared machine.
+    let mut times = Vec::with_capacity(FORWARDS_PER_REPEAT);
+    for _ in 0..FORWARDS_PER_REPEAT {
+        let t = Instant::now();
+        model.forward(
+            &mut kv,
+            &Batch {
+                tokens: &toks,
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            s,
+        )?;
+        times.push(t.elapsed().as_secs_f64());
+        kv.truncate(base);
+    }
+    Ok(Stat::of(times).median)
 }
+
+/// Forwards timed per repeat of a curve point (their median is the repeat's value).
+const FORWARDS_PER_REPEAT: usize = 5;
 
 fn time_decode(model: &Model, n: usize, s: &mut Scratch) -> Result<f64> {
     let mut kv = model.new_kv(n + 8);

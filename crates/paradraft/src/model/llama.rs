@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvDtype};
 use crate::runtime::ops::{self, AttnShape};
 use crate::runtime::pool;
-use crate::runtime::quant::{prep_acts as prep, sized, Matrix, SendPtr};
+use crate::runtime::quant::{prep_acts as prep, quantize_q4_1, sized, GgmlType, Matrix, SendPtr};
 use crate::types::TokenId;
 use std::cell::RefCell;
 
@@ -25,6 +25,8 @@ pub struct Model {
     exact: bool,
     /// Element type of the KV caches [`Model::new_kv`] makes.
     kv_dtype: KvDtype,
+    /// A 4-bit copy of the output layer that screens the vocabulary for argmax / top-k.
+    screen: Option<Matrix>,
 }
 
 /// Per-forward scratch buffers, grown on demand and reused.
@@ -53,6 +55,7 @@ impl Model {
             .map(|i| Layer::load(src, c, qk_norm, |s| format!("blk.{i}.{s}")))
             .collect::<Result<Vec<_>>>()?;
         let inv_freq = config.inv_freqs();
+        let screen = screen_of(lm_head.as_ref().unwrap_or(&embed));
         Ok(Model {
             config,
             embed,
@@ -62,6 +65,7 @@ impl Model {
             inv_freq,
             exact: false,
             kv_dtype: KvDtype::F16,
+            screen,
         })
     }
 
@@ -245,14 +249,26 @@ impl Model {
             );
         }
         let head = self.output_head();
+        // Argmax and top-k screen the vocabulary with the 4-bit copy; the ids near the top are
+        // then re-scored exactly with the stored weights.
+        let screen = match spec.logits {
+            Logits::Argmax | Logits::TopK(_) if !self.exact => self.screen.as_ref(),
+            _ => None,
+        };
+        let fast = screen.unwrap_or(head);
+        let margin = if screen.is_some() {
+            SCREEN_MARGIN
+        } else {
+            REFINE
+        };
         let logits = if spec.logits == Logits::Full {
             out.logits.resize(m * vocab, 0.0);
             &mut out.logits[..]
         } else {
             sized(&mut s.logits, m * vocab)
         };
-        prep(&mut s.l.qa, &[head], xs, self.exact);
-        head.matmul(xs, &s.l.qa, logits);
+        prep(&mut s.l.qa, &[fast], xs, self.exact);
+        fast.matmul(xs, &s.l.qa, logits);
         let keep = match spec.logits {
             Logits::TopK(k) => k.max(1),
             _ => 1,
@@ -275,7 +291,7 @@ impl Model {
             if approx {
                 ROW.with_borrow_mut(|(tmp, cand)| {
                     tmp.resize(h, 0.0);
-                    refine_top(row, keep, |id, t| head.row_dot(id, x, t), tmp, cand);
+                    refine_top(row, keep, margin, |id, t| head.row_dot(id, x, t), tmp, cand);
                 });
             }
             match spec.logits {
@@ -311,6 +327,7 @@ thread_local! {
 fn refine_top(
     row: &mut [f32],
     keep: usize,
+    margin: f32,
     exact: impl Fn(usize, &mut [f32]) -> f32,
     tmp: &mut [f32],
     cand: &mut Vec<u32>,
@@ -322,7 +339,7 @@ fn refine_top(
             .last()
             .map_or(f32::NEG_INFINITY, |e| e.1)
     };
-    let cut = kth - REFINE;
+    let cut = kth - margin;
     cand.clear();
     ops::indices_at_least(row, cut, cand);
     if cand.len() > REFINE_CAP.max(keep) {
@@ -343,3 +360,32 @@ const REFINE_CAP: usize = 64;
 /// Margin within which int8-activation logits are re-scored exactly. The int8 error of
 /// SmolLM2's logits is about 0.2 on average and well under 1 at worst.
 const REFINE: f32 = 2.0;
+
+/// Margin within which the 4-bit screen's scores are re-scored exactly (at most
+/// [`REFINE_CAP`] ids, the best-screened first). Measured on SmolLM2 over 597 greedy steps of
+/// four prompts (chat, math, code, list): the exact argmax was never more than 1.3 below the
+/// screen's top score and never ranked below 5th by the screen, while single screen scores
+/// err by up to 4.7 (median step: 3 ids re-scored, 90th percentile 22).
+const SCREEN_MARGIN: f32 = 4.0;
+
+/// The 4-bit screen of an output layer stored in Q8_0 or f32 (for a 4-bit layer there is
+/// nothing to save).
+fn screen_of(head: &Matrix) -> Option<Matrix> {
+    if !head.cols.is_multiple_of(crate::runtime::quant::QK)
+        || !matches!(head.ty(), GgmlType::Q8_0 | GgmlType::F32)
+    {
+        return None;
+    }
+    let mut w = vec![0f32; head.cols];
+    let mut bytes = Vec::with_capacity(head.rows * GgmlType::Q4_1.row_bytes(head.cols));
+    for r in 0..head.rows {
+        head.row_into(r, &mut w);
+        bytes.extend(quantize_q4_1(&w));
+    }
+    Some(Matrix::from_bytes(
+        GgmlType::Q4_1,
+        head.rows,
+        head.cols,
+        &bytes,
+    ))
+}

@@ -78,6 +78,25 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Quantises f32 values (a multiple of 32) to GGML Q4_1 blocks: per 32 values f16 `d =
+/// (max − min) / 15` and `m = min`, and `round((x − min) / d)` clamped to 0..=15 (llama.cpp's
+/// reference quantiser; low nibbles hold inputs 0..16).
+pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK), "Q4_1 needs whole blocks of 32");
+    let mut out = Vec::with_capacity(x.len() / QK * 20);
+    for b in x.chunks_exact(QK) {
+        let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 15.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+        out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+    }
+    out
+}
+
 /// Dequantises `src` (a whole number of blocks of `ty`) into `dst`.
 pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     debug_assert_eq!(ty.row_bytes(dst.len()), src.len());
