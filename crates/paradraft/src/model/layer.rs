@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::kv::KvCache;
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::{par_rows, prep_acts as prep, sized, Matrix};
+use crate::runtime::quant::{par_rows, prep_acts as prep, sized, Matrix, SendPtr};
 use crate::types::Pos;
 
 pub(crate) struct Layer {
@@ -143,6 +143,7 @@ impl Layer {
         par_rows(xn, h, |r, o| {
             ops::rms_norm(&x[r.start * h..r.end * h], &self.attn_norm, c.rms_eps, o)
         });
+        let rope = &s.rope;
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
@@ -156,38 +157,53 @@ impl Layer {
             xn,
             &s.qa,
         );
-        for (buf, bias, dim) in [
-            (&mut *q, &self.bq, qd),
-            (&mut *k, &self.bk, kvd),
-            (&mut *v, &self.bv, kvd),
-        ] {
-            if let Some(bias) = bias {
-                for r in buf.chunks_exact_mut(dim) {
-                    ops::add_inplace(r, bias);
+        // Per token (split across threads for batches): biases, q/k norm, RoPE.
+        let (kp, vp) = (SendPtr(k.as_mut_ptr()), SendPtr(v.as_mut_ptr()));
+        par_rows(q, qd, |r, qr| {
+            // SAFETY: rows r of k and v belong to this range alone.
+            let (kr, vr) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(kp.get().add(r.start * kvd), r.len() * kvd),
+                    std::slice::from_raw_parts_mut(vp.get().add(r.start * kvd), r.len() * kvd),
+                )
+            };
+            for (buf, bias, dim) in [
+                (&mut *qr, &self.bq, qd),
+                (&mut *kr, &self.bk, kvd),
+                (&mut *vr, &self.bv, kvd),
+            ] {
+                if let Some(bias) = bias {
+                    for row in buf.chunks_exact_mut(dim) {
+                        ops::add_inplace(row, bias);
+                    }
                 }
             }
-        }
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            ops::rms_norm_inplace(q, qn, c.rms_eps);
-            ops::rms_norm_inplace(k, kn, c.rms_eps);
-        }
-        for t in 0..n {
-            let cs = &s.rope[t * half..(t + 1) * half];
-            ops::rope(&mut q[t * qd..(t + 1) * qd], hd, cs, c.rope_style);
-            ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
-        }
+            if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+                ops::rms_norm_inplace(qr, qn, c.rms_eps);
+                ops::rms_norm_inplace(kr, kn, c.rms_eps);
+            }
+            for (i, t) in r.enumerate() {
+                let cs = &rope[t * half..(t + 1) * half];
+                ops::rope(&mut qr[i * qd..(i + 1) * qd], hd, cs, c.rope_style);
+                ops::rope(&mut kr[i * kvd..(i + 1) * kvd], hd, cs, c.rope_style);
+            }
+        });
         kv.write(li, slot0, k, v);
         let attn = sized(&mut s.attn, n * qd);
         ops::attention(q, kv.layer(li), shape, vis, attn);
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);
-        ops::add_inplace(&mut s.x, proj);
 
+        // Residual add fused with the MLP's input norm, per token.
         let xn = sized(&mut s.xn, n * h);
-        let x = &s.x;
+        let (xp, proj) = (SendPtr(s.x.as_mut_ptr()), &*proj);
         par_rows(xn, h, |r, o| {
-            ops::rms_norm(&x[r.start * h..r.end * h], &self.ffn_norm, c.rms_eps, o)
+            // SAFETY: rows r of the residual stream belong to this range alone.
+            let xr =
+                unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start * h), r.len() * h) };
+            ops::add_inplace(xr, &proj[r.start * h..r.end * h]);
+            ops::rms_norm(xr, &self.ffn_norm, c.rms_eps, o)
         });
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);
@@ -204,6 +220,9 @@ impl Layer {
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.w_down], gate, exact);
         self.w_down.matmul(gate, &s.qa, proj);
-        ops::add_inplace(&mut s.x, proj);
+        let proj = &*proj;
+        par_rows(&mut s.x, h, |r, xr| {
+            ops::add_inplace(xr, &proj[r.start * h..r.end * h])
+        });
     }
 }

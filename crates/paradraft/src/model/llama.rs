@@ -227,7 +227,9 @@ impl Model {
         let out = &mut s.out;
         out.vocab = vocab;
         out.rows.clear();
-        out.logits.clear();
+        if spec.logits != Logits::Full {
+            out.logits.clear();
+        }
         out.argmax.clear();
         out.top.clear();
         if spec.logits == Logits::None {
@@ -262,6 +264,8 @@ impl Model {
             REFINE
         };
         let logits = if spec.logits == Logits::Full {
+            // Kept between calls: every element is overwritten below (no memset of a
+            // rows × vocabulary buffer per forward).
             out.logits.resize(m * vocab, 0.0);
             &mut out.logits[..]
         } else {
