@@ -518,8 +518,9 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "threads {threads}, weights {:.1} MB, context {}",
+        "threads {threads}, weights {:.1} MB ({:.1} MB per greedy decode step), context {}",
         r.weight_bytes as f64 / 1e6,
+        r.decode_weight_bytes as f64 / 1e6,
         r.context
     );
     println!(

@@ -70,7 +70,10 @@ pub struct KernelBench {
     pub threads: usize,
     pub repeats: usize,
     pub context: usize,
+    /// Weight bytes of a forward with full logits.
     pub weight_bytes: usize,
+    /// Weight bytes of a greedy decode step (fused argmax: the output layer's 4-bit screen).
+    pub decode_weight_bytes: usize,
     pub macs_per_token: f64,
     pub decode_tok_s: f64,
     pub decode: Stat,
@@ -367,7 +370,8 @@ pub fn run_kernel_bench(
         weight_bytes: model.weight_bytes(),
         macs_per_token: macs,
         decode_tok_s: decode.median,
-        decode_gb_s: model.weight_bytes() as f64 * decode.median / 1e9,
+        decode_weight_bytes: model.argmax_weight_bytes(),
+        decode_gb_s: model.argmax_weight_bytes() as f64 * decode.median / 1e9,
         decode,
         prefill_tok_s: prefill.median,
         prefill,

@@ -127,10 +127,21 @@ impl Model {
         )
     }
 
-    /// Total bytes of weights (what one decode step streams).
+    /// Total bytes of weights (what one forward with full logits streams).
     pub fn weight_bytes(&self) -> usize {
         let l: usize = self.layers.iter().map(Layer::weight_bytes).sum();
         l + self.output_head().nbytes()
+    }
+
+    /// Bytes one greedy decode step streams: the output layer's 4-bit screen stands in for the
+    /// output layer (plus the few rows re-scored exactly).
+    pub fn argmax_weight_bytes(&self) -> usize {
+        match &self.screen {
+            Some(sc) if !self.exact => {
+                self.weight_bytes() - self.output_head().nbytes() + sc.nbytes()
+            }
+            _ => self.weight_bytes(),
+        }
     }
 
     fn validate(&self, kv: &KvCache, b: &Batch, spec: &OutputSpec) -> Result<()> {
