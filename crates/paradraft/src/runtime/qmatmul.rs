@@ -540,21 +540,23 @@ mod avx512 {
             let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
             let d = amax / 127.0;
             let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-            let q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-            let q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-            let lim = _mm512_set1_epi32(127);
-            let q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_set1_epi32(-127));
-            let q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_set1_epi32(-127));
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-            let b0 = _mm512_cvtepi32_epi8(q0);
-            let b1 = _mm512_cvtepi32_epi8(q1);
+            // |x · id| ≤ 127 up to rounding, so the saturating narrowing never saturates
+            // past ±127 and no clamp is needed.
+            let b0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
+            let b1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
             let dst = o.qs.add(bi * QK) as *mut __m128i;
             _mm_storeu_si128(dst, b0);
             _mm_storeu_si128(dst.add(1), b1);
             let flip = _mm_set1_epi8(-128);
+            let (u0, u1) = (_mm_xor_si128(b0, flip), _mm_xor_si128(b1, flip));
             let udst = o.us.add(bi * QK) as *mut __m128i;
-            _mm_storeu_si128(udst, _mm_xor_si128(b0, flip));
-            _mm_storeu_si128(udst.add(1), _mm_xor_si128(b1, flip));
+            _mm_storeu_si128(udst, u0);
+            _mm_storeu_si128(udst.add(1), u1);
+            // Σ q = Σ (q + 128) − 32 · 128, the unsigned sum by SAD against zero.
+            let z = _mm_setzero_si128();
+            let sad = _mm_add_epi64(_mm_sad_epu8(u0, z), _mm_sad_epu8(u1, z));
+            let usum = _mm_cvtsi128_si64(sad) + _mm_extract_epi64::<1>(sad);
+            let sum = usum as i32 - (QK as i32) * 128;
             *o.d.add(bi) = d;
             *o.s.add(bi) = d * sum as f32;
         }
