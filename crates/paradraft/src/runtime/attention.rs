@@ -488,15 +488,11 @@ mod tests {
     use super::*;
     use crate::kv::{KvCache, KvDtype};
 
-    struct Lcg(u64);
-    impl Lcg {
-        fn unif(&mut self) -> f32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        }
+    use crate::runtime::qmatmul::tests::Lcg;
+
+    /// Uniform in [−1, 1).
+    fn sym(rng: &mut Lcg) -> f32 {
+        rng.unif() * 2.0 - 1.0
     }
 
     /// f64 softmax attention, straight from the definition.
@@ -561,10 +557,10 @@ mod tests {
                     };
                     let total = prefix + n_new;
                     let row = n_kv * hd;
-                    let k: Vec<f32> = (0..total * row).map(|_| rng.unif() * 2.0).collect();
-                    let v: Vec<f32> = (0..total * row).map(|_| rng.unif()).collect();
+                    let k: Vec<f32> = (0..total * row).map(|_| sym(&mut rng) * 2.0).collect();
+                    let v: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
                     let q: Vec<f32> = (0..n_new * n_heads * hd)
-                        .map(|_| rng.unif() * 2.0)
+                        .map(|_| sym(&mut rng) * 2.0)
                         .collect();
                     // A tree: node i's parent is (i − 1) / 2.
                     let mut mask = vec![false; n_new * n_new];

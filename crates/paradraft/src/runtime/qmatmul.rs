@@ -744,12 +744,12 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::runtime::quant::dequantize;
 
     /// A small deterministic generator for test data.
-    struct Lcg(u64);
+    pub(in crate::runtime) struct Lcg(pub(in crate::runtime) u64);
     impl Lcg {
         fn next(&mut self) -> u32 {
             self.0 = self
@@ -758,7 +758,8 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (self.0 >> 33) as u32
         }
-        fn unif(&mut self) -> f32 {
+        /// Uniform in [0, 1).
+        pub(in crate::runtime) fn unif(&mut self) -> f32 {
             self.next() as f32 / (1u64 << 31) as f32
         }
     }
