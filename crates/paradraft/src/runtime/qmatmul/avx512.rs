@@ -1,0 +1,214 @@
+//! AVX-512 VNNI kernels: activation quantization and the `dpbusd` matmul tiles.
+
+use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
+use std::arch::x86_64::*;
+
+/// Activation rows processed together per pass over a row group's weights.
+const TILE: usize = 6;
+
+/// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
+    let absmask = _mm512_set1_epi32(0x7FFF_FFFF);
+    for (bi, xb) in x.chunks_exact(QK).enumerate() {
+        let v0 = _mm512_loadu_ps(xb.as_ptr());
+        let v1 = _mm512_loadu_ps(xb.as_ptr().add(16));
+        let a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
+        let a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        // |x · id| ≤ 127 up to rounding, so the saturating narrowing never saturates
+        // past ±127 and no clamp is needed.
+        let b0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
+        let b1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
+        let dst = o.qs.add(bi * QK) as *mut __m128i;
+        _mm_storeu_si128(dst, b0);
+        _mm_storeu_si128(dst.add(1), b1);
+        let flip = _mm_set1_epi8(-128);
+        let (u0, u1) = (_mm_xor_si128(b0, flip), _mm_xor_si128(b1, flip));
+        let udst = o.us.add(bi * QK) as *mut __m128i;
+        _mm_storeu_si128(udst, u0);
+        _mm_storeu_si128(udst.add(1), u1);
+        // Σ q = Σ (q + 128) − 32 · 128, the unsigned sum by SAD against zero.
+        let z = _mm_setzero_si128();
+        let sad = _mm_add_epi64(_mm_sad_epu8(u0, z), _mm_sad_epu8(u1, z));
+        let usum = _mm_cvtsi128_si64(sad) + _mm_extract_epi64::<1>(sad);
+        let sum = usum as i32 - (QK as i32) * 128;
+        *o.d.add(bi) = d;
+        *o.s.add(bi) = d * sum as f32;
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+    for g in g0..g1 {
+        let mut t0 = 0;
+        while t0 < a.n {
+            let tn = (a.n - t0).min(TILE);
+            let mut acc = [_mm512_setzero_ps(); TILE];
+            // Monomorphised per tile height so the row loop unrolls into independent chains.
+            match (p.ty == GgmlType::Q8_0, tn) {
+                (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
+                (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
+                (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
+                (false, 4) => q4_tile::<4>(p, a, g, t0, &mut acc),
+                (false, 5) => q4_tile::<5>(p, a, g, t0, &mut acc),
+                (false, _) => q4_tile::<6>(p, a, g, t0, &mut acc),
+                (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
+                (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
+                (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
+                (true, 4) => q8_tile::<4>(p, a, g, t0, &mut acc),
+                (true, 5) => q8_tile::<5>(p, a, g, t0, &mut acc),
+                (true, _) => q8_tile::<6>(p, a, g, t0, &mut acc),
+            }
+            let r0 = g * GROUP;
+            let valid = (p.rows - r0).min(GROUP);
+            for (t, v) in acc.iter().enumerate().take(tn) {
+                let dst = out.add((t0 + t) * ld + r0);
+                if valid == GROUP {
+                    _mm512_storeu_ps(dst, *v);
+                } else {
+                    let mut tmp = [0f32; GROUP];
+                    _mm512_storeu_ps(tmp.as_mut_ptr(), *v);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
+                }
+            }
+            t0 += tn;
+        }
+    }
+}
+
+/// Row groups ahead whose weights are prefetched while a group is computed: the stream of
+/// weights is read once per forward, and the hardware prefetcher alone leaves the kernel
+/// waiting on DRAM.
+const PREFETCH_GROUPS: usize = 1;
+
+/// Prefetches the `bytes` (a multiple of 32) at `p` advanced by [`PREFETCH_GROUPS`] groups
+/// of `nb` such chunks.
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8, bytes: usize, nb: usize) {
+    let q = p.wrapping_add(PREFETCH_GROUPS * nb * bytes);
+    let mut o = 0;
+    while o < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+        o += 64;
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m512i {
+    _mm512_set1_epi32((p as *const i32).read_unaligned())
+}
+
+#[inline(always)]
+unsafe fn load_f16x16(p: *const half::f16) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// Two integer accumulators per activation row (low and high nibbles) keep the `dpbusd`
+/// dependency chains short; the min term goes to its own f32 accumulator.
+#[inline(always)]
+unsafe fn q4_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [__m512; TILE],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm512_set1_epi8(0x0F);
+    let mut accm = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        if t0 == 0 {
+            prefetch_ahead(base, 256, nb);
+            prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            prefetch_ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+        }
+        let mut lo = [_mm512_setzero_si512(); 4];
+        let mut hi = [_mm512_setzero_si512(); 4];
+        for i in 0..4 {
+            let w = _mm512_loadu_si512(base.add(i * 64) as *const _);
+            lo[i] = _mm512_and_si512(w, mask);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+        }
+        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+        let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+        // Integer partial sums are exact, so how they are split into chains (two per row
+        // for few rows, one when rows alone give enough independent chains) never changes
+        // a result: a row's output does not depend on the tile it was computed in.
+        let mut s0 = [_mm512_setzero_si512(); N];
+        let mut s1 = [_mm512_setzero_si512(); N];
+        for i in 0..4 {
+            for t in 0..N {
+                let y = a.qs.as_ptr().add((t0 + t) * k + b * QK) as *const u8;
+                s0[t] = _mm512_dpbusd_epi32(s0[t], lo[i], bcast4(y.add(4 * i)));
+                if N <= 2 {
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], hi[i], bcast4(y.add(16 + 4 * i)));
+                } else {
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], hi[i], bcast4(y.add(16 + 4 * i)));
+                }
+            }
+        }
+        for t in 0..N {
+            let row = t0 + t;
+            let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
+            let sx = _mm512_set1_ps(*a.s.get_unchecked(row * nb + b));
+            let s = _mm512_add_epi32(s0[t], s1[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+            accm[t] = _mm512_fmadd_ps(mw, sx, accm[t]);
+        }
+    }
+    for t in 0..N {
+        acc[t] = _mm512_add_ps(acc[t], accm[t]);
+    }
+}
+
+#[inline(always)]
+unsafe fn q8_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [__m512; TILE],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 512);
+        if t0 == 0 {
+            prefetch_ahead(base, 512, nb);
+            prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            prefetch_ahead(p.wsum.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+        }
+        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+        let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+            p.wsum.as_ptr().add(gb * GROUP) as *const __m256i
+        ));
+        let corr = _mm512_slli_epi32(ws, 7);
+        let mut s0 = [_mm512_setzero_si512(); N];
+        let mut s1 = [_mm512_setzero_si512(); N];
+        for i in 0..4 {
+            let w0 = _mm512_loadu_si512(base.add(i * 64) as *const _);
+            let w1 = _mm512_loadu_si512(base.add((i + 4) * 64) as *const _);
+            for t in 0..N {
+                let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
+                s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), w0);
+                if N <= 2 {
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
+                } else {
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(16 + 4 * i)), w1);
+                }
+            }
+        }
+        for t in 0..N {
+            let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
+            let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+        }
+    }
+}
