@@ -14,7 +14,7 @@ use paradraft::model::{Loaded, Logits, OutputSpec, Rows};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::{speculative_generate, Speculation};
 use paradraft::train::dflash::batch::{Labeled, Vocab};
-use paradraft::train::dflash::net::{self, Net};
+use paradraft::train::dflash::net::{self, FrozenHead, Net};
 use paradraft::train::dflash::{export, frozen_head, loss};
 use paradraft::types::{Pos, TokenId};
 
@@ -182,24 +182,29 @@ fn training_graph_matches_the_inference_runtime() {
     }
 }
 
-#[test]
-fn every_trainable_tensor_gets_a_gradient() {
+/// A freshly initialised drafter of `layers` layers on the tiny Qwen3, its frozen head and one
+/// labelled batch of 32 tokens with blocks at `anchors`.
+fn training_setup(
+    layers: usize,
+    seed: u64,
+    anchors: &[usize],
+    gamma: f32,
+) -> (Net, FrozenHead, Labeled) {
     let lm = load_tiny("qwen3");
-    let cfg = config(&lm, 2);
-    let net = Net::init(cfg.clone(), 3).unwrap();
+    let cfg = config(&lm, layers);
+    let net = Net::init(cfg.clone(), seed).unwrap();
     let vocab = Vocab::full(lm.model.config.vocab_size);
     let head = frozen_head(&lm.model, &vocab).unwrap();
     let toks = tokens(32, lm.model.config.vocab_size);
     let feats = features(&lm, &toks);
-    let anchors = [4usize, 20];
-    let lb = labeled(
-        &lm,
-        &toks,
-        &feats,
-        &anchors,
-        TokenId(cfg.mask_token_id),
-        7.0,
-    );
+    let mask = TokenId(cfg.mask_token_id);
+    let lb = labeled(&lm, &toks, &feats, anchors, mask, gamma);
+    (net, head, lb)
+}
+
+#[test]
+fn every_trainable_tensor_gets_a_gradient() {
+    let (net, head, lb) = training_setup(2, 3, &[4, 20], 7.0);
     let (l, _) = loss(&net, &head, &lb).unwrap().unwrap();
     assert!(l.to_scalar::<f32>().unwrap().is_finite());
     let g = l.backward().unwrap();
@@ -220,22 +225,7 @@ fn every_trainable_tensor_gets_a_gradient() {
 
 #[test]
 fn a_few_steps_of_training_lower_the_loss() {
-    let lm = load_tiny("qwen3");
-    let cfg = config(&lm, 1);
-    let net = Net::init(cfg.clone(), 1).unwrap();
-    let vocab = Vocab::full(lm.model.config.vocab_size);
-    let head = frozen_head(&lm.model, &vocab).unwrap();
-    let toks = tokens(32, lm.model.config.vocab_size);
-    let feats = features(&lm, &toks);
-    let anchors = [3usize, 9, 15, 21];
-    let lb = labeled(
-        &lm,
-        &toks,
-        &feats,
-        &anchors,
-        TokenId(cfg.mask_token_id),
-        f32::INFINITY,
-    );
+    let (net, head, lb) = training_setup(1, 1, &[3, 9, 15, 21], f32::INFINITY);
     let mut opt = paradraft::train::optim::AdamW::new(&net.vars, 0.0).unwrap();
     let first = loss(&net, &head, &lb)
         .unwrap()
