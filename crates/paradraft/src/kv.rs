@@ -101,9 +101,7 @@ enum Store {
 
 pub struct KvCache {
     store: Store,
-    n_kv_heads: usize,
-    head_dim: usize,
-    capacity: usize,
+    geom: Geom,
     len: usize,
 }
 
@@ -214,9 +212,11 @@ impl KvCache {
         };
         KvCache {
             store,
-            n_kv_heads,
-            head_dim,
-            capacity,
+            geom: Geom {
+                n_kv_heads,
+                head_dim,
+                capacity,
+            },
             len: 0,
         }
     }
@@ -228,18 +228,10 @@ impl KvCache {
         }
     }
 
-    fn geom(&self) -> Geom {
-        Geom {
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            capacity: self.capacity,
-        }
-    }
-
     /// Writes the K/V rows (`[n, n_kv_heads, head_dim]` each) of slots `slot0..slot0 + n`
     /// of layer `li`.
     pub(crate) fn write(&mut self, li: usize, slot0: usize, k: &[f32], v: &[f32]) {
-        let g = self.geom();
+        let g = self.geom;
         debug_assert!(v.len() == k.len());
         debug_assert!(slot0 + k.len() / (g.n_kv_heads * g.head_dim) <= g.capacity);
         match &mut self.store {
@@ -250,7 +242,7 @@ impl KvCache {
 
     /// Layer `li`, for attention.
     pub(crate) fn layer(&self, li: usize) -> KvLayerRef<'_> {
-        let g = self.geom();
+        let g = self.geom;
         match &self.store {
             Store::F32(kb, vb) => KvLayerRef::F32(g.layer(&kb[li], &vb[li])),
             Store::F16(kb, vb) => KvLayerRef::F16(g.layer(&kb[li], &vb[li])),
@@ -259,7 +251,7 @@ impl KvCache {
 
     /// Moves slot `src` to slot `dst` in every layer.
     fn move_slot(&mut self, src: usize, dst: usize) {
-        let g = self.geom();
+        let g = self.geom;
         match &mut self.store {
             Store::F32(kb, vb) => kb
                 .iter_mut()
@@ -282,16 +274,16 @@ impl KvCache {
     }
 
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.geom.capacity
     }
 
     /// Reserves `n` slots after the current ones and returns the first; errors when full.
     pub(crate) fn reserve(&mut self, n: usize) -> Result<usize> {
         let start = self.len;
-        if start + n > self.capacity {
+        if start + n > self.geom.capacity {
             return Err(Error::ContextOverflow {
                 needed: start + n,
-                capacity: self.capacity,
+                capacity: self.geom.capacity,
             });
         }
         self.len += n;

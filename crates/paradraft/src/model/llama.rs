@@ -296,8 +296,8 @@ impl Model {
         }
         let (lp, ap, tp) = (
             SendPtr(logits.as_mut_ptr()),
-            Disjoint(out.argmax.as_mut_ptr()),
-            Disjoint(out.top.as_mut_ptr()),
+            SendPtr(out.argmax.as_mut_ptr()),
+            SendPtr(out.top.as_mut_ptr()),
         );
         pool::run(m, |i| {
             // SAFETY: task i alone touches row i of the logits and entry i of the results.
@@ -310,23 +310,11 @@ impl Model {
                 });
             }
             match spec.logits {
-                Logits::Argmax => unsafe { ap.set(i, ops::argmax(row)) },
-                Logits::TopK(k) => unsafe { tp.set(i, ops::top_k(row, k)) },
+                Logits::Argmax => unsafe { *ap.get().add(i) = ops::argmax(row) },
+                Logits::TopK(k) => unsafe { *tp.get().add(i) = ops::top_k(row, k) },
                 Logits::Full | Logits::None => {}
             }
         });
-    }
-}
-
-/// Elements of a slice that parallel tasks write, each task its own indices.
-struct Disjoint<T>(*mut T);
-// SAFETY: tasks write disjoint elements (see `at`).
-unsafe impl<T: Send> Sync for Disjoint<T> {}
-impl<T> Disjoint<T> {
-    /// # Safety
-    /// `i` is in bounds and no other task uses element `i` meanwhile.
-    unsafe fn set(&self, i: usize, v: T) {
-        *self.0.add(i) = v;
     }
 }
 
@@ -335,9 +323,9 @@ thread_local! {
     static ROW: RefCell<(Vec<f32>, Vec<u32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Re-scores with f32 activations the ids whose int8-activation logit lies within [`REFINE`] of
-/// the `keep`-th largest (at most [`REFINE_CAP`] of them, the largest first), so greedy and
-/// top-k choices are those of exact arithmetic. The row's result depends on the row alone,
+/// Re-scores with f32 activations the ids whose fast score (int8 activations, or the 4-bit
+/// screen) lies within `margin` of the `keep`-th largest (at most [`REFINE_CAP`] of them, the
+/// largest first), so greedy and top-k choices are those of exact arithmetic. The row's result depends on the row alone,
 /// never on the batch it came in.
 fn refine_top(
     row: &mut [f32],

@@ -16,7 +16,7 @@
 
 use super::ops::fast_exp;
 use super::qmatmul::{isa, Isa};
-use super::quant::SendPtr;
+use super::quant::{par_ranges, SendPtr};
 use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
 use half::f16;
 use std::cell::RefCell;
@@ -116,7 +116,6 @@ fn attention_with<E: AttnElem>(
     vis: Visibility,
     out: &mut [f32],
 ) {
-    let threads = super::pool::threads();
     let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
     let total = s.prefix + s.n_new;
     assert!(total <= kv.capacity, "attention past the cache");
@@ -139,10 +138,9 @@ fn attention_with<E: AttnElem>(
             kern,
             out: SendPtr(partial.as_mut_ptr()),
         };
-        let tasks = (threads * 4).min(units);
-        super::pool::run(tasks, |task| {
+        par_ranges(units, |u0, u1| {
             UNIT.with_borrow_mut(|scratch| {
-                for unit in task * units / tasks..(task + 1) * units / tasks {
+                for unit in u0..u1 {
                     // SAFETY: each unit writes only its own partial records.
                     unsafe { dispatch(&args, unit, scratch) };
                 }

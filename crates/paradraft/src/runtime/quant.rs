@@ -79,19 +79,21 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
 }
 
 /// Quantises f32 values (a multiple of 32) to GGML Q4_1 blocks: per 32 values f16 `d =
-/// (max − min) / 15` and `m = min`, and `round((x − min) / d)` clamped to 0..=15 (llama.cpp's
-/// reference quantiser; low nibbles hold inputs 0..16).
+/// (max − min) / 15` and `m = min`, and the nearest level `round((x − m) / d)` in 0..=15,
+/// computed with the stored (f16) `d` and `m` so that dequantisation lands within half a step
+/// (low nibbles hold inputs 0..16).
 pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(QK), "Q4_1 needs whole blocks of 32");
     let mut out = Vec::with_capacity(x.len() / QK * 20);
     for b in x.chunks_exact(QK) {
         let min = b.iter().copied().fold(f32::INFINITY, f32::min);
         let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let d = (max - min) / 15.0;
+        let (d, m) = (f16::from_f32((max - min) / 15.0), f16::from_f32(min));
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&m.to_le_bytes());
+        let (d, m) = (d.to_f32(), m.to_f32());
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
-        let q = |v: f32| (((v - min) * id + 0.5) as u8).min(15);
+        let q = |v: f32| ((v - m) * id).round().clamp(0.0, 15.0) as u8;
         out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
     }
     out
@@ -412,15 +414,19 @@ pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
 /// Most ranges [`par_ranges`] makes.
 const MAX_RANGES: usize = 64;
 
+/// Rows (tokens) from which per-token work is split across threads: below it a region's
+/// barrier costs more than the work.
+pub const PAR_ROWS: usize = 4;
+
 /// Runs `f(t0..t1, rows)` over disjoint ranges of the rows (each `width` wide) of `out`, across
-/// the pool when there are at least 4 rows (per-token element-wise work of a batched forward).
+/// the pool when there are at least [`PAR_ROWS`] rows (per-token work of a batched forward).
 pub fn par_rows(
     out: &mut [f32],
     width: usize,
     f: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
 ) {
     let n = out.len() / width;
-    if n < 4 {
+    if n < PAR_ROWS {
         return f(0..n, out);
     }
     let p = SendPtr(out.as_mut_ptr());
@@ -433,21 +439,22 @@ pub fn par_rows(
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.
-pub(crate) struct SendPtr(pub(crate) *mut f32);
-impl Clone for SendPtr {
+pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
+impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl Copy for SendPtr {}
-impl SendPtr {
+impl<T> Copy for SendPtr<T> {}
+impl<T> SendPtr<T> {
     /// The pointer (a method, so that closures capture the `SendPtr`, not its field).
-    pub(crate) fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
+// SAFETY: users write disjoint elements from different tasks (each call site says how).
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// f32 dot product with 8 independent accumulators (vectorises on any SIMD target).
 #[inline]
@@ -557,6 +564,36 @@ mod tests {
                         "{ty:?} {u} vs {v}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q4_1_quantiser_round_trips_within_half_a_step() {
+        // Blocks with negative, positive and mixed ranges, and a constant block.
+        let mut x: Vec<f32> = (0..128)
+            .map(|i| ((i * 37 % 29) as f32 - 9.0) * 0.021 + (i / 32) as f32 * 0.3)
+            .collect();
+        x[96..128].fill(0.7);
+        let q = quantize_q4_1(&x);
+        assert_eq!(q.len(), 4 * 20);
+        let mut y = vec![0f32; 128];
+        dequantize(GgmlType::Q4_1, &q, &mut y);
+        for (b, (xb, yb)) in x.chunks(32).zip(y.chunks(32)).enumerate() {
+            let d = f16_at(&q[b * 20..], 0);
+            let (lo, hi) = xb
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            // Half a step, plus what f16 rounding of d and m can shift the top level by.
+            let tol = 0.5 * d
+                + 15.0 * ((hi - lo) / 15.0 - d).abs()
+                + (lo - f16_at(&q[b * 20..], 2)).abs()
+                + 1e-6;
+            for (a, c) in xb.iter().zip(yb) {
+                assert!(
+                    (a - c).abs() <= tol,
+                    "block {b}: {a} vs {c} (tolerance {tol})"
+                );
             }
         }
     }

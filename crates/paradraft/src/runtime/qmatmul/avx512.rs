@@ -96,6 +96,21 @@ unsafe fn prefetch_ahead(p: *const u8, bytes: usize, nb: usize) {
     }
 }
 
+/// Prefetches what block `gb` of the row group [`PREFETCH_GROUPS`] ahead needs: its weight
+/// chunk, its scales and its mins (Q4) or weight sums (Q8).
+#[inline(always)]
+unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
+    let cb = Packed::chunk_bytes(p.ty);
+    prefetch_ahead(p.q.as_ptr().add(gb * cb), cb, nb);
+    prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+    let extra = if p.ty == GgmlType::Q8_0 {
+        p.wsum.as_ptr().add(gb * GROUP) as *const u8
+    } else {
+        p.m.as_ptr().add(gb * GROUP) as *const u8
+    };
+    prefetch_ahead(extra, 32, nb);
+}
+
 #[inline(always)]
 unsafe fn bcast4(p: *const u8) -> __m512i {
     _mm512_set1_epi32((p as *const i32).read_unaligned())
@@ -124,9 +139,7 @@ unsafe fn q4_tile<const N: usize>(
         let gb = g * nb + b;
         let base = p.q.as_ptr().add(gb * 256);
         if t0 == 0 {
-            prefetch_ahead(base, 256, nb);
-            prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
-            prefetch_ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            prefetch_block(p, gb, nb);
         }
         let mut lo = [_mm512_setzero_si512(); 4];
         let mut hi = [_mm512_setzero_si512(); 4];
@@ -181,9 +194,7 @@ unsafe fn q8_tile<const N: usize>(
         let gb = g * nb + b;
         let base = p.q.as_ptr().add(gb * 512);
         if t0 == 0 {
-            prefetch_ahead(base, 512, nb);
-            prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
-            prefetch_ahead(p.wsum.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            prefetch_block(p, gb, nb);
         }
         let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
         let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(

@@ -71,7 +71,7 @@ impl QActs {
             let _ = simd;
             unsafe { quantize_blocks_portable(xs, o) }
         };
-        if n >= PAR_QUANT_ROWS {
+        if n >= super::quant::PAR_ROWS {
             super::quant::par_ranges(n, run);
         } else {
             run(0, n);
@@ -92,9 +92,6 @@ impl QActs {
         unsafe { quantize_blocks_portable(x, out) }
     }
 }
-
-/// Rows of activations from which quantization is split across threads.
-const PAR_QUANT_ROWS: usize = 4;
 
 /// Where quantized blocks go: `qs`/`us` 32 bytes and `d`/`s` one value per block, from block 0.
 #[derive(Clone, Copy)]
