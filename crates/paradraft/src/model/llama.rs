@@ -365,10 +365,11 @@ const REFINE_CAP: usize = 64;
 const REFINE: f32 = 2.0;
 
 /// Margin within which the 4-bit screen's scores are re-scored exactly (at most
-/// [`REFINE_CAP`] ids, the best-screened first). Measured on SmolLM2 over 597 greedy steps of
-/// four prompts (chat, math, code, list): the exact argmax was never more than 1.3 below the
-/// screen's top score and never ranked below 5th by the screen, while single screen scores
-/// err by up to 4.7 (median step: 3 ids re-scored, 90th percentile 22).
+/// [`REFINE_CAP`] ids, the best-screened first). Measured on SmolLM2 over 596 greedy steps of
+/// four prompts (story, math, code, list; the `screen_margin_on_smollm2` test): the exact
+/// argmax was never more than 1.27 below the screen's top score and never ranked below 7th by
+/// the screen, while single screen scores err by up to 5.1 (ids within the margin: median 3,
+/// 90th percentile 21).
 const SCREEN_MARGIN: f32 = 4.0;
 
 /// The 4-bit screen of an output layer stored in Q8_0 or f32 (for a 4-bit layer there is
@@ -391,4 +392,125 @@ fn screen_of(head: &Matrix) -> Option<Matrix> {
         head.cols,
         &bytes,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::{generate, GenerateParams};
+    use crate::model::Message;
+    use crate::runtime::qmatmul::QActs;
+    use crate::types::Pos;
+
+    /// Measures the 4-bit screen against exact logits on SmolLM2 at every greedy decode step of
+    /// four prompts (the numbers behind [`SCREEN_MARGIN`]), and checks that the exact argmax
+    /// stays well inside the margin. Slow (every step scores the whole vocabulary exactly):
+    /// `cargo test --release -p paradraft --lib screen_margin -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn screen_margin_on_smollm2() {
+        let path = crate::fetch::ensure_default_model().expect("default model");
+        let lm = crate::model::load(&path).unwrap();
+        let (m, tok) = (&lm.model, &lm.tokenizer);
+        let (screen, head) = (m.screen.as_ref().expect("a Q8_0 head"), m.output_head());
+        let (h, vocab, last) = (
+            m.config.hidden_size,
+            m.config.vocab_size,
+            m.config.n_layers - 1,
+        );
+        let prompts = [
+            (
+                "Write a short story about a robot learning to paint, with vivid details.",
+                true,
+                200,
+            ),
+            (
+                "Solve: if 3x + 7 = 22, what is x? Explain step by step.",
+                true,
+                150,
+            ),
+            ("def fibonacci(n):", false, 150),
+            ("List ten countries and their capitals.", true, 150),
+        ];
+        let (mut worst, mut gaps, mut ranks, mut within) = (0f32, vec![], vec![], vec![]);
+        for (text, chat, n) in prompts {
+            let text = if chat {
+                tok.apply_chat_template(&[Message::new("user", text)], true)
+                    .unwrap()
+            } else {
+                text.to_string()
+            };
+            let prompt = tok.encode(&text).unwrap();
+            let params = GenerateParams {
+                max_new_tokens: n,
+                sampling: Default::default(),
+                stop_strings: vec![],
+            };
+            let mut kv = m.new_kv(prompt.len() + n + 1);
+            let gen = generate(m, tok, &mut kv, &prompt, &params, |_| {}).unwrap();
+            // The greedy steps ran the generated tokens but the last; teacher-force them to get
+            // the same final hidden states (batched forwards reproduce decoding bit for bit).
+            let seq: Vec<TokenId> = prompt.iter().chain(&gen.token_ids).copied().collect();
+            let steps = prompt.len()..seq.len() - 1;
+            let pos: Vec<Pos> = (0..seq.len() as u32).map(Pos).collect();
+            let (mut kv, mut s) = (m.new_kv(seq.len()), Scratch::default());
+            let spec = OutputSpec {
+                rows: Rows::Last,
+                logits: Logits::None,
+                taps: vec![last],
+            };
+            let b = Batch {
+                tokens: &seq,
+                positions: &pos,
+                mask: None,
+            };
+            let out = m.forward(&mut kv, &b, &spec, &mut s).unwrap();
+            let (mut x, mut tmp, mut qa) = (vec![0f32; h], vec![0f32; h], QActs::default());
+            let mut row = vec![0f32; vocab];
+            for t in steps {
+                ops::rms_norm(
+                    &out.hidden[t * h..(t + 1) * h],
+                    &m.output_norm,
+                    m.config.rms_eps,
+                    &mut x,
+                );
+                qa.quantize(&x, h);
+                screen.matmul(&x, &qa, &mut row);
+                let exact: Vec<f32> = (0..vocab)
+                    .map(|id| head.row_dot(id, &x, &mut tmp))
+                    .collect();
+                for (a, b) in row.iter().zip(&exact) {
+                    worst = worst.max((a - b).abs());
+                }
+                let best = ops::argmax(&exact).idx();
+                let top = ops::max_value(&row);
+                gaps.push(top - row[best]);
+                ranks.push(row.iter().filter(|&&v| v > row[best]).count());
+                within.push(row.iter().filter(|&&v| v >= top - SCREEN_MARGIN).count());
+            }
+        }
+        gaps.sort_by(f32::total_cmp);
+        ranks.sort();
+        within.sort();
+        let q = |v: usize, p: f64| ((v - 1) as f64 * p) as usize;
+        let n = gaps.len();
+        eprintln!(
+            "{n} greedy steps: worst |screen − exact| {worst:.2}; exact argmax below the screen's \
+             top by at most {:.2} (p99 {:.2}), ranked at worst {} (p99 {}) by the screen; ids \
+             within the margin: median {}, p90 {}, max {}",
+            gaps[n - 1],
+            gaps[q(n, 0.99)],
+            ranks[n - 1],
+            ranks[q(n, 0.99)],
+            within[n / 2],
+            within[q(n, 0.9)],
+            within[n - 1]
+        );
+        assert!(n > 400);
+        assert!(
+            gaps[n - 1] < SCREEN_MARGIN / 2.0,
+            "exact argmax too close to the margin"
+        );
+        assert!(ranks[n - 1] < REFINE_CAP / 4);
+    }
 }
