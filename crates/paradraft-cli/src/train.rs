@@ -9,7 +9,7 @@ use paradraft::drafters::dflash::{default_target_layers, DflashConfig};
 use paradraft::model::Arch;
 use paradraft::train::data::{distill, read_prompts, DistillParams};
 use paradraft::train::dflash::batch::Vocab;
-use paradraft::train::dflash::{evaluate, export, train, Data, TrainParams};
+use paradraft::train::dflash::{bench, evaluate, export, train, Data, TrainParams};
 use paradraft::train::features;
 use std::path::PathBuf;
 
@@ -26,9 +26,12 @@ pub struct DflashArgs {
     /// Working directory: samples.bin, features, checkpoints, log, and the exported drafter.
     #[arg(long)]
     pub out: PathBuf,
-    /// Training prompts (JSONL with "id" and "prompt").
-    #[arg(long, default_value = "data/train/dflash_prompts.jsonl")]
+    /// Training prompts (JSON Lines with "id" and "prompt"; `.gz` is read compressed).
+    #[arg(long, default_value = "data/train/distill_prompts.jsonl.gz")]
     pub prompts: PathBuf,
+    /// Sequences self-distilled at once (continuous batching; 1 is single-stream).
+    #[arg(long, default_value_t = 16)]
+    pub gen_seqs: usize,
     /// Self-distilled samples to generate (held-out evaluation takes the last 5 %).
     #[arg(long, default_value_t = 1000)]
     pub samples: usize,
@@ -68,8 +71,16 @@ pub struct DflashArgs {
     pub max_steps: usize,
     #[arg(long, default_value_t = 6e-4)]
     pub lr: f64,
+    /// Weight of the KL divergence from the target's distribution (over the draft vocabulary)
+    /// added to the cross-entropy of the target's token (0: cross-entropy only).
+    #[arg(long, default_value_t = 0.0)]
+    pub kl_weight: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Measure training throughput over this many steps (fresh weights, nothing saved) and
+    /// exit instead of training.
+    #[arg(long)]
+    pub bench: Option<usize>,
     /// Where the drafter is written (default: OUT/drafter).
     #[arg(long)]
     pub export: Option<PathBuf>,
@@ -81,6 +92,13 @@ pub enum Stage {
     Features,
     Train,
     Eval,
+}
+
+/// The drafter's taps plus the target's last layer (the distillation loss's input).
+fn stored_taps(taps: &[usize], n_layers: usize) -> Vec<usize> {
+    let mut t = taps.to_vec();
+    t.push(n_layers - 1);
+    t
 }
 
 fn bar(total: usize, what: &str) -> ProgressBar {
@@ -104,7 +122,20 @@ fn dflash(a: DflashArgs) -> Result<()> {
     std::fs::create_dir_all(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let prompts = read_prompts(&a.prompts)?;
+    let tc = &lm.model.config;
+    let taps = a
+        .target_layers
+        .clone()
+        .unwrap_or_else(|| default_target_layers(tc.n_layers, a.num_features));
+    if let Some(&t) = taps.iter().find(|&&t| t >= tc.n_layers) {
+        bail!("target layer {t} does not exist ({} layers)", tc.n_layers);
+    }
+    // The cache also keeps the target's last layer: the distillation loss scores it with the
+    // target's head to get the target's distribution at every position.
+    let stored = stored_taps(&taps, tc.n_layers);
     let pb = bar(a.samples, "self-distillation");
+    let t0 = std::time::Instant::now();
+    let mut first = None;
     let samples = distill(
         &lm.model,
         &lm.tokenizer,
@@ -114,24 +145,39 @@ fn dflash(a: DflashArgs) -> Result<()> {
             samples: a.samples,
             max_new_tokens: a.max_new_tokens,
             max_prompt_tokens: 1024,
+            seqs: a.gen_seqs.max(1),
+            // The drafter's features come with the generation (no second target pass).
+            capture: Some((stored.clone(), features::cache_path(&a.out, &stored))),
         },
-        |d, _| pb.set_position(d as u64),
+        |d, _| {
+            first.get_or_insert(d);
+            pb.set_position(d as u64)
+        },
     )?;
     pb.finish();
+    let secs = t0.elapsed().as_secs_f64();
     let toks: usize = samples.iter().map(|s| s.tokens.len()).sum();
+    let new = &samples[first.unwrap_or(0).min(samples.len())..];
+    if !new.is_empty() {
+        let resp: usize = new
+            .iter()
+            .map(|s| s.tokens.len() - s.prompt_len as usize)
+            .sum();
+        let all: usize = new.iter().map(|s| s.tokens.len()).sum();
+        eprintln!(
+            "self-distilled {} samples in {secs:.1} s: {:.1} response tokens/s ({:.1} tokens/s with prompts), {} sequences at once",
+            new.len(),
+            resp as f64 / secs,
+            all as f64 / secs,
+            a.gen_seqs.max(1)
+        );
+    }
     eprintln!("{} samples, {toks} tokens", samples.len());
     if a.until == Some(Stage::Data) {
         return Ok(());
     }
     let target = &lm.model;
     let tc = &target.config;
-    let taps = a
-        .target_layers
-        .clone()
-        .unwrap_or_else(|| default_target_layers(tc.n_layers, a.num_features));
-    if let Some(&t) = taps.iter().find(|&&t| t >= tc.n_layers) {
-        bail!("target layer {t} does not exist ({} layers)", tc.n_layers);
-    }
     if a.block_size < 2 || a.draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
         bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
     }
@@ -195,11 +241,12 @@ fn dflash(a: DflashArgs) -> Result<()> {
             .unwrap_or_default()
     );
 
-    let fpath = features::cache_path(&a.out, &taps);
+    let fpath = features::cache_path(&a.out, &stored);
     let pb = bar(samples.len(), "target features");
-    let feats = features::build(target, &samples, &taps, &fpath, |d, _| {
+    let feats = features::build(target, &samples, &stored, &fpath, |d, _| {
         pb.set_position(d as u64)
-    })?;
+    })?
+    .with_context_width(taps.len() * tc.hidden_size);
     pb.finish();
     if a.until == Some(Stage::Features) {
         return Ok(());
@@ -219,9 +266,19 @@ fn dflash(a: DflashArgs) -> Result<()> {
         max_steps: a.max_steps,
         lr: a.lr,
         gamma: gamma_for(a.block_size),
+        kl_weight: a.kl_weight,
         seed: a.seed,
         ..TrainParams::default()
     };
+    if let Some(steps) = a.bench {
+        let r = bench(&config, &data, &p, steps.max(1))?;
+        println!(
+            "train bench: {} steps, {:.3} s/step, {:.0} positions/step, {:.0} positions/s",
+            r.steps, r.secs_per_step, r.positions_per_step, r.positions_per_s
+        );
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
     std::fs::write(
         a.out.join("train_params.json"),
         serde_json::to_string_pretty(

@@ -94,11 +94,13 @@ unsafe fn f16_avx512(src: &[f32], dst: &mut [f16]) {
 /// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]` (slot `s`, dimension `d` of KV head
 /// `g` at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`) and V as
 /// `[n_kv_heads, capacity, head_dim]`.
+#[derive(Clone)]
 enum Store {
     F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
     F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
 }
 
+#[derive(Clone)]
 pub struct KvCache {
     store: Store,
     geom: Geom,
@@ -218,6 +220,19 @@ impl KvCache {
                 capacity,
             },
             len: 0,
+        }
+    }
+
+    /// `(layers, KV heads, head dim)`.
+    pub fn geometry(&self) -> (usize, usize, usize) {
+        let g = self.geom;
+        (self.n_layers(), g.n_kv_heads, g.head_dim)
+    }
+
+    fn n_layers(&self) -> usize {
+        match &self.store {
+            Store::F32(k, _) => k.len(),
+            Store::F16(k, _) => k.len(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! shaped for draft verification (explicit positions, tree masks, hidden-state taps), the KV
 //! cache, the tokenizer and chat template, the sampler and autoregressive generation.
 
+pub mod batch;
 pub mod bench;
 pub mod drafters;
 pub mod error;

@@ -99,6 +99,7 @@ fn labeled(
         batches: vec![packed(lm, toks, feats, anchors, mask)],
         labels,
         weights,
+        target_hidden: None,
     }
 }
 
@@ -205,7 +206,7 @@ fn training_setup(
 #[test]
 fn every_trainable_tensor_gets_a_gradient() {
     let (net, head, lb) = training_setup(2, 3, &[4, 20], 7.0);
-    let (l, _) = loss(&net, &head, &lb).unwrap().unwrap();
+    let (l, _) = loss(&net, &head, &lb, 0.0).unwrap().unwrap();
     assert!(l.to_scalar::<f32>().unwrap().is_finite());
     let g = l.backward().unwrap();
     for (name, v) in &net.vars {
@@ -227,18 +228,18 @@ fn every_trainable_tensor_gets_a_gradient() {
 fn a_few_steps_of_training_lower_the_loss() {
     let (net, head, lb) = training_setup(1, 1, &[3, 9, 15, 21], f32::INFINITY);
     let mut opt = paradraft::train::optim::AdamW::new(&net.vars, 0.0).unwrap();
-    let first = loss(&net, &head, &lb)
+    let first = loss(&net, &head, &lb, 0.0)
         .unwrap()
         .unwrap()
         .0
         .to_scalar::<f32>()
         .unwrap();
     for _ in 0..30 {
-        let (l, _) = loss(&net, &head, &lb).unwrap().unwrap();
+        let (l, _) = loss(&net, &head, &lb, 0.0).unwrap().unwrap();
         let g = l.backward().unwrap();
         opt.step(&net.vars, &g, 3e-3, 1.0).unwrap();
     }
-    let last = loss(&net, &head, &lb)
+    let last = loss(&net, &head, &lb, 0.0)
         .unwrap()
         .unwrap()
         .0
@@ -618,4 +619,94 @@ fn published_style_configs_load() {
     std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
     let msg = DflashModel::load(dir.path()).err().unwrap().to_string();
     assert!(msg.contains("sliding"), "{msg}");
+}
+
+/// The distillation term: with the target's last-layer outputs kept in the feature cache, the
+/// loss adds `kl` × the KL divergence from the target's next-token distribution at the
+/// position before each label (restricted to the draft vocabulary) to the drafter's; checked
+/// against the target's own logits computed by the runtime, and it carries gradients.
+#[test]
+fn distillation_loss_matches_the_targets_distribution() {
+    use paradraft::train::data::Sample;
+    use paradraft::train::dflash::batch::build;
+    use paradraft::train::features;
+    let mut lm = load_tiny("qwen3");
+    lm.model.set_exact(true);
+    let n = lm.model.config.vocab_size;
+    let last_layer = lm.model.config.n_layers - 1;
+    let toks = tokens(30, n);
+    let samples = vec![Sample {
+        prompt_index: 0,
+        prompt_len: 8,
+        tokens: toks.clone(),
+    }];
+    let stored = [TAPS[0], TAPS[1], last_layer];
+    let dir = tempfile::tempdir().unwrap();
+    let p = features::cache_path(dir.path(), &stored);
+    let h = lm.model.config.hidden_size;
+    let fc = features::build(&lm.model, &samples, &stored, &p, |_, _| {})
+        .unwrap()
+        .with_context_width(TAPS.len() * h);
+    // A reduced vocabulary: the distribution is renormalised over it.
+    let vocab = Vocab::from_d2t((0..n as u32).filter(|i| i % 4 != 3).collect(), n);
+    let anchors = vec![9, 17];
+    let lb = build(
+        &lm.model,
+        &samples,
+        &fc,
+        &[(0, anchors.clone())],
+        BLOCK,
+        TokenId(5),
+        &vocab,
+        7.0,
+    )
+    .unwrap();
+    assert!(lb.target_hidden.is_some());
+    let cfg = config(&lm, 1);
+    let net = Net::init(cfg, 4).unwrap();
+    let head = frozen_head(&lm.model, &vocab).unwrap();
+    let ce = loss(&net, &head, &lb, 0.0).unwrap().unwrap().0;
+    let both = loss(&net, &head, &lb, 0.5).unwrap().unwrap().0;
+    let kl_loss = ((&both - &ce).unwrap() * 2.0).unwrap();
+    // Reference: the drafter's log-probabilities from its hidden states, the target's from the
+    // runtime's full logits, both over the draft vocabulary.
+    let hidden = net.forward(&lb.batches[0]).unwrap();
+    let dl: Vec<Vec<f32>> = head.forward(&hidden).unwrap().to_vec2().unwrap();
+    let full = common::run_logits(&lm, &toks);
+    let log_softmax = |v: &[f64]| {
+        let m = v.iter().cloned().fold(f64::MIN, f64::max);
+        let z = v.iter().map(|x| (x - m).exp()).sum::<f64>().ln() + m;
+        v.iter().map(|x| x - z).collect::<Vec<f64>>()
+    };
+    let (mut num, mut den) = (0f64, 0f64);
+    for (j, &a) in anchors.iter().enumerate() {
+        for k in 1..BLOCK {
+            let i = j * (BLOCK - 1) + k - 1;
+            let w = lb.weights[i] as f64;
+            if w == 0.0 {
+                continue;
+            }
+            let pos = a + k;
+            let t: Vec<f64> = vocab
+                .d2t
+                .iter()
+                .map(|&id| full[pos - 1][id as usize] as f64)
+                .collect();
+            let q: Vec<f64> = dl[j * BLOCK + k].iter().map(|&x| x as f64).collect();
+            let (lp, lq) = (log_softmax(&t), log_softmax(&q));
+            let kl: f64 = lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum();
+            num += w * kl;
+            den += w;
+        }
+    }
+    let want = num / den;
+    let got = kl_loss.to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (got - want).abs() < 2e-3 * want.max(1.0),
+        "KL term {got} vs reference {want}"
+    );
+    let g = both.backward().unwrap();
+    for (name, v) in &net.vars {
+        assert!(g.get(v.as_tensor()).is_some(), "{name} gets no gradient");
+    }
 }

@@ -45,6 +45,15 @@ pub(crate) struct LayerScratch {
     pub(crate) qa: QActs,
 }
 
+/// One sequence's share of a (possibly multi-sequence) layer forward: its KV cache, the slot
+/// its new K/V go to, its attention shape and the visibility among its new tokens.
+pub(crate) struct SeqAttn<'a> {
+    pub(crate) kv: &'a mut KvCache,
+    pub(crate) slot0: usize,
+    pub(crate) shape: AttnShape,
+    pub(crate) vis: Visibility<'a>,
+}
+
 /// The RoPE table of `positions`: `(cos, sin)` of position × frequency, token-major.
 pub(crate) fn rope_table(inv_freq: &[f32], positions: &[Pos], out: &mut Vec<(f32, f32)>) {
     out.clear();
@@ -118,23 +127,21 @@ impl Layer {
         .sum()
     }
 
-    /// Runs the `shape.n_new` rows of `s.x` (whose RoPE table is `s.rope`) through the layer:
-    /// their K/V are written to layer `li` of `kv` at slots `slot0..`, they attend over
-    /// `kv`'s first `shape.prefix` slots and, as `vis` says, each other; attention and MLP are
-    /// added to `s.x`. `exact` asks for f32 activations in quantized matmuls.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the rows of `s.x` (whose RoPE table is `s.rope`) through the layer. The rows are
+    /// the new tokens of `seqs`, back to back: each sequence's K/V are written to layer `li` of
+    /// its own cache at its `slot0..`, and its rows attend over that cache's first
+    /// `shape.prefix` slots and, as its `vis` says, each other. Norms, projections and the MLP
+    /// run over all rows at once. Attention and MLP are added to `s.x`. `exact` asks for f32
+    /// activations in quantized matmuls.
     pub(crate) fn forward(
         &self,
         c: &Config,
-        kv: &mut KvCache,
         li: usize,
-        slot0: usize,
-        shape: &AttnShape,
-        vis: Visibility,
+        seqs: &mut [SeqAttn],
         s: &mut LayerScratch,
         exact: bool,
     ) {
-        let n = shape.n_new;
+        let n: usize = seqs.iter().map(|q| q.shape.n_new).sum();
         let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let half = hd / 2;
@@ -188,9 +195,25 @@ impl Layer {
                 ops::rope(&mut kr[i * kvd..(i + 1) * kvd], hd, cs, c.rope_style);
             }
         });
-        kv.write(li, slot0, k, v);
         let attn = sized(&mut s.attn, n * qd);
-        ops::attention(q, kv.layer(li), shape, vis, attn);
+        let mut r0 = 0;
+        for sq in seqs.iter_mut() {
+            let r = r0..r0 + sq.shape.n_new;
+            r0 = r.end;
+            sq.kv.write(
+                li,
+                sq.slot0,
+                &k[r.start * kvd..r.end * kvd],
+                &v[r.start * kvd..r.end * kvd],
+            );
+            ops::attention(
+                &q[r.start * qd..r.end * qd],
+                sq.kv.layer(li),
+                &sq.shape,
+                sq.vis,
+                &mut attn[r.start * qd..r.end * qd],
+            );
+        }
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);

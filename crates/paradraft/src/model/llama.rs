@@ -3,7 +3,7 @@
 
 use super::config::{Arch, Config};
 use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
-use super::layer::{rope_table, Layer, LayerScratch};
+use super::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvDtype};
@@ -33,6 +33,7 @@ pub struct Model {
 #[derive(Default)]
 pub struct Scratch {
     l: LayerScratch,
+    positions: Vec<crate::types::Pos>,
     rows_x: Vec<f32>,
     logits: Vec<f32>,
     pub out: Output,
@@ -145,6 +146,11 @@ impl Model {
     }
 
     fn validate(&self, kv: &KvCache, b: &Batch, spec: &OutputSpec) -> Result<()> {
+        self.validate_seq(kv, b)?;
+        self.validate_spec(b.tokens.len(), spec)
+    }
+
+    fn validate_seq(&self, kv: &KvCache, b: &Batch) -> Result<()> {
         let n = b.tokens.len();
         let bad = |m: String| Err(Error::BadRequest(m));
         if n == 0 {
@@ -164,22 +170,36 @@ impl Model {
                 return bad(format!("mask is {}×{0} for {n} tokens", m.len()));
             }
         }
-        if let Some(&t) = spec.taps.iter().find(|&&t| t >= self.config.n_layers) {
-            return bad(format!(
-                "tap layer {t} does not exist ({} layers)",
-                self.config.n_layers
-            ));
-        }
-        if let Rows::Some(r) = &spec.rows {
-            if let Some(&i) = r.iter().find(|&&i| i >= n) {
-                return bad(format!("output row {i} is outside the batch of {n}"));
-            }
-        }
         if kv.len() + n > kv.capacity() {
             return Err(Error::ContextOverflow {
                 needed: kv.len() + n,
                 capacity: kv.capacity(),
             });
+        }
+        let c = &self.config;
+        if kv.geometry() != (c.n_layers, c.n_kv_heads, c.head_dim) {
+            return bad(format!(
+                "KV cache of {:?} (layers, KV heads, head dim) for a model of {:?}",
+                kv.geometry(),
+                (c.n_layers, c.n_kv_heads, c.head_dim)
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_spec(&self, n: usize, spec: &OutputSpec) -> Result<()> {
+        if let Some(&t) = spec.taps.iter().find(|&&t| t >= self.config.n_layers) {
+            return Err(Error::BadRequest(format!(
+                "tap layer {t} does not exist ({} layers)",
+                self.config.n_layers
+            )));
+        }
+        if let Rows::Some(r) = &spec.rows {
+            if let Some(&i) = r.iter().find(|&&i| i >= n) {
+                return Err(Error::BadRequest(format!(
+                    "output row {i} is outside the batch of {n}"
+                )));
+            }
         }
         Ok(())
     }
@@ -194,33 +214,78 @@ impl Model {
         s: &'s mut Scratch,
     ) -> Result<&'s Output> {
         self.validate(kv, b, spec)?;
-        let c = &self.config;
-        let n = b.tokens.len();
-        let h = c.hidden_size;
-        let prefix = kv.len();
-        let slot0 = kv.reserve(n)?;
+        self.forward_seqs(&mut [(kv, *b)], spec, s)
+    }
 
-        let x = sized(&mut s.l.x, n * h);
-        for (t, tok) in b.tokens.iter().enumerate() {
-            self.embed.row_into(tok.idx(), &mut x[t * h..(t + 1) * h]);
+    /// One forward over the new tokens of several sequences, each with its own KV cache (a
+    /// continuous-batching step): their rows are concatenated for the matmuls, norms and MLP,
+    /// and each attends over its own cache only. `spec.rows` and the outputs index the
+    /// concatenated rows, sequence after sequence. Each row's results equal those of a forward
+    /// of its sequence alone.
+    pub fn forward_multi<'s>(
+        &self,
+        seqs: &mut [(&mut KvCache, Batch)],
+        spec: &OutputSpec,
+        s: &'s mut Scratch,
+    ) -> Result<&'s Output> {
+        if seqs.is_empty() {
+            return Err(Error::BadRequest("no sequences".into()));
         }
-        rope_table(&self.inv_freq, b.positions, &mut s.l.rope);
+        for (kv, b) in seqs.iter() {
+            self.validate_seq(kv, b)?;
+        }
+        let n = seqs.iter().map(|(_, b)| b.tokens.len()).sum();
+        self.validate_spec(n, spec)?;
+        self.forward_seqs(seqs, spec, s)
+    }
+
+    fn forward_seqs<'s>(
+        &self,
+        seqs: &mut [(&mut KvCache, Batch)],
+        spec: &OutputSpec,
+        s: &'s mut Scratch,
+    ) -> Result<&'s Output> {
+        let c = &self.config;
+        let n: usize = seqs.iter().map(|(_, b)| b.tokens.len()).sum();
+        let h = c.hidden_size;
+        let x = sized(&mut s.l.x, n * h);
+        let mut t = 0;
+        for (_, b) in seqs.iter() {
+            for tok in b.tokens {
+                self.embed.row_into(tok.idx(), &mut x[t * h..(t + 1) * h]);
+                t += 1;
+            }
+        }
+        s.positions.clear();
+        for (_, b) in seqs.iter() {
+            s.positions.extend_from_slice(b.positions);
+        }
+        rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
+        let mut att = Vec::with_capacity(seqs.len());
+        for (kv, b) in seqs.iter_mut() {
+            let (prefix, n_new) = (kv.len(), b.tokens.len());
+            let slot0 = kv.reserve(n_new)?;
+            att.push(SeqAttn {
+                kv: &mut **kv,
+                slot0,
+                shape: AttnShape {
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: c.head_dim,
+                    prefix,
+                    n_new,
+                },
+                vis: match b.mask {
+                    Some(m) => ops::Visibility::Mask(m.bits()),
+                    None => ops::Visibility::Causal,
+                },
+            });
+        }
         let n_taps = spec.taps.len();
         s.out.hidden.clear();
         s.out.hidden.resize(n * n_taps * h, 0.0);
-        let shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            prefix,
-            n_new: n,
-        };
-        let vis = match b.mask {
-            Some(m) => ops::Visibility::Mask(m.bits()),
-            None => ops::Visibility::Causal,
-        };
         for (li, l) in self.layers.iter().enumerate() {
-            l.forward(c, kv, li, slot0, &shape, vis, &mut s.l, self.exact);
+            l.forward(c, li, &mut att, &mut s.l, self.exact);
             for (ti, _) in spec.taps.iter().enumerate().filter(|(_, &t)| t == li) {
                 for t in 0..n {
                     let dst = (t * n_taps + ti) * h;

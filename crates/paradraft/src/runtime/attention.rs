@@ -25,6 +25,7 @@ use std::cell::RefCell;
 pub const SLOT_CHUNK: usize = 128;
 
 /// Geometry of one attention call.
+#[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,

@@ -1,19 +1,18 @@
 //! Self-distillation data (DFlash §4.1 / spec §3.3): the target answers the training prompts
-//! with the engine's fastest lossless generation (greedy, prompt-lookup speculation), and each
+//! greedily, many at once through continuous batching (`crate::batch`: one multi-sequence
+//! forward per step, token-identical to single-stream greedy generation), and each
 //! chat-templated sample is stored as compact token records. Loss applies to the response only.
 //!
 //! File format (`samples.bin`): the magic `PDTK0001`, then records of little-endian u32s:
 //! `[prompt_index, prompt_len, n, token × n]`. Appending is resumable: a torn last record is cut
 //! off when the file is reopened.
 
-use crate::drafters::pld::PromptLookup;
+use crate::batch::{generate_greedy_batched, Request};
 use crate::error::{Error, Result};
-use crate::generate::GenerateParams;
-use crate::kv::KvCache;
 use crate::model::{Message, Model, Tokenizer};
-use crate::sample::SamplingParams;
-use crate::spec::{speculative_generate, Speculation};
+use crate::train::features::FeatureAppender;
 use crate::types::TokenId;
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -131,8 +130,16 @@ pub struct Prompt {
     pub prompt: String,
 }
 
+/// Reads a prompt file: JSON Lines, gzip-compressed when the name ends in `.gz`.
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(f).read_to_string(&mut text)
+    } else {
+        std::io::BufReader::new(f).read_to_string(&mut text)
+    }
+    .map_err(|e| Error::io(path, e))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -155,10 +162,16 @@ pub struct DistillParams {
     pub max_new_tokens: usize,
     /// Longest prompt kept (longer prompts are skipped).
     pub max_prompt_tokens: usize,
+    /// Sequences generated at once (continuous batching).
+    pub seqs: usize,
+    /// Target layers whose outputs are captured while generating, and the feature cache they
+    /// are appended to (see [`crate::train::features`]); nothing is captured when `None`.
+    pub capture: Option<(Vec<usize>, std::path::PathBuf)>,
 }
 
 /// Generates responses for prompts not yet in `out` until it holds `p.samples` records.
-/// `progress(done, total)` is called after each sample.
+/// Samples are appended as they finish, so the file's order is finishing order; a rerun
+/// skips the prompts already answered. `progress(done, total)` is called after each sample.
 pub fn distill(
     model: &Model,
     tok: &Tokenizer,
@@ -168,52 +181,66 @@ pub fn distill(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<Vec<Sample>> {
     let (mut w, mut have) = SampleWriter::open(out)?;
-    let next = have.last().map_or(0, |s| s.prompt_index as usize + 1);
-    let mut kv = KvCache::new(
-        model.config.n_layers,
-        model.config.n_kv_heads,
-        model.config.head_dim,
-        p.max_prompt_tokens + p.max_new_tokens + 1,
-    );
-    let params = GenerateParams {
-        max_new_tokens: p.max_new_tokens,
-        sampling: SamplingParams::default(),
-        stop_strings: vec![],
-    };
+    let done: HashSet<u32> = have.iter().map(|s| s.prompt_index).collect();
     progress(have.len(), p.samples);
-    for (i, pr) in prompts.iter().enumerate().skip(next) {
-        if have.len() >= p.samples {
-            break;
+    let want = p.samples.saturating_sub(have.len());
+    if want == 0 {
+        return Ok(have);
+    }
+    // Requests are made lazily, so only the prompts that get used are tokenized.
+    let mut err = None;
+    let reqs = prompts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !done.contains(&(*i as u32)))
+        .filter_map(|(i, pr)| {
+            let ids = tok
+                .apply_chat_template(&[Message::new("user", &pr.prompt)], true)
+                .and_then(|text| tok.encode(&text));
+            match ids {
+                Ok(ids) if ids.len() <= p.max_prompt_tokens => Some(Request {
+                    id: i as u64,
+                    prompt: ids,
+                    max_new_tokens: p.max_new_tokens,
+                }),
+                Ok(_) => None,
+                Err(e) => {
+                    err.get_or_insert(e);
+                    None
+                }
+            }
+        })
+        .take(want);
+    let stops: Vec<TokenId> = tok.stop_tokens.iter().copied().collect();
+    let ctx = p.max_prompt_tokens + p.max_new_tokens + 1;
+    let mut feats = match &p.capture {
+        Some((taps, path)) => {
+            let width = taps.len() * model.config.hidden_size;
+            FeatureAppender::open(path, &have, width)?.map(|f| (taps.as_slice(), f))
         }
-        let text = tok.apply_chat_template(&[Message::new("user", &pr.prompt)], true)?;
-        let prompt = tok.encode(&text)?;
-        if prompt.len() > p.max_prompt_tokens {
-            continue;
+        None => None,
+    };
+    let taps = feats.as_ref().map_or(&[][..], |f| f.0);
+    generate_greedy_batched(model, &stops, taps, reqs, p.seqs, ctx, |f| {
+        let mut tokens = f.prompt;
+        let prompt_len = tokens.len() as u32;
+        tokens.extend_from_slice(&f.tokens);
+        // Features first: a run killed in between leaves rows the feature stage cuts off.
+        if let Some((_, fa)) = feats.as_mut() {
+            fa.append(tokens.len(), &f.features)?;
         }
-        let mut pld = PromptLookup::default();
-        let g = speculative_generate(
-            model,
-            tok,
-            &mut kv,
-            &prompt,
-            &params,
-            Speculation {
-                drafter: &mut pld,
-                max_draft: 8,
-                sizer: None,
-            },
-            |_| {},
-        )?;
-        let mut tokens = prompt.clone();
-        tokens.extend_from_slice(&g.out.token_ids);
         let s = Sample {
-            prompt_index: i as u32,
-            prompt_len: prompt.len() as u32,
+            prompt_index: f.id as u32,
+            prompt_len,
             tokens,
         };
         w.append(&s)?;
         have.push(s);
         progress(have.len(), p.samples);
+        Ok(())
+    })?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(have),
     }
-    Ok(have)
 }

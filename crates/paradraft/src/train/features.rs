@@ -18,6 +18,9 @@ pub struct FeatureCache {
     map: Mmap,
     /// f16 per token.
     pub width: usize,
+    /// The leading f16 of each row that are the drafter's context features (the rest, if any,
+    /// are further taps such as the target's last layer; see [`FeatureCache::tail_rows_into`]).
+    pub ctx: usize,
     /// Token offset of each sample.
     offsets: Vec<usize>,
 }
@@ -93,6 +96,61 @@ pub fn build(
     open(path, samples, width)
 }
 
+/// Appends features captured during self-distillation (`crate::batch` taps), in step with
+/// the sample file: sample i's rows follow sample i − 1's.
+pub struct FeatureAppender {
+    file: std::fs::File,
+    path: PathBuf,
+    width: usize,
+}
+
+impl FeatureAppender {
+    /// Opens `path` for appending when it holds exactly the rows of `samples` (or nothing and
+    /// there are no samples); `None` when it does not line up, in which case the feature
+    /// stage computes the missing rows later.
+    pub fn open(path: &Path, samples: &[Sample], width: usize) -> Result<Option<Self>> {
+        let have = std::fs::metadata(path)
+            .map(|m| m.len() as usize)
+            .unwrap_or(0);
+        let want: usize = samples.iter().map(|s| s.tokens.len() * width * 2).sum();
+        if have != want {
+            return Ok(None);
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(Some(FeatureAppender {
+            file,
+            path: path.to_path_buf(),
+            width,
+        }))
+    }
+
+    /// Appends one sample's rows: `rows` holds its first rows (f16, `width` each); rows up to
+    /// `n_tokens` that were never computed (a final token nothing was generated from) are
+    /// written as zeros, since no anchor's context reaches them.
+    pub fn append(&mut self, n_tokens: usize, rows: &[f16]) -> Result<()> {
+        let have = rows.len() / self.width;
+        if rows.len() % self.width != 0 || have > n_tokens || n_tokens - have > 1 {
+            return Err(Error::BadRequest(format!(
+                "feature rows for {} of {n_tokens} tokens",
+                rows.len() as f64 / self.width as f64
+            )));
+        }
+        let mut buf = Vec::with_capacity(n_tokens * self.width * 2);
+        for v in rows {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        buf.resize(n_tokens * self.width * 2, 0);
+        self.file
+            .write_all(&buf)
+            .and_then(|_| self.file.flush())
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
 /// Maps an existing complete cache.
 pub fn open(path: &Path, samples: &[Sample], width: usize) -> Result<FeatureCache> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
@@ -119,19 +177,45 @@ pub fn open(path: &Path, samples: &[Sample], width: usize) -> Result<FeatureCach
     Ok(FeatureCache {
         map,
         width,
+        ctx: width,
         offsets,
     })
 }
 
 impl FeatureCache {
-    /// Appends sample `i`'s first `n` rows as f32 to `dst`.
+    /// The first `ctx` f16 of each row are context features; the rest is the tail.
+    pub fn with_context_width(mut self, ctx: usize) -> Self {
+        self.ctx = ctx.min(self.width);
+        self
+    }
+
+    fn row(&self, i: usize, r: usize) -> &[u8] {
+        let start = (self.offsets[i] + r) * self.width * 2;
+        &self.map[start..start + self.width * 2]
+    }
+
+    /// Appends the context features of sample `i`'s first `n` rows as f32 to `dst`.
     pub fn rows_into(&self, i: usize, n: usize, dst: &mut Vec<f32>) {
-        let start = self.offsets[i] * self.width * 2;
-        let bytes = &self.map[start..start + n * self.width * 2];
-        dst.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-        );
+        dst.reserve(n * self.ctx);
+        for r in 0..n {
+            dst.extend(
+                self.row(i, r)[..self.ctx * 2]
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            );
+        }
+    }
+
+    /// Appends the tail (the columns after the context features) of sample `i`'s rows `rows`
+    /// as f32 to `dst`.
+    pub fn tail_rows_into(&self, i: usize, rows: &[usize], dst: &mut Vec<f32>) {
+        dst.reserve(rows.len() * (self.width - self.ctx));
+        for &r in rows {
+            dst.extend(
+                self.row(i, r)[self.ctx * 2..]
+                    .chunks_exact(2)
+                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@
 use super::config::DflashConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::layer::{rope_table, Layer, LayerScratch};
+use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::quant::{prep_acts, sized, Matrix};
@@ -214,16 +214,13 @@ impl DflashModel {
             n_new: b,
         };
         for (li, l) in self.layers.iter().enumerate() {
-            l.forward(
-                c,
-                kv,
-                li,
+            let mut seq = [SeqAttn {
+                kv: &mut *kv,
                 slot0,
-                &shape,
-                Visibility::Mask(&s.mask),
-                &mut s.l,
-                false,
-            );
+                shape,
+                vis: Visibility::Mask(&s.mask),
+            }];
+            l.forward(c, li, &mut seq, &mut s.l, false);
         }
         kv.truncate(prefix);
         out.resize(b * c.hidden_size, 0.0);

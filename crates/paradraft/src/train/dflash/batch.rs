@@ -108,6 +108,10 @@ pub struct Labeled {
     pub batches: Vec<Batch>,
     pub labels: Vec<u32>,
     pub weights: Vec<f32>,
+    /// `[labels, hidden]`: the target's last-layer output at the position before each label
+    /// (whose next-token distribution the label was drawn from), when the feature cache keeps
+    /// it; the distillation loss scores it with the target's head.
+    pub target_hidden: Option<Tensor>,
 }
 
 /// Builds the batches of `items` = (sample index, its anchors).
@@ -127,6 +131,10 @@ pub fn build(
     target.embed_row(mask_id.idx(), &mut mask_row);
     let mut row = vec![0f32; h];
     let (mut batches, mut labels, mut weights) = (vec![], vec![], vec![]);
+    let tail = feats.width - feats.ctx;
+    let with_target = tail == h;
+    let mut target_hidden = vec![];
+    let mut rows = vec![];
     let dev = &Device::Cpu;
     for (si, anchors) in items {
         let s = &samples[*si];
@@ -134,7 +142,7 @@ pub fn build(
             continue;
         };
         // Context: positions 0..last (the latest anchor sees those before it).
-        let mut features = Vec::with_capacity(last * feats.width);
+        let mut features = Vec::with_capacity(last * feats.ctx);
         feats.rows_into(*si, last, &mut features);
         let resp = s.prompt_len as usize;
         let mut block_x = Vec::with_capacity(anchors.len() * block * h);
@@ -155,6 +163,10 @@ pub fn build(
                     .then(|| vocab.draft_id(s.tokens[p]))
                     .flatten();
                 labels.push(d.unwrap_or(0));
+                if with_target {
+                    // Row p − 1 predicts token p; rows past the end carry no loss.
+                    rows.push(if d.is_some() { p - 1 } else { 0 });
+                }
                 weights.push(if d.is_some() {
                     (-((k - 1) as f32) / gamma).exp()
                 } else {
@@ -162,9 +174,13 @@ pub fn build(
                 });
             }
         }
+        if with_target {
+            feats.tail_rows_into(*si, &rows, &mut target_hidden);
+            rows.clear();
+        }
         let n = anchors.len() * block;
         batches.push(Batch {
-            features: Tensor::from_vec(features, (last, feats.width), dev)?,
+            features: Tensor::from_vec(features, (last, feats.ctx), dev)?,
             ctx_pos: (0..last as u32).collect(),
             block_x: Tensor::from_vec(block_x, (n, h), dev)?,
             block_pos,
@@ -173,9 +189,15 @@ pub fn build(
             ctx_mask: Tensor::from_vec(mask, (n, last), dev)?,
         });
     }
+    let target_hidden = if with_target {
+        Some(Tensor::from_vec(target_hidden, (labels.len(), h), dev)?)
+    } else {
+        None
+    };
     Ok(Labeled {
         batches,
         labels,
         weights,
+        target_hidden,
     })
 }

@@ -43,6 +43,9 @@ pub struct TrainParams {
     pub grad_clip: f64,
     /// Loss decay: weight exp(−(k − 1)/γ) for the k-th draft.
     pub gamma: f32,
+    /// Weight of the KL term against the target's distribution (0: cross-entropy only).
+    #[serde(default)]
+    pub kl_weight: f64,
     pub seed: u64,
     /// Steps between checkpoints.
     pub save_every: usize,
@@ -62,6 +65,7 @@ impl Default for TrainParams {
             warmup_ratio: 0.04,
             grad_clip: 1.0,
             gamma: 7.0,
+            kl_weight: 0.0,
             seed: 0,
             save_every: 50,
             pause_at: 0,
@@ -106,12 +110,20 @@ pub fn frozen_head(target: &Model, vocab: &Vocab) -> CResult<FrozenHead> {
     for (d, &t) in vocab.d2t.iter().enumerate() {
         head.row_into(t as usize, &mut w[d * h..(d + 1) * h]);
     }
-    FrozenHead::new(Tensor::from_vec(w, (vocab.len(), h), &Device::Cpu)?)
+    FrozenHead::new(Tensor::from_vec(w, (vocab.len(), h), &Device::Cpu)?)?
+        .with_target_norm(target.output_norm(), target.config.rms_eps)
 }
 
-/// Weighted cross-entropy over labelled rows and the first-slot accuracy; `None` when the
-/// batch has no labelled row.
-pub fn loss(net: &Net, head: &FrozenHead, lb: &batch::Labeled) -> CResult<Option<(Tensor, f64)>> {
+/// Weighted loss over labelled rows and the first-slot accuracy; `None` when the batch has no
+/// labelled row. Each row's loss is the cross-entropy of its label plus `kl` times the KL
+/// divergence from the target's distribution (restricted to the draft vocabulary) to the
+/// drafter's, when the batch carries the target's last-layer outputs.
+pub fn loss(
+    net: &Net,
+    head: &FrozenHead,
+    lb: &batch::Labeled,
+    kl: f64,
+) -> CResult<Option<(Tensor, f64)>> {
     let Some(b) = lb.batches.first().map(|x| x.block) else {
         return Ok(None);
     };
@@ -149,7 +161,17 @@ pub fn loss(net: &Net, head: &FrozenHead, lb: &batch::Labeled) -> CResult<Option
     let lab: Vec<u32> = rows.iter().map(|&i| lb.labels[i as usize]).collect();
     let lab_t = Tensor::from_vec(lab.clone(), (rows.len(), 1), dev)?;
     let picked = logits.gather(&lab_t, 1)?;
-    let nll = (lse - picked)?.squeeze(1)?;
+    let mut nll = (&lse - picked)?.squeeze(1)?;
+    if let (true, Some(th)) = (kl > 0.0, &lb.target_hidden) {
+        let idx_rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
+        let tl = head.target_logits(&th.index_select(&idx_rows, 0)?)?;
+        let tm = tl.max_keepdim(D::Minus1)?;
+        let tls = tl.broadcast_sub(&tm)?;
+        let logp = tls.broadcast_sub(&tls.exp()?.sum_keepdim(D::Minus1)?.log()?)?;
+        let logq = logits.broadcast_sub(&lse)?;
+        let kl_row = (logp.exp()? * (logp - logq)?)?.sum(D::Minus1)?;
+        nll = (nll + (kl_row * kl)?)?;
+    }
     let w: Vec<f32> = rows.iter().map(|&i| lb.weights[i as usize]).collect();
     let wsum: f32 = w.iter().sum();
     let wt = Tensor::from_vec(w, rows.len(), dev)?;
@@ -246,7 +268,6 @@ pub fn train(
         total = total.min(p.max_steps);
     }
     let warmup = ((total as f64 * p.warmup_ratio).ceil() as usize).max(1);
-    let mask = TokenId(config.mask_token_id);
     let log_path = dir.join("train_log.jsonl");
     let mut log = std::fs::OpenOptions::new()
         .create(true)
@@ -263,41 +284,8 @@ pub fn train(
         let chunk =
             &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
         let t0 = Instant::now();
-        let items: Vec<(usize, Vec<usize>)> = chunk
-            .iter()
-            .map(|&si| {
-                let mut rng = ChaCha8Rng::seed_from_u64(
-                    p.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x51_7cc1),
-                );
-                (si, sample_anchors(&data.samples[si], p.anchors, &mut rng))
-            })
-            .collect();
-        let lb = build(
-            data.target,
-            data.samples,
-            data.features,
-            &items,
-            p.block_size,
-            mask,
-            data.vocab,
-            p.gamma,
-        )
-        .map_err(cerr)?;
         let lr = cosine_lr(step, total, warmup, p.lr);
-        let (lv, acc1, gn) = match loss(&net, &head, &lb).map_err(cerr)? {
-            None => (0.0, 0.0, 0.0),
-            Some((l, acc1)) => {
-                let grads = l.backward().map_err(cerr)?;
-                let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
-                let scale = if gn > p.grad_clip {
-                    p.grad_clip / gn
-                } else {
-                    1.0
-                };
-                opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
-                (l.to_scalar::<f32>().map_err(cerr)? as f64, acc1, gn)
-            }
-        };
+        let (lv, acc1, gn) = train_step(&net, &mut opt, &head, data, p, epoch, chunk, lr)?;
         let secs = t0.elapsed().as_secs_f64();
         elapsed += secs;
         step += 1;
@@ -328,6 +316,101 @@ pub fn train(
         }
     }
     Ok(net)
+}
+
+/// The anchors of sequence `si` in `epoch` (a seeded draw, so a resumed run redraws them).
+fn epoch_anchors(data: &Data, p: &TrainParams, epoch: usize, si: usize) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(
+        p.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x51_7cc1),
+    );
+    sample_anchors(&data.samples[si], p.anchors, &mut rng)
+}
+
+/// One optimiser step on the sequences `chunk`: batch, loss, backward, clipping, AdamW.
+/// Returns (loss, first-slot accuracy, gradient norm before clipping).
+#[allow(clippy::too_many_arguments)]
+fn train_step(
+    net: &Net,
+    opt: &mut AdamW,
+    head: &FrozenHead,
+    data: &Data,
+    p: &TrainParams,
+    epoch: usize,
+    chunk: &[usize],
+    lr: f64,
+) -> Result<(f64, f64, f64)> {
+    let items: Vec<(usize, Vec<usize>)> = chunk
+        .iter()
+        .map(|&si| (si, epoch_anchors(data, p, epoch, si)))
+        .collect();
+    let lb = build(
+        data.target,
+        data.samples,
+        data.features,
+        &items,
+        p.block_size,
+        TokenId(net.config.mask_token_id),
+        data.vocab,
+        p.gamma,
+    )
+    .map_err(cerr)?;
+    Ok(match loss(net, head, &lb, p.kl_weight).map_err(cerr)? {
+        None => (0.0, 0.0, 0.0),
+        Some((l, acc1)) => {
+            let grads = l.backward().map_err(cerr)?;
+            let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
+            let scale = if gn > p.grad_clip {
+                p.grad_clip / gn
+            } else {
+                1.0
+            };
+            opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
+            (l.to_scalar::<f32>().map_err(cerr)? as f64, acc1, gn)
+        }
+    })
+}
+
+/// Training throughput of this recipe: `steps` optimiser steps (after one warm-up step) on a
+/// fresh network, nothing saved. Positions are block slots (sequences × anchors × block).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchResult {
+    pub steps: usize,
+    pub secs_per_step: f64,
+    pub positions_per_step: f64,
+    pub positions_per_s: f64,
+}
+
+pub fn bench(
+    config: &DflashConfig,
+    data: &Data,
+    p: &TrainParams,
+    steps: usize,
+) -> Result<BenchResult> {
+    let net = Net::init(config.clone(), p.seed).map_err(cerr)?;
+    let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let order = epoch_order(&data.train, p.seed, 0);
+    let mut chunks = order.chunks(p.batch_seqs).cycle();
+    let (mut secs, mut positions) = (0.0, 0usize);
+    for i in 0..=steps {
+        let chunk = chunks.next().unwrap_or(&[]);
+        let n: usize = chunk
+            .iter()
+            .map(|&si| epoch_anchors(data, p, 0, si).len() * p.block_size)
+            .sum();
+        let t0 = Instant::now();
+        train_step(&net, &mut opt, &head, data, p, 0, chunk, 1e-4)?;
+        if i > 0 {
+            secs += t0.elapsed().as_secs_f64();
+            positions += n;
+        }
+    }
+    Ok(BenchResult {
+        steps,
+        secs_per_step: secs / steps.max(1) as f64,
+        positions_per_step: positions as f64 / steps.max(1) as f64,
+        positions_per_s: positions as f64 / secs.max(1e-9),
+    })
 }
 
 /// Held-out acceptance: `acc[k−1]` = fraction of blocks whose first k drafts all equal the

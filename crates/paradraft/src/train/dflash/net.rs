@@ -26,12 +26,33 @@ pub struct FrozenHead {
     pub w: Tensor,
     /// `[hidden, vocab]`, contiguous.
     wt: Tensor,
+    /// The target's final norm (weights, ε), to score its last-layer outputs.
+    target_norm: Option<(Tensor, f64)>,
 }
 
 impl FrozenHead {
     pub fn new(w: Tensor) -> CResult<Self> {
         let wt = w.t()?.contiguous()?;
-        Ok(FrozenHead { w, wt })
+        Ok(FrozenHead {
+            w,
+            wt,
+            target_norm: None,
+        })
+    }
+
+    /// Also scores the target's own last-layer outputs (its final norm, then these rows).
+    pub fn with_target_norm(mut self, norm: &[f32], eps: f32) -> CResult<Self> {
+        let t = Tensor::from_slice(norm, norm.len(), self.w.device())?;
+        self.target_norm = Some((t, eps as f64));
+        Ok(self)
+    }
+
+    /// The target's logits over the head's rows for last-layer outputs `h` (no gradient).
+    pub fn target_logits(&self, h: &Tensor) -> CResult<Tensor> {
+        let Some((w, eps)) = &self.target_norm else {
+            candle_core::bail!("the head has no target norm");
+        };
+        rms(&h.detach(), w, *eps)?.matmul(&self.wt)
     }
     pub fn forward(&self, h: &Tensor) -> CResult<Tensor> {
         h.apply_op1(HeadOp {

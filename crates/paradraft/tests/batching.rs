@@ -1,0 +1,279 @@
+//! Multi-sequence forward and continuous batching: every row of a forward over several
+//! sequences (each with its own cache, prefills mixed with decode steps) equals the forward of
+//! its sequence alone, bit for bit; batched greedy generation reproduces single-stream greedy
+//! generation token for token, on tiny models and on SmolLM2.
+
+mod common;
+use common::*;
+use paradraft::batch::{generate_greedy_batched, BatchGenerator, Request};
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::model::{Batch, Loaded, Logits, OutputSpec, Rows, Scratch};
+use paradraft::types::TokenId;
+
+fn toks(n: usize, seed: u32, vocab: usize) -> Vec<TokenId> {
+    (0..n as u32)
+        .map(|i| TokenId((i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % vocab as u32))
+        .collect()
+}
+
+#[test]
+fn multi_sequence_forward_equals_each_sequence_alone() {
+    for name in ["llama", "qwen3", "qwen2"] {
+        let lm = load_tiny(name);
+        let v = lm.model.config.vocab_size;
+        // Three sequences with different cached prefixes and new-token counts.
+        let pre = [toks(5, 1, v), toks(0, 2, v), toks(9, 3, v)];
+        let new = [toks(1, 4, v), toks(7, 5, v), toks(3, 6, v)];
+        let taps = vec![0, lm.model.config.n_layers - 1];
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits: Logits::Full,
+            taps: taps.clone(),
+        };
+        let mut alone = vec![];
+        let mut caches = vec![];
+        for (p, n) in pre.iter().zip(&new) {
+            let mut kv = lm.model.new_kv(32);
+            let mut s = Scratch::default();
+            if !p.is_empty() {
+                let pos = seq_positions(0, p.len());
+                let b = Batch {
+                    tokens: p,
+                    positions: &pos,
+                    mask: None,
+                };
+                lm.model.forward(&mut kv, &b, &spec, &mut s).unwrap();
+            }
+            caches.push(kv.clone());
+            let pos = seq_positions(p.len(), n.len());
+            let b = Batch {
+                tokens: n,
+                positions: &pos,
+                mask: None,
+            };
+            alone.push(
+                lm.model
+                    .forward(&mut kv, &b, &spec, &mut s)
+                    .unwrap()
+                    .clone(),
+            );
+        }
+        let pos: Vec<_> = pre
+            .iter()
+            .zip(&new)
+            .map(|(p, n)| seq_positions(p.len(), n.len()))
+            .collect();
+        let mut seqs: Vec<_> = caches
+            .iter_mut()
+            .zip(&new)
+            .zip(&pos)
+            .map(|((kv, n), pos)| {
+                (
+                    kv,
+                    Batch {
+                        tokens: n,
+                        positions: pos,
+                        mask: None,
+                    },
+                )
+            })
+            .collect();
+        let mut s = Scratch::default();
+        let out = lm.model.forward_multi(&mut seqs, &spec, &mut s).unwrap();
+        let w = taps.len() * lm.model.config.hidden_size;
+        let mut r = 0;
+        for (i, a) in alone.iter().enumerate() {
+            for j in 0..new[i].len() {
+                assert_eq!(out.logits_row(r), a.logits_row(j), "{name} seq {i} row {j}");
+                assert_eq!(
+                    &out.hidden[r * w..(r + 1) * w],
+                    &a.hidden[j * w..(j + 1) * w],
+                    "{name} taps seq {i} row {j}"
+                );
+                r += 1;
+            }
+        }
+        // The caches hold what each sequence's own forward wrote.
+        for (i, kv) in caches.iter().enumerate() {
+            assert_eq!(kv.len(), pre[i].len() + new[i].len());
+        }
+    }
+}
+
+#[test]
+fn multi_sequence_forward_refuses_bad_input() {
+    let lm = load_tiny("llama");
+    let mut s = Scratch::default();
+    let spec = OutputSpec::last_full();
+    assert!(lm.model.forward_multi(&mut [], &spec, &mut s).is_err());
+    let t = toks(4, 1, 10);
+    let pos = seq_positions(0, 4);
+    let mut small = lm.model.new_kv(2);
+    let r = lm.model.forward_multi(
+        &mut [(
+            &mut small,
+            Batch {
+                tokens: &t,
+                positions: &pos,
+                mask: None,
+            },
+        )],
+        &spec,
+        &mut s,
+    );
+    assert!(r.is_err(), "a sequence that overflows its cache is refused");
+    assert_eq!(small.len(), 0, "nothing written");
+}
+
+fn single_stream(lm: &Loaded, prompt: &[TokenId], max_new: usize, ctx: usize) -> Vec<TokenId> {
+    let mut kv = lm.model.new_kv(ctx);
+    let p = GenerateParams {
+        max_new_tokens: max_new,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    };
+    generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &p, |_| {})
+        .unwrap()
+        .token_ids
+}
+
+fn check_batched_equals_single(lm: &Loaded, prompts: &[Vec<TokenId>], max_new: usize) {
+    let ctx = prompts.iter().map(|p| p.len()).max().unwrap() + max_new + 1;
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| single_stream(lm, p, max_new, ctx))
+        .collect();
+    // Fewer slots than requests: later requests join as earlier ones finish, and their
+    // prefills share forwards with the others' decode steps.
+    let mut got = vec![None; prompts.len()];
+    let reqs = prompts.iter().enumerate().map(|(i, p)| Request {
+        id: i as u64,
+        prompt: p.clone(),
+        max_new_tokens: max_new - (i % 3) * 5,
+    });
+    let stops: Vec<TokenId> = lm.tokenizer.stop_tokens.iter().copied().collect();
+    generate_greedy_batched(&lm.model, &stops, &[], reqs, 3, ctx, |f| {
+        got[f.id as usize] = Some(f.tokens);
+        Ok(())
+    })
+    .unwrap();
+    for (i, w) in want.iter().enumerate() {
+        let g = got[i].as_ref().expect("every request finishes");
+        let n = max_new - (i % 3) * 5;
+        assert_eq!(g[..], w[..w.len().min(n)], "request {i}");
+    }
+}
+
+#[test]
+fn batched_greedy_generation_equals_single_stream_tiny() {
+    for name in ["llama", "qwen3"] {
+        let lm = load_tiny(name);
+        let v = lm.model.config.vocab_size;
+        let prompts: Vec<_> = (0..7).map(|i| toks(3 + 2 * i, i as u32, v)).collect();
+        check_batched_equals_single(&lm, &prompts, 20);
+    }
+}
+
+#[test]
+fn batched_greedy_generation_equals_single_stream_smollm2() {
+    let path = paradraft::fetch::ensure_default_model().expect("default model");
+    let lm = paradraft::model::load(&path).unwrap();
+    let texts = [
+        "What is the capital of France?",
+        "Write a Python function that reverses a list.",
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?",
+        "Give me three tips for sleeping better.",
+        "Explain recursion to a child.",
+    ];
+    let prompts: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let s = lm
+                .tokenizer
+                .apply_chat_template(&[paradraft::model::Message::new("user", t)], true)
+                .unwrap();
+            lm.tokenizer.encode(&s).unwrap()
+        })
+        .collect();
+    check_batched_equals_single(&lm, &prompts, 48);
+}
+
+#[test]
+fn batch_generator_refuses_requests_it_cannot_hold() {
+    let lm = load_tiny("llama");
+    let mut g = BatchGenerator::new(&lm.model, &[], 1, 8);
+    let long = Request {
+        id: 0,
+        prompt: toks(8, 1, 10),
+        max_new_tokens: 4,
+    };
+    assert!(g.admit(long).is_err());
+    let empty = Request {
+        id: 1,
+        prompt: vec![],
+        max_new_tokens: 4,
+    };
+    assert!(g.admit(empty).is_err());
+    let ok = Request {
+        id: 2,
+        prompt: toks(3, 1, 10),
+        max_new_tokens: 4,
+    };
+    assert!(g.admit(ok.clone()).unwrap().is_none());
+    // One slot only: the next request is handed back untouched.
+    let back = g.admit(Request { id: 3, ..ok }).unwrap();
+    assert_eq!(back.map(|r| r.id), Some(3));
+    // A cache of 8 with a 3-token prompt ends on a full context.
+    let mut done = vec![];
+    while g.active() > 0 {
+        done.extend(g.step().unwrap());
+    }
+    assert_eq!(done.len(), 1);
+    assert!(done[0].tokens.len() <= 5);
+}
+
+#[test]
+fn captured_features_equal_a_prefill_of_the_sample() {
+    use paradraft::model::OutputSpec;
+    for name in ["llama", "qwen3"] {
+        let lm = load_tiny(name);
+        let v = lm.model.config.vocab_size;
+        let taps = vec![0, lm.model.config.n_layers - 1];
+        let w = taps.len() * lm.model.config.hidden_size;
+        let prompts: Vec<_> = (0..5).map(|i| toks(4 + 3 * i, 7 + i as u32, v)).collect();
+        let reqs = prompts.iter().enumerate().map(|(i, p)| Request {
+            id: i as u64,
+            prompt: p.clone(),
+            max_new_tokens: 12,
+        });
+        let mut done = vec![];
+        generate_greedy_batched(&lm.model, &[], &taps, reqs, 2, 40, |f| {
+            done.push(f);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(done.len(), prompts.len());
+        for f in &done {
+            let seq: Vec<TokenId> = f.prompt.iter().chain(&f.tokens).copied().collect();
+            let out = run_forward(
+                &lm,
+                &seq,
+                &OutputSpec {
+                    rows: Rows::Last,
+                    logits: Logits::None,
+                    taps: taps.clone(),
+                },
+            );
+            // Max-token stops: every token but the last went through the model.
+            assert_eq!(f.features.len(), (seq.len() - 1) * w, "{name}");
+            for (i, (a, b)) in f.features.iter().zip(&out.hidden).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    half::f16::from_f32(*b).to_bits(),
+                    "{name} request {} value {i}",
+                    f.id
+                );
+            }
+        }
+    }
+}
