@@ -54,16 +54,12 @@ fn packed(
     let last = *anchors.iter().max().unwrap();
     let mut x = vec![0f32; anchors.len() * BLOCK * h];
     let mut block_pos = vec![];
-    let mut m = vec![-1e9f32; anchors.len() * BLOCK * last];
     for (j, &a) in anchors.iter().enumerate() {
         for k in 0..BLOCK {
             let r = j * BLOCK + k;
             let id = if k == 0 { toks[a] } else { mask };
             lm.model.embed_row(id.idx(), &mut x[r * h..(r + 1) * h]);
             block_pos.push((a + k) as u32);
-            for c in 0..a {
-                m[r * last + c] = 0.0;
-            }
         }
     }
     let dev = &Device::Cpu;
@@ -74,7 +70,6 @@ fn packed(
         block_pos,
         n_blocks: anchors.len(),
         block: BLOCK,
-        ctx_mask: Tensor::from_vec(m, (anchors.len() * BLOCK, last), dev).unwrap(),
     }
 }
 
@@ -420,13 +415,7 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
     let bt = &lb.batches[0];
     assert_eq!(bt.ctx_pos, (0..26).collect::<Vec<u32>>());
     assert_eq!(bt.block_pos[..BLOCK], (10..16).collect::<Vec<u32>>()[..]);
-    let m = bt.ctx_mask.to_vec2::<f32>().unwrap();
-    assert_eq!(
-        m[0].iter().filter(|&&x| x == 0.0).count(),
-        10,
-        "anchor 10 sees 0..10"
-    );
-    assert_eq!(m[BLOCK].iter().filter(|&&x| x == 0.0).count(), 26);
+    assert_eq!(bt.visible(), vec![10, 26], "anchor a sees 0..a");
     for k in 1..BLOCK {
         let i = k - 1;
         let want = vocab.draft_id(toks[10 + k]);
@@ -709,4 +698,79 @@ fn distillation_loss_matches_the_targets_distribution() {
     for (name, v) in &net.vars {
         assert!(g.get(v.as_tensor()).is_some(), "{name} gets no gradient");
     }
+}
+
+/// Drafter layers initialised from target layers get the target's weights under HF names, with
+/// the q/k rows of a GGUF Llama (permuted for interleaved RoPE) put back in rotate-half order:
+/// the GGUF copy of the tiny Llama (quantized) matches its HF original row for row.
+#[test]
+fn target_layer_weights_come_back_in_hf_order() {
+    let hf = load_tiny("llama");
+    let gg = paradraft::model::load(&common::fixtures().join("tiny/llama-quant.gguf")).unwrap();
+    let a = hf.model.layer_weights_f32(0).unwrap();
+    let b = gg.model.layer_weights_f32(0).unwrap();
+    assert_eq!(a.len(), b.len());
+    for ((na, sa, va), (nb, sb, vb)) in a.iter().zip(&b) {
+        assert_eq!((na, sa), (nb, sb));
+        let err = va
+            .iter()
+            .zip(vb)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        let scale = va.iter().map(|x| x.abs()).fold(0f32, f32::max);
+        assert!(err <= 0.15 * scale, "{na}: max |Δ| {err} of {scale}");
+    }
+    assert!(gg.model.layer_weights_f32(99).is_none());
+    // A drafter of the tiny Llama's shape takes them.
+    let mut cfg = common::tiny_dflash_config(&hf, 1, &TAPS, BLOCK);
+    cfg.layers = hf.model.config.clone();
+    cfg.layers.n_layers = 1;
+    cfg.layers.arch = paradraft::model::Arch::Qwen3;
+    let (net, copied) = Net::init_from_target(cfg, 0, &gg.model, &[1]).unwrap();
+    assert!(copied.contains(&"layers.0.self_attn.q_proj.weight".to_string()));
+    assert!(copied.contains(&"norm.weight".to_string()));
+    let q: Vec<Vec<f32>> = net.vars["layers.0.self_attn.q_proj.weight"]
+        .as_tensor()
+        .to_vec2()
+        .unwrap();
+    let want = &gg.model.layer_weights_f32(1).unwrap()[0].2;
+    assert_eq!(q.concat(), *want);
+}
+
+/// Features captured while self-distilling go to the cache in step with the samples: a run
+/// killed between a sample's rows and its record leaves rows the next run cuts off, and a
+/// cache missing rows is not appended to (the feature stage fills it in).
+#[test]
+fn feature_appender_stays_in_step_with_the_samples() {
+    use half::f16;
+    use paradraft::train::data::Sample;
+    use paradraft::train::features::{self, FeatureAppender};
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f.f16");
+    let s = |n: usize| Sample {
+        prompt_index: 0,
+        prompt_len: 1,
+        tokens: vec![TokenId(1); n],
+    };
+    let width = 4;
+    let mut fa = FeatureAppender::open(&p, &[], width).unwrap().unwrap();
+    // 3 tokens, the last never computed: written as zeros.
+    let rows: Vec<f16> = (0..8).map(|i| f16::from_f32(i as f32)).collect();
+    fa.append(3, &rows).unwrap();
+    assert!(fa.append(5, &rows).is_err(), "two rows short is refused");
+    // A second sample's rows without its record (killed in between).
+    fa.append(2, &rows).unwrap();
+    drop(fa);
+    let samples = vec![s(3)];
+    let again = FeatureAppender::open(&p, &samples, width).unwrap();
+    assert!(again.is_some());
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), 3 * 4 * 2);
+    let fc = features::open(&p, &samples, width).unwrap();
+    let mut v = vec![];
+    fc.rows_into(0, 3, &mut v);
+    assert_eq!(v, [0., 1., 2., 3., 4., 5., 6., 7., 0., 0., 0., 0.]);
+    // Rows missing: no appending.
+    assert!(FeatureAppender::open(&p, &[s(3), s(2)], width)
+        .unwrap()
+        .is_none());
 }

@@ -98,6 +98,56 @@ impl Layer {
         })
     }
 
+    /// The layer's weights in f32 under their HF / DFlash names (`self_attn.q_proj`, …,
+    /// `input_layernorm`), as `(name, shape, values)`, with q/k rows in rotate-half order
+    /// (GGUF Llama rows, permuted for interleaved RoPE, are put back). Biases are left out.
+    pub(crate) fn weights_f32(&self, c: &Config) -> Vec<(&'static str, Vec<usize>, Vec<f32>)> {
+        let dense = |m: &Matrix, unpermute: bool| {
+            let mut v = vec![0f32; m.rows * m.cols];
+            let hd = c.head_dim;
+            for r in 0..m.rows {
+                // Interleaved row 2i (2i + 1) of a head is rotate-half row i (hd/2 + i).
+                let src = if unpermute && c.rope_style == ops::RopeStyle::Interleaved {
+                    let (head, j) = (r / hd, r % hd);
+                    let i = if j < hd / 2 {
+                        2 * j
+                    } else {
+                        2 * (j - hd / 2) + 1
+                    };
+                    head * hd + i
+                } else {
+                    r
+                };
+                m.row_into(src, &mut v[r * m.cols..(r + 1) * m.cols]);
+            }
+            (vec![m.rows, m.cols], v)
+        };
+        let mut out = vec![];
+        for (name, m, unpermute) in [
+            ("self_attn.q_proj", &self.wq, true),
+            ("self_attn.k_proj", &self.wk, true),
+            ("self_attn.v_proj", &self.wv, false),
+            ("self_attn.o_proj", &self.wo, false),
+            ("mlp.gate_proj", &self.w_gate, false),
+            ("mlp.up_proj", &self.w_up, false),
+            ("mlp.down_proj", &self.w_down, false),
+        ] {
+            let (shape, v) = dense(m, unpermute);
+            out.push((name, shape, v));
+        }
+        for (name, v) in [
+            ("input_layernorm", Some(&self.attn_norm)),
+            ("post_attention_layernorm", Some(&self.ffn_norm)),
+            ("self_attn.q_norm", self.q_norm.as_ref()),
+            ("self_attn.k_norm", self.k_norm.as_ref()),
+        ] {
+            if let Some(v) = v {
+                out.push((name, vec![v.len()], v.clone()));
+            }
+        }
+        out
+    }
+
     /// The weight matrices (to convert their storage).
     pub(crate) fn matrices_mut(&mut self) -> [&mut Matrix; 7] {
         [

@@ -83,6 +83,15 @@ impl Model {
         Ok(self)
     }
 
+    /// Decoder layer `li`'s weights in f32 under HF names (see `Layer::weights_f32`): what a
+    /// drafter made of the same layers is initialised from.
+    pub fn layer_weights_f32(
+        &self,
+        li: usize,
+    ) -> Option<Vec<(&'static str, Vec<usize>, Vec<f32>)>> {
+        self.layers.get(li).map(|l| l.weights_f32(&self.config))
+    }
+
     /// Writes the input embedding of `id` into `dst` (length `hidden_size`).
     pub fn embed_row(&self, id: usize, dst: &mut [f32]) {
         self.embed.row_into(id, dst);

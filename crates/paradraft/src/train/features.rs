@@ -105,15 +105,15 @@ pub struct FeatureAppender {
 }
 
 impl FeatureAppender {
-    /// Opens `path` for appending when it holds exactly the rows of `samples` (or nothing and
-    /// there are no samples); `None` when it does not line up, in which case the feature
-    /// stage computes the missing rows later.
+    /// Opens `path` for appending when it holds the rows of all of `samples` (rows past them,
+    /// left by a run killed between a sample's rows and its record, are cut off); `None` when
+    /// rows are missing, in which case the feature stage computes them later.
     pub fn open(path: &Path, samples: &[Sample], width: usize) -> Result<Option<Self>> {
         let have = std::fs::metadata(path)
             .map(|m| m.len() as usize)
             .unwrap_or(0);
         let want: usize = samples.iter().map(|s| s.tokens.len() * width * 2).sum();
-        if have != want {
+        if have < want {
             return Ok(None);
         }
         let file = std::fs::OpenOptions::new()
@@ -121,6 +121,8 @@ impl FeatureAppender {
             .append(true)
             .open(path)
             .map_err(|e| Error::io(path, e))?;
+        // Rows of a sample whose record never made it (a killed run) are cut off.
+        file.set_len(want as u64).map_err(|e| Error::io(path, e))?;
         Ok(Some(FeatureAppender {
             file,
             path: path.to_path_buf(),

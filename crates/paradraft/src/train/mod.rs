@@ -5,5 +5,6 @@
 pub mod data;
 pub mod dflash;
 pub mod features;
+pub mod fused;
 pub mod optim;
 pub mod plot;

@@ -147,13 +147,11 @@ pub fn build(
         let resp = s.prompt_len as usize;
         let mut block_x = Vec::with_capacity(anchors.len() * block * h);
         let mut block_pos = Vec::with_capacity(anchors.len() * block);
-        let mut mask = vec![-1e9f32; anchors.len() * block * last];
-        for (j, &a) in anchors.iter().enumerate() {
+        for &a in anchors {
             target.embed_row(s.tokens[a].idx(), &mut row);
             block_x.extend_from_slice(&row);
             for k in 0..block {
                 block_pos.push((a + k) as u32);
-                mask[(j * block + k) * last..(j * block + k) * last + a].fill(0.0);
                 if k == 0 {
                     continue;
                 }
@@ -186,7 +184,6 @@ pub fn build(
             block_pos,
             n_blocks: anchors.len(),
             block,
-            ctx_mask: Tensor::from_vec(mask, (n, last), dev)?,
         });
     }
     let target_hidden = if with_target {

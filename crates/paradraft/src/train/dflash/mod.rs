@@ -46,6 +46,9 @@ pub struct TrainParams {
     /// Weight of the KL term against the target's distribution (0: cross-entropy only).
     #[serde(default)]
     pub kl_weight: f64,
+    /// Draft layer i starts from target layer `init_layers[i]` (empty: random weights).
+    #[serde(default)]
+    pub init_layers: Vec<usize>,
     pub seed: u64,
     /// Steps between checkpoints.
     pub save_every: usize,
@@ -66,6 +69,7 @@ impl Default for TrainParams {
             grad_clip: 1.0,
             gamma: 7.0,
             kl_weight: 0.0,
+            init_layers: vec![],
             seed: 0,
             save_every: 50,
             pause_at: 0,
@@ -229,6 +233,23 @@ pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<Check
     }))
 }
 
+/// A new network: random, or its layers taken from target layers (`p.init_layers`).
+fn fresh_net(config: &DflashConfig, target: &Model, p: &TrainParams) -> Result<Net> {
+    if p.init_layers.is_empty() {
+        return Net::init(config.clone(), p.seed).map_err(cerr);
+    }
+    if p.init_layers.len() != config.layers.n_layers {
+        return Err(Error::BadRequest(format!(
+            "{} init layers for a drafter of {} layers",
+            p.init_layers.len(),
+            config.layers.n_layers
+        )));
+    }
+    Net::init_from_target(config.clone(), p.seed, target, &p.init_layers)
+        .map(|(n, _)| n)
+        .map_err(cerr)
+}
+
 /// The sequence order of `epoch` (a seeded shuffle).
 fn epoch_order(train: &[usize], seed: u64, epoch: usize) -> Vec<usize> {
     let mut v = train.to_vec();
@@ -256,7 +277,7 @@ pub fn train(
             (c.net, opt, c.step, c.elapsed_s)
         }
         None => {
-            let net = Net::init(config.clone(), p.seed).map_err(cerr)?;
+            let net = fresh_net(config, data.target, p)?;
             let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
             (net, opt, 0, 0.0)
         }
@@ -386,7 +407,7 @@ pub fn bench(
     p: &TrainParams,
     steps: usize,
 ) -> Result<BenchResult> {
-    let net = Net::init(config.clone(), p.seed).map_err(cerr)?;
+    let net = fresh_net(config, data.target, p)?;
     let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
     let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
     let order = epoch_order(&data.train, p.seed, 0);

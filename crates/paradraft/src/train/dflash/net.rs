@@ -1,8 +1,8 @@
 //! The DFlash drafter as a differentiable candle graph (spec §3.1 and §3.3): the same network
 //! as `drafters::dflash::model`, evaluated for many anchor blocks of a packed batch at once
-//! with the training attention pattern. Every op here records a backward: RMSNorm, RoPE and
-//! softmax are written out from primitive ops (candle's fused `rms_norm`, `rope` and
-//! `softmax_last_dim` kernels have none).
+//! with the training attention pattern. Every op here records a backward: RMSNorm and the
+//! block-masked softmax are the fused ops of `train::fused` (candle's own fused `rms_norm` and
+//! `softmax_last_dim` have no backward), RoPE is written out from primitive ops.
 
 use crate::drafters::dflash::DflashConfig;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var, D};
@@ -102,15 +102,19 @@ pub struct Batch {
     /// Blocks.
     pub n_blocks: usize,
     pub block: usize,
-    /// `[A × B, S]` additive mask: 0 where a block query may see a context slot (position
-    /// strictly before its anchor), −10⁹ elsewhere.
-    pub ctx_mask: Tensor,
+}
+
+impl Batch {
+    /// Context slots block `j` sees: those strictly before its anchor (its first position).
+    pub fn visible(&self) -> Vec<usize> {
+        (0..self.n_blocks)
+            .map(|j| (self.block_pos[j * self.block] as usize).min(self.ctx_pos.len()))
+            .collect()
+    }
 }
 
 fn rms(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
-        .broadcast_mul(w)
+    crate::train::fused::rms_norm(x, w, eps)
 }
 
 /// Rotate-half RoPE on `[n, heads, hd]` with `cos`, `sin` of shape `[n, 1, hd/2]`.
@@ -121,12 +125,6 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> CResult<Tensor> {
     let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
     let b = (x1.broadcast_mul(sin)? + x2.broadcast_mul(cos)?)?;
     Tensor::cat(&[a, b], D::Minus1)
-}
-
-fn softmax(x: &Tensor) -> CResult<Tensor> {
-    let m = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&m)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
 fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
@@ -175,6 +173,41 @@ impl Net {
             vars,
             inv_freq,
         })
+    }
+
+    /// Fresh weights as [`Net::init`], then each draft layer `i` takes the weights of target
+    /// layer `layers[i]` where names and shapes match (projections, MLP, norms; the fusion `fc`
+    /// stays random), and the final norm takes `final_norm`. Returns the names copied.
+    pub fn init_from_target(
+        config: DflashConfig,
+        seed: u64,
+        target: &crate::model::Model,
+        layers: &[usize],
+    ) -> CResult<(Self, Vec<String>)> {
+        let net = Self::init(config, seed)?;
+        let mut copied = vec![];
+        for (i, &li) in layers.iter().enumerate() {
+            let Some(ws) = target.layer_weights_f32(li) else {
+                candle_core::bail!("the target has no layer {li}");
+            };
+            for (name, shape, v) in ws {
+                let key = format!("layers.{i}.{name}.weight");
+                if let Some(var) = net.vars.get(&key) {
+                    if var.dims() == shape.as_slice() {
+                        var.set(&Tensor::from_vec(v, shape, &Device::Cpu)?)?;
+                        copied.push(key);
+                    }
+                }
+            }
+        }
+        let norm = target.output_norm();
+        if let Some(var) = net.vars.get("norm.weight") {
+            if var.dims() == [norm.len()] {
+                var.set(&Tensor::from_slice(norm, norm.len(), &Device::Cpu)?)?;
+                copied.push("norm.weight".into());
+            }
+        }
+        Ok((net, copied))
     }
 
     /// Weights from tensors by name (a checkpoint); every expected tensor must be present.
@@ -270,6 +303,7 @@ impl Net {
         )?;
         let (cos_c, sin_c) = self.cos_sin(&b.ctx_pos)?;
         let (cos_b, sin_b) = self.cos_sin(&b.block_pos)?;
+        let visible = b.visible();
         let mut x = b.block_x.clone();
         for i in 0..c.n_layers {
             let w = |s: &str| self.w(&format!("layers.{i}.{s}.weight"));
@@ -290,8 +324,7 @@ impl Net {
             let qh = q.transpose(0, 1)?.contiguous()?; // [nh, N, hd]
             let s_ctx = qh
                 .matmul(&ck.permute((1, 2, 0))?.contiguous()?)?
-                .affine(scale, 0.0)?
-                .broadcast_add(&b.ctx_mask)?;
+                .affine(scale, 0.0)?;
             // Scores inside each block (bidirectional): [nh, A, B, B].
             let qb = q
                 .reshape((na, bs, nh, hd))?
@@ -303,7 +336,7 @@ impl Net {
                 .contiguous()?;
             let s_blk = qb.matmul(&kb)?.affine(scale, 0.0)?;
             let scores = Tensor::cat(&[s_ctx.reshape((nh, na, bs, s_len))?, s_blk], 3)?;
-            let p = softmax(&scores)?;
+            let p = crate::train::fused::block_softmax(&scores, &visible)?;
             let p_ctx = p.narrow(3, 0, s_len)?.reshape((nh, n, s_len))?;
             let o_ctx = p_ctx.matmul(&cv.transpose(0, 1)?.contiguous()?)?; // [nh, N, hd]
             let vb = bv

@@ -1,0 +1,297 @@
+//! Fused training ops with hand-written backward passes, shared by the drafter trainers:
+//! RMSNorm and the block-masked softmax of DFlash-style anchor blocks. Each replaces a chain
+//! of candle primitives (one tensor allocation and one memory pass per primitive, forward and
+//! backward) by one pass each way. candle's own fused `rms_norm` and `softmax_last_dim`
+//! record no backward; these do, and `tests` checks them against the composed primitives.
+
+use crate::runtime::quant::par_rows;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
+use std::sync::Mutex;
+
+type CResult<T> = candle_core::Result<T>;
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> CResult<&'a [f32]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s.as_slice::<f32>()?[a..b]),
+        None => candle_core::bail!("{what} wants a contiguous f32 input"),
+    }
+}
+
+fn contiguous_f32(t: &Tensor) -> CResult<Vec<f32>> {
+    t.contiguous()?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// `x · w / sqrt(mean(x²) + eps)` over the last dimension, with its backward.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
+    x.contiguous()?.apply_op2(w, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> CResult<(CpuStorage, Shape)> {
+        let (x, w) = (slice(s1, l1, "rms-norm")?, slice(s2, l2, "rms-norm")?);
+        let n = w.len();
+        if n == 0 || l1.dims().last() != Some(&n) {
+            candle_core::bail!("rms-norm: weight of {n} for input {:?}", l1.dims());
+        }
+        let mut y = vec![0f32; x.len()];
+        par_rows(&mut y, n, |r, out| {
+            for (i, o) in r.zip(out.chunks_exact_mut(n)) {
+                let xr = &x[i * n..(i + 1) * n];
+                let s = inv_rms(xr, self.eps);
+                for ((o, &a), &b) in o.iter_mut().zip(xr).zip(w) {
+                    *o = a * s * b;
+                }
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> CResult<(Option<Tensor>, Option<Tensor>)> {
+        let (xv, wv, gv) = (
+            contiguous_f32(x)?,
+            contiguous_f32(w)?,
+            contiguous_f32(grad)?,
+        );
+        let n = wv.len();
+        let mut dx = vec![0f32; xv.len()];
+        let dw = Mutex::new(vec![0f32; n]);
+        // dx = s·(g⊙w) − x·s³·mean((g⊙w)⊙x);  dw = Σ_rows g⊙x·s.
+        par_rows(&mut dx, n, |r, out| {
+            let mut local = vec![0f32; n];
+            for (i, o) in r.zip(out.chunks_exact_mut(n)) {
+                let (xr, gr) = (&xv[i * n..(i + 1) * n], &gv[i * n..(i + 1) * n]);
+                let s = inv_rms(xr, self.eps);
+                let dot: f32 = xr
+                    .iter()
+                    .zip(gr)
+                    .zip(&wv)
+                    .map(|((a, g), b)| a * g * b)
+                    .sum();
+                let c = s * s * s * dot / n as f32;
+                for j in 0..n {
+                    o[j] = s * gr[j] * wv[j] - xr[j] * c;
+                    local[j] += gr[j] * xr[j] * s;
+                }
+            }
+            let mut dw = dw.lock().unwrap_or_else(|e| e.into_inner());
+            dw.iter_mut().zip(&local).for_each(|(a, b)| *a += b);
+        });
+        let dw = dw.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), x.device())?),
+            Some(Tensor::from_vec(dw, w.shape(), w.device())?),
+        ))
+    }
+}
+
+/// Softmax over the last dimension of DFlash block-attention scores `[heads, blocks, B, S + B]`
+/// (S context slots, then the block's own B slots): row `(h, j, r)` sees context slots
+/// `0..visible[j]` and every slot of its block; the rest get probability 0. With its backward.
+pub fn block_softmax(scores: &Tensor, visible: &[usize]) -> CResult<Tensor> {
+    let (_, nb, b, w) = scores.dims4()?;
+    if visible.len() != nb || visible.iter().any(|&v| v + b > w) {
+        candle_core::bail!(
+            "block-softmax: {} visible counts for {nb} blocks",
+            visible.len()
+        );
+    }
+    scores.contiguous()?.apply_op1(BlockSoftmax {
+        visible: visible.to_vec(),
+        block: b,
+    })
+}
+
+struct BlockSoftmax {
+    visible: Vec<usize>,
+    block: usize,
+}
+
+impl BlockSoftmax {
+    /// The visible columns of row `i` (rows are `(h, j, r)`, row-major): context `0..v` and
+    /// the block `s..`.
+    fn split(&self, i: usize, width: usize) -> (usize, usize) {
+        let j = (i / self.block) % self.visible.len();
+        (self.visible[j], width - self.block)
+    }
+}
+
+impl CustomOp1 for BlockSoftmax {
+    fn name(&self) -> &'static str {
+        "block-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> CResult<(CpuStorage, Shape)> {
+        let x = slice(s, l, "block-softmax")?;
+        let w = *l.dims().last().unwrap_or(&1);
+        let mut p = vec![0f32; x.len()];
+        par_rows(&mut p, w, |r, out| {
+            for (i, o) in r.zip(out.chunks_exact_mut(w)) {
+                let (v, s) = self.split(i, w);
+                let xr = &x[i * w..(i + 1) * w];
+                let vis = || xr[..v].iter().chain(&xr[s..]);
+                let m = vis().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let mut sum = 0.0;
+                for c in (0..v).chain(s..w) {
+                    let e = (xr[c] - m).exp();
+                    o[c] = e;
+                    sum += e;
+                }
+                let inv = 1.0 / sum;
+                o[..v].iter_mut().for_each(|a| *a *= inv);
+                o[s..].iter_mut().for_each(|a| *a *= inv);
+            }
+        });
+        Ok((CpuStorage::F32(p), l.shape().clone()))
+    }
+
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad: &Tensor) -> CResult<Option<Tensor>> {
+        // dx = p ⊙ (g − Σ p⊙g); masked entries have p = 0.
+        let (p, g) = (contiguous_f32(res)?, contiguous_f32(grad)?);
+        let w = arg.dim(candle_core::D::Minus1)?;
+        let mut dx = vec![0f32; p.len()];
+        par_rows(&mut dx, w, |r, out| {
+            for (i, o) in r.zip(out.chunks_exact_mut(w)) {
+                let (pr, gr) = (&p[i * w..(i + 1) * w], &g[i * w..(i + 1) * w]);
+                let dot: f32 = pr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                for c in 0..w {
+                    o[c] = pr[c] * (gr[c] - dot);
+                }
+            }
+        });
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var, D};
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        Tensor::randn(0f32, 1.0, shape, &Device::Cpu)
+            .unwrap()
+            .affine(1.0, (seed % 7) as f64 * 0.1)
+            .unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b) = (contiguous_f32(a).unwrap(), contiguous_f32(b).unwrap());
+        let scale = b.iter().fold(1e-3f32, |m, x| m.max(x.abs()));
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+            / scale
+    }
+
+    /// Forward and both gradients against the composed primitives, to 1e-5 of the largest value.
+    #[test]
+    fn rms_norm_matches_the_composed_ops() {
+        let x = Var::from_tensor(&randn(&[37, 64], 1)).unwrap();
+        let w = Var::from_tensor(&randn(&[64], 2)).unwrap();
+        let up = randn(&[37, 64], 3);
+        let eps = 1e-6;
+        let fused = rms_norm(x.as_tensor(), w.as_tensor(), eps).unwrap();
+        let ms = x
+            .as_tensor()
+            .sqr()
+            .unwrap()
+            .mean_keepdim(D::Minus1)
+            .unwrap();
+        let composed = x
+            .as_tensor()
+            .broadcast_mul(&(ms + eps).unwrap().sqrt().unwrap().recip().unwrap())
+            .unwrap()
+            .broadcast_mul(w.as_tensor())
+            .unwrap();
+        assert!(max_rel(&fused, &composed) < 1e-5);
+        let gf = (fused * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gc = (composed * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&x, &w] {
+            let (a, b) = (
+                gf.get(v.as_tensor()).unwrap(),
+                gc.get(v.as_tensor()).unwrap(),
+            );
+            assert!(max_rel(a, b) < 1e-5, "gradient {}", max_rel(a, b));
+        }
+    }
+
+    /// Forward and gradient against an additive −∞-style mask plus the composed softmax; masked
+    /// entries are exactly 0 and get no gradient.
+    #[test]
+    fn block_softmax_matches_the_masked_composed_ops() {
+        let (h, nb, b, s) = (3, 4, 5, 11);
+        let visible = [0usize, 3, 11, 7];
+        let x = Var::from_tensor(&randn(&[h, nb, b, s + b], 4)).unwrap();
+        let up = randn(&[h, nb, b, s + b], 5);
+        let fused = block_softmax(x.as_tensor(), &visible).unwrap();
+        let mut mask = vec![0f32; nb * b * (s + b)];
+        for j in 0..nb {
+            for r in 0..b {
+                for c in visible[j]..s {
+                    mask[(j * b + r) * (s + b) + c] = -1e9;
+                }
+            }
+        }
+        let mask = Tensor::from_vec(mask, (1, nb, b, s + b), &Device::Cpu).unwrap();
+        let xm = x.as_tensor().broadcast_add(&mask).unwrap();
+        let m = xm.max_keepdim(D::Minus1).unwrap().detach();
+        let e = xm.broadcast_sub(&m).unwrap().exp().unwrap();
+        let composed = e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap();
+        assert!(max_rel(&fused, &composed) < 1e-6);
+        let p = contiguous_f32(&fused).unwrap();
+        assert_eq!(p[s - 1], 0.0, "block 0 sees no context");
+        let gf = (fused * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gc = (composed * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let (a, b2) = (
+            gf.get(x.as_tensor()).unwrap(),
+            gc.get(x.as_tensor()).unwrap(),
+        );
+        assert!(max_rel(a, b2) < 1e-5, "gradient {}", max_rel(a, b2));
+    }
+}
