@@ -5,6 +5,7 @@ use super::config::Config;
 use super::source::TensorSource;
 use crate::error::Result;
 use crate::kv::KvCache;
+use crate::runtime::attention::{attention_many, AttnJob};
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{par_rows, prep_acts as prep, sized, Matrix, SendPtr};
@@ -256,14 +257,23 @@ impl Layer {
                 &k[r.start * kvd..r.end * kvd],
                 &v[r.start * kvd..r.end * kvd],
             );
-            ops::attention(
-                &q[r.start * qd..r.end * qd],
-                sq.kv.layer(li),
-                &sq.shape,
-                sq.vis,
-                &mut attn[r.start * qd..r.end * qd],
-            );
         }
+        // Every sequence's attention in one parallel region.
+        let (mut q_rest, mut out_rest) = (&q[..], &mut attn[..]);
+        let mut jobs = Vec::with_capacity(seqs.len());
+        for sq in seqs.iter() {
+            let (qs, qr) = q_rest.split_at(sq.shape.n_new * qd);
+            let (os, or) = std::mem::take(&mut out_rest).split_at_mut(sq.shape.n_new * qd);
+            (q_rest, out_rest) = (qr, or);
+            jobs.push(AttnJob {
+                q: qs,
+                kv: sq.kv.layer(li),
+                s: &sq.shape,
+                vis: sq.vis,
+                out: os,
+            });
+        }
+        attention_many(&mut jobs);
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);

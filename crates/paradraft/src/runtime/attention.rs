@@ -45,24 +45,70 @@ pub enum Visibility<'a> {
     Mask(&'a [bool]),
 }
 
-/// `q` is `[n_new, n_heads, head_dim]`; `out` the same shape. The new tokens' K/V must already
-/// be in `kv` at slots `prefix..prefix + n_new`.
-pub(crate) fn attention(
-    q: &[f32],
-    kv: KvLayerRef,
-    s: &AttnShape,
-    vis: Visibility,
-    out: &mut [f32],
-) {
-    let kern = if isa() == Isa::Avx512Vnni && s.head_dim.is_multiple_of(16) {
+/// One sequence's attention in [`attention_many`]: `q` is `[n_new, n_heads, head_dim]`, `out`
+/// the same shape, and the new tokens' K/V must already be in `kv` at slots
+/// `prefix..prefix + n_new`.
+pub(crate) struct AttnJob<'a> {
+    pub q: &'a [f32],
+    pub kv: KvLayerRef<'a>,
+    pub s: &'a AttnShape,
+    pub vis: Visibility<'a>,
+    pub out: &'a mut [f32],
+}
+
+fn kernel_for(s: &AttnShape) -> Kernel {
+    if isa() == Isa::Avx512Vnni && s.head_dim.is_multiple_of(16) {
         Kernel::Avx512
     } else {
         Kernel::Portable
-    };
-    attention_kern(kern, q, kv, s, vis, out)
+    }
 }
 
-/// [`attention`] with a chosen kernel.
+/// The attention of several sequences (each over its own cache) in one parallel region: their
+/// work units are pooled, so a multi-sequence decode step costs one fork-join per layer, not
+/// one per sequence. Each job's result is that of a call with it alone.
+pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
+    let Some(first) = jobs.first() else { return };
+    let kern = kernel_for(first.s);
+    let same = jobs.iter().all(|j| {
+        kernel_for(j.s) == kern
+            && j.s.head_dim == first.s.head_dim
+            && j.s.n_heads == first.s.n_heads
+            && j.s.n_kv_heads == first.s.n_kv_heads
+            && matches!(
+                (&j.kv, &first.kv),
+                (KvLayerRef::F32(_), KvLayerRef::F32(_)) | (KvLayerRef::F16(_), KvLayerRef::F16(_))
+            )
+    });
+    if !same {
+        for j in jobs.iter_mut() {
+            attention_many(std::slice::from_mut(j));
+        }
+        return;
+    }
+    if matches!(first.kv, KvLayerRef::F32(_)) {
+        let typed = jobs
+            .iter_mut()
+            .map(|j| match j.kv {
+                KvLayerRef::F32(l) => (j.q, l, j.s, j.vis, &mut *j.out),
+                KvLayerRef::F16(_) => unreachable!("checked above"),
+            })
+            .collect();
+        attention_with(kern, typed)
+    } else {
+        let typed = jobs
+            .iter_mut()
+            .map(|j| match j.kv {
+                KvLayerRef::F16(l) => (j.q, l, j.s, j.vis, &mut *j.out),
+                KvLayerRef::F32(_) => unreachable!("checked above"),
+            })
+            .collect();
+        attention_with(kern, typed)
+    }
+}
+
+/// One job's attention with a chosen kernel.
+#[cfg(test)]
 pub(crate) fn attention_kern(
     kern: Kernel,
     q: &[f32],
@@ -72,8 +118,8 @@ pub(crate) fn attention_kern(
     out: &mut [f32],
 ) {
     match kv {
-        KvLayerRef::F32(l) => attention_with(kern, q, l, s, vis, out),
-        KvLayerRef::F16(l) => attention_with(kern, q, l, s, vis, out),
+        KvLayerRef::F32(l) => attention_with(kern, vec![(q, l, s, vis, out)]),
+        KvLayerRef::F16(l) => attention_with(kern, vec![(q, l, s, vis, out)]),
     }
 }
 
@@ -109,45 +155,70 @@ pub(crate) enum Kernel {
     Avx512,
 }
 
-fn attention_with<E: AttnElem>(
-    kern: Kernel,
-    q: &[f32],
-    kv: KvLayer<E>,
-    s: &AttnShape,
-    vis: Visibility,
-    out: &mut [f32],
-) {
-    let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
-    let total = s.prefix + s.n_new;
-    assert!(total <= kv.capacity, "attention past the cache");
-    let chunks = total.div_ceil(SLOT_CHUNK);
-    let units = s.n_new * s.n_kv_heads * chunks;
-    assert_eq!(out.len(), s.n_new * s.n_heads * hd);
-    assert_eq!(q.len(), out.len());
+type TypedJob<'a, E> = (
+    &'a [f32],
+    KvLayer<'a, E>,
+    &'a AttnShape,
+    Visibility<'a>,
+    &'a mut [f32],
+);
+
+fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
     thread_local! {
         static PARTIAL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
+    let hd = jobs[0].2.head_dim;
+    let group = jobs[0].2.n_heads / jobs[0].2.n_kv_heads;
     let pw = hd + 2;
+    // Per job: its slot ranges, first unit and first partial record.
+    let mut first_unit = Vec::with_capacity(jobs.len() + 1);
+    let mut chunks = Vec::with_capacity(jobs.len());
+    let mut units = 0;
+    for (q, kv, s, _, out) in &jobs {
+        let total = s.prefix + s.n_new;
+        assert!(total <= kv.capacity, "attention past the cache");
+        assert_eq!(out.len(), s.n_new * s.n_heads * hd);
+        assert_eq!(q.len(), out.len());
+        let c = total.div_ceil(SLOT_CHUNK);
+        first_unit.push(units);
+        chunks.push(c);
+        units += s.n_new * s.n_kv_heads * c;
+    }
+    first_unit.push(units);
     PARTIAL.with_borrow_mut(|partial| {
         partial.resize(units * group * pw, 0.0);
-        let args = Args {
-            q,
-            kv,
-            s,
-            vis,
-            chunks,
-            kern,
-            out: SendPtr(partial.as_mut_ptr()),
-        };
+        let base = partial.as_mut_ptr();
+        let args: Vec<Args<E>> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (q, kv, s, vis, _))| Args {
+                q,
+                kv: *kv,
+                s,
+                vis: *vis,
+                chunks: chunks[i],
+                kern,
+                // SAFETY: job i's records start after those of the jobs before it.
+                out: SendPtr(unsafe { base.add(first_unit[i] * group * pw) }),
+            })
+            .collect();
+        let (args, first_unit) = (&args, &first_unit);
         par_ranges(units, |u0, u1| {
             UNIT.with_borrow_mut(|scratch| {
+                let mut j = first_unit.partition_point(|&f| f <= u0) - 1;
                 for unit in u0..u1 {
+                    while unit >= first_unit[j + 1] {
+                        j += 1;
+                    }
                     // SAFETY: each unit writes only its own partial records.
-                    unsafe { dispatch(&args, unit, scratch) };
+                    unsafe { dispatch(&args[j], unit - first_unit[j], scratch) };
                 }
             })
         });
-        merge(partial, chunks, group, hd, out);
+        for (i, (.., out)) in jobs.into_iter().enumerate() {
+            let recs = &partial[first_unit[i] * group * pw..first_unit[i + 1] * group * pw];
+            merge(recs, chunks[i], group, hd, out);
+        }
     });
 }
 

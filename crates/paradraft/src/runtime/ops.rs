@@ -140,7 +140,6 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
         .collect()
 }
 
-pub(crate) use super::attention::attention;
 pub use super::attention::{AttnShape, Visibility, SLOT_CHUNK};
 
 /// e^x for f32 without libm, written so that loops over it vectorise: range reduction to
