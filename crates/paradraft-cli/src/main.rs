@@ -95,6 +95,10 @@ struct BenchKernelsArgs {
     prefill_tokens: usize,
     #[arg(long)]
     json: bool,
+    /// With a drafter: also its draft pass's cost curve (ms per proposal of n nodes) against
+    /// one target decode step.
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 #[derive(Args)]
@@ -403,7 +407,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let mut sizer = if spec.fixed_draft {
                 None
             } else {
-                Some(Sizer::new(CostCurve::measure(&lm.model, 64, 2)?))
+                let dc = CostCurve::measure_drafter(&lm.model, d.as_mut(), 64, max_draft, 3)?;
+                Some(Sizer::new(CostCurve::measure(&lm.model, 64, 2)?).with_draft_curve(Some(dc)))
             };
             let sp = Speculation {
                 drafter: d.as_mut(),
@@ -513,8 +518,31 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     };
     let r =
         paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
+    let spec = a.spec.resolved()?;
+    let draft = match spec.drafter(&path, &lm, a.context + 64, Default::default())? {
+        Some((mut d, max_draft)) => {
+            let c = CostCurve::measure_drafter(
+                &lm.model,
+                d.as_mut(),
+                a.context,
+                max_draft,
+                5 * a.repeats,
+            )?;
+            let step = 1e3 / r.decode_tok_s;
+            Some(json!({
+                "drafter": d.name(),
+                "decode_step_ms": step,
+                "curve": c.points.iter().map(|&(n, ms)| json!({"nodes": n, "ms": ms, "vs_decode_step": ms / step})).collect::<Vec<_>>(),
+            }))
+        }
+        None => None,
+    };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(d) = &draft {
+            v["draft"] = d.clone();
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     println!(
@@ -550,6 +578,22 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
         );
         println!("ratios {}", r.ratios.clone().unwrap_or_default());
     }
+    if let Some(d) = draft {
+        println!(
+            "{} draft pass (min of {} repeats) against a {:.2} ms decode step:",
+            d["drafter"].as_str().unwrap_or(""),
+            5 * a.repeats,
+            d["decode_step_ms"].as_f64().unwrap_or(0.0)
+        );
+        for p in d["curve"].as_array().into_iter().flatten() {
+            println!(
+                "  {:>2} nodes {:>6.3} ms  {:.3} × step",
+                p["nodes"],
+                p["ms"].as_f64().unwrap_or(0.0),
+                p["vs_decode_step"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
     Ok(())
 }
 
@@ -580,15 +624,26 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         drafter: Box::new(NoDraft),
         max_draft: 0,
         curve: None,
+        draft_curve: None,
     }];
     for &m in a.methods.iter().filter(|&&m| m != Method::None) {
         let spec = SpecArgs {
             drafter: m,
             ..a.spec.resolved()?
         };
-        let (d, max_draft) = spec
+        let (mut d, max_draft) = spec
             .drafter(&target_path, &lm, ctx, sampling)?
             .context("a speculative method needs a drafter")?;
+        let draft_curve = match &curve {
+            Some(_) => Some(CostCurve::measure_drafter(
+                &lm.model,
+                d.as_mut(),
+                64,
+                max_draft,
+                3,
+            )?),
+            None => None,
+        };
         let name = match m {
             Method::Pld => "pld".to_string(),
             Method::DraftModel => match (&spec.draft_model, spec.draft_layers) {
@@ -610,6 +665,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             drafter: d,
             max_draft,
             curve: curve.clone(),
+            draft_curve,
         });
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

@@ -18,6 +18,8 @@ pub struct Method<'a> {
     pub max_draft: usize,
     /// Adaptive draft sizing from this cost curve (None: always `max_draft`).
     pub curve: Option<CostCurve>,
+    /// The drafter's own cost curve for the sizer (None: its per-node average).
+    pub draft_curve: Option<CostCurve>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,7 +78,10 @@ pub fn run_bench(
                         },
                         stop_strings: vec![],
                     };
-                    let mut sizer = m.curve.clone().map(Sizer::new);
+                    let mut sizer = m
+                        .curve
+                        .clone()
+                        .map(|c| Sizer::new(c).with_draft_curve(m.draft_curve.clone()));
                     let sp = Speculation {
                         drafter: m.drafter.as_mut(),
                         max_draft: m.max_draft,

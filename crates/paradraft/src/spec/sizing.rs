@@ -6,6 +6,7 @@
 use crate::error::Result;
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::spec::{Drafter, Hidden};
 use crate::types::{Pos, TokenId};
 use std::time::Instant;
 
@@ -71,6 +72,66 @@ impl CostCurve {
         Ok(CostCurve { points })
     }
 
+    /// A drafter's own cost curve: ms of one `propose` of up to n nodes (n = 1, 2, 4, 8 and
+    /// `max_nodes`; min of `repeats`) after a `context`-token prompt whose states it was given.
+    /// A parallel drafter's pass has a fixed part and a per-slot part, which a per-node rate
+    /// cannot express.
+    pub fn measure_drafter(
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        context: usize,
+        max_nodes: usize,
+        repeats: usize,
+    ) -> Result<CostCurve> {
+        let vocab = target.config.vocab_size as u32;
+        let toks: Vec<TokenId> = (0..context.max(2) as u32)
+            .map(|i| TokenId((i * 7919 + 11) % vocab))
+            .collect();
+        let mut kv: KvCache = target.new_kv(toks.len() + 1);
+        let mut s = Scratch::default();
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: drafter.taps().to_vec(),
+        };
+        let pos: Vec<Pos> = (0..toks.len() as u32 - 1).map(Pos).collect();
+        let n = toks.len() - 1;
+        let out = target.forward(
+            &mut kv,
+            &Batch {
+                tokens: &toks[..n],
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            &mut s,
+        )?;
+        let width = spec.taps.len() * target.config.hidden_size;
+        drafter.begin(
+            &toks[..n],
+            Hidden {
+                width,
+                rows: &out.hidden,
+            },
+        )?;
+        let mut sizes: Vec<usize> = [1, 2, 4, 8]
+            .into_iter()
+            .filter(|&k| k < max_nodes)
+            .collect();
+        sizes.push(max_nodes.max(1));
+        let mut points = vec![];
+        for k in sizes {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                drafter.propose(&toks, k)?;
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            points.push((k, best));
+        }
+        Ok(CostCurve { points })
+    }
+
     pub fn ms(&self, rows: usize) -> f64 {
         let p = &self.points;
         if rows <= p[0].0 {
@@ -96,6 +157,9 @@ pub struct Sizer {
     accepted: Vec<f64>,
     /// Drafting ms per proposed node (exponential moving average).
     draft_ms_per_node: f64,
+    /// The drafter's measured cost of a proposal of n nodes, when known (instead of the
+    /// per-node average).
+    draft_curve: Option<CostCurve>,
     /// Forgetting factor for the statistics (1 = never forget).
     decay: f64,
 }
@@ -107,7 +171,24 @@ impl Sizer {
             tried: vec![],
             accepted: vec![],
             draft_ms_per_node: 0.0,
+            draft_curve: None,
             decay: 0.98,
+        }
+    }
+
+    /// Prices proposals with the drafter's measured cost curve
+    /// ([`CostCurve::measure_drafter`]).
+    pub fn with_draft_curve(mut self, c: Option<CostCurve>) -> Self {
+        self.draft_curve = c;
+        self
+    }
+
+    /// Expected ms of drafting n nodes.
+    pub fn draft_ms(&self, n: usize) -> f64 {
+        match (&self.draft_curve, n) {
+            (_, 0) => 0.0,
+            (Some(c), n) => c.ms(n),
+            (None, n) => self.draft_ms_per_node * n as f64,
         }
     }
 
@@ -133,10 +214,7 @@ impl Sizer {
 
     /// The draft size in 0..=max with the best expected tokens per ms.
     pub fn choose(&self, max: usize) -> usize {
-        let score = |n: usize| {
-            let draft = self.draft_ms_per_node * n as f64;
-            self.expected_tokens(n) / (self.curve.ms(n + 1) + draft)
-        };
+        let score = |n: usize| self.expected_tokens(n) / (self.curve.ms(n + 1) + self.draft_ms(n));
         (0..=max)
             .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
             .unwrap_or(0)
@@ -187,6 +265,28 @@ mod tests {
                 (32, 30.0),
             ],
         }
+    }
+
+    /// A pass with a large fixed part: the measured curve makes one long draft worth it where
+    /// the per-node average of short drafts would not.
+    #[test]
+    fn a_draft_cost_curve_prices_proposals() {
+        let mut s = Sizer::new(curve());
+        for _ in 0..50 {
+            s.observe(8, 8, 4.0, 8);
+        }
+        assert!((s.draft_ms(8) - 4.0).abs() < 1e-6);
+        let flat = CostCurve {
+            points: vec![(1, 1.5), (8, 1.6), (15, 1.7)],
+        };
+        let s = s.with_draft_curve(Some(flat));
+        assert_eq!(s.draft_ms(0), 0.0);
+        assert!((s.draft_ms(15) - 1.7).abs() < 1e-9);
+        assert!(
+            s.choose(15) >= 8,
+            "cheap long drafts are chosen: {}",
+            s.choose(15)
+        );
     }
 
     #[test]
