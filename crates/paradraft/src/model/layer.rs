@@ -46,6 +46,9 @@ pub(crate) struct LayerScratch {
     pub(crate) qa: QActs,
 }
 
+/// A weight in f32: (HF name, shape, values).
+pub type NamedWeight = (&'static str, Vec<usize>, Vec<f32>);
+
 /// One sequence's share of a (possibly multi-sequence) layer forward: its KV cache, the slot
 /// its new K/V go to, its attention shape and the visibility among its new tokens.
 pub(crate) struct SeqAttn<'a> {
@@ -102,7 +105,7 @@ impl Layer {
     /// The layer's weights in f32 under their HF / DFlash names (`self_attn.q_proj`, …,
     /// `input_layernorm`), as `(name, shape, values)`, with q/k rows in rotate-half order
     /// (GGUF Llama rows, permuted for interleaved RoPE, are put back). Biases are left out.
-    pub(crate) fn weights_f32(&self, c: &Config) -> Vec<(&'static str, Vec<usize>, Vec<f32>)> {
+    pub(crate) fn weights_f32(&self, c: &Config) -> Vec<NamedWeight> {
         let dense = |m: &Matrix, unpermute: bool| {
             let mut v = vec![0f32; m.rows * m.cols];
             let hd = c.head_dim;

@@ -85,10 +85,7 @@ impl Model {
 
     /// Decoder layer `li`'s weights in f32 under HF names (see `Layer::weights_f32`): what a
     /// drafter made of the same layers is initialised from.
-    pub fn layer_weights_f32(
-        &self,
-        li: usize,
-    ) -> Option<Vec<(&'static str, Vec<usize>, Vec<f32>)>> {
+    pub fn layer_weights_f32(&self, li: usize) -> Option<Vec<super::layer::NamedWeight>> {
         self.layers.get(li).map(|l| l.weights_f32(&self.config))
     }
 
@@ -275,7 +272,7 @@ impl Model {
             let (prefix, n_new) = (kv.len(), b.tokens.len());
             let slot0 = kv.reserve(n_new)?;
             att.push(SeqAttn {
-                kv: &mut **kv,
+                kv,
                 slot0,
                 shape: AttnShape {
                     n_heads: c.n_heads,

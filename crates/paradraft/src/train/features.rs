@@ -135,7 +135,7 @@ impl FeatureAppender {
     /// written as zeros, since no anchor's context reaches them.
     pub fn append(&mut self, n_tokens: usize, rows: &[f16]) -> Result<()> {
         let have = rows.len() / self.width;
-        if rows.len() % self.width != 0 || have > n_tokens || n_tokens - have > 1 {
+        if !rows.len().is_multiple_of(self.width) || have > n_tokens || n_tokens - have > 1 {
             return Err(Error::BadRequest(format!(
                 "feature rows for {} of {n_tokens} tokens",
                 rows.len() as f64 / self.width as f64
