@@ -77,6 +77,10 @@ pub struct DflashArgs {
     pub kl_weight: f64,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where the drafter trains: cpu, cuda or cuda:N (a CUDA device needs a `--features cuda`
+    /// build); batches and target features are made on the CPU and copied there.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Initialise the draft layers from the target's last layers instead of random weights.
     #[arg(long)]
     pub init_from_target: bool,
@@ -136,6 +140,8 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
 }
 
 fn dflash(a: DflashArgs) -> Result<()> {
+    // A device that is not there is refused before anything is written.
+    let device = paradraft::train::dflash::device(&a.device)?;
     std::fs::create_dir_all(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let prompts = read_prompts(&a.prompts)?;
@@ -274,6 +280,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
         features: &feats,
         train: train_idx,
         vocab: &vocab,
+        device,
     };
     let p = TrainParams {
         block_size: a.block_size,

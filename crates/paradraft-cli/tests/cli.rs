@@ -328,3 +328,53 @@ fn bench_harness_writes_reports() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Training on a device that is not there, or with a malformed prompt file, fails with a clear
+/// error before anything is written.
+#[test]
+fn train_refuses_missing_devices_and_bad_prompts() {
+    let m = tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = out.to_str().unwrap();
+    let bad = dir.path().join("prompts.jsonl");
+    std::fs::write(&bad, "{\"id\": 1\n").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "train", "dflash", "--model", &m, "--out", o, "--device", "cuda",
+            ],
+            "cuda",
+        ),
+        (
+            vec![
+                "train", "dflash", "--model", &m, "--out", o, "--device", "tpu",
+            ],
+            "want cpu, cuda or cuda:N",
+        ),
+        (
+            vec![
+                "train",
+                "dflash",
+                "--model",
+                &m,
+                "--out",
+                o,
+                "--prompts",
+                bad.to_str().unwrap(),
+            ],
+            "line 1",
+        ),
+    ];
+    for (args, want) in cases {
+        let r = run(&args);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    assert!(
+        !out.join("samples.bin").exists(),
+        "nothing written for a refused run"
+    );
+}

@@ -460,6 +460,7 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
         features: &fc,
         train: (0..6).collect(),
         vocab: &vocab,
+        device: Device::Cpu,
     };
     let cfg = config(&lm, 1);
     let params = TrainParams {

@@ -21,8 +21,15 @@ fn contiguous_f32(t: &Tensor) -> CResult<Vec<f32>> {
     t.contiguous()?.flatten_all()?.to_vec1::<f32>()
 }
 
-/// `x · w / sqrt(mean(x²) + eps)` over the last dimension, with its backward.
+/// `x · w / sqrt(mean(x²) + eps)` over the last dimension, with its backward. Off the CPU it
+/// is composed from candle primitives (which have backward passes on every device).
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
+    if !x.device().is_cpu() {
+        let ms = x.sqr()?.mean_keepdim(candle_core::D::Minus1)?;
+        return x
+            .broadcast_mul(&(ms + eps)?.sqrt()?.recip()?)?
+            .broadcast_mul(w);
+    }
     x.contiguous()?.apply_op2(w, RmsNorm { eps: eps as f32 })
 }
 

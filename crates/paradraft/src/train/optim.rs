@@ -102,16 +102,16 @@ impl AdamW {
         out
     }
 
-    /// Restores moments saved by [`AdamW::state`].
+    /// Restores moments saved by [`AdamW::state`] (onto each variable's device).
     pub fn load_state(&mut self, t: &HashMap<String, Tensor>, steps: usize) -> CResult<()> {
         for (k, m) in self.m.iter_mut() {
             if let Some(x) = t.get(&format!("adam.m.{k}")) {
-                *m = x.clone();
+                *m = x.to_device(m.device())?;
             }
         }
         for (k, v) in self.v.iter_mut() {
             if let Some(x) = t.get(&format!("adam.v.{k}")) {
-                *v = x.clone();
+                *v = x.to_device(v.device())?;
             }
         }
         self.t = steps;

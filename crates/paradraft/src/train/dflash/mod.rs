@@ -104,6 +104,33 @@ pub struct Data<'a> {
     pub features: &'a FeatureCache,
     pub train: Vec<usize>,
     pub vocab: &'a Vocab,
+    /// Where the drafter's tensors live (batches are built on the CPU and copied there).
+    pub device: Device,
+}
+
+/// The training device named by `name`: `cpu`, `cuda` or `cuda:N`. A CUDA device on a build
+/// without the `cuda` feature, or on a machine without one, is a clear error.
+pub fn device(name: &str) -> Result<Device> {
+    let bad = |why: String| Error::BadRequest(format!("device {name:?}: {why}"));
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        _ => {
+            let ord = match name.strip_prefix("cuda") {
+                Some("") => 0,
+                Some(r) => r
+                    .strip_prefix(':')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| bad("want cpu, cuda or cuda:N".into()))?,
+                None => return Err(bad("want cpu, cuda or cuda:N".into())),
+            };
+            if !candle_core::utils::cuda_is_available() {
+                return Err(bad(
+                    "this build has no CUDA support (build with `--features cuda`)".into(),
+                ));
+            }
+            Device::new_cuda(ord).map_err(|e| bad(format!("no such CUDA device ({e})")))
+        }
+    }
 }
 
 /// The target's head rows of the draft vocabulary, f32, frozen.
@@ -148,7 +175,7 @@ pub fn loss(
         let (j, k) = (i as usize / (b - 1), i as usize % (b - 1) + 1);
         (j * b + k) as u32
     };
-    let dev = &Device::Cpu;
+    let dev = hidden.device();
     let idx = Tensor::from_vec(
         rows.iter().map(|&i| slot(i)).collect::<Vec<_>>(),
         rows.len(),
@@ -199,6 +226,12 @@ fn save_checkpoint(dir: &Path, net: &Net, opt: &AdamW, st: &State) -> Result<()>
     for (k, v) in &net.vars {
         t.insert(k.clone(), v.as_tensor().clone());
     }
+    let cpu = &Device::Cpu;
+    let t: HashMap<String, Tensor> = t
+        .into_iter()
+        .map(|(k, v)| Ok((k, v.to_device(cpu)?)))
+        .collect::<CResult<_>>()
+        .map_err(cerr)?;
     let tmp = dir.join("state.safetensors.tmp");
     candle_core::safetensors::save(&t, &tmp).map_err(cerr)?;
     std::fs::rename(&tmp, dir.join("state.safetensors")).map_err(|e| Error::io(dir, e))?;
@@ -272,17 +305,25 @@ pub fn train(
     let ckpt = dir.join("checkpoint");
     let (net, mut opt, mut step, mut elapsed) = match load_checkpoint(&ckpt, config)? {
         Some(c) => {
+            let c = Checkpoint {
+                net: c.net.to_device(&data.device).map_err(cerr)?,
+                ..c
+            };
             let mut opt = AdamW::new(&c.net.vars, 0.0).map_err(cerr)?;
             opt.load_state(&c.tensors, c.step).map_err(cerr)?;
             (c.net, opt, c.step, c.elapsed_s)
         }
         None => {
-            let net = fresh_net(config, data.target, p)?;
+            let net = fresh_net(config, data.target, p)?
+                .to_device(&data.device)
+                .map_err(cerr)?;
             let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
             (net, opt, 0, 0.0)
         }
     };
-    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let head = frozen_head(data.target, data.vocab)
+        .and_then(|h| h.to_device(&data.device))
+        .map_err(cerr)?;
     let per_epoch = data.train.len().div_ceil(p.batch_seqs);
     let mut total = per_epoch * p.epochs;
     if p.max_steps > 0 {
@@ -407,9 +448,13 @@ pub fn bench(
     p: &TrainParams,
     steps: usize,
 ) -> Result<BenchResult> {
-    let net = fresh_net(config, data.target, p)?;
+    let net = fresh_net(config, data.target, p)?
+        .to_device(&data.device)
+        .map_err(cerr)?;
     let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
-    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let head = frozen_head(data.target, data.vocab)
+        .and_then(|h| h.to_device(&data.device))
+        .map_err(cerr)?;
     let order = epoch_order(&data.train, p.seed, 0);
     let mut chunks = order.chunks(p.batch_seqs).cycle();
     let (mut secs, mut positions) = (0.0, 0usize);
@@ -455,7 +500,9 @@ pub fn evaluate(
     block: usize,
     anchors: usize,
 ) -> Result<Eval> {
-    let head = frozen_head(data.target, data.vocab).map_err(cerr)?;
+    let head = frozen_head(data.target, data.vocab)
+        .and_then(|h| h.to_device(net.device()))
+        .map_err(cerr)?;
     let mut hits = vec![0usize; block - 1];
     let mut blocks = 0;
     for &si in held_out {
@@ -536,7 +583,11 @@ pub fn export(
     let mut config = net.config.clone();
     let mut t = HashMap::new();
     for (k, v) in &net.vars {
-        t.insert(k.clone(), v.as_tensor().to_dtype(dtype).map_err(cerr)?);
+        let x = v
+            .as_tensor()
+            .to_device(&Device::Cpu)
+            .and_then(|x| x.to_dtype(dtype));
+        t.insert(k.clone(), x.map_err(cerr)?);
     }
     if vocab.len() < target_vocab {
         config.draft_vocab_size = Some(vocab.len());

@@ -17,6 +17,7 @@ pub struct Net {
     pub config: DflashConfig,
     pub vars: BTreeMap<String, Var>,
     inv_freq: Vec<f32>,
+    device: Device,
 }
 
 /// The target's LM head rows (frozen): forward `h Wᵀ`, backward only into `h` (candle's matmul
@@ -55,9 +56,25 @@ impl FrozenHead {
         rms(&h.detach(), w, *eps)?.matmul(&self.wt)
     }
     pub fn forward(&self, h: &Tensor) -> CResult<Tensor> {
+        if !h.device().is_cpu() {
+            // Off the CPU: a plain matmul (its backward also forms the unused weight gradient).
+            return h.matmul(&self.wt);
+        }
         h.apply_op1(HeadOp {
             w: self.w.clone(),
             wt: self.wt.clone(),
+        })
+    }
+
+    /// The same head on `dev`.
+    pub fn to_device(self, dev: &Device) -> CResult<Self> {
+        Ok(FrozenHead {
+            w: self.w.to_device(dev)?,
+            wt: self.wt.to_device(dev)?,
+            target_norm: match self.target_norm {
+                Some((t, eps)) => Some((t.to_device(dev)?, eps)),
+                None => None,
+            },
         })
     }
 }
@@ -172,7 +189,26 @@ impl Net {
             config,
             vars,
             inv_freq,
+            device: Device::Cpu,
         })
+    }
+
+    /// The network with its weights moved to `dev`.
+    pub fn to_device(self, dev: &Device) -> CResult<Self> {
+        let vars = self
+            .vars
+            .into_iter()
+            .map(|(k, v)| Ok((k, Var::from_tensor(&v.as_tensor().to_device(dev)?)?)))
+            .collect::<CResult<_>>()?;
+        Ok(Net {
+            vars,
+            device: dev.clone(),
+            ..self
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Fresh weights as [`Net::init`], then each draft layer `i` takes the weights of target
@@ -231,6 +267,7 @@ impl Net {
             config,
             vars,
             inv_freq,
+            device: Device::Cpu,
         })
     }
 
@@ -281,8 +318,8 @@ impl Net {
         }
         let shape = (pos.len(), 1, half);
         Ok((
-            Tensor::from_vec(c, shape, &Device::Cpu)?,
-            Tensor::from_vec(s, shape, &Device::Cpu)?,
+            Tensor::from_vec(c, shape, &self.device)?,
+            Tensor::from_vec(s, shape, &self.device)?,
         ))
     }
 
@@ -296,15 +333,16 @@ impl Net {
         let (na, bs) = (b.n_blocks, b.block);
         let n = na * bs;
         let scale = 1.0 / (hd as f64).sqrt();
+        let dev = &self.device;
         let ctx = rms(
-            &linear(&b.features, self.w("fc.weight"))?,
+            &linear(&b.features.to_device(dev)?, self.w("fc.weight"))?,
             self.w("hidden_norm.weight"),
             eps,
         )?;
         let (cos_c, sin_c) = self.cos_sin(&b.ctx_pos)?;
         let (cos_b, sin_b) = self.cos_sin(&b.block_pos)?;
         let visible = b.visible();
-        let mut x = b.block_x.clone();
+        let mut x = b.block_x.to_device(dev)?;
         for i in 0..c.n_layers {
             let w = |s: &str| self.w(&format!("layers.{i}.{s}.weight"));
             // Context K/V: the layer's k/v projections of the fused features (no input norm).
