@@ -194,6 +194,160 @@ impl CustomOp1 for BlockSoftmax {
     }
 }
 
+/// Per-row loss over logits `[R, V]`: the cross-entropy of `labels[r]`, plus `kl` × KL(p‖q)
+/// where q = softmax(logits) and p = softmax(`target[r]`) (no gradient into the target), with
+/// its backward `g·((q − onehot) + kl·(q − p))`. Off the CPU it is composed from primitives.
+pub fn cross_entropy_kl(
+    logits: &Tensor,
+    labels: &[u32],
+    target: Option<&Tensor>,
+    kl: f64,
+) -> CResult<Tensor> {
+    let (r, v) = logits.dims2()?;
+    if labels.len() != r || labels.iter().any(|&l| l as usize >= v) {
+        candle_core::bail!("cross-entropy: {} labels for {r} rows of {v}", labels.len());
+    }
+    let target = target.filter(|_| kl > 0.0);
+    if !logits.device().is_cpu() {
+        return composed_ce_kl(logits, labels, target, kl);
+    }
+    let op = CeKl {
+        labels: labels.to_vec(),
+        kl: kl as f32,
+    };
+    match target {
+        Some(t) => logits
+            .contiguous()?
+            .apply_op2(&t.detach().contiguous()?, op),
+        None => {
+            // The target argument is ignored when kl is 0; pass the logits themselves.
+            let l = logits.contiguous()?;
+            l.apply_op2(&l.detach(), CeKl { kl: 0.0, ..op })
+        }
+    }
+}
+
+fn composed_ce_kl(
+    logits: &Tensor,
+    labels: &[u32],
+    target: Option<&Tensor>,
+    kl: f64,
+) -> CResult<Tensor> {
+    use candle_core::D;
+    let m = logits.max_keepdim(D::Minus1)?.detach();
+    let lse = (logits
+        .broadcast_sub(&m)?
+        .exp()?
+        .sum_keepdim(D::Minus1)?
+        .log()?
+        + &m)?;
+    let lab = Tensor::from_vec(labels.to_vec(), (labels.len(), 1), logits.device())?;
+    let mut out = (&lse - logits.gather(&lab, 1)?)?.squeeze(1)?;
+    if let Some(t) = target {
+        let t = t.detach();
+        let tls = t.broadcast_sub(&t.max_keepdim(D::Minus1)?)?;
+        let logp = tls.broadcast_sub(&tls.exp()?.sum_keepdim(D::Minus1)?.log()?)?;
+        let logq = logits.broadcast_sub(&lse)?;
+        let k = (logp.exp()? * (logp - logq)?)?.sum(D::Minus1)?;
+        out = (out + (k * kl)?)?;
+    }
+    Ok(out)
+}
+
+struct CeKl {
+    labels: Vec<u32>,
+    kl: f32,
+}
+
+/// Max and log-sum-exp of a row.
+fn lse(x: &[f32]) -> (f32, f32) {
+    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let s: f32 = x.iter().map(|&v| (v - m).exp()).sum();
+    (m, m + s.ln())
+}
+
+impl CustomOp2 for CeKl {
+    fn name(&self) -> &'static str {
+        "cross-entropy-kl"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> CResult<(CpuStorage, Shape)> {
+        let (x, t) = (
+            slice(s1, l1, "cross-entropy")?,
+            slice(s2, l2, "cross-entropy")?,
+        );
+        let v = *l1.dims().last().unwrap_or(&1);
+        let r = self.labels.len();
+        let mut out = vec![0f32; r];
+        par_rows(&mut out, 1, |rows, o| {
+            for (i, o) in rows.zip(o.iter_mut()) {
+                let xr = &x[i * v..(i + 1) * v];
+                let (_, lx) = lse(xr);
+                let mut loss = lx - xr[self.labels[i] as usize];
+                if self.kl > 0.0 {
+                    let tr = &t[i * v..(i + 1) * v];
+                    let (_, lt) = lse(tr);
+                    let k: f32 = tr
+                        .iter()
+                        .zip(xr)
+                        .map(|(&a, &b)| {
+                            let lp = a - lt;
+                            lp.exp() * (lp - (b - lx))
+                        })
+                        .sum();
+                    loss += self.kl * k;
+                }
+                *o = loss;
+            }
+        });
+        Ok((CpuStorage::F32(out), Shape::from(r)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        t: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> CResult<(Option<Tensor>, Option<Tensor>)> {
+        let (xv, g) = (contiguous_f32(x)?, contiguous_f32(grad)?);
+        let tv = if self.kl > 0.0 {
+            contiguous_f32(t)?
+        } else {
+            vec![]
+        };
+        let v = x.dim(1)?;
+        let mut dx = vec![0f32; xv.len()];
+        par_rows(&mut dx, v, |rows, out| {
+            for (i, o) in rows.zip(out.chunks_exact_mut(v)) {
+                let xr = &xv[i * v..(i + 1) * v];
+                let (_, lx) = lse(xr);
+                // (1 + kl)·q − onehot − kl·p, scaled by the row's upstream gradient.
+                let c = 1.0 + self.kl;
+                for (a, &b) in o.iter_mut().zip(xr) {
+                    *a = c * (b - lx).exp();
+                }
+                if self.kl > 0.0 {
+                    let tr = &tv[i * v..(i + 1) * v];
+                    let (_, lt) = lse(tr);
+                    for (a, &b) in o.iter_mut().zip(tr) {
+                        *a -= self.kl * (b - lt).exp();
+                    }
+                }
+                o[self.labels[i] as usize] -= 1.0;
+                o.iter_mut().for_each(|a| *a *= g[i]);
+            }
+        });
+        Ok((Some(Tensor::from_vec(dx, x.shape(), x.device())?), None))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +409,28 @@ mod tests {
                 gc.get(v.as_tensor()).unwrap(),
             );
             assert!(max_rel(a, b) < 1e-5, "gradient {}", max_rel(a, b));
+        }
+    }
+
+    /// Per-row losses and the logits' gradient against the composed primitives, with and
+    /// without the KL term.
+    #[test]
+    fn cross_entropy_kl_matches_the_composed_ops() {
+        let x = Var::from_tensor(&randn(&[9, 50], 6)).unwrap();
+        let t = randn(&[9, 50], 7);
+        let up = randn(&[9], 8);
+        let labels: Vec<u32> = (0..9).map(|i| (i * 7 % 50) as u32).collect();
+        for kl in [0.0, 0.7] {
+            let f = cross_entropy_kl(x.as_tensor(), &labels, Some(&t), kl).unwrap();
+            let c = composed_ce_kl(x.as_tensor(), &labels, (kl > 0.0).then_some(&t), kl).unwrap();
+            assert!(max_rel(&f, &c) < 1e-5, "kl {kl}: {}", max_rel(&f, &c));
+            let gf = (f * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            let gc = (c * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            let (a, b) = (
+                gf.get(x.as_tensor()).unwrap(),
+                gc.get(x.as_tensor()).unwrap(),
+            );
+            assert!(max_rel(a, b) < 1e-5, "kl {kl} gradient {}", max_rel(a, b));
         }
     }
 

@@ -182,27 +182,15 @@ pub fn loss(
         dev,
     )?;
     let logits = head.forward(&hidden.index_select(&idx, 0)?.contiguous()?)?;
-    let m = logits.max_keepdim(D::Minus1)?.detach();
-    let lse = (logits
-        .broadcast_sub(&m)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        + &m)?;
     let lab: Vec<u32> = rows.iter().map(|&i| lb.labels[i as usize]).collect();
-    let lab_t = Tensor::from_vec(lab.clone(), (rows.len(), 1), dev)?;
-    let picked = logits.gather(&lab_t, 1)?;
-    let mut nll = (&lse - picked)?.squeeze(1)?;
-    if let (true, Some(th)) = (kl > 0.0, &lb.target_hidden) {
-        let idx_rows = Tensor::from_vec(rows.clone(), rows.len(), dev)?;
-        let tl = head.target_logits(&th.index_select(&idx_rows, 0)?)?;
-        let tm = tl.max_keepdim(D::Minus1)?;
-        let tls = tl.broadcast_sub(&tm)?;
-        let logp = tls.broadcast_sub(&tls.exp()?.sum_keepdim(D::Minus1)?.log()?)?;
-        let logq = logits.broadcast_sub(&lse)?;
-        let kl_row = (logp.exp()? * (logp - logq)?)?.sum(D::Minus1)?;
-        nll = (nll + (kl_row * kl)?)?;
-    }
+    let target = match (kl > 0.0, &lb.target_hidden) {
+        (true, Some(th)) => {
+            let idx_rows = Tensor::from_vec(rows.clone(), rows.len(), th.device())?;
+            Some(head.target_logits(&th.index_select(&idx_rows, 0)?.to_device(dev)?)?)
+        }
+        _ => None,
+    };
+    let nll = crate::train::fused::cross_entropy_kl(&logits, &lab, target.as_ref(), kl)?;
     let w: Vec<f32> = rows.iter().map(|&i| lb.weights[i as usize]).collect();
     let wsum: f32 = w.iter().sum();
     let wt = Tensor::from_vec(w, rows.len(), dev)?;
