@@ -178,6 +178,14 @@ fn dflash(a: DflashArgs) -> Result<()> {
         },
     )?;
     pb.finish();
+    if samples.len() < 2 {
+        bail!(
+            "{} training sample(s) in {}: need at least 2 (one is held out); check --prompts {}",
+            samples.len(),
+            a.out.join("samples.bin").display(),
+            a.prompts.display()
+        );
+    }
     let secs = t0.elapsed().as_secs_f64();
     let toks: usize = samples.iter().map(|s| s.tokens.len()).sum();
     let new = &samples[first.unwrap_or(0).min(samples.len())..];

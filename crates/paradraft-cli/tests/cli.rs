@@ -378,3 +378,87 @@ fn train_refuses_missing_devices_and_bad_prompts() {
         "nothing written for a refused run"
     );
 }
+
+/// An empty prompt file and a truncated checkpoint are refused with clear errors; the broken
+/// checkpoint is left as it was.
+#[test]
+fn train_refuses_empty_data_and_broken_checkpoints() {
+    let m = tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let out = dir.path().join("a");
+    let r = run(&[
+        "train",
+        "dflash",
+        "--model",
+        &m,
+        "--out",
+        out.to_str().unwrap(),
+        "--prompts",
+        empty.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("need at least 2"), "{err}");
+    // A run with a few samples, then its checkpoint cut short.
+    let prompts = dir.path().join("p.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| format!("{{\"id\": \"p{i}\", \"prompt\": \"count to {i}\"}}"))
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let out = dir.path().join("b");
+    let args = |steps: &'static str| -> Vec<String> {
+        [
+            "train",
+            "dflash",
+            "--model",
+            &m,
+            "--out",
+            out.to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--samples",
+            "4",
+            "--max-new-tokens",
+            "12",
+            "--draft-vocab",
+            "0",
+            "--anchors",
+            "2",
+            "--batch-seqs",
+            "2",
+            "--block-size",
+            "4",
+            "--max-steps",
+            steps,
+            "--until",
+            "train",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let a1 = args("1");
+    let r = run(&a1.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let ck = out.join("checkpoint/state.safetensors");
+    let bytes = std::fs::read(&ck).unwrap();
+    std::fs::write(&ck, &bytes[..bytes.len() / 2]).unwrap();
+    let a2 = args("2");
+    let r = run(&a2.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("training checkpoint"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        std::fs::read(&ck).unwrap().len(),
+        bytes.len() / 2,
+        "left as it was"
+    );
+}

@@ -242,10 +242,16 @@ pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<Check
     if !p.exists() {
         return Ok(None);
     }
-    let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(cerr)?;
-    let net = Net::from_tensors(config.clone(), &t).map_err(cerr)?;
-    let js = std::fs::read_to_string(dir.join("state.json")).map_err(|e| Error::io(dir, e))?;
-    let st: State = serde_json::from_str(&js).map_err(|e| Error::BadRequest(e.to_string()))?;
+    let broken = |why: String| Error::BadModelFile {
+        path: p.clone(),
+        format: "training checkpoint",
+        reason: format!("{why} (move it away to start afresh)"),
+    };
+    let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(|e| broken(e.to_string()))?;
+    let net = Net::from_tensors(config.clone(), &t).map_err(|e| broken(e.to_string()))?;
+    let sp = dir.join("state.json");
+    let js = std::fs::read_to_string(&sp).map_err(|e| Error::io(&sp, e))?;
+    let st: State = serde_json::from_str(&js).map_err(|e| broken(format!("state.json: {e}")))?;
     Ok(Some(Checkpoint {
         net,
         tensors: t,
