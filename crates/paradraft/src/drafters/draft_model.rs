@@ -69,12 +69,15 @@ impl Drafter for DraftModel {
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         // Drop K/V of tokens that are no longer committed, then catch up.
+        // The last committed token always runs again (its logits start the chain), so a
+        // proposal repeated for the same committed tokens works too.
         let keep = self
             .done
             .iter()
             .zip(committed)
             .take_while(|(a, b)| a == b)
-            .count();
+            .count()
+            .min(committed.len().saturating_sub(1));
         self.kv.truncate(keep);
         self.done.truncate(keep);
         let k = self
