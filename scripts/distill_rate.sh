@@ -8,7 +8,7 @@ set -euo pipefail
 N=${1:-32} SEQS=${2:-32}
 BIN=${BIN:-./target/release/paradraft}
 tmp=$(mktemp -d)
-zcat data/train/distill_prompts.jsonl.gz | head -n "$N" > "$tmp/prompts.jsonl"
+python3 -c "import gzip,sys,itertools; sys.stdout.writelines(itertools.islice(gzip.open('data/train/distill_prompts.jsonl.gz','rt'), int(sys.argv[1])))" "$N" > "$tmp/prompts.jsonl"
 # Single stream: one `generate` per prompt; tokens and times from its JSON stats.
 python3 - "$BIN" "$tmp/prompts.jsonl" <<'PY'
 import json, subprocess, sys

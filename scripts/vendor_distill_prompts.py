@@ -8,22 +8,13 @@ Sources (see data/README.md): GSM8K train (MIT), GPTeacher codegen and roleplay 
 non-test splits (CC BY 4.0), and first user turns of ShareGPT conversations (Apache-2.0 as
 declared by the dataset card; weaker provenance, see shared/data/README.md). No CC BY-NC source
 (Alpaca, CodeAlpaca) and no benchmark prompt is used."""
-import gzip, json, random
+import gzip, json, os, random, sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from vendor_train_prompts import gpteacher, gsm8k_train  # noqa: E402
 
 SHARED = "../shared/data"
-BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-rows = []
-with gzip.open(f"{SHARED}/train/gsm8k_train.jsonl.gz", "rt") as f:
-    for line in f:
-        r = json.loads(line)
-        rows.append({"id": r["id"], "source": "gsm8k_train", "category": "math",
-                     "prompt": r["turns"][0] + BOXED})
-with gzip.open(f"{SHARED}/train/gpteacher.jsonl.gz", "rt") as f:
-    for line in f:
-        r = json.loads(line)
-        if r["subset"] in ("codegen", "roleplay"):
-            rows.append({"id": r["id"], "source": "gpteacher", "category": r["category"],
-                         "prompt": r["turns"][0]})
+rows = gsm8k_train() + gpteacher()
 with open(f"{SHARED}/bench/mbpp.jsonl") as f:
     for line in f:
         r = json.loads(line)

@@ -329,6 +329,28 @@ fn bench_harness_writes_reports() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// `paradraft train dflash --model M --out OUT EXTRA…`.
+fn train(m: &str, out: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "train",
+        "dflash",
+        "--model",
+        m,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// A refused command: exit code 1 and an error that says `want`, no panic.
+fn assert_refused(r: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains(want), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// Training on a device that is not there, or with a malformed prompt file, fails with a clear
 /// error before anything is written.
 #[test]
@@ -336,43 +358,17 @@ fn train_refuses_missing_devices_and_bad_prompts() {
     let m = tiny("llama");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = out.to_str().unwrap();
     let bad = dir.path().join("prompts.jsonl");
     std::fs::write(&bad, "{\"id\": 1\n").unwrap();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec![
-                "train", "dflash", "--model", &m, "--out", o, "--device", "cuda",
-            ],
-            "cuda",
-        ),
-        (
-            vec![
-                "train", "dflash", "--model", &m, "--out", o, "--device", "tpu",
-            ],
-            "want cpu, cuda or cuda:N",
-        ),
-        (
-            vec![
-                "train",
-                "dflash",
-                "--model",
-                &m,
-                "--out",
-                o,
-                "--prompts",
-                bad.to_str().unwrap(),
-            ],
-            "line 1",
-        ),
-    ];
-    for (args, want) in cases {
-        let r = run(&args);
-        let err = String::from_utf8_lossy(&r.stderr);
-        assert_eq!(r.status.code(), Some(1), "{args:?}: {err}");
-        assert!(err.contains(want), "{args:?}: {err}");
-        assert!(!err.contains("panicked"), "{args:?}: {err}");
-    }
+    assert_refused(&train(&m, &out, &["--device", "cuda"]), "cuda");
+    assert_refused(
+        &train(&m, &out, &["--device", "tpu"]),
+        "want cpu, cuda or cuda:N",
+    );
+    assert_refused(
+        &train(&m, &out, &["--prompts", bad.to_str().unwrap()]),
+        "line 1",
+    );
     assert!(
         !out.join("samples.bin").exists(),
         "nothing written for a refused run"
@@ -387,20 +383,12 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.jsonl");
     std::fs::write(&empty, "").unwrap();
-    let out = dir.path().join("a");
-    let r = run(&[
-        "train",
-        "dflash",
-        "--model",
+    let r = train(
         &m,
-        "--out",
-        out.to_str().unwrap(),
-        "--prompts",
-        empty.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&r.stderr);
-    assert_eq!(r.status.code(), Some(1), "{err}");
-    assert!(err.contains("need at least 2"), "{err}");
+        &dir.path().join("a"),
+        &["--prompts", empty.to_str().unwrap()],
+    );
+    assert_refused(&r, "need at least 2");
     // A run with a few samples, then its checkpoint cut short.
     let prompts = dir.path().join("p.jsonl");
     let lines: Vec<String> = (0..4)
@@ -408,16 +396,11 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
         .collect();
     std::fs::write(&prompts, lines.join("\n")).unwrap();
     let out = dir.path().join("b");
-    let args = |steps: &'static str| -> Vec<String> {
-        [
-            "train",
-            "dflash",
-            "--model",
-            &m,
-            "--out",
-            out.to_str().unwrap(),
+    let p = prompts.to_str().unwrap();
+    let small = |steps: &'static str| {
+        let args = [
             "--prompts",
-            prompts.to_str().unwrap(),
+            p,
             "--samples",
             "4",
             "--max-new-tokens",
@@ -430,17 +413,14 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
             "2",
             "--block-size",
             "4",
-            "--max-steps",
-            steps,
             "--until",
             "train",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+            "--max-steps",
+            steps,
+        ];
+        train(&m, &out, &args)
     };
-    let a1 = args("1");
-    let r = run(&a1.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let r = small("1");
     assert_eq!(
         r.status.code(),
         Some(0),
@@ -450,12 +430,7 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
     let ck = out.join("checkpoint/state.safetensors");
     let bytes = std::fs::read(&ck).unwrap();
     std::fs::write(&ck, &bytes[..bytes.len() / 2]).unwrap();
-    let a2 = args("2");
-    let r = run(&a2.iter().map(|s| s.as_str()).collect::<Vec<_>>());
-    let err = String::from_utf8_lossy(&r.stderr);
-    assert_eq!(r.status.code(), Some(1), "{err}");
-    assert!(err.contains("training checkpoint"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert_refused(&small("2"), "training checkpoint");
     assert_eq!(
         std::fs::read(&ck).unwrap().len(),
         bytes.len() / 2,
