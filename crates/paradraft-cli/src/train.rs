@@ -84,6 +84,10 @@ pub struct DflashArgs {
     /// Initialise the draft layers from the target's last layers instead of random weights.
     #[arg(long)]
     pub init_from_target: bool,
+    /// Evaluate this exported drafter on this run's held-out samples (the same split as the
+    /// run's own evaluation) and exit instead of training.
+    #[arg(long)]
+    pub evaluate: Option<PathBuf>,
     /// Measure training throughput over this many steps (fresh weights, nothing saved) and
     /// exit instead of training.
     #[arg(long)]
@@ -307,6 +311,37 @@ fn dflash(a: DflashArgs) -> Result<()> {
         seed: a.seed,
         ..TrainParams::default()
     };
+    if let Some(dir) = &a.evaluate {
+        let (net, vocab) = paradraft::train::dflash::load_exported(dir, tc.vocab_size)?;
+        if net.config.target_layer_ids != taps {
+            bail!(
+                "{} taps target layers {:?}, this run's features hold {taps:?} (pass --target-layers)",
+                dir.display(),
+                net.config.target_layer_ids
+            );
+        }
+        let data = Data {
+            vocab: &vocab,
+            ..data
+        };
+        let mut evals = vec![];
+        for block in [net.config.block_size, 8.min(net.config.block_size)] {
+            let e = evaluate(&net, &data, &eval_idx, block, 32)?;
+            eprintln!(
+                "{} on held-out (block {block}, {} blocks): expected τ {:.3}, α {:?}",
+                dir.display(),
+                e.blocks,
+                e.expected_tau,
+                e.alpha
+                    .iter()
+                    .map(|x| (x * 1000.0).round() / 1000.0)
+                    .collect::<Vec<_>>()
+            );
+            evals.push(e);
+        }
+        println!("{}", serde_json::to_string_pretty(&evals)?);
+        return Ok(());
+    }
     if let Some(steps) = a.bench {
         let r = bench(&config, &data, &p, steps.max(1))?;
         println!(

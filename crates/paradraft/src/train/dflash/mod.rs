@@ -564,6 +564,21 @@ pub fn evaluate(
     })
 }
 
+/// A drafter exported by [`export`] (or any published DFlash checkpoint) as a trainable
+/// network with its draft vocabulary, to evaluate it on another run's held-out samples.
+pub fn load_exported(dir: &Path, target_vocab: usize) -> Result<(Net, Vocab)> {
+    let config = DflashConfig::load(dir)?;
+    let m = crate::drafters::dflash::DflashModel::load_with(dir, false)?;
+    let vocab = match &m.draft_to_target {
+        Some(ids) => Vocab::from_d2t(ids.clone(), target_vocab),
+        None => Vocab::full(target_vocab),
+    };
+    let p = dir.join("model.safetensors");
+    let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(cerr)?;
+    let net = Net::from_tensors(config, &t).map_err(cerr)?;
+    Ok((net, vocab))
+}
+
 /// Writes the drafter in the published layout: `config.json` + `model.safetensors` (weights
 /// in `dtype`, plus `d2t` when the vocabulary is reduced).
 pub fn export(
