@@ -324,21 +324,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
             vocab: &vocab,
             ..data
         };
-        let mut evals = vec![];
-        for block in [net.config.block_size, 8.min(net.config.block_size)] {
-            let e = evaluate(&net, &data, &eval_idx, block, 32)?;
-            eprintln!(
-                "{} on held-out (block {block}, {} blocks): expected τ {:.3}, α {:?}",
-                dir.display(),
-                e.blocks,
-                e.expected_tau,
-                e.alpha
-                    .iter()
-                    .map(|x| (x * 1000.0).round() / 1000.0)
-                    .collect::<Vec<_>>()
-            );
-            evals.push(e);
-        }
+        let evals = held_out(&net, &data, &eval_idx, &dir.display().to_string())?;
         println!("{}", serde_json::to_string_pretty(&evals)?);
         return Ok(());
     }
@@ -382,11 +368,27 @@ fn dflash(a: DflashArgs) -> Result<()> {
     if a.until == Some(Stage::Train) {
         return Ok(());
     }
+    let evals = held_out(&net, &data, &eval_idx, "drafter")?;
+    std::fs::write(
+        a.out.join("eval.json"),
+        serde_json::to_string_pretty(&evals)?,
+    )?;
+    Ok(())
+}
+
+/// Held-out acceptance at the drafter's block size and at block 8, printed as it goes.
+fn held_out(
+    net: &paradraft::train::dflash::net::Net,
+    data: &Data,
+    eval_idx: &[usize],
+    what: &str,
+) -> Result<Vec<paradraft::train::dflash::Eval>> {
+    let b = net.config.block_size;
     let mut evals = vec![];
-    for block in [a.block_size, 8.min(a.block_size)] {
-        let e = evaluate(&net, &data, &eval_idx, block, 32)?;
+    for block in [b, 8.min(b)] {
+        let e = evaluate(net, data, eval_idx, block, 32)?;
         eprintln!(
-            "held-out (block {block}, {} blocks): expected τ {:.2}, α {:?}",
+            "{what} on held-out (block {block}, {} blocks): expected τ {:.3}, α {:?}",
             e.blocks,
             e.expected_tau,
             e.alpha
@@ -396,11 +398,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
         );
         evals.push(e);
     }
-    std::fs::write(
-        a.out.join("eval.json"),
-        serde_json::to_string_pretty(&evals)?,
-    )?;
-    Ok(())
+    Ok(evals)
 }
 
 fn target_name(a: &DflashArgs) -> String {
