@@ -125,7 +125,8 @@ fn bar(total: usize, what: &str) -> ProgressBar {
 
 /// Keeps freed training tensors in the heap for reuse: glibc otherwise maps and unmaps every
 /// large tensor, and the kernel zeroes fresh pages on each step (about 13 % of a DFlash
-/// training step's time in `perf`, and 10–20 % more positions/s in `train dflash --bench`).
+/// training step's time in `perf`; +4 %, +19 % and +30 % positions/s in three interleaved
+/// `train dflash --bench` pairs on a noisy VM).
 fn keep_freed_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only changes allocator thresholds; called before any training tensor.
@@ -212,7 +213,6 @@ fn dflash(a: DflashArgs) -> Result<()> {
         return Ok(());
     }
     let target = &lm.model;
-    let tc = &target.config;
     if a.block_size < 2 || a.draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
         bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
     }

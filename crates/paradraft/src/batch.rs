@@ -244,7 +244,7 @@ pub fn generate_greedy_batched(
     mut on_done: impl FnMut(Finished) -> Result<()>,
 ) -> Result<()> {
     let mut g = BatchGenerator::new(model, stop_tokens, max_seqs, ctx).with_taps(taps)?;
-    let mut reqs = requests.into_iter().peekable();
+    let mut reqs = requests.into_iter();
     loop {
         while g.has_room() {
             let Some(r) = reqs.next() else { break };

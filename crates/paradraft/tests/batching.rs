@@ -123,6 +123,29 @@ fn multi_sequence_forward_refuses_bad_input() {
     );
     assert!(r.is_err(), "a sequence that overflows its cache is refused");
     assert_eq!(small.len(), 0, "nothing written");
+    // Caches of different element types cannot share a forward.
+    let (mut a, mut b) = (lm.model.new_kv(8), lm.model.new_kv(8));
+    let mut f32_model = load_tiny("llama");
+    f32_model.model.set_kv_dtype(paradraft::kv::KvDtype::F32);
+    let mut c = f32_model.model.new_kv(8);
+    let batch = |t: &'static [TokenId]| Batch {
+        tokens: t,
+        positions: &[paradraft::types::Pos(0)],
+        mask: None,
+    };
+    const ONE: [TokenId; 1] = [TokenId(1)];
+    let mixed = lm.model.forward_multi(
+        &mut [(&mut a, batch(&ONE)), (&mut c, batch(&ONE))],
+        &spec,
+        &mut s,
+    );
+    assert!(mixed.is_err(), "mixed KV element types are refused");
+    let same = lm.model.forward_multi(
+        &mut [(&mut a, batch(&ONE)), (&mut b, batch(&ONE))],
+        &spec,
+        &mut s,
+    );
+    assert!(same.is_ok());
 }
 
 fn single_stream(lm: &Loaded, prompt: &[TokenId], max_new: usize, ctx: usize) -> Vec<TokenId> {

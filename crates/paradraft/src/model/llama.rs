@@ -239,6 +239,11 @@ impl Model {
         }
         for (kv, b) in seqs.iter() {
             self.validate_seq(kv, b)?;
+            if kv.dtype() != seqs[0].0.dtype() {
+                return Err(Error::BadRequest(
+                    "the KV caches of one forward must share an element type".into(),
+                ));
+            }
         }
         let n = seqs.iter().map(|(_, b)| b.tokens.len()).sum();
         self.validate_spec(n, spec)?;

@@ -66,32 +66,19 @@ fn kernel_for(s: &AttnShape) -> Kernel {
 
 /// The attention of several sequences (each over its own cache) in one parallel region: their
 /// work units are pooled, so a multi-sequence decode step costs one fork-join per layer, not
-/// one per sequence. Each job's result is that of a call with it alone.
+/// one per sequence. Each job's result is that of a call with it alone. The jobs come from one
+/// model's layer (same heads and head size) and their caches share an element type
+/// (`Model::forward_multi` checks it).
 pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
     let Some(first) = jobs.first() else { return };
     let kern = kernel_for(first.s);
-    let same = jobs.iter().all(|j| {
-        kernel_for(j.s) == kern
-            && j.s.head_dim == first.s.head_dim
-            && j.s.n_heads == first.s.n_heads
-            && j.s.n_kv_heads == first.s.n_kv_heads
-            && matches!(
-                (&j.kv, &first.kv),
-                (KvLayerRef::F32(_), KvLayerRef::F32(_)) | (KvLayerRef::F16(_), KvLayerRef::F16(_))
-            )
-    });
-    if !same {
-        for j in jobs.iter_mut() {
-            attention_many(std::slice::from_mut(j));
-        }
-        return;
-    }
+    let wrong = "the caches of one multi-sequence forward share an element type";
     if matches!(first.kv, KvLayerRef::F32(_)) {
         let typed = jobs
             .iter_mut()
             .map(|j| match j.kv {
                 KvLayerRef::F32(l) => (j.q, l, j.s, j.vis, &mut *j.out),
-                KvLayerRef::F16(_) => unreachable!("checked above"),
+                KvLayerRef::F16(_) => panic!("{wrong}"),
             })
             .collect();
         attention_with(kern, typed)
@@ -100,7 +87,7 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
             .iter_mut()
             .map(|j| match j.kv {
                 KvLayerRef::F16(l) => (j.q, l, j.s, j.vis, &mut *j.out),
-                KvLayerRef::F32(_) => unreachable!("checked above"),
+                KvLayerRef::F32(_) => panic!("{wrong}"),
             })
             .collect();
         attention_with(kern, typed)
@@ -170,19 +157,19 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
     let hd = jobs[0].2.head_dim;
     let group = jobs[0].2.n_heads / jobs[0].2.n_kv_heads;
     let pw = hd + 2;
-    // Per job: its slot ranges, first unit and first partial record.
+    // Per job: its first unit (and so its first partial record); its slot ranges.
+    let chunks = |s: &AttnShape| (s.prefix + s.n_new).div_ceil(SLOT_CHUNK);
     let mut first_unit = Vec::with_capacity(jobs.len() + 1);
-    let mut chunks = Vec::with_capacity(jobs.len());
     let mut units = 0;
     for (q, kv, s, _, out) in &jobs {
-        let total = s.prefix + s.n_new;
-        assert!(total <= kv.capacity, "attention past the cache");
+        assert!(
+            s.prefix + s.n_new <= kv.capacity,
+            "attention past the cache"
+        );
         assert_eq!(out.len(), s.n_new * s.n_heads * hd);
         assert_eq!(q.len(), out.len());
-        let c = total.div_ceil(SLOT_CHUNK);
         first_unit.push(units);
-        chunks.push(c);
-        units += s.n_new * s.n_kv_heads * c;
+        units += s.n_new * s.n_kv_heads * chunks(s);
     }
     first_unit.push(units);
     PARTIAL.with_borrow_mut(|partial| {
@@ -196,7 +183,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
                 kv: *kv,
                 s,
                 vis: *vis,
-                chunks: chunks[i],
+                chunks: chunks(s),
                 kern,
                 // SAFETY: job i's records start after those of the jobs before it.
                 out: SendPtr(unsafe { base.add(first_unit[i] * group * pw) }),
@@ -217,7 +204,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
         });
         for (i, (.., out)) in jobs.into_iter().enumerate() {
             let recs = &partial[first_unit[i] * group * pw..first_unit[i + 1] * group * pw];
-            merge(recs, chunks[i], group, hd, out);
+            merge(recs, args[i].chunks, group, hd, out);
         }
     });
 }

@@ -41,26 +41,8 @@ pub fn build(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<FeatureCache> {
     let width = taps.len() * model.config.hidden_size;
-    let row_bytes = 2 * width;
-    let have = std::fs::metadata(path)
-        .map(|m| m.len() as usize)
-        .unwrap_or(0);
-    // Whole samples present; a torn tail is cut off.
-    let (mut done, mut bytes) = (0, 0);
-    for s in samples {
-        let b = s.tokens.len() * row_bytes;
-        if bytes + b > have {
-            break;
-        }
-        bytes += b;
-        done += 1;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    f.set_len(bytes as u64).map_err(|e| Error::io(path, e))?;
+    let (done, bytes) = covered(path, samples, width);
+    let mut fa = FeatureAppender::at(path, bytes, width)?;
     let longest = samples.iter().map(|s| s.tokens.len()).max().unwrap_or(1);
     let mut kv = model.new_kv(longest);
     let mut scratch = Scratch::default();
@@ -69,7 +51,7 @@ pub fn build(
         logits: Logits::None,
         taps: taps.to_vec(),
     };
-    let mut buf = Vec::new();
+    let mut rows = Vec::new();
     progress(done, samples.len());
     for (i, s) in samples.iter().enumerate().skip(done) {
         kv.clear();
@@ -84,20 +66,36 @@ pub fn build(
             &spec,
             &mut scratch,
         )?;
-        buf.clear();
-        for v in &out.hidden {
-            buf.extend_from_slice(&f16::from_f32(*v).to_le_bytes());
-        }
-        f.write_all(&buf).map_err(|e| Error::io(path, e))?;
+        rows.clear();
+        rows.extend(out.hidden.iter().map(|&v| f16::from_f32(v)));
+        fa.append(s.tokens.len(), &rows)?;
         progress(i + 1, samples.len());
     }
-    f.flush().map_err(|e| Error::io(path, e))?;
-    drop(f);
+    drop(fa);
     open(path, samples, width)
 }
 
-/// Appends features captured during self-distillation (`crate::batch` taps), in step with
-/// the sample file: sample i's rows follow sample i − 1's.
+/// How many whole samples, from the first, the file at `path` holds rows for, and their bytes
+/// (a torn or extra tail beyond them is not counted).
+fn covered(path: &Path, samples: &[Sample], width: usize) -> (usize, usize) {
+    let have = std::fs::metadata(path)
+        .map(|m| m.len() as usize)
+        .unwrap_or(0);
+    let (mut done, mut bytes) = (0, 0);
+    for s in samples {
+        let b = s.tokens.len() * width * 2;
+        if bytes + b > have {
+            break;
+        }
+        bytes += b;
+        done += 1;
+    }
+    (done, bytes)
+}
+
+/// Appends features to the cache in step with the sample file: sample i's rows follow
+/// sample i − 1's. Used by the feature stage and by self-distillation, which captures the rows
+/// while generating (`crate::batch` taps).
 pub struct FeatureAppender {
     file: std::fs::File,
     path: PathBuf,
@@ -109,25 +107,26 @@ impl FeatureAppender {
     /// left by a run killed between a sample's rows and its record, are cut off); `None` when
     /// rows are missing, in which case the feature stage computes them later.
     pub fn open(path: &Path, samples: &[Sample], width: usize) -> Result<Option<Self>> {
-        let have = std::fs::metadata(path)
-            .map(|m| m.len() as usize)
-            .unwrap_or(0);
-        let want: usize = samples.iter().map(|s| s.tokens.len() * width * 2).sum();
-        if have < want {
+        let (done, bytes) = covered(path, samples, width);
+        if done < samples.len() {
             return Ok(None);
         }
+        Self::at(path, bytes, width).map(Some)
+    }
+
+    /// Opens `path` for appending after its first `bytes` (anything past them is cut off).
+    fn at(path: &Path, bytes: usize, width: usize) -> Result<Self> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
             .map_err(|e| Error::io(path, e))?;
-        // Rows of a sample whose record never made it (a killed run) are cut off.
-        file.set_len(want as u64).map_err(|e| Error::io(path, e))?;
-        Ok(Some(FeatureAppender {
+        file.set_len(bytes as u64).map_err(|e| Error::io(path, e))?;
+        Ok(FeatureAppender {
             file,
             path: path.to_path_buf(),
             width,
-        }))
+        })
     }
 
     /// Appends one sample's rows: `rows` holds its first rows (f16, `width` each); rows up to
@@ -200,11 +199,7 @@ impl FeatureCache {
     pub fn rows_into(&self, i: usize, n: usize, dst: &mut Vec<f32>) {
         dst.reserve(n * self.ctx);
         for r in 0..n {
-            dst.extend(
-                self.row(i, r)[..self.ctx * 2]
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-            );
+            widen(&self.row(i, r)[..self.ctx * 2], dst);
         }
     }
 
@@ -213,11 +208,16 @@ impl FeatureCache {
     pub fn tail_rows_into(&self, i: usize, rows: &[usize], dst: &mut Vec<f32>) {
         dst.reserve(rows.len() * (self.width - self.ctx));
         for &r in rows {
-            dst.extend(
-                self.row(i, r)[self.ctx * 2..]
-                    .chunks_exact(2)
-                    .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
-            );
+            widen(&self.row(i, r)[self.ctx * 2..], dst);
         }
     }
+}
+
+/// Little-endian f16 bytes as f32, appended to `dst`.
+fn widen(bytes: &[u8], dst: &mut Vec<f32>) {
+    dst.extend(
+        bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+    );
 }

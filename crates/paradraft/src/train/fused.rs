@@ -1,5 +1,6 @@
 //! Fused training ops with hand-written backward passes, shared by the drafter trainers:
-//! RMSNorm and the block-masked softmax of DFlash-style anchor blocks. Each replaces a chain
+//! RMSNorm, the block-masked softmax of DFlash-style anchor blocks, and cross-entropy plus KL
+//! over a draft vocabulary's logits. Each replaces a chain
 //! of candle primitives (one tensor allocation and one memory pass per primitive, forward and
 //! backward) by one pass each way. candle's own fused `rms_norm` and `softmax_last_dim`
 //! record no backward; these do, and `tests` checks them against the composed primitives.
@@ -282,11 +283,11 @@ struct CeKl {
     kl: f32,
 }
 
-/// Max and log-sum-exp of a row.
-fn lse(x: &[f32]) -> (f32, f32) {
+/// Log-sum-exp of a row.
+fn lse(x: &[f32]) -> f32 {
     let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let s: f32 = x.iter().map(|&v| (v - m).exp()).sum();
-    (m, m + s.ln())
+    m + s.ln()
 }
 
 impl CustomOp2 for CeKl {
@@ -311,11 +312,11 @@ impl CustomOp2 for CeKl {
         par_rows(&mut out, 1, |rows, o| {
             for (i, o) in rows.zip(o.iter_mut()) {
                 let xr = &x[i * v..(i + 1) * v];
-                let (_, lx) = lse(xr);
+                let lx = lse(xr);
                 let mut loss = lx - xr[self.labels[i] as usize];
                 if self.kl > 0.0 {
                     let tr = &t[i * v..(i + 1) * v];
-                    let (_, lt) = lse(tr);
+                    let lt = lse(tr);
                     let k: f32 = tr
                         .iter()
                         .zip(xr)
@@ -350,7 +351,7 @@ impl CustomOp2 for CeKl {
         par_rows(&mut dx, v, |rows, out| {
             for (i, o) in rows.zip(out.chunks_exact_mut(v)) {
                 let xr = &xv[i * v..(i + 1) * v];
-                let (_, lx) = lse(xr);
+                let lx = lse(xr);
                 // (1 + kl)·q − onehot − kl·p, scaled by the row's upstream gradient.
                 let c = 1.0 + self.kl;
                 for (a, &b) in o.iter_mut().zip(xr) {
@@ -358,7 +359,7 @@ impl CustomOp2 for CeKl {
                 }
                 if self.kl > 0.0 {
                     let tr = &tv[i * v..(i + 1) * v];
-                    let (_, lt) = lse(tr);
+                    let lt = lse(tr);
                     for (a, &b) in o.iter_mut().zip(tr) {
                         *a -= self.kl * (b - lt).exp();
                     }

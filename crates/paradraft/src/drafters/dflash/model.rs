@@ -34,6 +34,40 @@ pub struct Scratch {
     mask: Vec<bool>,
 }
 
+/// The target id of each draft id, from a drafter's `d2t` tensor (the EAGLE-3 convention:
+/// draft id i is target id i + d2t[i]); `None` when the drafter scores the whole vocabulary.
+pub fn draft_to_target(config: &DflashConfig, src: &SafetensorsSource) -> Result<Option<Vec<u32>>> {
+    let c = &config.layers;
+    match config.draft_vocab_size {
+        None => Ok(None),
+        Some(n) => {
+            let bad = |reason: String| Error::BadModelFile {
+                path: src.describe().into(),
+                format: "DFlash drafter",
+                reason,
+            };
+            let d2t = src
+                .int_tensor("d2t")
+                .ok_or_else(|| bad("draft_vocab_size is set but tensor d2t is missing".into()))?;
+            if d2t.len() != n {
+                return Err(bad(format!("d2t has {} entries, expected {n}", d2t.len())));
+            }
+            let ids = d2t
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| {
+                    let t = i as i64 + o;
+                    (0..c.vocab_size as i64)
+                        .contains(&t)
+                        .then_some(t as u32)
+                        .ok_or_else(|| bad(format!("d2t[{i}] maps outside the vocabulary")))
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            Ok(Some(ids))
+        }
+    }
+}
+
 impl DflashModel {
     /// Loads `config.json` + `model.safetensors` from a drafter directory, with Q8_0 weights
     /// (the int8 kernels; see [`DflashModel::load_with`]).
@@ -85,34 +119,7 @@ impl DflashModel {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let draft_to_target = match config.draft_vocab_size {
-            None => None,
-            Some(n) => {
-                let bad = |reason: String| Error::BadModelFile {
-                    path: src.describe().into(),
-                    format: "DFlash drafter",
-                    reason,
-                };
-                let d2t = src.int_tensor("d2t").ok_or_else(|| {
-                    bad("draft_vocab_size is set but tensor d2t is missing".into())
-                })?;
-                if d2t.len() != n {
-                    return Err(bad(format!("d2t has {} entries, expected {n}", d2t.len())));
-                }
-                let ids = d2t
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &o)| {
-                        let t = i as i64 + o;
-                        (0..c.vocab_size as i64)
-                            .contains(&t)
-                            .then_some(t as u32)
-                            .ok_or_else(|| bad(format!("d2t[{i}] maps outside the vocabulary")))
-                    })
-                    .collect::<Result<Vec<u32>>>()?;
-                Some(ids)
-            }
-        };
+        let draft_to_target = draft_to_target(&config, src)?;
         let inv_freq = c.inv_freqs();
         Ok(DflashModel {
             fc,

@@ -341,7 +341,7 @@ pub fn train(
             &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
         let t0 = Instant::now();
         let lr = cosine_lr(step, total, warmup, p.lr);
-        let (lv, acc1, gn) = train_step(&net, &mut opt, &head, data, p, epoch, chunk, lr)?;
+        let (lv, acc1, gn, _) = train_step(&net, &mut opt, &head, data, p, epoch, chunk, lr)?;
         let secs = t0.elapsed().as_secs_f64();
         elapsed += secs;
         step += 1;
@@ -383,7 +383,7 @@ fn epoch_anchors(data: &Data, p: &TrainParams, epoch: usize, si: usize) -> Vec<u
 }
 
 /// One optimiser step on the sequences `chunk`: batch, loss, backward, clipping, AdamW.
-/// Returns (loss, first-slot accuracy, gradient norm before clipping).
+/// Returns (loss, first-slot accuracy, gradient norm before clipping, block positions trained).
 #[allow(clippy::too_many_arguments)]
 fn train_step(
     net: &Net,
@@ -394,11 +394,12 @@ fn train_step(
     epoch: usize,
     chunk: &[usize],
     lr: f64,
-) -> Result<(f64, f64, f64)> {
+) -> Result<(f64, f64, f64, usize)> {
     let items: Vec<(usize, Vec<usize>)> = chunk
         .iter()
         .map(|&si| (si, epoch_anchors(data, p, epoch, si)))
         .collect();
+    let positions = items.iter().map(|(_, a)| a.len() * p.block_size).sum();
     let lb = build(
         data.target,
         data.samples,
@@ -411,7 +412,7 @@ fn train_step(
     )
     .map_err(cerr)?;
     Ok(match loss(net, head, &lb, p.kl_weight).map_err(cerr)? {
-        None => (0.0, 0.0, 0.0),
+        None => (0.0, 0.0, 0.0, positions),
         Some((l, acc1)) => {
             let grads = l.backward().map_err(cerr)?;
             let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
@@ -421,7 +422,12 @@ fn train_step(
                 1.0
             };
             opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
-            (l.to_scalar::<f32>().map_err(cerr)? as f64, acc1, gn)
+            (
+                l.to_scalar::<f32>().map_err(cerr)? as f64,
+                acc1,
+                gn,
+                positions,
+            )
         }
     })
 }
@@ -454,12 +460,8 @@ pub fn bench(
     let (mut secs, mut positions) = (0.0, 0usize);
     for i in 0..=steps {
         let chunk = chunks.next().unwrap_or(&[]);
-        let n: usize = chunk
-            .iter()
-            .map(|&si| epoch_anchors(data, p, 0, si).len() * p.block_size)
-            .sum();
         let t0 = Instant::now();
-        train_step(&net, &mut opt, &head, data, p, 0, chunk, 1e-4)?;
+        let (.., n) = train_step(&net, &mut opt, &head, data, p, 0, chunk, 1e-4)?;
         if i > 0 {
             secs += t0.elapsed().as_secs_f64();
             positions += n;
@@ -568,9 +570,9 @@ pub fn evaluate(
 /// network with its draft vocabulary, to evaluate it on another run's held-out samples.
 pub fn load_exported(dir: &Path, target_vocab: usize) -> Result<(Net, Vocab)> {
     let config = DflashConfig::load(dir)?;
-    let m = crate::drafters::dflash::DflashModel::load_with(dir, false)?;
-    let vocab = match &m.draft_to_target {
-        Some(ids) => Vocab::from_d2t(ids.clone(), target_vocab),
+    let src = crate::model::source::SafetensorsSource::open(dir)?;
+    let vocab = match crate::drafters::dflash::model::draft_to_target(&config, &src)? {
+        Some(ids) => Vocab::from_d2t(ids, target_vocab),
         None => Vocab::full(target_vocab),
     };
     let p = dir.join("model.safetensors");
