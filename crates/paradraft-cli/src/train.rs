@@ -84,6 +84,15 @@ pub struct DflashArgs {
     /// Initialise the draft layers from the target's last layers instead of random weights.
     #[arg(long)]
     pub init_from_target: bool,
+    /// Fine-tune: start from this exported drafter's weights. Its layers, block size, taps and
+    /// mask token are used (the matching options are ignored); the draft vocabulary is this
+    /// run's own.
+    #[arg(long)]
+    pub init_from: Option<PathBuf>,
+    /// Prompts (JSON Lines with "prompt") to leave out of the held-out evaluation, e.g. the
+    /// prompts a drafter given to --init-from or --evaluate was trained on.
+    #[arg(long)]
+    pub eval_exclude: Option<PathBuf>,
     /// Evaluate this exported drafter on this run's held-out samples (the same split as the
     /// run's own evaluation) and exit instead of training.
     #[arg(long)]
@@ -147,14 +156,27 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
 fn dflash(a: DflashArgs) -> Result<()> {
     // A device that is not there is refused before anything is written.
     let device = paradraft::train::dflash::device(&a.device)?;
+    if a.init_from.is_some() && a.init_from_target {
+        bail!("--init-from and --init-from-target exclude each other");
+    }
     std::fs::create_dir_all(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let prompts = read_prompts(&a.prompts)?;
     let tc = &lm.model.config;
-    let taps = a
-        .target_layers
-        .clone()
-        .unwrap_or_else(|| default_target_layers(tc.n_layers, a.num_features));
+    // A drafter to fine-tune fixes the shape of the run.
+    let init = match &a.init_from {
+        Some(dir) => Some(DflashConfig::load(dir)?),
+        None => None,
+    };
+    let taps = match (&init, &a.target_layers) {
+        (Some(c), _) => c.target_layer_ids.clone(),
+        (None, Some(t)) => t.clone(),
+        (None, None) => default_target_layers(tc.n_layers, a.num_features),
+    };
+    let (draft_layers, block_size) = match &init {
+        Some(c) => (c.layers.n_layers, c.block_size),
+        None => (a.draft_layers, a.block_size),
+    };
     if let Some(&t) = taps.iter().find(|&&t| t >= tc.n_layers) {
         bail!("target layer {t} does not exist ({} layers)", tc.n_layers);
     }
@@ -213,7 +235,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
         return Ok(());
     }
     let target = &lm.model;
-    if a.block_size < 2 || a.draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
+    if block_size < 2 || draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
         bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
     }
     // Held-out split: the last 5 % of the samples (at least one).
@@ -221,7 +243,26 @@ fn dflash(a: DflashArgs) -> Result<()> {
         .max(1)
         .min(samples.len().saturating_sub(1));
     let train_idx: Vec<usize> = (0..samples.len() - n_eval).collect();
-    let eval_idx: Vec<usize> = (samples.len() - n_eval..samples.len()).collect();
+    let mut eval_idx: Vec<usize> = (samples.len() - n_eval..samples.len()).collect();
+    if let Some(path) = &a.eval_exclude {
+        let seen: std::collections::HashSet<String> =
+            read_prompts(path)?.into_iter().map(|p| p.prompt).collect();
+        let before = eval_idx.len();
+        eval_idx.retain(|&i| {
+            prompts
+                .get(samples[i].prompt_index as usize)
+                .is_none_or(|p| !seen.contains(&p.prompt))
+        });
+        eprintln!(
+            "held-out: {} of {before} samples kept ({} prompts appear in {})",
+            eval_idx.len(),
+            before - eval_idx.len(),
+            path.display()
+        );
+        if eval_idx.is_empty() {
+            bail!("every held-out prompt appears in {}", path.display());
+        }
+    }
     let vocab = if a.draft_vocab == 0 || a.draft_vocab >= tc.vocab_size {
         Vocab::full(tc.vocab_size)
     } else {
@@ -234,7 +275,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
         vocab.len(),
         100.0 * vocab.coverage(&held)
     );
-    let mask = match a.mask_token_id {
+    let mask = match init.as_ref().map(|c| c.mask_token_id).or(a.mask_token_id) {
         Some(m) if (m as usize) < tc.vocab_size => m,
         Some(m) => bail!("--mask-token-id {m} is outside the vocabulary"),
         None => {
@@ -258,12 +299,12 @@ fn dflash(a: DflashArgs) -> Result<()> {
     };
     let mut layers = tc.clone();
     layers.arch = Arch::Qwen3;
-    layers.n_layers = a.draft_layers;
+    layers.n_layers = draft_layers;
     layers.rope_scaling = paradraft::model::config::RopeScaling::None;
     layers.rope_style = paradraft::runtime::ops::RopeStyle::Half;
     let config = DflashConfig {
         layers,
-        block_size: a.block_size,
+        block_size,
         num_target_layers: tc.n_layers,
         mask_token_id: mask,
         target_layer_ids: taps.clone(),
@@ -295,19 +336,20 @@ fn dflash(a: DflashArgs) -> Result<()> {
         device,
     };
     let p = TrainParams {
-        block_size: a.block_size,
+        block_size,
         anchors: a.anchors,
         batch_seqs: a.batch_seqs,
         epochs: a.epochs,
         max_steps: a.max_steps,
         lr: a.lr,
-        gamma: gamma_for(a.block_size),
+        gamma: gamma_for(block_size),
         kl_weight: a.kl_weight,
         init_layers: if a.init_from_target {
-            (tc.n_layers.saturating_sub(a.draft_layers)..tc.n_layers).collect()
+            (tc.n_layers.saturating_sub(draft_layers)..tc.n_layers).collect()
         } else {
             vec![]
         },
+        init_from: a.init_from.clone(),
         seed: a.seed,
         ..TrainParams::default()
     };
@@ -357,8 +399,8 @@ fn dflash(a: DflashArgs) -> Result<()> {
         &format!(
             "DFlash drafter for {}: {} layer(s), block {}",
             target_name(&a),
-            a.draft_layers,
-            a.block_size
+            draft_layers,
+            block_size
         ),
         &a.out.join("loss.svg"),
     )?;

@@ -436,4 +436,51 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
         bytes.len() / 2,
         "left as it was"
     );
+    // Fine-tuning the drafter the first run exported: its shape (block 4) is taken over, and
+    // the two initialisations exclude each other.
+    let drafter = out.join("drafter");
+    let d = drafter.to_str().unwrap();
+    let c = dir.path().join("c");
+    let r = train(
+        &m,
+        &c,
+        &[
+            "--prompts",
+            p,
+            "--samples",
+            "4",
+            "--max-new-tokens",
+            "12",
+            "--draft-vocab",
+            "0",
+            "--anchors",
+            "2",
+            "--batch-seqs",
+            "2",
+            "--until",
+            "train",
+            "--max-steps",
+            "1",
+            "--init-from",
+            d,
+        ],
+    );
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let tp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.join("train_params.json")).unwrap())
+            .unwrap();
+    assert_eq!(tp["params"]["block_size"], 4);
+    assert!(tp["params"]["init_from"]
+        .as_str()
+        .unwrap()
+        .ends_with("drafter"));
+    assert_refused(
+        &train(&m, &c, &["--init-from", d, "--init-from-target"]),
+        "exclude each other",
+    );
 }

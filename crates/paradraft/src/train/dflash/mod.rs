@@ -49,6 +49,11 @@ pub struct TrainParams {
     /// Draft layer i starts from target layer `init_layers[i]` (empty: random weights).
     #[serde(default)]
     pub init_layers: Vec<usize>,
+    /// Start from this exported drafter's weights (fine-tuning on new data); its shape must be
+    /// the run's. Its draft vocabulary is not kept: the head is the target's, restricted to the
+    /// run's vocabulary, so the trained weights carry over whatever the vocabulary.
+    #[serde(default)]
+    pub init_from: Option<std::path::PathBuf>,
     pub seed: u64,
     /// Steps between checkpoints.
     pub save_every: usize,
@@ -70,6 +75,7 @@ impl Default for TrainParams {
             gamma: 7.0,
             kl_weight: 0.0,
             init_layers: vec![],
+            init_from: None,
             seed: 0,
             save_every: 50,
             pause_at: 0,
@@ -260,8 +266,25 @@ pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<Check
     }))
 }
 
-/// A new network: random, or its layers taken from target layers (`p.init_layers`).
+/// A new network: random, its layers taken from target layers (`p.init_layers`), or an
+/// exported drafter's weights (`p.init_from`).
 fn fresh_net(config: &DflashConfig, target: &Model, p: &TrainParams) -> Result<Net> {
+    if let Some(dir) = &p.init_from {
+        if !p.init_layers.is_empty() {
+            return Err(Error::BadRequest(
+                "initialise from a drafter or from target layers, not both".into(),
+            ));
+        }
+        let (mut net, _) = load_exported(dir, config.layers.vocab_size)?;
+        check_fits(&net.config, config).map_err(|why| {
+            Error::BadRequest(format!(
+                "the drafter in {} cannot start this run: {why}",
+                dir.display()
+            ))
+        })?;
+        net.config = config.clone();
+        return Ok(net);
+    }
     if p.init_layers.is_empty() {
         return Net::init(config.clone(), p.seed).map_err(cerr);
     }
@@ -275,6 +298,46 @@ fn fresh_net(config: &DflashConfig, target: &Model, p: &TrainParams) -> Result<N
     Net::init_from_target(config.clone(), p.seed, target, &p.init_layers)
         .map(|(n, _)| n)
         .map_err(cerr)
+}
+
+/// Why a drafter of configuration `have` cannot be trained as `want` (`Ok`: it can).
+fn check_fits(have: &DflashConfig, want: &DflashConfig) -> std::result::Result<(), String> {
+    let (h, w) = (&have.layers, &want.layers);
+    let shape = |c: &crate::model::Config| {
+        (
+            c.n_layers,
+            c.hidden_size,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+        )
+    };
+    if shape(h) != shape(w) {
+        return Err(format!(
+            "layers, hidden, heads, KV heads, head dim, FFN {:?}, the run wants {:?}",
+            shape(h),
+            shape(w)
+        ));
+    }
+    if have.target_layer_ids != want.target_layer_ids
+        || have.num_target_layers != want.num_target_layers
+    {
+        return Err(format!(
+            "it taps layers {:?} of a {}-layer target, the run {:?} of {}",
+            have.target_layer_ids,
+            have.num_target_layers,
+            want.target_layer_ids,
+            want.num_target_layers
+        ));
+    }
+    if (have.block_size, have.mask_token_id) != (want.block_size, want.mask_token_id) {
+        return Err(format!(
+            "block {} with mask token {}, the run block {} with mask token {}",
+            have.block_size, have.mask_token_id, want.block_size, want.mask_token_id
+        ));
+    }
+    Ok(())
 }
 
 /// The sequence order of `epoch` (a seeded shuffle).
