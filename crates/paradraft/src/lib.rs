@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod generate;
 pub mod kv;
 pub mod model;
+pub mod ngram;
 pub mod runtime;
 pub mod sample;
 pub mod spec;

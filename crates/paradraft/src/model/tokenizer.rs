@@ -264,6 +264,24 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The end-of-sequence token (`eos_text`'s id), if the vocabulary has it.
+    pub fn eos(&self) -> Option<TokenId> {
+        self.inner.token_to_id(&self.eos_text).map(TokenId)
+    }
+
+    /// A 64-bit fingerprint of the vocabulary (every id's token string, in id order): files
+    /// built with one tokenizer (n-gram tables) check it against the model they are used with.
+    pub fn fingerprint(&self) -> u64 {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for id in 0..self.vocab_size() as u32 {
+            let t = self.inner.id_to_token(id).unwrap_or_default();
+            h.update((t.len() as u32).to_le_bytes());
+            h.update(t.as_bytes());
+        }
+        u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+    }
+
     /// Encodes text; special-token strings in it (e.g. `<|im_start|>`) become their ids. A BOS is
     /// prepended when the model asks for one and the text does not already start with it.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
