@@ -8,14 +8,17 @@ use paradraft::drafters::pld::PromptLookup;
 use paradraft::drafters::NoDraft;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
+use paradraft::ngram::NgramTrie;
 use paradraft::sample::SamplingParams;
 use paradraft::spec::sizing::{CostCurve, Sizer};
+use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
 use paradraft::spec::{speculative_generate, Drafter, RoundStats, Speculation};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 
+mod ngram;
 mod train;
 
 #[derive(Parser)]
@@ -44,6 +47,9 @@ enum Cmd {
     /// Train a drafter for the target.
     #[command(subcommand)]
     Train(train::TrainCmd),
+    /// Build, convert and measure n-gram tries (DART's tree pruning).
+    #[command(subcommand)]
+    Ngram(ngram::NgramCmd),
 }
 
 #[derive(Args)]
@@ -187,6 +193,16 @@ enum Method {
     #[value(name = "dflash-sample")]
     #[serde(alias = "dflash-sample")]
     DflashSample,
+    /// DFlash's block searched into a tree with DART's continuity-aware pruning (n-gram
+    /// scored unless --no-ngram); --tree-budget nodes at most.
+    #[value(name = "dflash-tree")]
+    #[serde(alias = "dflash-tree")]
+    DflashTree,
+}
+
+/// Where `paradraft ngram build` puts the SmolLM2 trie by default (see the README).
+fn default_ngram() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/ngram/smollm2-135m.trie")
 }
 
 /// The DFlash drafter trained for SmolLM2-135M-Instruct that ships with the repository.
@@ -219,6 +235,15 @@ struct SpecArgs {
     /// does not pay).
     #[arg(long)]
     fixed_draft: bool,
+    /// Most nodes of a searched draft tree (dflash-tree).
+    #[arg(long, default_value_t = 32)]
+    tree_budget: usize,
+    /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
+    #[arg(long)]
+    ngram: Option<PathBuf>,
+    /// Search trees on the drafter's distributions alone.
+    #[arg(long)]
+    no_ngram: bool,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; overrides the
     /// flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// prompt_lookup_min, prompt_lookup_max.
@@ -236,6 +261,8 @@ struct SpecConfig {
     draft_layers: Option<usize>,
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
+    tree_budget: Option<usize>,
+    ngram: Option<PathBuf>,
 }
 
 impl SpecArgs {
@@ -255,8 +282,32 @@ impl SpecArgs {
             prompt_lookup_max: c.prompt_lookup_max.unwrap_or(self.prompt_lookup_max),
             block_size: c.block_size.or(self.block_size),
             fixed_draft: self.fixed_draft,
+            tree_budget: c.tree_budget.unwrap_or(self.tree_budget),
+            ngram: c.ngram.or(self.ngram.clone()),
+            no_ngram: self.no_ngram,
             speculative_config: None,
         })
+    }
+
+    /// Tree search settings, with the n-gram trie unless --no-ngram.
+    fn tree_drafting(&self, lm: &model::Loaded) -> Result<TreeDrafting> {
+        let ngram = if self.no_ngram {
+            None
+        } else {
+            let path = self.ngram.clone().unwrap_or_else(default_ngram);
+            if !path.exists() && self.ngram.is_none() {
+                bail!(
+                    "no n-gram trie at {}: build it with `paradraft ngram build --corpus FILE.jsonl.gz --out {}` (see the README), or pass --no-ngram",
+                    path.display(),
+                    path.display()
+                );
+            }
+            let t = NgramTrie::open(&path)?;
+            t.check_stamp(paradraft::ngram::stamp_of(&lm.tokenizer), &path)?;
+            Some(std::sync::Arc::new(t))
+        };
+        let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
+        Ok(TreeDrafting::new(TreeSearchParams::default(), ngram, stop))
     }
 
     /// The drafter and the most nodes it may propose per round.
@@ -273,7 +324,7 @@ impl SpecArgs {
         let k = self.num_speculative_tokens;
         Ok(match self.drafter {
             Method::None => None,
-            Method::Dflash | Method::DflashSample => {
+            Method::Dflash | Method::DflashSample | Method::DflashTree => {
                 let dir = self
                     .draft_model
                     .clone()
@@ -284,7 +335,14 @@ impl SpecArgs {
                 if self.drafter == Method::DflashSample {
                     d.draft_sampling = DraftSampling::Sample;
                 }
-                let max = d.block_size - 1;
+                let mut max = d.block_size - 1;
+                if self.drafter == Method::DflashTree {
+                    if self.tree_budget == 0 {
+                        bail!("--tree-budget must be at least 1");
+                    }
+                    d.tree = Some(self.tree_drafting(lm)?);
+                    max = self.tree_budget;
+                }
                 Some((Box::new(d), max))
             }
             Method::Pld => {
@@ -658,6 +716,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             },
             Method::Dflash => "dflash".into(),
             Method::DflashSample => "dflash-sample".into(),
+            Method::DflashTree => "dflash-tree".into(),
             Method::None => unreachable!(),
         };
         methods.push(harness::Method {
@@ -715,6 +774,7 @@ fn main() {
         Cmd::BenchKernels(a) => cmd_bench_kernels(a),
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Train(c) => train::run(c),
+        Cmd::Ngram(c) => ngram::run(c),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -328,7 +328,28 @@ fn sampling_matches_ar_distribution() {
         d.draft_sampling = mode;
         Box::new(d)
     };
+    // DFlash-tree: deterministic searched trees (one-hot q over siblings), n-gram scored.
+    let trie = {
+        let mut b = paradraft::ngram::TrieBuilder::new(3).unwrap();
+        b.add_document(&encode(
+            &lm,
+            "Tell me a story about the sea and the ships on it.",
+            64,
+        ));
+        std::sync::Arc::new(b.finish(paradraft::ngram::stamp_of(&lm.tokenizer)).unwrap())
+    };
+    let dflash_tree = {
+        let m = DflashModel::load(dflash_dir.path()).unwrap();
+        let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
+        d.tree = Some(paradraft::spec::tree_search::TreeDrafting::new(
+            Default::default(),
+            Some(trie),
+            lm.tokenizer.stop_tokens.iter().copied().collect(),
+        ));
+        Box::new(d) as Box<dyn Drafter + '_>
+    };
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
+        ("dflash-tree", dflash_tree),
         ("dflash, greedy drafts", dflash(DraftSampling::Greedy)),
         ("dflash, sampled drafts", dflash(DraftSampling::Sample)),
         (

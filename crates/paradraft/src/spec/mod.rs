@@ -4,6 +4,7 @@
 pub mod decode;
 pub mod sizing;
 pub mod tree;
+pub mod tree_search;
 pub mod verify;
 
 pub use decode::{speculative_generate, RoundStats, SpecGeneration, Speculation};

@@ -7,6 +7,8 @@
 //! - §3.2 one round → [`Dflash`] (this file): one draft pass proposes a chain of B − 1 tokens,
 //!   which the core verifies in one target pass.
 //! - §3.3 training → `crate::train::dflash`.
+//! - DFlash-tree (a hybrid): the block's per-slot distributions searched into a tree with
+//!   DART's continuity-aware pruning (`crate::spec::tree_search`), optionally n-gram scored.
 //!
 //! The embedding and LM head are the target's, frozen and shared. The mask slots use a frozen
 //! target embedding row (`dflash_config.mask_token_id`), as the published Qwen3 drafters do.
@@ -23,6 +25,7 @@ use crate::model::Model;
 use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts, Matrix};
 use crate::sample::{Sampler, SamplingParams};
+use crate::spec::tree_search::TreeDrafting;
 use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 
@@ -47,6 +50,9 @@ pub struct Dflash<'t> {
     pub block_size: usize,
     sampler: Sampler,
     pub draft_sampling: DraftSampling,
+    /// Draft a searched tree instead of the block's argmax chain (deterministic drafts, so
+    /// verified with one-hot q at any temperature).
+    pub tree: Option<TreeDrafting>,
     x: Vec<f32>,
     hidden: Vec<f32>,
     logits: Vec<f32>,
@@ -87,6 +93,7 @@ impl<'t> Dflash<'t> {
                 ..sampling
             })?,
             draft_sampling: DraftSampling::Greedy,
+            tree: None,
             x: vec![],
             hidden: vec![],
             logits: vec![],
@@ -118,7 +125,11 @@ impl<'t> Dflash<'t> {
 
 impl Drafter for Dflash<'_> {
     fn name(&self) -> &str {
-        "dflash"
+        if self.tree.is_some() {
+            "dflash-tree"
+        } else {
+            "dflash"
+        }
     }
 
     fn taps(&self) -> &[usize] {
@@ -168,6 +179,13 @@ impl Drafter for Dflash<'_> {
         self.logits.resize((b - 1) * v, 0.0);
         prep_acts(&mut self.qa, &[head], rows, false);
         head.matmul(rows, &self.qa, &mut self.logits);
+        if let Some(td) = &mut self.tree {
+            let d2t = &self.model.draft_to_target;
+            let to_target = |i: usize| d2t.as_ref().map_or(TokenId(i as u32), |m| TokenId(m[i]));
+            return Ok(td
+                .draft(&self.logits, v, to_target, committed, max_nodes)?
+                .tree);
+        }
         let mut tree = DraftTree::new();
         let mut parent = None;
         let sample =
