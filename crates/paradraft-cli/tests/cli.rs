@@ -397,8 +397,9 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
     std::fs::write(&prompts, lines.join("\n")).unwrap();
     let out = dir.path().join("b");
     let p = prompts.to_str().unwrap();
-    let small = |steps: &'static str| {
-        let args = [
+    // A tiny run's options, then `extra`.
+    let tiny_run = |dir: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
             "--prompts",
             p,
             "--samples",
@@ -411,15 +412,13 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
             "2",
             "--batch-seqs",
             "2",
-            "--block-size",
-            "4",
             "--until",
             "train",
-            "--max-steps",
-            steps,
         ];
-        train(&m, &out, &args)
+        args.extend_from_slice(extra);
+        train(&m, dir, &args)
     };
+    let small = |steps: &'static str| tiny_run(&out, &["--block-size", "4", "--max-steps", steps]);
     let r = small("1");
     assert_eq!(
         r.status.code(),
@@ -441,30 +440,7 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
     let drafter = out.join("drafter");
     let d = drafter.to_str().unwrap();
     let c = dir.path().join("c");
-    let r = train(
-        &m,
-        &c,
-        &[
-            "--prompts",
-            p,
-            "--samples",
-            "4",
-            "--max-new-tokens",
-            "12",
-            "--draft-vocab",
-            "0",
-            "--anchors",
-            "2",
-            "--batch-seqs",
-            "2",
-            "--until",
-            "train",
-            "--max-steps",
-            "1",
-            "--init-from",
-            d,
-        ],
-    );
+    let r = tiny_run(&c, &["--max-steps", "1", "--init-from", d]);
     assert_eq!(
         r.status.code(),
         Some(0),
