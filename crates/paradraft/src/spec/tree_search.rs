@@ -57,14 +57,27 @@ impl Level {
     /// The top `k` of a logits row (over a possibly reduced vocabulary, mapped to target ids by
     /// `to_target`), softmax-renormalised among themselves at temperature 1.
     pub fn from_logits(row: &[f32], k: usize, to_target: impl Fn(usize) -> TokenId) -> Level {
+        Self::from_logits_in(row, k, to_target, &mut vec![])
+    }
+
+    /// [`Level::from_logits`] with a reusable index buffer (the drafting hot path).
+    pub fn from_logits_in(
+        row: &[f32],
+        k: usize,
+        to_target: impl Fn(usize) -> TokenId,
+        idx: &mut Vec<u32>,
+    ) -> Level {
         let k = k.min(row.len());
-        let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-        let by_logit = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]);
+        idx.clear();
+        idx.extend(0..row.len() as u32);
+        // Higher logit first, ties to the lower id (a deterministic top-k).
+        let by_logit =
+            |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
         if k < idx.len() && k > 0 {
             idx.select_nth_unstable_by(k - 1, by_logit);
         }
         idx.truncate(k);
-        idx.sort_by(|a, b| by_logit(a, b).then(a.cmp(b)));
+        idx.sort_by(by_logit);
         let max = idx.first().map_or(0.0, |&i| row[i as usize]);
         let mut probs: Vec<f32> = idx.iter().map(|&i| (row[i as usize] - max).exp()).collect();
         let z: f32 = probs.iter().sum();
@@ -230,6 +243,7 @@ pub struct TreeDrafting {
     pub stop: Vec<TokenId>,
     search: TreeSearch,
     levels: Vec<Level>,
+    idx: Vec<u32>,
 }
 
 impl TreeDrafting {
@@ -244,6 +258,7 @@ impl TreeDrafting {
             stop,
             search: TreeSearch::default(),
             levels: vec![],
+            idx: vec![],
         }
     }
 
@@ -261,8 +276,12 @@ impl TreeDrafting {
         self.levels.clear();
         for d in 0..depths.min(budget) {
             let row = &logits[d * vocab..(d + 1) * vocab];
-            self.levels
-                .push(Level::from_logits(row, self.params.top_k, &to_target));
+            self.levels.push(Level::from_logits_in(
+                row,
+                self.params.top_k,
+                &to_target,
+                &mut self.idx,
+            ));
         }
         let stop = &self.stop;
         self.search.search(

@@ -114,13 +114,6 @@ impl<'t> Dflash<'t> {
         self.model
             .add_context(&mut self.kv, hidden.rows, &self.positions, &mut self.s)
     }
-
-    fn target_id(&self, draft_id: usize) -> TokenId {
-        match &self.model.draft_to_target {
-            Some(ids) => TokenId(ids[draft_id]),
-            None => TokenId(draft_id as u32),
-        }
-    }
 }
 
 impl Drafter for Dflash<'_> {
@@ -180,10 +173,9 @@ impl Drafter for Dflash<'_> {
         prep_acts(&mut self.qa, &[head], rows, false);
         head.matmul(rows, &self.qa, &mut self.logits);
         if let Some(td) = &mut self.tree {
-            let d2t = &self.model.draft_to_target;
-            let to_target = |i: usize| d2t.as_ref().map_or(TokenId(i as u32), |m| TokenId(m[i]));
+            let m = &self.model;
             return Ok(td
-                .draft(&self.logits, v, to_target, committed, max_nodes)?
+                .draft(&self.logits, v, |i| m.target_id(i), committed, max_nodes)?
                 .tree);
         }
         let mut tree = DraftTree::new();
@@ -195,11 +187,14 @@ impl Drafter for Dflash<'_> {
             let (tok, q) = if sample {
                 let mut q = self.sampler.dist(row);
                 for e in q.entries.iter_mut() {
-                    e.0 = self.target_id(e.0.idx());
+                    e.0 = self.model.target_id(e.0.idx());
                 }
                 (self.sampler.draw(&q), Some(q))
             } else {
-                (self.target_id(crate::runtime::ops::argmax(row).idx()), None)
+                (
+                    self.model.target_id(crate::runtime::ops::argmax(row).idx()),
+                    None,
+                )
             };
             parent = Some(tree.push(parent, tok, q)?);
         }

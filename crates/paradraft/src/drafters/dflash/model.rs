@@ -9,7 +9,7 @@ use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::quant::{prep_acts, sized, Matrix};
-use crate::types::Pos;
+use crate::types::{Pos, TokenId};
 use std::path::Path;
 
 pub struct DflashModel {
@@ -69,6 +69,14 @@ pub fn draft_to_target(config: &DflashConfig, src: &SafetensorsSource) -> Result
 }
 
 impl DflashModel {
+    /// The target token of a draft-vocabulary id.
+    pub fn target_id(&self, draft_id: usize) -> TokenId {
+        match &self.draft_to_target {
+            Some(ids) => TokenId(ids[draft_id]),
+            None => TokenId(draft_id as u32),
+        }
+    }
+
     /// Loads `config.json` + `model.safetensors` from a drafter directory, with Q8_0 weights
     /// (the int8 kernels; see [`DflashModel::load_with`]).
     pub fn load(dir: &Path) -> Result<Self> {
