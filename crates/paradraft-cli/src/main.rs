@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use paradraft::drafters::dart::{Dart, DartModel};
 use paradraft::drafters::dflash::{Dflash, DflashModel, DraftSampling};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::pld::PromptLookup;
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 
 mod ngram;
 mod train;
+mod train_dart;
 
 #[derive(Parser)]
 #[command(
@@ -198,11 +200,20 @@ enum Method {
     #[value(name = "dflash-tree")]
     #[serde(alias = "dflash-tree")]
     DflashTree,
+    /// DART: a one-layer parallel drafter (the committed SmolLM2 drafter unless --draft-model)
+    /// whose per-depth distributions are searched into an n-gram-pruned tree (--no-ngram:
+    /// without the trie); --tree-budget nodes at most.
+    Dart,
 }
 
 /// Where `paradraft ngram build` puts the SmolLM2 trie by default (see the README).
 fn default_ngram() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/ngram/smollm2-135m.trie")
+}
+
+/// The DART drafter trained for SmolLM2-135M-Instruct that ships with the repository.
+fn default_dart_drafter() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dart")
 }
 
 /// The DFlash drafter trained for SmolLM2-135M-Instruct that ships with the repository.
@@ -235,7 +246,7 @@ struct SpecArgs {
     /// does not pay).
     #[arg(long)]
     fixed_draft: bool,
-    /// Most nodes of a searched draft tree (dflash-tree).
+    /// Most nodes of a searched draft tree (dflash-tree, dart).
     #[arg(long, default_value_t = 32)]
     tree_budget: usize,
     /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
@@ -290,7 +301,13 @@ impl SpecArgs {
     }
 
     /// Tree search settings, with the n-gram trie unless --no-ngram.
-    fn tree_drafting(&self, lm: &model::Loaded) -> Result<TreeDrafting> {
+    fn tree_drafting(&self, lm: &model::Loaded, ctx: usize) -> Result<TreeDrafting> {
+        if self.tree_budget == 0 || self.tree_budget >= ctx {
+            bail!(
+                "--tree-budget {} must be between 1 and the context ({ctx} tokens) minus one",
+                self.tree_budget
+            );
+        }
         let ngram = if self.no_ngram {
             None
         } else {
@@ -337,13 +354,22 @@ impl SpecArgs {
                 }
                 let mut max = d.block_size - 1;
                 if self.drafter == Method::DflashTree {
-                    if self.tree_budget == 0 {
-                        bail!("--tree-budget must be at least 1");
-                    }
-                    d.tree = Some(self.tree_drafting(lm)?);
+                    d.tree = Some(self.tree_drafting(lm, ctx)?);
                     max = self.tree_budget;
                 }
                 Some((Box::new(d), max))
+            }
+            Method::Dart => {
+                let dir = self
+                    .draft_model
+                    .clone()
+                    .unwrap_or_else(default_dart_drafter);
+                let (m, head) = DartModel::load(&dir, true)
+                    .with_context(|| format!("loading DART drafter {}", dir.display()))?;
+                let tree = self.tree_drafting(lm, ctx)?;
+                let masks = self.block_size.map(|b| b.saturating_sub(1));
+                let d = Dart::new(m, head, &lm.model, ctx, masks, tree)?;
+                Some((Box::new(d), self.tree_budget))
             }
             Method::Pld => {
                 if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
@@ -717,6 +743,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             Method::Dflash => "dflash".into(),
             Method::DflashSample => "dflash-sample".into(),
             Method::DflashTree => "dflash-tree".into(),
+            Method::Dart => "dart".into(),
             Method::None => unreachable!(),
         };
         methods.push(harness::Method {

@@ -6,9 +6,9 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use paradraft::drafters::dflash::{default_target_layers, DflashConfig};
+use paradraft::drafters::vocab::DraftVocab;
 use paradraft::model::Arch;
 use paradraft::train::data::{distill, read_prompts, DistillParams};
-use paradraft::train::dflash::batch::Vocab;
 use paradraft::train::dflash::{bench, evaluate, export, train, Data, TrainParams};
 use paradraft::train::features;
 use std::path::PathBuf;
@@ -17,10 +17,14 @@ use std::path::PathBuf;
 pub enum TrainCmd {
     /// Train a DFlash block-diffusion drafter for the target (DFlash paper §4).
     Dflash(DflashArgs),
+    /// Train a DART one-layer parallel drafter for the target (DART paper §3.4, App. B).
+    Dart(crate::train_dart::DartArgs),
 }
 
+/// What every drafter trainer shares: the target, the working directory, self-distillation,
+/// the held-out split and the draft vocabulary.
 #[derive(Args)]
-pub struct DflashArgs {
+pub struct DataArgs {
     #[command(flatten)]
     pub m: ModelArgs,
     /// Working directory: samples.bin, features, checkpoints, log, and the exported drafter.
@@ -41,6 +45,25 @@ pub struct DflashArgs {
     /// Stop after this stage.
     #[arg(long, value_enum)]
     pub until: Option<Stage>,
+    /// Reduced draft vocabulary: the N most frequent response tokens (0: the full vocabulary).
+    #[arg(long, default_value_t = 8192)]
+    pub draft_vocab: usize,
+    /// Prompts (JSON Lines with "prompt") to leave out of the held-out evaluation, e.g. the
+    /// prompts a drafter given to --init-from or --evaluate was trained on.
+    #[arg(long)]
+    pub eval_exclude: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where the drafter trains: cpu, cuda or cuda:N (a CUDA device needs a `--features cuda`
+    /// build); batches and target features are made on the CPU and copied there.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+#[derive(Args)]
+pub struct DflashArgs {
+    #[command(flatten)]
+    pub d: DataArgs,
     /// Draft decoder layers.
     #[arg(long, default_value_t = 1)]
     pub draft_layers: usize,
@@ -52,9 +75,6 @@ pub struct DflashArgs {
     pub target_layers: Option<Vec<usize>>,
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// Reduced draft vocabulary: the N most frequent response tokens (0: the full vocabulary).
-    #[arg(long, default_value_t = 8192)]
-    pub draft_vocab: usize,
     /// Target embedding row for the mask slots (default: the lowest id absent from the data).
     #[arg(long)]
     pub mask_token_id: Option<u32>,
@@ -75,12 +95,6 @@ pub struct DflashArgs {
     /// added to the cross-entropy of the target's token (0: cross-entropy only).
     #[arg(long, default_value_t = 0.0)]
     pub kl_weight: f64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Where the drafter trains: cpu, cuda or cuda:N (a CUDA device needs a `--features cuda`
-    /// build); batches and target features are made on the CPU and copied there.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
     /// Initialise the draft layers from the target's last layers instead of random weights.
     #[arg(long)]
     pub init_from_target: bool,
@@ -89,10 +103,6 @@ pub struct DflashArgs {
     /// run's own.
     #[arg(long)]
     pub init_from: Option<PathBuf>,
-    /// Prompts (JSON Lines with "prompt") to leave out of the held-out evaluation, e.g. the
-    /// prompts a drafter given to --init-from or --evaluate was trained on.
-    #[arg(long)]
-    pub eval_exclude: Option<PathBuf>,
     /// Evaluate this exported drafter on this run's held-out samples (the same split as the
     /// run's own evaluation) and exit instead of training.
     #[arg(long)]
@@ -150,39 +160,34 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
     keep_freed_memory();
     match cmd {
         TrainCmd::Dflash(a) => dflash(a),
+        TrainCmd::Dart(a) => crate::train_dart::run(a),
     }
 }
 
-fn dflash(a: DflashArgs) -> Result<()> {
-    // A device that is not there is refused before anything is written.
-    let device = paradraft::train::dflash::device(&a.device)?;
-    if a.init_from.is_some() && a.init_from_target {
-        bail!("--init-from and --init-from-target exclude each other");
-    }
+/// The self-distilled data of a run, its split and its draft vocabulary.
+pub struct Prepared {
+    pub lm: paradraft::model::Loaded,
+    pub samples: Vec<paradraft::train::data::Sample>,
+    pub train_idx: Vec<usize>,
+    pub eval_idx: Vec<usize>,
+    pub vocab: DraftVocab,
+}
+
+/// Self-distillation (capturing the `stored` taps as it generates), the held-out split (the
+/// last 5 %, minus --eval-exclude prompts) and the draft vocabulary. `None` after
+/// `--until data`. `taps_for(target)` names the layers to store.
+pub fn prepare(
+    a: &DataArgs,
+    taps_for: impl FnOnce(&paradraft::model::Model) -> Result<Vec<usize>>,
+) -> Result<Option<(Prepared, Vec<usize>)>> {
     std::fs::create_dir_all(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let prompts = read_prompts(&a.prompts)?;
+    let stored = taps_for(&lm.model)?;
     let tc = &lm.model.config;
-    // A drafter to fine-tune fixes the shape of the run.
-    let init = match &a.init_from {
-        Some(dir) => Some(DflashConfig::load(dir)?),
-        None => None,
-    };
-    let taps = match (&init, &a.target_layers) {
-        (Some(c), _) => c.target_layer_ids.clone(),
-        (None, Some(t)) => t.clone(),
-        (None, None) => default_target_layers(tc.n_layers, a.num_features),
-    };
-    let (draft_layers, block_size) = match &init {
-        Some(c) => (c.layers.n_layers, c.block_size),
-        None => (a.draft_layers, a.block_size),
-    };
-    if let Some(&t) = taps.iter().find(|&&t| t >= tc.n_layers) {
+    if let Some(&t) = stored.iter().find(|&&t| t >= tc.n_layers) {
         bail!("target layer {t} does not exist ({} layers)", tc.n_layers);
     }
-    // The cache also keeps the target's last layer: the distillation loss scores it with the
-    // target's head to get the target's distribution at every position.
-    let stored = stored_taps(&taps, tc.n_layers);
     let pb = bar(a.samples, "self-distillation");
     let t0 = std::time::Instant::now();
     let mut first = None;
@@ -232,11 +237,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
     }
     eprintln!("{} samples, {toks} tokens", samples.len());
     if a.until == Some(Stage::Data) {
-        return Ok(());
-    }
-    let target = &lm.model;
-    if block_size < 2 || draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
-        bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
+        return Ok(None);
     }
     // Held-out split: the last 5 % of the samples (at least one).
     let n_eval = (samples.len() / 20)
@@ -264,10 +265,10 @@ fn dflash(a: DflashArgs) -> Result<()> {
         }
     }
     let vocab = if a.draft_vocab == 0 || a.draft_vocab >= tc.vocab_size {
-        Vocab::full(tc.vocab_size)
+        DraftVocab::full(tc.vocab_size)
     } else {
         let train_samples: Vec<_> = train_idx.iter().map(|&i| samples[i].clone()).collect();
-        Vocab::most_frequent(&train_samples, tc.vocab_size, a.draft_vocab)
+        DraftVocab::most_frequent(&train_samples, tc.vocab_size, a.draft_vocab)
     };
     let held: Vec<_> = eval_idx.iter().map(|&i| samples[i].clone()).collect();
     eprintln!(
@@ -275,6 +276,77 @@ fn dflash(a: DflashArgs) -> Result<()> {
         vocab.len(),
         100.0 * vocab.coverage(&held)
     );
+    Ok(Some((
+        Prepared {
+            lm,
+            samples,
+            train_idx,
+            eval_idx,
+            vocab,
+        },
+        stored,
+    )))
+}
+
+/// The feature cache of `stored` taps for the prepared samples (computed where missing); its
+/// first `ctx_width` floats per row are the drafter's context.
+pub fn feature_cache(
+    a: &DataArgs,
+    prep: &Prepared,
+    stored: &[usize],
+    ctx_width: usize,
+) -> Result<features::FeatureCache> {
+    let fpath = features::cache_path(&a.out, stored);
+    let pb = bar(prep.samples.len(), "target features");
+    let feats = features::build(&prep.lm.model, &prep.samples, stored, &fpath, |d, _| {
+        pb.set_position(d as u64)
+    })?
+    .with_context_width(ctx_width);
+    pb.finish();
+    Ok(feats)
+}
+
+fn dflash(a: DflashArgs) -> Result<()> {
+    // A device that is not there is refused before anything is written.
+    let device = paradraft::train::dflash::device(&a.d.device)?;
+    if a.init_from.is_some() && a.init_from_target {
+        bail!("--init-from and --init-from-target exclude each other");
+    }
+    // A drafter to fine-tune fixes the shape of the run.
+    let init = match &a.init_from {
+        Some(dir) => Some(DflashConfig::load(dir)?),
+        None => None,
+    };
+    let mut taps = vec![];
+    let Some((prep, stored)) = prepare(&a.d, |m| {
+        taps = match (&init, &a.target_layers) {
+            (Some(c), _) => c.target_layer_ids.clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => default_target_layers(m.config.n_layers, a.num_features),
+        };
+        // The cache also keeps the target's last layer: the distillation loss scores it
+        // with the target's head to get the target's distribution at every position.
+        Ok(stored_taps(&taps, m.config.n_layers))
+    })?
+    else {
+        return Ok(());
+    };
+    let Prepared {
+        lm,
+        samples,
+        train_idx,
+        eval_idx,
+        vocab,
+    } = &prep;
+    let tc = &lm.model.config;
+    let (draft_layers, block_size) = match &init {
+        Some(c) => (c.layers.n_layers, c.block_size),
+        None => (a.draft_layers, a.block_size),
+    };
+    let target = &lm.model;
+    if block_size < 2 || draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
+        bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
+    }
     let mask = match init.as_ref().map(|c| c.mask_token_id).or(a.mask_token_id) {
         Some(m) if (m as usize) < tc.vocab_size => m,
         Some(m) => bail!("--mask-token-id {m} is outside the vocabulary"),
@@ -289,7 +361,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
             {
                 seen[t.idx()] = true;
             }
-            for s in &samples {
+            for s in samples {
                 for t in &s.tokens {
                     seen[t.idx()] = true;
                 }
@@ -317,22 +389,16 @@ fn dflash(a: DflashArgs) -> Result<()> {
             .unwrap_or_default()
     );
 
-    let fpath = features::cache_path(&a.out, &stored);
-    let pb = bar(samples.len(), "target features");
-    let feats = features::build(target, &samples, &stored, &fpath, |d, _| {
-        pb.set_position(d as u64)
-    })?
-    .with_context_width(taps.len() * tc.hidden_size);
-    pb.finish();
-    if a.until == Some(Stage::Features) {
+    let feats = feature_cache(&a.d, &prep, &stored, taps.len() * tc.hidden_size)?;
+    if a.d.until == Some(Stage::Features) {
         return Ok(());
     }
     let data = Data {
         target,
-        samples: &samples,
+        samples,
         features: &feats,
-        train: train_idx,
-        vocab: &vocab,
+        train: train_idx.clone(),
+        vocab,
         device,
     };
     let p = TrainParams {
@@ -350,7 +416,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
             vec![]
         },
         init_from: a.init_from.clone(),
-        seed: a.seed,
+        seed: a.d.seed,
         ..TrainParams::default()
     };
     if let Some(dir) = &a.evaluate {
@@ -366,7 +432,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
             vocab: &vocab,
             ..data
         };
-        let evals = held_out(&net, &data, &eval_idx, &dir.display().to_string())?;
+        let evals = held_out(&net, &data, eval_idx, &dir.display().to_string())?;
         println!("{}", serde_json::to_string_pretty(&evals)?);
         return Ok(());
     }
@@ -380,39 +446,32 @@ fn dflash(a: DflashArgs) -> Result<()> {
         return Ok(());
     }
     std::fs::write(
-        a.out.join("train_params.json"),
+        a.d.out.join("train_params.json"),
         serde_json::to_string_pretty(
             &serde_json::json!({"params": p, "config": config.to_json()}),
         )?,
     )?;
-    let net = train(&config, &data, &p, &a.out, |l| {
-        if l.step % 10 == 0 || l.step == 1 {
-            eprintln!(
-                "step {} epoch {} loss {:.4} acc1 {:.3} lr {:.2e} |g| {:.2} {:.2}s/step elapsed {:.0}s",
-                l.step, l.epoch, l.loss, l.acc1, l.lr, l.grad_norm, l.secs, l.elapsed_s
-            );
-        }
-    })?;
-    let log = paradraft::train::plot::read_log(&a.out.join("train_log.jsonl"))?;
+    let net = train(&config, &data, &p, &a.d.out, print_step)?;
+    let log = paradraft::train::plot::read_log(&a.d.out.join("train_log.jsonl"))?;
     paradraft::train::plot::loss_svg(
         &log,
         &format!(
             "DFlash drafter for {}: {} layer(s), block {}",
-            target_name(&a),
+            target_name(&a.d),
             draft_layers,
             block_size
         ),
-        &a.out.join("loss.svg"),
+        &a.d.out.join("loss.svg"),
     )?;
-    let dir = a.export.clone().unwrap_or_else(|| a.out.join("drafter"));
-    export(&net, &vocab, tc.vocab_size, &dir, candle_core::DType::F16)?;
+    let dir = a.export.clone().unwrap_or_else(|| a.d.out.join("drafter"));
+    export(&net, vocab, tc.vocab_size, &dir, candle_core::DType::F16)?;
     eprintln!("drafter written to {}", dir.display());
-    if a.until == Some(Stage::Train) {
+    if a.d.until == Some(Stage::Train) {
         return Ok(());
     }
-    let evals = held_out(&net, &data, &eval_idx, "drafter")?;
+    let evals = held_out(&net, &data, eval_idx, "drafter")?;
     std::fs::write(
-        a.out.join("eval.json"),
+        a.d.out.join("eval.json"),
         serde_json::to_string_pretty(&evals)?,
     )?;
     Ok(())
@@ -424,7 +483,7 @@ fn held_out(
     data: &Data,
     eval_idx: &[usize],
     what: &str,
-) -> Result<Vec<paradraft::train::dflash::Eval>> {
+) -> Result<Vec<paradraft::train::run::Eval>> {
     let b = net.config.block_size;
     let mut evals = vec![];
     for block in [b, 8.min(b)] {
@@ -443,7 +502,17 @@ fn held_out(
     Ok(evals)
 }
 
-fn target_name(a: &DflashArgs) -> String {
+/// Prints every tenth training step (and the first).
+pub fn print_step(l: &paradraft::train::run::LogLine) {
+    if l.step.is_multiple_of(10) || l.step == 1 {
+        eprintln!(
+            "step {} epoch {} loss {:.4} acc1 {:.3} lr {:.2e} |g| {:.2} {:.2}s/step elapsed {:.0}s",
+            l.step, l.epoch, l.loss, l.acc1, l.lr, l.grad_norm, l.secs, l.elapsed_s
+        );
+    }
+}
+
+pub fn target_name(a: &DataArgs) -> String {
     a.m.model
         .as_ref()
         .and_then(|p| p.file_name())

@@ -8,12 +8,13 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::load_tiny;
 use paradraft::drafters::dflash::{Dflash, DflashConfig, DflashModel, DraftSampling};
+use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::kv::KvCache;
 use paradraft::model::{Loaded, Logits, OutputSpec, Rows};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::{speculative_generate, Speculation};
-use paradraft::train::dflash::batch::{Labeled, Vocab};
+use paradraft::train::dflash::batch::Labeled;
 use paradraft::train::dflash::net::{self, FrozenHead, Net};
 use paradraft::train::dflash::{export, frozen_head, loss};
 use paradraft::types::{Pos, TokenId};
@@ -138,7 +139,7 @@ fn training_graph_matches_the_inference_runtime() {
         let cfg = config(&lm, 2);
         let net = Net::init(cfg.clone(), 7).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let vocab = Vocab::full(lm.model.config.vocab_size);
+        let vocab = DraftVocab::full(lm.model.config.vocab_size);
         export(
             &net,
             &vocab,
@@ -189,7 +190,7 @@ fn training_setup(
     let lm = load_tiny("qwen3");
     let cfg = config(&lm, layers);
     let net = Net::init(cfg.clone(), seed).unwrap();
-    let vocab = Vocab::full(lm.model.config.vocab_size);
+    let vocab = DraftVocab::full(lm.model.config.vocab_size);
     let head = frozen_head(&lm.model, &vocab).unwrap();
     let toks = tokens(32, lm.model.config.vocab_size);
     let feats = features(&lm, &toks);
@@ -399,7 +400,7 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
         .fold(0f32, f32::max);
     assert!(worst < 1e-3, "{worst}");
     // Vocabulary without token toks[12]: its label gets weight 0.
-    let vocab = Vocab::from_d2t((0..n as u32).filter(|&i| i != toks[12].0).collect(), n);
+    let vocab = DraftVocab::from_d2t((0..n as u32).filter(|&i| i != toks[12].0).collect(), n);
     let lb = build(
         &lm.model,
         &samples,
@@ -453,7 +454,7 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let p = features::cache_path(dir.path(), &TAPS);
     let fc = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {}).unwrap();
-    let vocab = Vocab::most_frequent(&samples, n, 100);
+    let vocab = DraftVocab::most_frequent(&samples, n, 100);
     let data = Data {
         target: &lm.model,
         samples: &samples,
@@ -638,7 +639,7 @@ fn distillation_loss_matches_the_targets_distribution() {
         .unwrap()
         .with_context_width(TAPS.len() * h);
     // A reduced vocabulary: the distribution is renormalised over it.
-    let vocab = Vocab::from_d2t((0..n as u32).filter(|i| i % 4 != 3).collect(), n);
+    let vocab = DraftVocab::from_d2t((0..n as u32).filter(|i| i % 4 != 3).collect(), n);
     let anchors = vec![9, 17];
     let lb = build(
         &lm.model,

@@ -343,12 +343,26 @@ fn sampling_matches_ar_distribution() {
         let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
         d.tree = Some(paradraft::spec::tree_search::TreeDrafting::new(
             Default::default(),
-            Some(trie),
+            Some(trie.clone()),
             lm.tokenizer.stop_tokens.iter().copied().collect(),
         ));
         Box::new(d) as Box<dyn Drafter + '_>
     };
+    let dflash_trie = Some(trie);
+    // DART: deterministic searched trees over its shifted slots, n-gram scored.
+    let dart_dir = common::tiny_dart_dir(&lm, 3, 5);
+    let dart = {
+        let (m, head) = paradraft::drafters::dart::DartModel::load(dart_dir.path(), true).unwrap();
+        let td = paradraft::spec::tree_search::TreeDrafting::new(
+            Default::default(),
+            dflash_trie.clone(),
+            lm.tokenizer.stop_tokens.iter().copied().collect(),
+        );
+        let d = paradraft::drafters::dart::Dart::new(m, head, &lm.model, 128, None, td).unwrap();
+        Box::new(d) as Box<dyn Drafter + '_>
+    };
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
+        ("dart", dart),
         ("dflash-tree", dflash_tree),
         ("dflash, greedy drafts", dflash(DraftSampling::Greedy)),
         ("dflash, sampled drafts", dflash(DraftSampling::Sample)),

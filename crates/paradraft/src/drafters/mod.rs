@@ -1,10 +1,13 @@
 //! Drafters, one module per method. Baselines: prompt lookup ([`pld`]) and replayed trees
 //! ([`replay`], for tests).
 
+pub mod dart;
 pub mod dflash;
 pub mod draft_model;
+pub mod parts;
 pub mod pld;
 pub mod replay;
+pub mod vocab;
 
 use crate::error::Result;
 use crate::spec::{DraftTree, Drafter, Hidden, Outcome};

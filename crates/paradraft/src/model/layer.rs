@@ -78,6 +78,18 @@ impl Layer {
         qk_norm: bool,
         name: impl Fn(&str) -> String,
     ) -> Result<Layer> {
+        Self::load_wide(src, c, qk_norm, c.hidden_size, name)
+    }
+
+    /// As [`Layer::load`], with q/k/v projections over inputs of `in_width` floats (EAGLE-3 /
+    /// DART layers attend over `[embedding ; fused features]`, twice the hidden size).
+    pub(crate) fn load_wide(
+        src: &dyn TensorSource,
+        c: &Config,
+        qk_norm: bool,
+        in_width: usize,
+        name: impl Fn(&str) -> String,
+    ) -> Result<Layer> {
         let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let n = |s: &str| name(s);
@@ -86,9 +98,9 @@ impl Layer {
         };
         Ok(Layer {
             attn_norm: src.vector(&n("attn_norm.weight"), h)?,
-            wq: src.matrix(&n("attn_q.weight"), qd, h)?,
-            wk: src.matrix(&n("attn_k.weight"), kvd, h)?,
-            wv: src.matrix(&n("attn_v.weight"), kvd, h)?,
+            wq: src.matrix(&n("attn_q.weight"), qd, in_width)?,
+            wk: src.matrix(&n("attn_k.weight"), kvd, in_width)?,
+            wv: src.matrix(&n("attn_v.weight"), kvd, in_width)?,
             wo: src.matrix(&n("attn_output.weight"), h, qd)?,
             bq: src.opt_vector(&n("attn_q.bias"), qd)?,
             bk: src.opt_vector(&n("attn_k.bias"), kvd)?,
@@ -152,6 +164,11 @@ impl Layer {
         out
     }
 
+    /// The attention input norm (`input_layernorm`).
+    pub(crate) fn attn_norm(&self) -> &[f32] {
+        &self.attn_norm
+    }
+
     /// The weight matrices (to convert their storage).
     pub(crate) fn matrices_mut(&mut self) -> [&mut Matrix; 7] {
         [
@@ -195,15 +212,37 @@ impl Layer {
         s: &mut LayerScratch,
         exact: bool,
     ) {
+        self.attend(c, li, seqs, s, exact, None);
+        self.mlp(c, s, exact);
+    }
+
+    /// The attention half of [`Layer::forward`]: attention over the rows' input (the input
+    /// norm of `s.x`, or `input` — rows of the q/k/v projections' width — when given) is
+    /// added to `s.x`.
+    pub(crate) fn attend(
+        &self,
+        c: &Config,
+        li: usize,
+        seqs: &mut [SeqAttn],
+        s: &mut LayerScratch,
+        exact: bool,
+        input: Option<&[f32]>,
+    ) {
         let n: usize = seqs.iter().map(|q| q.shape.n_new).sum();
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (h, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let half = hd / 2;
-        let xn = sized(&mut s.xn, n * h);
-        let x = &s.x;
-        par_rows(xn, h, |r, o| {
-            ops::rms_norm(&x[r.start * h..r.end * h], &self.attn_norm, c.rms_eps, o)
-        });
+        let xn: &[f32] = match input {
+            Some(u) => u,
+            None => {
+                let xn = sized(&mut s.xn, n * h);
+                let x = &s.x;
+                par_rows(xn, h, |r, o| {
+                    ops::rms_norm(&x[r.start * h..r.end * h], &self.attn_norm, c.rms_eps, o)
+                });
+                xn
+            }
+        };
         let rope = &s.rope;
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
@@ -280,16 +319,20 @@ impl Layer {
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);
+        let proj = &*proj;
+        par_rows(&mut s.x, h, |r, xr| {
+            ops::add_inplace(xr, &proj[r.start * h..r.end * h])
+        });
+    }
 
-        // Residual add fused with the MLP's input norm, per token.
+    /// The MLP half of [`Layer::forward`] over every row of `s.x` (added to it).
+    pub(crate) fn mlp(&self, c: &Config, s: &mut LayerScratch, exact: bool) {
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let n = s.x.len() / h;
         let xn = sized(&mut s.xn, n * h);
-        let (xp, proj) = (SendPtr(s.x.as_mut_ptr()), &*proj);
+        let x = &s.x;
         par_rows(xn, h, |r, o| {
-            // SAFETY: rows r of the residual stream belong to this range alone.
-            let xr =
-                unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start * h), r.len() * h) };
-            ops::add_inplace(xr, &proj[r.start * h..r.end * h]);
-            ops::rms_norm(xr, &self.ffn_norm, c.rms_eps, o)
+            ops::rms_norm(&x[r.start * h..r.end * h], &self.ffn_norm, c.rms_eps, o)
         });
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);

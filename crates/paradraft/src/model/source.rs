@@ -54,6 +54,15 @@ pub trait TensorSource {
         Ok(v)
     }
 
+    /// Any float tensor of shape `shape`, dequantized, flattened.
+    fn f32_tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.check_shape(name, shape)?;
+        let (ty, bytes) = self.raw(name).ok_or_else(|| self.missing(name))?;
+        let mut v = vec![0f32; shape.iter().product()];
+        dequantize(ty, bytes, &mut v);
+        Ok(v)
+    }
+
     fn opt_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>> {
         if self.has(name) {
             self.vector(name, len).map(Some)
@@ -90,8 +99,8 @@ pub struct SafetensorsSource {
     dir: PathBuf,
     maps: Vec<Mmap>,
     entries: HashMap<String, StEntry>,
-    /// Integer tensors: (file, is I64, start, end).
-    ints: HashMap<String, (usize, bool, usize, usize)>,
+    /// Integer tensors: (file, bytes per element, start, end).
+    ints: HashMap<String, (usize, usize, usize, usize)>,
 }
 
 impl SafetensorsSource {
@@ -157,19 +166,15 @@ impl SafetensorsSource {
                 if base + e > map.len() {
                     return Err(bad(format!("tensor {name} ends past the end of the file")));
                 }
-                if matches!(
-                    info.dtype,
-                    safetensors::Dtype::I64 | safetensors::Dtype::I32
-                ) {
-                    ints.insert(
-                        name.clone(),
-                        (
-                            fi,
-                            info.dtype == safetensors::Dtype::I64,
-                            base + s,
-                            base + e,
-                        ),
-                    );
+                // Integer and boolean tensors (DART's `t2d` mask is BOOL) are read as i64.
+                let int_bytes = match info.dtype {
+                    safetensors::Dtype::I64 => Some(8),
+                    safetensors::Dtype::I32 => Some(4),
+                    safetensors::Dtype::BOOL | safetensors::Dtype::U8 => Some(1),
+                    _ => None,
+                };
+                if let Some(w) = int_bytes {
+                    ints.insert(name.clone(), (fi, w, base + s, base + e));
                     continue;
                 }
                 let ty = match info.dtype {
@@ -204,18 +209,20 @@ impl SafetensorsSource {
         })
     }
 
-    /// An integer tensor (I32 or I64), flattened, by its exact name.
+    /// An integer or boolean tensor (I32, I64, U8 or BOOL), flattened, by its exact name.
     pub fn int_tensor(&self, name: &str) -> Option<Vec<i64>> {
-        let &(f, wide, s, e) = self.ints.get(name)?;
+        let &(f, w, s, e) = self.ints.get(name)?;
         let b = &self.maps[f][s..e];
-        Some(if wide {
-            b.chunks_exact(8)
+        Some(match w {
+            8 => b
+                .chunks_exact(8)
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        } else {
-            b.chunks_exact(4)
+                .collect(),
+            4 => b
+                .chunks_exact(4)
                 .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
-                .collect()
+                .collect(),
+            _ => b.iter().map(|&x| x as i64).collect(),
         })
     }
 

@@ -125,14 +125,23 @@ pub fn speculative_generate(
             break;
         }
         let mut st = RoundStats::default();
-        let budget = sizer
-            .as_deref()
-            .map_or(max_draft, |s| s.choose(max_draft))
-            .min(room);
+        let trees = drafter.node_confidence().is_some();
+        let budget = match sizer.as_deref() {
+            Some(s) if trees => s.choose_tree(max_draft),
+            Some(s) => s.choose(max_draft),
+            None => max_draft,
+        }
+        .min(room);
         let t = Instant::now();
         let mut tree = drafter.propose(&committed, budget)?;
-        tree.truncate(budget);
         st.draft_ms = t.elapsed().as_secs_f64() * 1e3;
+        let conf = drafter.node_confidence().unwrap_or(&[]);
+        let keep = match sizer.as_deref() {
+            Some(s) if trees => s.cut(conf, st.draft_ms),
+            _ => budget,
+        };
+        tree.truncate(keep.min(budget));
+        let conf = conf[..conf.len().min(tree.len())].to_vec();
 
         // Verify: one forward over [root, nodes].
         let t = Instant::now();
@@ -183,13 +192,15 @@ pub fn speculative_generate(
                 rows: &hidden,
             },
         )?;
-        if let Some(s) = sizer.as_deref_mut() {
-            s.observe(
+        match sizer.as_deref_mut() {
+            Some(s) if trees => s.observe_tree(&conf, outcome.accepted.len(), st.draft_ms),
+            Some(s) => s.observe(
                 tree.max_depth() as usize,
                 outcome.accepted.len(),
                 st.draft_ms,
                 tree.len(),
-            );
+            ),
+            None => {}
         }
         st.drafted = outcome.drafted;
         st.accepted = outcome.accepted.len();

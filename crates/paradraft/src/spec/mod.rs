@@ -48,4 +48,12 @@ pub trait Drafter {
     /// round committed to the KV cache: the root, then each accepted node (the bonus token is
     /// the next root, so its states come with the next round).
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()>;
+
+    /// The drafter's estimate that the target accepts each node of its last proposal (the
+    /// product of its probabilities along the node's path), when its nodes come in score order
+    /// so that any prefix is a tree: a sizing policy then cuts the tree to what pays on this
+    /// machine ([`sizing::Sizer::cut`]). `None`: size before drafting only.
+    fn node_confidence(&self) -> Option<&[f32]> {
+        None
+    }
 }

@@ -1,7 +1,14 @@
 //! Hardware-aware draft sizing: pick the number of draft nodes that maximises expected committed
 //! tokens per second, E[accepted + 1] / (c(n + 1) + draft cost(n)), from the target's measured
-//! verify-cost curve c(rows) on this machine and acceptance rates tracked online per depth.
-//! Zero nodes (plain AR) is a candidate, so drafting stops when it does not pay.
+//! verify-cost curve c(rows) on this machine. Zero nodes (plain AR) is a candidate, so drafting
+//! stops when it does not pay.
+//!
+//! Two estimates of E[accepted]: for chains, acceptance rates tracked online per depth
+//! ([`Sizer::choose`], before drafting); for trees (DART §3.3 trees sized by the machine), the
+//! drafter's own per-node path probabilities in score order — E[accepted] of the first n nodes
+//! is κ · Σ p_i, with κ calibrating the drafter's confidence against what the target accepted
+//! ([`Sizer::cut`], after drafting). A drafter opts in by reporting
+//! [`crate::spec::Drafter::node_confidence`].
 
 use crate::error::Result;
 use crate::kv::KvCache;
@@ -158,6 +165,12 @@ pub struct Sizer {
     draft_curve: Option<CostCurve>,
     /// Forgetting factor for the statistics (1 = never forget).
     decay: f64,
+    /// Tree sizing: accepted nodes and the drafter's predicted acceptance (Σ path
+    /// probabilities) of the nodes verified, decayed.
+    tree_accepted: f64,
+    tree_predicted: f64,
+    /// Tree sizing: EMA of each tree round's speed relative to AR (tokens per ms over AR's).
+    tree_gain: f64,
 }
 
 impl Sizer {
@@ -169,6 +182,9 @@ impl Sizer {
             draft_ms_per_node: 0.0,
             draft_curve: None,
             decay: 0.98,
+            tree_accepted: 0.0,
+            tree_predicted: 0.0,
+            tree_gain: 1.0,
         }
     }
 
@@ -214,6 +230,54 @@ impl Sizer {
         (0..=max)
             .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
             .unwrap_or(0)
+    }
+
+    /// The calibration κ of the drafter's path probabilities (accepted / predicted, with a
+    /// prior of one node each).
+    pub fn calibration(&self) -> f64 {
+        (self.tree_accepted + 1.0) / (self.tree_predicted + 1.0)
+    }
+
+    /// Tree sizing, before drafting: the full `max` while trees have paid recently (their
+    /// size is cut after drafting), none when they have not (AR rounds then drift the
+    /// estimate back so trees are retried).
+    pub fn choose_tree(&self, max: usize) -> usize {
+        if self.tree_gain >= 1.0 {
+            max
+        } else {
+            0
+        }
+    }
+
+    /// Tree sizing, after drafting: how many of the tree's nodes (in score order, so any prefix
+    /// is a tree) to verify, given each node's path probability `conf` and the ms already spent
+    /// drafting: argmax over n of (1 + κ Σ_{i<n} conf_i) / (c(n + 1) + draft_ms).
+    pub fn cut(&self, conf: &[f32], draft_ms: f64) -> usize {
+        let k = self.calibration();
+        let (mut best, mut best_score, mut e) = (0, 1.0 / (self.curve.ms(1) + draft_ms), 1.0);
+        for (i, &p) in conf.iter().enumerate() {
+            e += k * p as f64;
+            let score = e / (self.curve.ms(i + 2) + draft_ms);
+            if score > best_score {
+                (best, best_score) = (i + 1, score);
+            }
+        }
+        best
+    }
+
+    /// Records a tree round: `conf` of the nodes verified, how many were accepted, and the
+    /// round's drafting ms (`conf` empty: an AR round).
+    pub fn observe_tree(&mut self, conf: &[f32], accepted: usize, draft_ms: f64) {
+        if conf.is_empty() {
+            self.tree_gain = 0.95 * self.tree_gain + 0.05 * 1.02;
+            return;
+        }
+        self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
+        self.tree_predicted =
+            self.decay * self.tree_predicted + conf.iter().map(|&p| p as f64).sum::<f64>();
+        let ar = self.curve.ms(1);
+        let gain = (accepted as f64 + 1.0) * ar / (self.curve.ms(conf.len() + 1) + draft_ms);
+        self.tree_gain = 0.9 * self.tree_gain + 0.1 * gain;
     }
 
     /// Records a round: `drafted_depth` = deepest proposed depth, `accepted` = accepted length.
@@ -285,6 +349,44 @@ mod tests {
             "cheap long drafts are chosen: {}",
             s.choose(15)
         );
+    }
+
+    /// The cut keeps nodes while their calibrated acceptance pays for their verify rows, and
+    /// the calibration follows what the target accepted.
+    #[test]
+    fn trees_are_cut_where_nodes_stop_paying() {
+        let mut s = Sizer::new(curve());
+        // Verify rows cost 0.25-1 ms each beyond the first; nodes of probability 0.9 pay,
+        // those of 0.01 do not.
+        let conf = [0.9, 0.8, 0.7, 0.5, 0.3, 0.05, 0.02, 0.01, 0.01, 0.01];
+        let n = s.cut(&conf, 1.0);
+        assert!((3..=6).contains(&n), "cut {n}");
+        assert_eq!(
+            s.cut(&[0.01, 0.01], 1.0),
+            0,
+            "hopeless nodes are not verified"
+        );
+        // A drafter that is twice as confident as it should be gets a smaller tree.
+        for _ in 0..100 {
+            s.observe_tree(&conf[..5], 1, 1.0);
+        }
+        assert!(
+            (s.calibration() - 1.0 / 3.2).abs() < 0.05,
+            "{}",
+            s.calibration()
+        );
+        assert!(s.cut(&conf, 1.0) < n);
+        // Trees that do not pay switch drafting off; AR rounds bring it back.
+        assert!(s.choose_tree(32) == 32 || s.tree_gain < 1.0);
+        for _ in 0..100 {
+            s.observe_tree(&conf[..8], 0, 20.0);
+        }
+        assert_eq!(s.choose_tree(32), 0);
+        let back = (0..500).find(|_| {
+            s.observe_tree(&[], 0, 0.0);
+            s.choose_tree(32) > 0
+        });
+        assert!(back.is_some());
     }
 
     #[test]

@@ -200,7 +200,8 @@ impl TreeSearch {
         self.ctx.reverse();
     }
 
-    /// The best `budget` candidates as a tree (parents first, siblings by rank).
+    /// The best `budget` candidates as a tree, in score order (ties shallower first), so that
+    /// parents come first and every prefix of the nodes is itself a tree.
     fn cut(&self, budget: usize) -> Result<SearchedTree> {
         let c = &self.cands;
         let mut order: Vec<u32> = (0..c.len() as u32).collect();
@@ -212,7 +213,6 @@ impl TreeSearch {
                 .then(a.cmp(&b))
         });
         order.truncate(budget);
-        order.sort_by_key(|&i| (c[i as usize].depth, i));
         let mut id = vec![u32::MAX; c.len()];
         let mut out = SearchedTree::default();
         for &i in &order {
@@ -334,13 +334,16 @@ mod tests {
             .unwrap();
         // depth 1: ln .6 = −0.511, ln .4 = −0.916; depth 2 adds 2^−0.7 · 0.9 · ln q:
         // 0.9 → −0.0585, 0.1 → −1.2757. Best three: [1] −0.511, [1 3] −0.569, [2] −0.916.
+        // Nodes come in score order (every prefix is a tree).
         let t = &out.tree;
         assert_eq!(t.len(), 3);
         assert_eq!(t.token(NodeId(0)), TokenId(1));
-        assert_eq!(t.token(NodeId(1)), TokenId(2));
-        assert_eq!(t.token(NodeId(2)), TokenId(3));
-        assert_eq!(t.parent(NodeId(2)), Some(NodeId(0)));
-        assert!((out.path_prob[2] - 0.54).abs() < 1e-6);
+        assert_eq!(t.token(NodeId(1)), TokenId(3));
+        assert_eq!(t.token(NodeId(2)), TokenId(2));
+        assert_eq!(t.parent(NodeId(1)), Some(NodeId(0)));
+        assert_eq!(t.parent(NodeId(2)), None);
+        assert!((out.path_prob[1] - 0.54).abs() < 1e-6);
+        assert!((out.path_prob[2] - 0.4).abs() < 1e-6);
         // the expected increments
         let w2 = 2f32.powf(-0.7) * 0.9;
         let c = &s.cands;

@@ -1,5 +1,6 @@
 //! Fused training ops with hand-written backward passes, shared by the drafter trainers:
-//! RMSNorm, the block-masked softmax of DFlash-style anchor blocks, and cross-entropy plus KL
+//! RMSNorm, the softmax over per-row column ranges (DFlash's anchor blocks, DART's prefix-shared
+//! blocks), and cross-entropy plus KL
 //! over a draft vocabulary's logits. Each replaces a chain
 //! of candle primitives (one tensor allocation and one memory pass per primitive, forward and
 //! backward) by one pass each way. candle's own fused `rms_norm` and `softmax_last_dim`
@@ -131,70 +132,97 @@ pub fn block_softmax(scores: &Tensor, visible: &[usize]) -> CResult<Tensor> {
             visible.len()
         );
     }
-    if !scores.device().is_cpu() {
-        return composed_block_softmax(scores, visible);
+    let s = (w - b) as u32;
+    let ranges: Vec<Ranges> = visible
+        .iter()
+        .flat_map(|&v| std::iter::repeat_n([(0, v as u32), (s, w as u32)], b))
+        .collect();
+    range_softmax(scores, &ranges)
+}
+
+/// The visible columns of one attention row: two half-open ranges (either may be empty).
+pub type Ranges = [(u32, u32); 2];
+
+/// Softmax over the last dimension where row `i` (counting rows of all leading dimensions)
+/// sees only the columns of `ranges[i % ranges.len()]`; the rest get probability 0. Every
+/// row must see at least one column. With its backward; off the CPU it is composed from
+/// primitives with an additive mask.
+pub fn range_softmax(scores: &Tensor, ranges: &[Ranges]) -> CResult<Tensor> {
+    let w = scores.dim(candle_core::D::Minus1)? as u32;
+    let rows = scores.elem_count() / w.max(1) as usize;
+    if ranges.is_empty()
+        || !rows.is_multiple_of(ranges.len())
+        || ranges
+            .iter()
+            .any(|r| r.iter().any(|&(a, b)| a > b || b > w) || r[0].0 == r[0].1 && r[1].0 == r[1].1)
+    {
+        candle_core::bail!(
+            "range-softmax: {} row ranges for {rows} rows of {w}",
+            ranges.len()
+        );
     }
-    scores.contiguous()?.apply_op1(BlockSoftmax {
-        visible: visible.to_vec(),
-        block: b,
+    if !scores.device().is_cpu() {
+        return composed_range_softmax(scores, ranges);
+    }
+    scores.contiguous()?.apply_op1(RangeSoftmax {
+        ranges: ranges.to_vec(),
     })
 }
 
 /// An additive mask and the composed softmax (primitives with backward on every device).
-fn composed_block_softmax(scores: &Tensor, visible: &[usize]) -> CResult<Tensor> {
-    let (_, nb, b, w) = scores.dims4()?;
-    let s = w - b;
-    let mut mask = vec![0f32; nb * b * w];
-    for (j, &v) in visible.iter().enumerate() {
-        for r in 0..b {
-            mask[(j * b + r) * w + v..(j * b + r) * w + s].fill(-1e9);
+fn composed_range_softmax(scores: &Tensor, ranges: &[Ranges]) -> CResult<Tensor> {
+    let w = scores.dim(candle_core::D::Minus1)?;
+    let mut mask = vec![-1e9f32; ranges.len() * w];
+    for (i, r) in ranges.iter().enumerate() {
+        for &(a, b) in r {
+            mask[i * w + a as usize..i * w + b as usize].fill(0.0);
         }
     }
-    let mask = Tensor::from_vec(mask, (1, nb, b, w), scores.device())?;
-    let x = scores.broadcast_add(&mask)?;
+    let rows = scores.elem_count() / w;
+    let mask = Tensor::from_vec(mask, (ranges.len(), w), scores.device())?;
+    let x = scores
+        .reshape((rows / ranges.len(), ranges.len(), w))?
+        .broadcast_add(&mask)?;
     let m = x.max_keepdim(candle_core::D::Minus1)?.detach();
     let e = x.broadcast_sub(&m)?.exp()?;
-    e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1)?)
+    e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1)?)?
+        .reshape(scores.shape())
 }
 
-struct BlockSoftmax {
-    visible: Vec<usize>,
-    block: usize,
+struct RangeSoftmax {
+    ranges: Vec<Ranges>,
 }
 
-impl BlockSoftmax {
-    /// The visible columns of row `i` (rows are `(h, j, r)`, row-major): context `0..v` and
-    /// the block `s..`.
-    fn split(&self, i: usize, width: usize) -> (usize, usize) {
-        let j = (i / self.block) % self.visible.len();
-        (self.visible[j], width - self.block)
+impl RangeSoftmax {
+    fn cols(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        let [(a, b), (c, d)] = self.ranges[i % self.ranges.len()];
+        (a as usize..b as usize).chain(c as usize..d as usize)
     }
 }
 
-impl CustomOp1 for BlockSoftmax {
+impl CustomOp1 for RangeSoftmax {
     fn name(&self) -> &'static str {
-        "block-softmax"
+        "range-softmax"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> CResult<(CpuStorage, Shape)> {
-        let x = slice(s, l, "block-softmax")?;
+        let x = slice(s, l, "range-softmax")?;
         let w = *l.dims().last().unwrap_or(&1);
         let mut p = vec![0f32; x.len()];
         par_rows(&mut p, w, |r, out| {
             for (i, o) in r.zip(out.chunks_exact_mut(w)) {
-                let (v, s) = self.split(i, w);
                 let xr = &x[i * w..(i + 1) * w];
-                let vis = || xr[..v].iter().chain(&xr[s..]);
-                let m = vis().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let m = self.cols(i).fold(f32::NEG_INFINITY, |a, c| a.max(xr[c]));
                 let mut sum = 0.0;
-                for c in (0..v).chain(s..w) {
+                for c in self.cols(i) {
                     let e = (xr[c] - m).exp();
                     o[c] = e;
                     sum += e;
                 }
                 let inv = 1.0 / sum;
-                o[..v].iter_mut().for_each(|a| *a *= inv);
-                o[s..].iter_mut().for_each(|a| *a *= inv);
+                for c in self.cols(i) {
+                    o[c] *= inv;
+                }
             }
         });
         Ok((CpuStorage::F32(p), l.shape().clone()))
@@ -208,8 +236,8 @@ impl CustomOp1 for BlockSoftmax {
         par_rows(&mut dx, w, |r, out| {
             for (i, o) in r.zip(out.chunks_exact_mut(w)) {
                 let (pr, gr) = (&p[i * w..(i + 1) * w], &g[i * w..(i + 1) * w]);
-                let dot: f32 = pr.iter().zip(gr).map(|(a, b)| a * b).sum();
-                for c in 0..w {
+                let dot: f32 = self.cols(i).map(|c| pr[c] * gr[c]).sum();
+                for c in self.cols(i) {
                     o[c] = pr[c] * (gr[c] - dot);
                 }
             }
@@ -450,7 +478,39 @@ mod tests {
             "block 1 sees 3 context slots"
         );
         assert!(p[(b + 1) * (s + b) + 2] > 0.0);
-        let c = composed_block_softmax(x.as_tensor(), &visible).unwrap();
+        let ranges: Vec<Ranges> = visible
+            .iter()
+            .flat_map(|&v| std::iter::repeat_n([(0, v as u32), (s as u32, (s + b) as u32)], b))
+            .collect();
+        let c = composed_range_softmax(x.as_tensor(), &ranges).unwrap();
         assert_matches(f, c, &[&x], 1e-5);
+    }
+
+    /// DART's prefix-shared rows: causal clean rows, then mask rows seeing a clean prefix and
+    /// their own block causally.
+    #[test]
+    fn range_softmax_matches_the_masked_composed_ops() {
+        let (h, n) = (2, 9);
+        let ranges: Vec<Ranges> = vec![
+            [(0, 1), (0, 0)],
+            [(0, 2), (0, 0)],
+            [(0, 3), (0, 0)],
+            [(0, 4), (0, 0)],
+            [(0, 2), (4, 5)],
+            [(0, 2), (4, 6)],
+            [(0, 2), (4, 7)],
+            [(0, 0), (7, 8)],
+            [(0, 4), (7, 9)],
+        ];
+        let x = Var::from_tensor(&randn(&[h, n, n], 9)).unwrap();
+        let f = range_softmax(x.as_tensor(), &ranges).unwrap();
+        let p = contiguous_f32(&f).unwrap();
+        assert_eq!(p[2], 0.0, "row 0 sees column 0 only");
+        assert!((p[0] - 1.0).abs() < 1e-6);
+        assert_eq!(p[5 * n + 2], 0.0, "row 5 skips clean column 2");
+        let c = composed_range_softmax(x.as_tensor(), &ranges).unwrap();
+        assert_matches(f, c, &[&x], 1e-5);
+        assert!(range_softmax(x.as_tensor(), &[[(0, 0), (3, 3)]]).is_err());
+        assert!(range_softmax(x.as_tensor(), &[[(0, 10), (0, 0)]]).is_err());
     }
 }

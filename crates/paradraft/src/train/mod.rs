@@ -2,9 +2,11 @@
 //! pieces and the per-method training loops (DFlash first; the data, feature and optimiser
 //! stages are meant for the drafters that follow).
 
+pub mod dart;
 pub mod data;
 pub mod dflash;
 pub mod features;
 pub mod fused;
 pub mod optim;
 pub mod plot;
+pub mod run;

@@ -1,7 +1,7 @@
 //! The training curve (loss and first-slot accuracy per step, smoothed) as an SVG; the README
 //! shows how to turn it into a PNG with `rsvg-convert`.
 
-use super::dflash::LogLine;
+use super::run::LogLine;
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use std::path::Path;

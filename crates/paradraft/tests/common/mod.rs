@@ -116,15 +116,32 @@ pub fn tiny_dflash_dir(
     cfg: &paradraft::drafters::dflash::DflashConfig,
     reduced: bool,
 ) -> tempfile::TempDir {
-    use paradraft::train::dflash::batch::Vocab;
+    use paradraft::drafters::vocab::DraftVocab;
     let net = paradraft::train::dflash::net::Net::init(cfg.clone(), 11).unwrap();
     let n = lm.model.config.vocab_size;
     let vocab = if reduced {
-        Vocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
+        DraftVocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
     } else {
-        Vocab::full(n)
+        DraftVocab::full(n)
     };
     let dir = tempfile::tempdir().unwrap();
     paradraft::train::dflash::export(&net, &vocab, n, dir.path(), candle_core::DType::F16).unwrap();
+    dir
+}
+
+/// An untrained DART drafter (seeded random weights, f32) for a tiny target in the published
+/// layout, with `masks` mask slots and every third id dropped from its vocabulary.
+pub fn tiny_dart_dir(lm: &Loaded, masks: usize, seed: u64) -> tempfile::TempDir {
+    use paradraft::drafters::vocab::DraftVocab;
+    let n = lm.model.config.vocab_size;
+    let vocab = DraftVocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n);
+    let mut c = paradraft::train::dart::config_for(&lm.model, masks, vocab.len());
+    c.layer.n_heads = 4;
+    c.layer.n_kv_heads = 2;
+    c.layer.head_dim = 16;
+    c.layer.intermediate_size = 96;
+    let net = paradraft::train::dart::net::Net::init(c, seed, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    paradraft::train::dart::export(&net, &vocab, dir.path(), candle_core::DType::F32).unwrap();
     dir
 }

@@ -19,11 +19,10 @@ pub mod model;
 pub use config::{default_target_layers, DflashConfig};
 pub use model::DflashModel;
 
+use crate::drafters::parts::DraftHead;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::{prep_acts, Matrix};
 use crate::sample::{Sampler, SamplingParams};
 use crate::spec::tree_search::TreeDrafting;
 use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
@@ -42,8 +41,8 @@ pub enum DraftSampling {
 pub struct Dflash<'t> {
     model: DflashModel,
     target: &'t Model,
-    /// The reduced-vocabulary head, when the drafter has one.
-    head: Option<Matrix>,
+    /// The target's head over the draft vocabulary.
+    head: DraftHead,
     kv: KvCache,
     s: model::Scratch,
     /// Block size used at run time (≤ any value; the trained one is typical).
@@ -53,10 +52,11 @@ pub struct Dflash<'t> {
     /// Draft a searched tree instead of the block's argmax chain (deterministic drafts, so
     /// verified with one-hot q at any temperature).
     pub tree: Option<TreeDrafting>,
+    /// Path probability of each node of the last searched tree (score order).
+    conf: Vec<f32>,
     x: Vec<f32>,
     hidden: Vec<f32>,
     logits: Vec<f32>,
-    qa: QActs,
     positions: Vec<Pos>,
 }
 
@@ -76,10 +76,7 @@ impl<'t> Dflash<'t> {
                 "DFlash block size {block_size} must be at least 2"
             )));
         }
-        let head = model.draft_to_target.as_ref().map(|ids| {
-            let rows: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
-            target.output_head().select_rows(&rows)
-        });
+        let head = DraftHead::of_target(target, model.vocab.clone());
         let kv = model.new_kv(ctx + block_size);
         Ok(Dflash {
             model,
@@ -94,10 +91,10 @@ impl<'t> Dflash<'t> {
             })?,
             draft_sampling: DraftSampling::Greedy,
             tree: None,
+            conf: vec![],
             x: vec![],
             hidden: vec![],
             logits: vec![],
-            qa: QActs::default(),
             positions: vec![],
         })
     }
@@ -143,6 +140,7 @@ impl Drafter for Dflash<'_> {
             )));
         }
         let room = self.kv.capacity().saturating_sub(s);
+        self.conf.clear();
         let b = self.block_size.min(max_nodes + 1).min(room);
         if b < 2 {
             return Ok(DraftTree::new());
@@ -166,17 +164,15 @@ impl Drafter for Dflash<'_> {
             &mut self.hidden,
         )?;
         // Slots 1..b predict positions s+1..s+b−1 through the target's (or reduced) LM head.
-        let head = self.head.as_ref().unwrap_or(self.target.output_head());
-        let rows = &self.hidden[h..b * h];
-        let v = head.rows;
-        self.logits.resize((b - 1) * v, 0.0);
-        prep_acts(&mut self.qa, &[head], rows, false);
-        head.matmul(rows, &self.qa, &mut self.logits);
+        let v = self
+            .head
+            .logits(self.target, &self.hidden[h..b * h], &mut self.logits);
         if let Some(td) = &mut self.tree {
-            let m = &self.model;
-            return Ok(td
-                .draft(&self.logits, v, |i| m.target_id(i), committed, max_nodes)?
-                .tree);
+            let head = &self.head;
+            let searched =
+                td.draft(&self.logits, v, |i| head.target_id(i), committed, max_nodes)?;
+            self.conf = searched.path_prob;
+            return Ok(searched.tree);
         }
         let mut tree = DraftTree::new();
         let mut parent = None;
@@ -187,12 +183,12 @@ impl Drafter for Dflash<'_> {
             let (tok, q) = if sample {
                 let mut q = self.sampler.dist(row);
                 for e in q.entries.iter_mut() {
-                    e.0 = self.model.target_id(e.0.idx());
+                    e.0 = self.head.target_id(e.0.idx());
                 }
                 (self.sampler.draw(&q), Some(q))
             } else {
                 (
-                    self.model.target_id(crate::runtime::ops::argmax(row).idx()),
+                    self.head.target_id(crate::runtime::ops::argmax(row).idx()),
                     None,
                 )
             };
@@ -203,5 +199,9 @@ impl Drafter for Dflash<'_> {
 
     fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
         self.add_context(hidden)
+    }
+
+    fn node_confidence(&self) -> Option<&[f32]> {
+        self.tree.as_ref().map(|_| &self.conf[..])
     }
 }

@@ -3,6 +3,8 @@
 //! non-causally over [context ⧺ block]. Weights are dense (f32 in memory, f16/bf16/f32 on disk).
 
 use super::config::DflashConfig;
+use crate::drafters::parts::TapFusion;
+use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
@@ -14,13 +16,13 @@ use std::path::Path;
 
 pub struct DflashModel {
     pub config: DflashConfig,
-    fc: Matrix,
-    hidden_norm: Vec<f32>,
+    /// `hidden_norm(fc(taps))`, the injected context feature.
+    fusion: TapFusion,
     /// Qwen3 decoder layers (the target's layer code, run non-causally over the block).
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    /// Target id of each draft-vocabulary id (reduced vocabulary only).
-    pub draft_to_target: Option<Vec<u32>>,
+    /// The draft vocabulary (the whole target vocabulary unless `draft_vocab_size` is set).
+    pub vocab: DraftVocab,
     inv_freq: Vec<f32>,
 }
 
@@ -34,47 +36,10 @@ pub struct Scratch {
     mask: Vec<bool>,
 }
 
-/// The target id of each draft id, from a drafter's `d2t` tensor (the EAGLE-3 convention:
-/// draft id i is target id i + d2t[i]); `None` when the drafter scores the whole vocabulary.
-pub fn draft_to_target(config: &DflashConfig, src: &SafetensorsSource) -> Result<Option<Vec<u32>>> {
-    let c = &config.layers;
-    match config.draft_vocab_size {
-        None => Ok(None),
-        Some(n) => {
-            let bad = |reason: String| Error::BadModelFile {
-                path: src.describe().into(),
-                format: "DFlash drafter",
-                reason,
-            };
-            let d2t = src
-                .int_tensor("d2t")
-                .ok_or_else(|| bad("draft_vocab_size is set but tensor d2t is missing".into()))?;
-            if d2t.len() != n {
-                return Err(bad(format!("d2t has {} entries, expected {n}", d2t.len())));
-            }
-            let ids = d2t
-                .iter()
-                .enumerate()
-                .map(|(i, &o)| {
-                    let t = i as i64 + o;
-                    (0..c.vocab_size as i64)
-                        .contains(&t)
-                        .then_some(t as u32)
-                        .ok_or_else(|| bad(format!("d2t[{i}] maps outside the vocabulary")))
-                })
-                .collect::<Result<Vec<u32>>>()?;
-            Ok(Some(ids))
-        }
-    }
-}
-
 impl DflashModel {
     /// The target token of a draft-vocabulary id.
     pub fn target_id(&self, draft_id: usize) -> TokenId {
-        match &self.draft_to_target {
-            Some(ids) => TokenId(ids[draft_id]),
-            None => TokenId(draft_id as u32),
-        }
+        self.vocab.target_id(draft_id)
     }
 
     /// Loads `config.json` + `model.safetensors` from a drafter directory, with Q8_0 weights
@@ -105,7 +70,7 @@ impl DflashModel {
     pub fn quantized(mut self) -> Self {
         let q =
             |m: &mut Matrix| *m = std::mem::replace(m, Matrix::from_f32(0, 0, vec![])).to_q8_0();
-        q(&mut self.fc);
+        self.fusion.quantize();
         for l in &mut self.layers {
             l.matrices_mut().into_iter().for_each(q);
         }
@@ -117,7 +82,7 @@ impl DflashModel {
         let c = &config.layers;
         let h = c.hidden_size;
         let width = config.target_layer_ids.len() * h;
-        let fc = src.matrix("fc.weight", h, width)?;
+        let fusion = TapFusion::load(src, "fc.weight", "hidden_norm.weight", h, width, c.rms_eps)?;
         // Published names: `layers.{i}.self_attn.q_proj.weight` (HF without the `model.` prefix).
         let layers = (0..c.n_layers)
             .map(|i| {
@@ -127,14 +92,13 @@ impl DflashModel {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let draft_to_target = draft_to_target(&config, src)?;
+        let vocab = DraftVocab::load(src, config.draft_vocab_size, c.vocab_size, "DFlash drafter")?;
         let inv_freq = c.inv_freqs();
         Ok(DflashModel {
-            fc,
-            hidden_norm: src.vector("hidden_norm.weight", h)?,
+            fusion,
             norm: src.vector("norm.weight", h)?,
             layers,
-            draft_to_target,
+            vocab,
             inv_freq,
             config,
         })
@@ -147,7 +111,7 @@ impl DflashModel {
 
     /// Floats of fused target features per position.
     pub fn feature_width(&self) -> usize {
-        self.fc.cols
+        self.fusion.width()
     }
 
     /// KV injection: appends the context K/V of `positions` (their target features in
@@ -175,10 +139,9 @@ impl DflashModel {
         let kvd = c.n_kv_heads * hd;
         let slot0 = kv.reserve(n)?;
         // c = hidden_norm(fc(concat features)), shared by all layers.
-        let (cx, l) = (sized(&mut s.c, n * h), &mut s.l);
-        prep_acts(&mut l.qa, &[&self.fc], features, false);
-        self.fc.matmul(features, &l.qa, cx);
-        ops::rms_norm_inplace(cx, &self.hidden_norm, c.rms_eps);
+        let l = &mut s.l;
+        self.fusion.fuse(features, &mut l.qa, &mut s.c);
+        let cx = &s.c[..n * h];
         rope_table(&self.inv_freq, positions, &mut l.rope);
         let half = hd / 2;
         if let Some(first) = self.layers.first() {

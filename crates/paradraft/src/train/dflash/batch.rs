@@ -3,6 +3,7 @@
 //! the context mask (a block sees its own sequence's features strictly before its anchor).
 
 use super::net::{Batch, CResult};
+use crate::drafters::vocab::DraftVocab;
 use crate::model::Model;
 use crate::train::data::Sample;
 use crate::train::features::FeatureCache;
@@ -10,76 +11,6 @@ use crate::types::TokenId;
 use candle_core::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
-
-/// Maps target ids to the draft vocabulary (identity when the drafter scores all of it).
-pub struct Vocab {
-    /// Draft id of each target id, `u32::MAX` when absent.
-    t2d: Vec<u32>,
-    /// Target id of each draft id.
-    pub d2t: Vec<u32>,
-}
-
-impl Vocab {
-    pub fn full(n: usize) -> Self {
-        Vocab {
-            t2d: (0..n as u32).collect(),
-            d2t: (0..n as u32).collect(),
-        }
-    }
-
-    /// The `size` most frequent tokens of `samples` (responses count twice, prompts once,
-    /// since drafts often copy from the prompt); ties and unseen ids go to the lower id, which
-    /// in a BPE vocabulary is the earlier, more frequent merge. Kept in ascending id order.
-    pub fn most_frequent(samples: &[Sample], vocab: usize, size: usize) -> Self {
-        let mut count = vec![0u64; vocab];
-        for s in samples {
-            let (p, r) = s.tokens.split_at(s.prompt_len as usize);
-            for t in p {
-                count[t.idx()] += 1;
-            }
-            for t in r {
-                count[t.idx()] += 2;
-            }
-        }
-        let mut ids: Vec<u32> = (0..vocab as u32).collect();
-        ids.sort_by(|&a, &b| count[b as usize].cmp(&count[a as usize]).then(a.cmp(&b)));
-        ids.truncate(size.min(vocab));
-        ids.sort_unstable();
-        Self::from_d2t(ids, vocab)
-    }
-
-    pub fn from_d2t(d2t: Vec<u32>, vocab: usize) -> Self {
-        let mut t2d = vec![u32::MAX; vocab];
-        for (d, &t) in d2t.iter().enumerate() {
-            t2d[t as usize] = d as u32;
-        }
-        Vocab { t2d, d2t }
-    }
-
-    pub fn len(&self) -> usize {
-        self.d2t.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.d2t.is_empty()
-    }
-
-    pub fn draft_id(&self, t: TokenId) -> Option<u32> {
-        self.t2d.get(t.idx()).copied().filter(|&d| d != u32::MAX)
-    }
-
-    /// Fraction of the response tokens of `samples` inside this vocabulary.
-    pub fn coverage(&self, samples: &[Sample]) -> f64 {
-        let (mut hit, mut all) = (0usize, 0usize);
-        for s in samples {
-            for &t in &s.tokens[s.prompt_len as usize..] {
-                all += 1;
-                hit += self.draft_id(t).is_some() as usize;
-            }
-        }
-        hit as f64 / all.max(1) as f64
-    }
-}
 
 /// Anchor positions `a` with both `a` and `a + 1` inside the response (loss mask 1).
 pub fn valid_anchors(s: &Sample) -> std::ops::Range<usize> {
@@ -123,7 +54,7 @@ pub fn build(
     items: &[(usize, Vec<usize>)],
     block: usize,
     mask_id: TokenId,
-    vocab: &Vocab,
+    vocab: &DraftVocab,
     gamma: f32,
 ) -> CResult<Labeled> {
     let h = target.config.hidden_size;

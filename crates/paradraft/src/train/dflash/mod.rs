@@ -7,25 +7,26 @@ pub mod batch;
 pub mod net;
 
 use crate::drafters::dflash::DflashConfig;
+use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::train::data::Sample;
 use crate::train::features::FeatureCache;
-use crate::train::optim::{cosine_lr, AdamW};
+use crate::train::optim::AdamW;
+use crate::train::run;
 use crate::types::TokenId;
-use batch::{build, sample_anchors, valid_anchors, Vocab};
+use batch::{build, sample_anchors, valid_anchors};
 use candle_core::{DType, Device, Tensor, D};
 use net::{CResult, FrozenHead, Net};
 use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
+use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
-pub(crate) fn cerr(e: candle_core::Error) -> Error {
-    Error::BadRequest(format!("training: {e}"))
-}
+pub(crate) use crate::train::run::cerr;
+pub use crate::train::run::{Eval, LogLine};
 
 /// Hyper-parameters (defaults: the paper's where the CPU budget allows; see the README).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -61,6 +62,23 @@ pub struct TrainParams {
     pub pause_at: usize,
 }
 
+impl TrainParams {
+    /// The shared loop's part of these parameters.
+    pub fn schedule(&self) -> run::Schedule {
+        run::Schedule {
+            batch_seqs: self.batch_seqs,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            lr: self.lr,
+            warmup_ratio: self.warmup_ratio,
+            grad_clip: self.grad_clip,
+            seed: self.seed,
+            save_every: self.save_every,
+            pause_at: self.pause_at,
+        }
+    }
+}
+
 impl Default for TrainParams {
     fn default() -> Self {
         TrainParams {
@@ -83,33 +101,13 @@ impl Default for TrainParams {
     }
 }
 
-/// One line of `train_log.jsonl`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LogLine {
-    pub step: usize,
-    pub epoch: usize,
-    pub loss: f64,
-    /// Top-1 accuracy of the first draft slot in this batch.
-    pub acc1: f64,
-    pub lr: f64,
-    pub grad_norm: f64,
-    pub secs: f64,
-    pub elapsed_s: f64,
-}
-
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct State {
-    step: usize,
-    elapsed_s: f64,
-}
-
 /// Everything the loop needs besides the network.
 pub struct Data<'a> {
     pub target: &'a Model,
     pub samples: &'a [Sample],
     pub features: &'a FeatureCache,
     pub train: Vec<usize>,
-    pub vocab: &'a Vocab,
+    pub vocab: &'a DraftVocab,
     /// Where the drafter's tensors live (batches are built on the CPU and copied there).
     pub device: Device,
 }
@@ -140,7 +138,7 @@ pub fn device(name: &str) -> Result<Device> {
 }
 
 /// The target's head rows of the draft vocabulary, f32, frozen.
-pub fn frozen_head(target: &Model, vocab: &Vocab) -> CResult<FrozenHead> {
+pub fn frozen_head(target: &Model, vocab: &DraftVocab) -> CResult<FrozenHead> {
     let h = target.config.hidden_size;
     let head = target.output_head();
     let mut w = vec![0f32; vocab.len() * h];
@@ -213,26 +211,6 @@ pub fn loss(
     Ok(Some((loss, hit as f64 / n.max(1) as f64)))
 }
 
-/// Saves weights and optimiser moments (f32) plus the step counter.
-fn save_checkpoint(dir: &Path, net: &Net, opt: &AdamW, st: &State) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let mut t = opt.state();
-    for (k, v) in &net.vars {
-        t.insert(k.clone(), v.as_tensor().clone());
-    }
-    let cpu = &Device::Cpu;
-    let t: HashMap<String, Tensor> = t
-        .into_iter()
-        .map(|(k, v)| Ok((k, v.to_device(cpu)?)))
-        .collect::<CResult<_>>()
-        .map_err(cerr)?;
-    let tmp = dir.join("state.safetensors.tmp");
-    candle_core::safetensors::save(&t, &tmp).map_err(cerr)?;
-    std::fs::rename(&tmp, dir.join("state.safetensors")).map_err(|e| Error::io(dir, e))?;
-    let js = serde_json::to_string(st).expect("state serialises");
-    std::fs::write(dir.join("state.json"), js).map_err(|e| Error::io(dir, e))
-}
-
 /// A loaded checkpoint: the network, all saved tensors (optimiser moments included), the
 /// step it was taken at and the training seconds so far.
 pub struct Checkpoint {
@@ -244,25 +222,16 @@ pub struct Checkpoint {
 
 /// Loads a checkpoint written by [`train`], if `dir` has one.
 pub fn load_checkpoint(dir: &Path, config: &DflashConfig) -> Result<Option<Checkpoint>> {
-    let p = dir.join("state.safetensors");
-    if !p.exists() {
+    let Some(saved) = run::load_checkpoint(dir)? else {
         return Ok(None);
-    }
-    let broken = |why: String| Error::BadModelFile {
-        path: p.clone(),
-        format: "training checkpoint",
-        reason: format!("{why} (move it away to start afresh)"),
     };
-    let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(|e| broken(e.to_string()))?;
-    let net = Net::from_tensors(config.clone(), &t).map_err(|e| broken(e.to_string()))?;
-    let sp = dir.join("state.json");
-    let js = std::fs::read_to_string(&sp).map_err(|e| Error::io(&sp, e))?;
-    let st: State = serde_json::from_str(&js).map_err(|e| broken(format!("state.json: {e}")))?;
+    let net = Net::from_tensors(config.clone(), &saved.tensors)
+        .map_err(|e| run::broken_checkpoint(dir, e))?;
     Ok(Some(Checkpoint {
         net,
-        tensors: t,
-        step: st.step,
-        elapsed_s: st.elapsed_s,
+        tensors: saved.tensors,
+        step: saved.step,
+        elapsed_s: saved.elapsed_s,
     }))
 }
 
@@ -340,27 +309,16 @@ fn check_fits(have: &DflashConfig, want: &DflashConfig) -> std::result::Result<(
     Ok(())
 }
 
-/// The sequence order of `epoch` (a seeded shuffle).
-fn epoch_order(train: &[usize], seed: u64, epoch: usize) -> Vec<usize> {
-    let mut v = train.to_vec();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9));
-    for i in (1..v.len()).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
 /// Trains (or resumes) in `dir`; calls `on_log` after every step. Returns the trained net.
 pub fn train(
     config: &DflashConfig,
     data: &Data,
     p: &TrainParams,
     dir: &Path,
-    mut on_log: impl FnMut(&LogLine),
+    on_log: impl FnMut(&LogLine),
 ) -> Result<Net> {
     let ckpt = dir.join("checkpoint");
-    let (net, mut opt, mut step, mut elapsed) = match load_checkpoint(&ckpt, config)? {
+    let (net, mut opt, step, elapsed) = match load_checkpoint(&ckpt, config)? {
         Some(c) => {
             let c = Checkpoint {
                 net: c.net.to_device(&data.device).map_err(cerr)?,
@@ -381,59 +339,17 @@ pub fn train(
     let head = frozen_head(data.target, data.vocab)
         .and_then(|h| h.to_device(&data.device))
         .map_err(cerr)?;
-    let per_epoch = data.train.len().div_ceil(p.batch_seqs);
-    let mut total = per_epoch * p.epochs;
-    if p.max_steps > 0 {
-        total = total.min(p.max_steps);
-    }
-    let warmup = ((total as f64 * p.warmup_ratio).ceil() as usize).max(1);
-    let log_path = dir.join("train_log.jsonl");
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|e| Error::io(&log_path, e))?;
-    let mut order: (usize, Vec<usize>) = (usize::MAX, vec![]); // (epoch, its sequence order)
-    while step < total {
-        let (epoch, in_epoch) = (step / per_epoch, step % per_epoch);
-        if order.0 != epoch {
-            order = (epoch, epoch_order(&data.train, p.seed, epoch));
-        }
-        let order = &order.1;
-        let chunk =
-            &order[in_epoch * p.batch_seqs..((in_epoch + 1) * p.batch_seqs).min(order.len())];
-        let t0 = Instant::now();
-        let lr = cosine_lr(step, total, warmup, p.lr);
-        let (lv, acc1, gn, _) = train_step(&net, &mut opt, &head, data, p, epoch, chunk, lr)?;
-        let secs = t0.elapsed().as_secs_f64();
-        elapsed += secs;
-        step += 1;
-        let line = LogLine {
-            step,
-            epoch,
-            loss: lv,
-            acc1,
-            lr,
-            grad_norm: gn,
-            secs,
-            elapsed_s: elapsed,
-        };
-        use std::io::Write;
-        writeln!(log, "{}", serde_json::to_string(&line).expect("log line"))
-            .map_err(|e| Error::io(&log_path, e))?;
-        on_log(&line);
-        let pause = step == p.pause_at;
-        if step % p.save_every == 0 || step == total || pause {
-            let st = State {
-                step,
-                elapsed_s: elapsed,
-            };
-            save_checkpoint(&ckpt, &net, &opt, &st)?;
-        }
-        if pause {
-            break;
-        }
-    }
+    run::train_loop(
+        &net.vars,
+        &mut opt,
+        step,
+        elapsed,
+        &data.train,
+        &p.schedule(),
+        dir,
+        |chunk, epoch| batch_loss(&net, &head, data, p, epoch, chunk).map(|(l, _)| l),
+        on_log,
+    )?;
     Ok(net)
 }
 
@@ -445,19 +361,16 @@ fn epoch_anchors(data: &Data, p: &TrainParams, epoch: usize, si: usize) -> Vec<u
     sample_anchors(&data.samples[si], p.anchors, &mut rng)
 }
 
-/// One optimiser step on the sequences `chunk`: batch, loss, backward, clipping, AdamW.
-/// Returns (loss, first-slot accuracy, gradient norm before clipping, block positions trained).
-#[allow(clippy::too_many_arguments)]
-fn train_step(
+/// The loss of the sequences `chunk` (anchors drawn for `epoch`) and the block positions it
+/// covers.
+fn batch_loss(
     net: &Net,
-    opt: &mut AdamW,
     head: &FrozenHead,
     data: &Data,
     p: &TrainParams,
     epoch: usize,
     chunk: &[usize],
-    lr: f64,
-) -> Result<(f64, f64, f64, usize)> {
+) -> Result<(run::BatchLoss, usize)> {
     let items: Vec<(usize, Vec<usize>)> = chunk
         .iter()
         .map(|&si| (si, epoch_anchors(data, p, epoch, si)))
@@ -474,25 +387,7 @@ fn train_step(
         p.gamma,
     )
     .map_err(cerr)?;
-    Ok(match loss(net, head, &lb, p.kl_weight).map_err(cerr)? {
-        None => (0.0, 0.0, 0.0, positions),
-        Some((l, acc1)) => {
-            let grads = l.backward().map_err(cerr)?;
-            let gn = AdamW::grad_norm(&net.vars, &grads).map_err(cerr)?;
-            let scale = if gn > p.grad_clip {
-                p.grad_clip / gn
-            } else {
-                1.0
-            };
-            opt.step(&net.vars, &grads, lr, scale).map_err(cerr)?;
-            (
-                l.to_scalar::<f32>().map_err(cerr)? as f64,
-                acc1,
-                gn,
-                positions,
-            )
-        }
-    })
+    Ok((loss(net, head, &lb, p.kl_weight).map_err(cerr)?, positions))
 }
 
 /// Training throughput of this recipe: `steps` optimiser steps (after one warm-up step) on a
@@ -518,13 +413,16 @@ pub fn bench(
     let head = frozen_head(data.target, data.vocab)
         .and_then(|h| h.to_device(&data.device))
         .map_err(cerr)?;
-    let order = epoch_order(&data.train, p.seed, 0);
+    let order = run::epoch_order(&data.train, p.seed, 0);
     let mut chunks = order.chunks(p.batch_seqs).cycle();
     let (mut secs, mut positions) = (0.0, 0usize);
     for i in 0..=steps {
         let chunk = chunks.next().unwrap_or(&[]);
         let t0 = Instant::now();
-        let (.., n) = train_step(&net, &mut opt, &head, data, p, 0, chunk, 1e-4)?;
+        let (l, n) = batch_loss(&net, &head, data, p, 0, chunk)?;
+        if let Some((l, _)) = l {
+            run::optimise(&net.vars, &mut opt, &l, 1e-4, p.grad_clip)?;
+        }
         if i > 0 {
             secs += t0.elapsed().as_secs_f64();
             positions += n;
@@ -536,18 +434,6 @@ pub fn bench(
         positions_per_step: positions as f64 / steps.max(1) as f64,
         positions_per_s: positions as f64 / secs.max(1e-9),
     })
-}
-
-/// Held-out acceptance: `acc[k−1]` = fraction of blocks whose first k drafts all equal the
-/// target's greedy tokens (per-position acceptance α_k = acc[k−1] / acc[k−2]).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Eval {
-    pub block_size: usize,
-    pub blocks: usize,
-    pub acc: Vec<f64>,
-    pub alpha: Vec<f64>,
-    /// 1 + Σ acc: tokens per target pass with greedy chain verification.
-    pub expected_tau: f64,
 }
 
 /// Evaluates on `held_out` samples: up to `anchors` anchors each whose whole block lies in
@@ -604,40 +490,20 @@ pub fn evaluate(
             }
         }
     }
-    let acc: Vec<f64> = hits
-        .iter()
-        .map(|&h| h as f64 / blocks.max(1) as f64)
-        .collect();
-    let alpha = acc
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| {
-            let prev = if i == 0 { 1.0 } else { acc[i - 1] };
-            if prev > 0.0 {
-                a / prev
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    Ok(Eval {
-        block_size: block,
-        blocks,
-        expected_tau: 1.0 + acc.iter().sum::<f64>(),
-        acc,
-        alpha,
-    })
+    Ok(Eval::from_hits(block, blocks, &hits))
 }
 
 /// A drafter exported by [`export`] (or any published DFlash checkpoint) as a trainable
 /// network with its draft vocabulary, to evaluate it on another run's held-out samples.
-pub fn load_exported(dir: &Path, target_vocab: usize) -> Result<(Net, Vocab)> {
+pub fn load_exported(dir: &Path, target_vocab: usize) -> Result<(Net, DraftVocab)> {
     let config = DflashConfig::load(dir)?;
     let src = crate::model::source::SafetensorsSource::open(dir)?;
-    let vocab = match crate::drafters::dflash::model::draft_to_target(&config, &src)? {
-        Some(ids) => Vocab::from_d2t(ids, target_vocab),
-        None => Vocab::full(target_vocab),
-    };
+    let vocab = DraftVocab::load(
+        &src,
+        config.draft_vocab_size,
+        target_vocab,
+        "DFlash drafter",
+    )?;
     let p = dir.join("model.safetensors");
     let t = candle_core::safetensors::load(&p, &Device::Cpu).map_err(cerr)?;
     let net = Net::from_tensors(config, &t).map_err(cerr)?;
@@ -648,7 +514,7 @@ pub fn load_exported(dir: &Path, target_vocab: usize) -> Result<(Net, Vocab)> {
 /// in `dtype`, plus `d2t` when the vocabulary is reduced).
 pub fn export(
     net: &Net,
-    vocab: &Vocab,
+    vocab: &DraftVocab,
     target_vocab: usize,
     dir: &Path,
     dtype: DType,
@@ -665,15 +531,9 @@ pub fn export(
     }
     if vocab.len() < target_vocab {
         config.draft_vocab_size = Some(vocab.len());
-        let d2t: Vec<i64> = vocab
-            .d2t
-            .iter()
-            .enumerate()
-            .map(|(i, &tid)| tid as i64 - i as i64)
-            .collect();
         t.insert(
             "d2t".to_string(),
-            Tensor::from_vec(d2t, vocab.len(), &Device::Cpu).map_err(cerr)?,
+            Tensor::from_vec(vocab.offsets(), vocab.len(), &Device::Cpu).map_err(cerr)?,
         );
     } else {
         config.draft_vocab_size = None;

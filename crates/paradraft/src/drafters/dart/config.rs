@@ -1,0 +1,153 @@
+//! The DART checkpoint format (spec §2.9, the published `fvliang/*-dart` layout): a LLaMA-style
+//! `config.json` with `draft_length` (mask slots per call), `draft_vocab_size` and optionally
+//! `target_hidden_size`, next to a `model.safetensors` with `fc.weight`, `midlayer.*`,
+//! `norm.weight`, `lm_head.weight`, `d2t` (I64 offsets) and `t2d` (BOOL). The embedding is the
+//! target's and is not stored.
+
+use crate::error::{Error, Result};
+use crate::model::{hf_config, Arch, Config};
+use serde_json::json;
+use std::path::Path;
+
+#[derive(Clone, Debug)]
+pub struct DartConfig {
+    /// The draft layer's dimensions (`n_layers` = 1, `vocab_size` = the target's).
+    pub layer: Config,
+    /// Mask slots appended per call (`d − 1`; the call yields `draft_length + 1` depths).
+    pub draft_length: usize,
+    /// Rows of `lm_head` (the reduced draft vocabulary).
+    pub draft_vocab_size: usize,
+    /// The target's hidden size (the width of each tap).
+    pub target_hidden_size: usize,
+}
+
+/// DART's taps for an `l`-layer target: the outputs of layers 1, L/2 − 1 and L − 4 (the inputs
+/// of layers 2, L/2 and L − 3), in that order (spec §2.1). Targets of fewer than 6 layers (test
+/// models) clamp each index into `0..L`.
+pub fn dart_taps(l: usize) -> Result<Vec<usize>> {
+    if l == 0 {
+        return Err(Error::Unsupported("a target without layers".into()));
+    }
+    Ok(vec![
+        1.min(l - 1),
+        (l / 2).saturating_sub(1),
+        l.saturating_sub(4),
+    ])
+}
+
+impl DartConfig {
+    pub fn from_json(v: &serde_json::Value, path: &Path) -> Result<Self> {
+        let bad = |reason: String| Error::BadModelFile {
+            path: path.to_path_buf(),
+            format: "DART config.json",
+            reason,
+        };
+        let layer = hf_config(v, path)?;
+        if layer.arch != Arch::Llama {
+            return Err(bad("a DART drafter has model_type \"llama\"".into()));
+        }
+        if v["attention_bias"].as_bool() == Some(true) {
+            return Err(Error::Unsupported(
+                "DART drafters with attention biases".into(),
+            ));
+        }
+        if layer.n_layers != 1 {
+            return Err(bad(format!(
+                "num_hidden_layers is {}; a DART drafter has one layer",
+                layer.n_layers
+            )));
+        }
+        let uint = |k: &str| {
+            v[k].as_u64()
+                .map(|u| u as usize)
+                .ok_or_else(|| bad(format!("missing integer {k}")))
+        };
+        let draft_length = uint("draft_length")?;
+        if draft_length == 0 {
+            return Err(bad("draft_length must be at least 1".into()));
+        }
+        let draft_vocab_size = uint("draft_vocab_size")?;
+        if draft_vocab_size == 0 || draft_vocab_size > layer.vocab_size {
+            return Err(bad(format!(
+                "draft_vocab_size {draft_vocab_size} must be in 1..={}",
+                layer.vocab_size
+            )));
+        }
+        let target_hidden_size = v["target_hidden_size"]
+            .as_u64()
+            .map_or(layer.hidden_size, |x| x as usize);
+        Ok(DartConfig {
+            layer,
+            draft_length,
+            draft_vocab_size,
+            target_hidden_size,
+        })
+    }
+
+    pub fn load(dir: &Path) -> Result<Self> {
+        let p = dir.join("config.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
+                path: p.clone(),
+                format: "DART config.json",
+                reason: e.to_string(),
+            })?;
+        Self::from_json(&v, &p)
+    }
+
+    /// The published layout.
+    pub fn to_json(&self) -> serde_json::Value {
+        let c = &self.layer;
+        json!({
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "draft_length": self.draft_length,
+            "draft_vocab_size": self.draft_vocab_size,
+            "target_hidden_size": self.target_hidden_size,
+            "num_hidden_layers": 1,
+            "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size,
+            "num_attention_heads": c.n_heads,
+            "num_key_value_heads": c.n_kv_heads,
+            "head_dim": c.head_dim,
+            "rms_norm_eps": c.rms_eps,
+            "rope_theta": c.rope_theta,
+            "rope_scaling": null,
+            "max_position_embeddings": c.max_position_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": false,
+            "vocab_size": c.vocab_size,
+            "tie_word_embeddings": false,
+        })
+    }
+
+    /// Refuses a drafter that does not fit `target`.
+    pub fn check_target(&self, target: &Config) -> Result<()> {
+        let no = |m: String| {
+            Err(Error::BadRequest(format!(
+                "DART drafter does not fit the target: {m}"
+            )))
+        };
+        let c = &self.layer;
+        if self.target_hidden_size != target.hidden_size {
+            return no(format!(
+                "trained on taps of width {} but the target's hidden size is {}",
+                self.target_hidden_size, target.hidden_size
+            ));
+        }
+        if c.hidden_size != target.hidden_size {
+            return no(format!(
+                "hidden size {} ≠ the target's {} (the drafter uses the target's embedding)",
+                c.hidden_size, target.hidden_size
+            ));
+        }
+        if c.vocab_size != target.vocab_size {
+            return no(format!(
+                "vocabulary {} ≠ the target's {}",
+                c.vocab_size, target.vocab_size
+            ));
+        }
+        dart_taps(target.n_layers).map(|_| ())
+    }
+}

@@ -1,0 +1,152 @@
+//! DART (Liu et al., "DART: Diffusion-Inspired Speculative Decoding with N-gram Tree
+//! Pruning"): one drafter layer predicts a whole block of future positions in one pass from
+//! the target's hidden states, and a continuity-aware tree search turns its per-depth
+//! distributions into a draft tree.
+//!
+//! - §3.1 architecture (spec §2.1) → [`model`]: taps fused into the real slots, `mask_rep`
+//!   slots, shifted logits (each slot predicts two positions to its right), double final norm.
+//! - §3.2 one round (spec §2.2) → [`Dart`] (this file): pending target states are fed with the
+//!   next tokens' embeddings, the masks are appended and dropped again after the call.
+//! - §3.3 tree pruning (spec §2.3) → `crate::spec::tree_search` (shared with DFlash-tree), with
+//!   the n-gram trie of `crate::ngram` (spec §2.6).
+//! - §3.4 training (spec §2.7) → `crate::train::dart`.
+//!
+//! Verification is the core's: the greedy tree rule, and at T > 0 recursive rejection over
+//! siblings with one-hot q (the drafts are deterministic functions of the context).
+
+pub mod config;
+pub mod model;
+
+pub use config::{dart_taps, DartConfig};
+pub use model::DartModel;
+
+use crate::drafters::parts::DraftHead;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::Model;
+use crate::spec::tree_search::TreeDrafting;
+use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::types::TokenId;
+
+/// A DART drafter bound to its target (whose embedding it uses).
+pub struct Dart<'t> {
+    model: DartModel,
+    head: DraftHead,
+    target: &'t Model,
+    taps: Vec<usize>,
+    kv: KvCache,
+    /// Target states of committed positions `kv.len()..` not yet fed to the drafter.
+    pending: Vec<f32>,
+    /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1).
+    pub masks: usize,
+    pub tree: TreeDrafting,
+    s: model::Scratch,
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+    /// Path probability of each node of the last proposal (score order).
+    conf: Vec<f32>,
+}
+
+impl<'t> Dart<'t> {
+    /// `ctx`: the target's KV capacity. `masks`: mask slots per call (default: trained).
+    pub fn new(
+        model: DartModel,
+        head: DraftHead,
+        target: &'t Model,
+        ctx: usize,
+        masks: Option<usize>,
+        tree: TreeDrafting,
+    ) -> Result<Self> {
+        model.config.check_target(&target.config)?;
+        let taps = config::dart_taps(target.config.n_layers)?;
+        let masks = masks.unwrap_or(model.config.draft_length);
+        if masks == 0 {
+            return Err(Error::BadRequest(
+                "DART needs at least one mask slot (draft length ≥ 1)".into(),
+            ));
+        }
+        let kv = model.new_kv(ctx + masks + 1);
+        Ok(Dart {
+            model,
+            head,
+            target,
+            taps,
+            kv,
+            pending: vec![],
+            masks,
+            tree,
+            s: model::Scratch::default(),
+            hidden: vec![],
+            logits: vec![],
+            conf: vec![],
+        })
+    }
+
+    pub fn config(&self) -> &DartConfig {
+        &self.model.config
+    }
+}
+
+impl Drafter for Dart<'_> {
+    fn name(&self) -> &str {
+        "dart"
+    }
+
+    fn taps(&self) -> &[usize] {
+        &self.taps
+    }
+
+    fn begin(&mut self, _prompt: &[TokenId], hidden: Hidden) -> Result<()> {
+        self.kv.clear();
+        self.pending.clear();
+        self.pending.extend_from_slice(hidden.rows);
+        Ok(())
+    }
+
+    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
+        let width = self.model.feature_width();
+        let (p0, m) = (self.kv.len(), self.pending.len() / width);
+        let s = committed.len() - 1; // the root's position
+        if p0 + m != s {
+            return Err(Error::BadRequest(format!(
+                "DART holds states up to position {} but the root is at {s}",
+                p0 + m
+            )));
+        }
+        self.conf.clear();
+        if max_nodes == 0 || m == 0 {
+            return Ok(DraftTree::new());
+        }
+        let room = self.kv.capacity().saturating_sub(p0 + m);
+        let masks = self.masks.min(max_nodes - 1).min(room);
+        // Slot i (position p0 + i) reads the token one to its right.
+        self.model.forward(
+            self.target,
+            &mut self.kv,
+            &self.pending,
+            &committed[p0 + 1..=s],
+            masks,
+            &mut self.s,
+            &mut self.hidden,
+        )?;
+        self.pending.clear();
+        let v = self
+            .head
+            .logits(self.target, &self.hidden, &mut self.logits);
+        let head = &self.head;
+        let searched =
+            self.tree
+                .draft(&self.logits, v, |i| head.target_id(i), committed, max_nodes)?;
+        self.conf = searched.path_prob;
+        Ok(searched.tree)
+    }
+
+    fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
+        self.pending.extend_from_slice(hidden.rows);
+        Ok(())
+    }
+
+    fn node_confidence(&self) -> Option<&[f32]> {
+        Some(&self.conf)
+    }
+}

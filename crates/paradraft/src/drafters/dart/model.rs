@@ -1,0 +1,216 @@
+//! The DART draft network at inference (DART §3.1, spec §2.1): one LLaMA-style layer over
+//! `[input_norm(embedding of the next token) ; hidden_norm(fc(taps))]` (width 2H) for real
+//! slots and the learned `mask_rep` (bypassing both norms) for the mask slots, causal over
+//! [cached real slots, new real slots, masks]; its own one-layer KV cache keeps only real slots.
+
+use super::config::DartConfig;
+use crate::drafters::parts::{DraftHead, TapFusion};
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
+use crate::model::source::{SafetensorsSource, TensorSource};
+use crate::model::Model;
+use crate::runtime::ops::{self, AttnShape, Visibility};
+use crate::types::{Pos, TokenId};
+use std::path::Path;
+
+pub struct DartModel {
+    pub config: DartConfig,
+    /// `g = fc(taps)` (the real slots' residual) and `hidden_norm(g)` (their attention input).
+    fusion: TapFusion,
+    layer: Layer,
+    /// The mask slots' attention input (2H); its first half is their residual.
+    mask_rep: Vec<f32>,
+    norm: Vec<f32>,
+    inv_freq: Vec<f32>,
+}
+
+/// Reusable buffers.
+#[derive(Default)]
+pub struct Scratch {
+    g: Vec<f32>,
+    /// Attention inputs, `rows × 2H`.
+    u: Vec<f32>,
+    e: Vec<f32>,
+    once: Vec<f32>,
+    l: LayerScratch,
+    positions: Vec<Pos>,
+}
+
+impl DartModel {
+    /// Loads `config.json` + `model.safetensors` (weights Q8_0 when `quantize`) and the head
+    /// with its draft vocabulary.
+    pub fn load(dir: &Path, quantize: bool) -> Result<(Self, DraftHead)> {
+        if !dir.is_dir() {
+            return Err(Error::io(
+                dir,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not a DART drafter directory (config.json + model.safetensors)",
+                ),
+            ));
+        }
+        let config = DartConfig::load(dir)?;
+        let src = SafetensorsSource::open(dir)?;
+        let (mut m, mut head) = Self::from_source(config, &src)?;
+        if quantize {
+            m.fusion.quantize();
+            for w in m.layer.matrices_mut() {
+                *w = std::mem::replace(w, crate::runtime::quant::Matrix::from_f32(0, 0, vec![]))
+                    .to_q8_0();
+            }
+            head.quantize();
+        }
+        Ok((m, head))
+    }
+
+    pub fn from_source(config: DartConfig, src: &SafetensorsSource) -> Result<(Self, DraftHead)> {
+        config.layer.validate()?;
+        let c = &config.layer;
+        let h = c.hidden_size;
+        let fusion = TapFusion::load(
+            src,
+            "fc.weight",
+            "midlayer.hidden_norm.weight",
+            h,
+            3 * config.target_hidden_size,
+            c.rms_eps,
+        )?;
+        let layer = Layer::load_wide(src, c, false, 2 * h, |s| {
+            let hf = SafetensorsSource::hf_name(&format!("blk.0.{s}"));
+            hf.replacen("model.layers.0.", "midlayer.", 1)
+        })?;
+        let vocab = DraftVocab::load(
+            src,
+            Some(config.draft_vocab_size),
+            c.vocab_size,
+            "DART drafter",
+        )?;
+        if let Some(t2d) = src.int_tensor("t2d") {
+            // The published boolean mask must agree with d2t (we only need d2t).
+            let ok = t2d.len() == c.vocab_size
+                && t2d
+                    .iter()
+                    .enumerate()
+                    .all(|(t, &b)| (b != 0) == vocab.draft_id(TokenId(t as u32)).is_some());
+            if !ok {
+                return Err(Error::BadModelFile {
+                    path: src.describe().into(),
+                    format: "DART drafter",
+                    reason: "t2d disagrees with d2t".into(),
+                });
+            }
+        }
+        let head = DraftHead::own(
+            src.matrix("lm_head.weight", config.draft_vocab_size, h)?,
+            vocab,
+        );
+        let inv_freq = c.inv_freqs();
+        Ok((
+            DartModel {
+                fusion,
+                layer,
+                mask_rep: src.vector("midlayer.mask_rep", 2 * h)?,
+                norm: src.vector("norm.weight", h)?,
+                inv_freq,
+                config,
+            },
+            head,
+        ))
+    }
+
+    /// Floats of tapped features per position.
+    pub fn feature_width(&self) -> usize {
+        self.fusion.width()
+    }
+
+    pub fn new_kv(&self, capacity: usize) -> KvCache {
+        let c = &self.config.layer;
+        KvCache::new(1, c.n_kv_heads, c.head_dim, capacity)
+    }
+
+    /// One drafting call (spec §2.1 steps 1–7). Real slots: `features` (`m × width`) of the
+    /// positions `kv.len()..` with `next[i]`, the token one to the right of slot i; then
+    /// `masks` mask slots. Leaves in `out` the final hidden rows of the last `masks + 1` slots
+    /// (depths 1..=masks + 1), normed twice as the reference code does before its LM head.
+    /// The cache keeps the real slots only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        target: &Model,
+        kv: &mut KvCache,
+        features: &[f32],
+        next: &[TokenId],
+        masks: usize,
+        s: &mut Scratch,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let c = &self.config.layer;
+        let (h, m) = (c.hidden_size, next.len());
+        if m == 0 || features.len() != m * self.feature_width() {
+            return Err(Error::BadRequest(format!(
+                "DART call: {} feature floats for {m} real slots of width {}",
+                features.len(),
+                self.feature_width()
+            )));
+        }
+        let n = m + masks;
+        let p0 = kv.len();
+        let slot0 = kv.reserve(n)?;
+        // Residuals: g for real slots, mask_rep[..H] for masks. Inputs: [norm(e) ; norm(g)].
+        self.fusion.project(features, &mut s.l.qa, &mut s.g);
+        s.l.x.clear();
+        s.l.x.extend_from_slice(&s.g[..m * h]);
+        s.u.resize(n * 2 * h, 0.0);
+        s.e.resize(h, 0.0);
+        for (i, t) in next.iter().enumerate() {
+            target.embed_row(t.idx(), &mut s.e);
+            let (ue, ug) = s.u[i * 2 * h..(i + 1) * 2 * h].split_at_mut(h);
+            ops::rms_norm(&s.e, self.layer.attn_norm(), c.rms_eps, ue);
+            self.fusion.norm(&s.g[i * h..(i + 1) * h], ug);
+        }
+        for i in m..n {
+            s.u[i * 2 * h..(i + 1) * 2 * h].copy_from_slice(&self.mask_rep);
+            s.l.x.extend_from_slice(&self.mask_rep[..h]);
+        }
+        s.positions.clear();
+        s.positions.extend((p0..p0 + n).map(|p| Pos(p as u32)));
+        rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            prefix: p0,
+            n_new: n,
+        };
+        let mut seq = [SeqAttn {
+            kv: &mut *kv,
+            slot0,
+            shape,
+            vis: Visibility::Causal,
+        }];
+        self.layer
+            .attend(c, 0, &mut seq, &mut s.l, false, Some(&s.u));
+        kv.truncate(p0 + m); // the masks' K/V are dropped
+                             // Only the last real slot and the masks go on (their outputs are the depths).
+        s.l.x.drain(..(m - 1) * h);
+        self.layer.mlp(c, &mut s.l, false);
+        let rows = masks + 1;
+        s.once.resize(rows * h, 0.0);
+        out.resize(rows * h, 0.0);
+        for r in 0..rows {
+            let span = r * h..(r + 1) * h;
+            ops::rms_norm(
+                &s.l.x[span.clone()],
+                &self.norm,
+                c.rms_eps,
+                &mut s.once[span.clone()],
+            );
+            // The reference applies `norm` inside the forward and again before `lm_head`
+            // (RMSNorm is not idempotent when its weight ≠ 1); we reproduce it.
+            ops::rms_norm(&s.once[span.clone()], &self.norm, c.rms_eps, &mut out[span]);
+        }
+        Ok(())
+    }
+}

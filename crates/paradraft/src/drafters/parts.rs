@@ -1,0 +1,124 @@
+//! What the feature-conditioned parallel drafters share (DFlash §3.1, DART §3.1 / spec §2.1):
+//! the fusion of tapped target layers into one hidden-width feature, and the draft head that
+//! scores final hidden rows over a draft vocabulary and names their target tokens.
+
+use super::vocab::DraftVocab;
+use crate::error::Result;
+use crate::model::source::TensorSource;
+use crate::model::Model;
+use crate::runtime::ops;
+use crate::runtime::qmatmul::QActs;
+use crate::runtime::quant::{prep_acts, sized, Matrix};
+use crate::types::TokenId;
+
+/// Tap fusion: `g = fc([h_1 ; … ; h_k])` over the concatenated tapped states (no bias), and
+/// its RMSNorm. DFlash injects `norm(g)`; DART attends over `norm(g)` and keeps the raw `g`
+/// as the residual stream.
+pub struct TapFusion {
+    pub fc: Matrix,
+    norm: Vec<f32>,
+    eps: f32,
+}
+
+impl TapFusion {
+    /// `fc` (`hidden × taps·target_hidden`) and the norm named `norm`.
+    pub fn load(
+        src: &dyn TensorSource,
+        fc: &str,
+        norm: &str,
+        hidden: usize,
+        width: usize,
+        eps: f32,
+    ) -> Result<Self> {
+        Ok(TapFusion {
+            fc: src.matrix(fc, hidden, width)?,
+            norm: src.vector(norm, hidden)?,
+            eps,
+        })
+    }
+
+    /// Floats of tapped features per position.
+    pub fn width(&self) -> usize {
+        self.fc.cols
+    }
+
+    /// `g = fc(features)` for every row (`rows × width` in, `rows × hidden` out).
+    pub fn project(&self, features: &[f32], qa: &mut QActs, out: &mut Vec<f32>) {
+        let n = features.len() / self.width().max(1);
+        let g = sized(out, n * self.fc.rows);
+        prep_acts(qa, &[&self.fc], features, false);
+        self.fc.matmul(features, qa, g);
+    }
+
+    /// The fusion norm of one row.
+    pub fn norm(&self, g: &[f32], out: &mut [f32]) {
+        ops::rms_norm(g, &self.norm, self.eps, out);
+    }
+
+    /// `norm(fc(features))` for every row (DFlash's context feature).
+    pub fn fuse(&self, features: &[f32], qa: &mut QActs, out: &mut Vec<f32>) {
+        self.project(features, qa, out);
+        ops::rms_norm_inplace(out, &self.norm, self.eps);
+    }
+
+    /// `fc` in Q8_0 (int8 activations on the VNNI kernels).
+    pub fn quantize(&mut self) {
+        self.fc = std::mem::replace(&mut self.fc, Matrix::from_f32(0, 0, vec![])).to_q8_0();
+    }
+}
+
+/// A drafter's LM head over its draft vocabulary: its own matrix (DART), or the target's
+/// head rows of the draft vocabulary (DFlash, which shares the target's head).
+pub struct DraftHead {
+    /// `None`: the target's whole head (the full vocabulary).
+    own: Option<Matrix>,
+    pub vocab: DraftVocab,
+    qa: QActs,
+}
+
+impl DraftHead {
+    /// The drafter's own head (`vocab.len() × hidden`).
+    pub fn own(m: Matrix, vocab: DraftVocab) -> Self {
+        DraftHead {
+            own: Some(m),
+            vocab,
+            qa: QActs::default(),
+        }
+    }
+
+    /// The target's head restricted to `vocab` (no copy for the full vocabulary).
+    pub fn of_target(target: &Model, vocab: DraftVocab) -> Self {
+        let own = (!vocab.is_full()).then(|| {
+            let rows: Vec<usize> = vocab.d2t.iter().map(|&i| i as usize).collect();
+            target.output_head().select_rows(&rows)
+        });
+        DraftHead {
+            own,
+            vocab,
+            qa: QActs::default(),
+        }
+    }
+
+    /// Logits of every hidden row over the draft vocabulary (`rows × vocab.len()` into `out`);
+    /// returns the vocabulary size.
+    pub fn logits(&mut self, target: &Model, rows: &[f32], out: &mut Vec<f32>) -> usize {
+        let head = self.own.as_ref().unwrap_or(target.output_head());
+        let n = rows.len() / head.cols.max(1);
+        let o = sized(out, n * head.rows);
+        prep_acts(&mut self.qa, &[head], rows, false);
+        head.matmul(rows, &self.qa, o);
+        head.rows
+    }
+
+    /// The target token of a draft id.
+    pub fn target_id(&self, draft: usize) -> TokenId {
+        self.vocab.target_id(draft)
+    }
+
+    /// The head in Q8_0.
+    pub fn quantize(&mut self) {
+        if let Some(m) = self.own.take() {
+            self.own = Some(m.to_q8_0());
+        }
+    }
+}

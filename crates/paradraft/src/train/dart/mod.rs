@@ -1,0 +1,490 @@
+//! DART drafter training (DART §3.4 and Appendix B, spec §2.7): self-distilled sequences with
+//! cached target taps, the prefix-shared layout (every clean slot of a sequence, then blocks
+//! of `d − 1` mask slots for sampled prefixes) with its three-part attention mask, and a
+//! distillation loss weighted `λ_t = γ^(t−1)` over the t-th future token; the shared loop
+//! (`train::run`) optimises it. Deviations for the CPU budget: prefixes are sampled (the paper
+//! uses every prefix; depth 1 is scaled by the sampling rate so the objective's expectation is
+//! the paper's), and the loss is the target token's cross-entropy plus `kl_weight` × the KL
+//! from the target's distribution over the draft vocabulary (the paper: KL alone).
+
+pub mod net;
+
+use crate::drafters::dart::{dart_taps, DartConfig};
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::model::source::TensorSource;
+use crate::model::Model;
+use crate::train::data::Sample;
+use crate::train::dflash::net::FrozenHead;
+use crate::train::features::FeatureCache;
+use crate::train::fused::Ranges;
+use crate::train::optim::AdamW;
+use crate::train::run::{self, cerr, BatchLoss, Eval, LogLine, Schedule};
+use candle_core::{DType, Device, Tensor, D};
+use net::{Batch, CResult, Net};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Hyper-parameters (the paper's where the CPU allows; see the module notes).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DartParams {
+    /// Prefixes per sequence that get a block of mask slots (resampled every epoch; 0: all).
+    pub anchors: usize,
+    /// Depth decay γ: the t-th future token weighs γ^(t−1) (paper: 0.6).
+    pub gamma: f32,
+    /// Weight of the KL term (0: cross-entropy of the target's token only).
+    pub kl_weight: f64,
+    #[serde(flatten)]
+    pub schedule: Schedule,
+}
+
+impl Default for DartParams {
+    fn default() -> Self {
+        DartParams {
+            anchors: 48,
+            gamma: 0.6,
+            kl_weight: 1.0,
+            schedule: Schedule {
+                batch_seqs: 4,
+                epochs: 2,
+                max_steps: 0,
+                lr: 6e-4,
+                warmup_ratio: 0.04,
+                grad_clip: 0.5,
+                seed: 0,
+                save_every: 50,
+                pause_at: 0,
+            },
+        }
+    }
+}
+
+/// Everything training needs besides the network.
+pub struct Data<'a> {
+    pub target: &'a Model,
+    pub samples: &'a [Sample],
+    /// Rows: DART's three taps, then the target's last layer (the KL term's input).
+    pub features: &'a FeatureCache,
+    pub train: Vec<usize>,
+    pub vocab: &'a DraftVocab,
+    pub device: Device,
+}
+
+/// A sequence's batch with its labels.
+pub struct Labeled {
+    pub batch: Batch,
+    /// Draft id each `out` row must predict, its loss weight, and its depth (1 = clean slot).
+    pub labels: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub depth: Vec<u8>,
+    /// `[out, hidden]`: the target's last-layer output before each label.
+    pub target_hidden: Option<Tensor>,
+}
+
+/// Prefixes `g` whose depth-1 token `x_{g+2}` is a response token.
+pub fn valid_prefixes(s: &Sample) -> std::ops::Range<usize> {
+    let t = s.tokens.len();
+    (s.prompt_len as usize).saturating_sub(2)..t.saturating_sub(2)
+}
+
+/// The prefix-shared layout of sample `si` with mask blocks for `anchors` (sorted prefixes):
+/// positions, the three-part mask, and the scored rows with labels and weights.
+pub fn build(
+    data: &Data,
+    si: usize,
+    anchors: &[usize],
+    masks: usize,
+    gamma: f32,
+) -> CResult<Option<Labeled>> {
+    let s = &data.samples[si];
+    let (t, resp) = (s.tokens.len(), s.prompt_len as usize);
+    if t < 3 {
+        return Ok(None);
+    }
+    let clean = t - 1;
+    let h = data.target.config.hidden_size;
+    let f = data.features;
+    let mut features = Vec::with_capacity(clean * f.ctx);
+    f.rows_into(si, clean, &mut features);
+    let mut next_emb = vec![0f32; clean * h];
+    for i in 0..clean {
+        data.target
+            .embed_row(s.tokens[i + 1].idx(), &mut next_emb[i * h..(i + 1) * h]);
+    }
+    let n_valid = valid_prefixes(s).len().max(1);
+    let clean_w = (anchors.len() as f32 / n_valid as f32).min(1.0);
+    let (mut positions, mut ranges): (Vec<u32>, Vec<Ranges>) = (vec![], vec![]);
+    let (mut out, mut labels, mut weights, mut depth, mut rows) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let mut label = |slot: usize, p: usize, w: f32, d: u8| {
+        if p < t && p >= resp {
+            if let Some(id) = data.vocab.draft_id(s.tokens[p]) {
+                out.push(slot as u32);
+                labels.push(id);
+                weights.push(w);
+                depth.push(d);
+                rows.push(p - 1);
+            }
+        }
+    };
+    for i in 0..clean {
+        positions.push(i as u32);
+        ranges.push([(0, i as u32 + 1), (0, 0)]);
+        label(i, i + 2, clean_w, 1);
+    }
+    for (a, &g) in anchors.iter().enumerate() {
+        let b0 = (clean + a * masks) as u32;
+        for j in 1..=masks {
+            positions.push((g + j) as u32);
+            ranges.push([(0, g as u32 + 1), (b0, b0 + j as u32)]);
+            label(
+                clean + a * masks + j - 1,
+                g + 2 + j,
+                gamma.powi(j as i32),
+                j as u8 + 1,
+            );
+        }
+    }
+    if out.is_empty() {
+        return Ok(None);
+    }
+    let dev = &Device::Cpu;
+    let target_hidden = (f.width - f.ctx == h)
+        .then(|| {
+            let mut th = Vec::with_capacity(rows.len() * h);
+            f.tail_rows_into(si, &rows, &mut th);
+            Tensor::from_vec(th, (rows.len(), h), dev)
+        })
+        .transpose()?;
+    Ok(Some(Labeled {
+        batch: Batch {
+            features: Tensor::from_vec(features, (clean, f.ctx), dev)?,
+            next_emb: Tensor::from_vec(next_emb, (clean, h), dev)?,
+            masks: anchors.len() * masks,
+            positions,
+            ranges,
+            out,
+        },
+        labels,
+        weights,
+        depth,
+        target_hidden,
+    }))
+}
+
+/// Up to `n` distinct valid prefixes (all when `n` is 0), uniformly without replacement, sorted.
+pub fn sample_prefixes(s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut all: Vec<usize> = valid_prefixes(s).collect();
+    let k = if n == 0 { all.len() } else { n.min(all.len()) };
+    for i in 0..k {
+        let j = i + (rng.next_u64() % (all.len() - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(k);
+    all.sort_unstable();
+    all
+}
+
+/// The weighted loss of the sequences `chunk` and the depth-1 accuracy.
+fn batch_loss(
+    net: &Net,
+    head: &FrozenHead,
+    data: &Data,
+    p: &DartParams,
+    epoch: usize,
+    chunk: &[usize],
+) -> Result<BatchLoss> {
+    let masks = net.config.draft_length;
+    let (mut total, mut wsum, mut hit, mut n1) = (None::<Tensor>, 0f32, 0usize, 0usize);
+    for &si in chunk {
+        let mut rng = ChaCha8Rng::seed_from_u64(
+            p.schedule.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
+        );
+        let anchors = sample_prefixes(&data.samples[si], p.anchors, &mut rng);
+        let Some(lb) = build(data, si, &anchors, masks, p.gamma).map_err(cerr)? else {
+            continue;
+        };
+        let (l, w, h1, c1) = sequence_loss(net, head, &lb, p.kl_weight).map_err(cerr)?;
+        total = Some(match total {
+            None => l,
+            Some(t) => (t + l).map_err(cerr)?,
+        });
+        wsum += w;
+        hit += h1;
+        n1 += c1;
+    }
+    Ok(match total {
+        Some(t) if wsum > 0.0 => Some((
+            (t / wsum as f64).map_err(cerr)?,
+            hit as f64 / n1.max(1) as f64,
+        )),
+        _ => None,
+    })
+}
+
+/// Σ weight · loss over one sequence's scored rows, Σ weight, and depth-1 hits / count.
+fn sequence_loss(
+    net: &Net,
+    head: &FrozenHead,
+    lb: &Labeled,
+    kl: f64,
+) -> CResult<(Tensor, f32, usize, usize)> {
+    let logits = net.forward(&lb.batch)?;
+    let dev = logits.device();
+    let target = match (kl > 0.0, &lb.target_hidden) {
+        (true, Some(th)) => Some(head.target_logits(&th.to_device(dev)?)?),
+        _ => None,
+    };
+    let nll = crate::train::fused::cross_entropy_kl(&logits, &lb.labels, target.as_ref(), kl)?;
+    let wsum: f32 = lb.weights.iter().sum();
+    let wt = Tensor::from_vec(lb.weights.clone(), lb.weights.len(), dev)?;
+    let loss = (nll * wt)?.sum_all()?;
+    let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    let (mut hit, mut n) = (0, 0);
+    for (r, &d) in lb.depth.iter().enumerate() {
+        if d == 1 {
+            n += 1;
+            hit += (am[r] == lb.labels[r]) as usize;
+        }
+    }
+    Ok((loss, wsum, hit, n))
+}
+
+/// The target's head rows of the draft vocabulary with its final norm folded in (the fresh
+/// drafter's LM head starts as the target's own, on normed inputs).
+fn target_head_rows(target: &Model, vocab: &DraftVocab) -> Vec<f32> {
+    let h = target.config.hidden_size;
+    let norm = target.output_norm();
+    let mut w = vec![0f32; vocab.len() * h];
+    for (d, &t) in vocab.d2t.iter().enumerate() {
+        let row = &mut w[d * h..(d + 1) * h];
+        target.output_head().row_into(t as usize, row);
+        row.iter_mut().zip(norm).for_each(|(a, b)| *a *= b);
+    }
+    w
+}
+
+/// The drafter shape for `target`: one layer of the target's dimensions, `draft_length` masks.
+pub fn config_for(target: &Model, draft_length: usize, draft_vocab: usize) -> DartConfig {
+    let mut layer = target.config.clone();
+    layer.arch = crate::model::Arch::Llama;
+    layer.n_layers = 1;
+    layer.rope_scaling = crate::model::config::RopeScaling::None;
+    layer.rope_style = crate::runtime::ops::RopeStyle::Half;
+    DartConfig {
+        draft_length,
+        draft_vocab_size: draft_vocab,
+        target_hidden_size: target.config.hidden_size,
+        layer,
+    }
+}
+
+/// Trains (or resumes) in `dir`; `on_log` sees every step. Returns the trained net.
+pub fn train(
+    config: &DartConfig,
+    data: &Data,
+    p: &DartParams,
+    dir: &Path,
+    on_log: impl FnMut(&LogLine),
+) -> Result<Net> {
+    check_data(config, data)?;
+    let ckpt = dir.join("checkpoint");
+    let (net, mut opt, step, elapsed) = match run::load_checkpoint(&ckpt)? {
+        Some(c) => {
+            let net = Net::from_tensors(config.clone(), &c.tensors)
+                .map_err(|e| run::broken_checkpoint(&ckpt, e))?
+                .to_device(&data.device)
+                .map_err(cerr)?;
+            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            opt.load_state(&c.tensors, c.step).map_err(cerr)?;
+            (net, opt, c.step, c.elapsed_s)
+        }
+        None => {
+            let head = target_head_rows(data.target, data.vocab);
+            let net = Net::init(config.clone(), p.schedule.seed, Some(head))
+                .and_then(|n| n.to_device(&data.device))
+                .map_err(cerr)?;
+            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            (net, opt, 0, 0.0)
+        }
+    };
+    let head = crate::train::dflash::frozen_head(data.target, data.vocab)
+        .and_then(|h| h.to_device(&data.device))
+        .map_err(cerr)?;
+    run::train_loop(
+        &net.vars,
+        &mut opt,
+        step,
+        elapsed,
+        &data.train,
+        &p.schedule,
+        dir,
+        |chunk, epoch| batch_loss(&net, &head, data, p, epoch, chunk),
+        on_log,
+    )?;
+    Ok(net)
+}
+
+fn check_data(config: &DartConfig, data: &Data) -> Result<()> {
+    let want = 3 * config.target_hidden_size;
+    if data.features.ctx != want || config.draft_vocab_size != data.vocab.len() {
+        return Err(Error::BadRequest(format!(
+            "DART training: features of width {} and a vocabulary of {} for a drafter of taps \
+             width {want} and vocabulary {}",
+            data.features.ctx,
+            data.vocab.len(),
+            config.draft_vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// Held-out chain acceptance over the drafter's depths: at up to `anchors` evenly spaced
+/// prefixes per sample whose every depth lies in the response, the greedy drafts of depth
+/// 1..=D against the target's tokens.
+pub fn evaluate(net: &Net, data: &Data, held_out: &[usize], anchors: usize) -> Result<Eval> {
+    check_data(&net.config, data)?;
+    let masks = net.config.draft_length;
+    let depths = masks + 1;
+    let (mut hits, mut blocks) = (vec![0usize; depths], 0);
+    for &si in held_out {
+        let s = &data.samples[si];
+        let full: Vec<usize> = valid_prefixes(s)
+            .filter(|&g| g + 1 + depths < s.tokens.len())
+            .collect();
+        if full.is_empty() {
+            continue;
+        }
+        let step = full.len().div_ceil(anchors.max(1)).max(1);
+        let chosen: Vec<usize> = full.iter().copied().step_by(step).collect();
+        let Some(mut lb) = build(data, si, &chosen, masks, 1.0).map_err(cerr)? else {
+            continue;
+        };
+        // Score exactly the chain rows: clean slot g, then its masks.
+        let clean = s.tokens.len() - 1;
+        lb.batch.out = chosen
+            .iter()
+            .enumerate()
+            .flat_map(|(a, &g)| {
+                std::iter::once(g as u32)
+                    .chain((0..masks).map(move |j| (clean + a * masks + j) as u32))
+            })
+            .collect();
+        let am: Vec<u32> = net
+            .forward(&lb.batch)
+            .and_then(|l| l.argmax(D::Minus1))
+            .and_then(|a| a.to_vec1())
+            .map_err(cerr)?;
+        for (a, &g) in chosen.iter().enumerate() {
+            blocks += 1;
+            for k in 0..depths {
+                if data.vocab.d2t[am[a * depths + k] as usize] != s.tokens[g + 2 + k].0 {
+                    break;
+                }
+                hits[k] += 1;
+            }
+        }
+    }
+    Ok(Eval::from_hits(depths, blocks, &hits))
+}
+
+/// Writes the drafter in the published layout: `config.json` + `model.safetensors` (weights
+/// in `dtype` — F16, BF16 or F32 — the `d2t` offsets as I64 and the `t2d` mask as BOOL).
+pub fn export(net: &Net, vocab: &DraftVocab, dir: &Path, dtype: DType) -> Result<()> {
+    use safetensors::Dtype as St;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let st = match dtype {
+        DType::F16 => St::F16,
+        DType::BF16 => St::BF16,
+        DType::F32 => St::F32,
+        d => return Err(Error::BadRequest(format!("export dtype {d:?}"))),
+    };
+    let mut out: Vec<(String, Raw)> = vec![];
+    for (k, v) in &net.vars {
+        let x = v
+            .as_tensor()
+            .to_device(&Device::Cpu)
+            .and_then(|x| x.to_dtype(dtype))
+            .and_then(|x| x.flatten_all())
+            .map_err(cerr)?;
+        let data = match dtype {
+            DType::F16 => x
+                .to_vec1::<half::f16>()
+                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
+            DType::BF16 => x
+                .to_vec1::<half::bf16>()
+                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
+            _ => x
+                .to_vec1::<f32>()
+                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
+        }
+        .map_err(cerr)?;
+        out.push((k.clone(), Raw(st, v.dims().to_vec(), data)));
+    }
+    let d2t = bytes_of(&vocab.offsets(), |a| a.to_le_bytes());
+    out.push(("d2t".into(), Raw(St::I64, vec![vocab.len()], d2t)));
+    let t2d = (0..vocab.target_len())
+        .map(|t| vocab.draft_id(crate::types::TokenId(t as u32)).is_some() as u8)
+        .collect();
+    out.push(("t2d".into(), Raw(St::BOOL, vec![vocab.target_len()], t2d)));
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(out, None, &path)
+        .map_err(|e| Error::BadRequest(format!("writing {}: {e}", path.display())))?;
+    let js = serde_json::to_string_pretty(&net.config.to_json()).expect("config serialises");
+    std::fs::write(dir.join("config.json"), js + "\n").map_err(|e| Error::io(dir, e))
+}
+
+fn bytes_of<T, const N: usize>(v: &[T], le: impl Fn(&T) -> [u8; N]) -> Vec<u8> {
+    v.iter().flat_map(le).collect()
+}
+
+/// A tensor's dtype, shape and little-endian bytes, for `safetensors`.
+struct Raw(safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+impl safetensors::View for Raw {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.0
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.2)
+    }
+    fn data_len(&self) -> usize {
+        self.2.len()
+    }
+}
+
+/// An exported (or published) DART drafter as a trainable network with its vocabulary.
+pub fn load_exported(dir: &Path) -> Result<(Net, DraftVocab)> {
+    let config = DartConfig::load(dir)?;
+    let src = crate::model::source::SafetensorsSource::open(dir)?;
+    let vocab = DraftVocab::load(
+        &src,
+        Some(config.draft_vocab_size),
+        config.layer.vocab_size,
+        "DART drafter",
+    )?;
+    // candle reads no BOOL tensors: take every float tensor through our own reader.
+    let mut t = HashMap::new();
+    for (name, shape) in Net::shapes(&config) {
+        let v = src.f32_tensor(&name, &shape)?;
+        t.insert(
+            name,
+            Tensor::from_vec(v, shape, &Device::Cpu).map_err(cerr)?,
+        );
+    }
+    let net = Net::from_tensors(config, &t).map_err(cerr)?;
+    Ok((net, vocab))
+}
+
+/// DART's taps plus the target's last layer: the rows its feature cache holds.
+pub fn stored_taps(target: &Model) -> Result<Vec<usize>> {
+    let mut t = dart_taps(target.config.n_layers)?;
+    t.push(target.config.n_layers - 1);
+    Ok(t)
+}

@@ -1,0 +1,332 @@
+//! DART (spec §2): a drafter in the published layout (BOOL `t2d` included) loads; the
+//! inference runtime and the training graph compute the same logits (shifted slots, mask slots,
+//! double norm), also across calls that reuse the drafter's cache; every trainable tensor gets a
+//! gradient; speculative decoding with DART is token-identical to AR greedy; drafters that do
+//! not fit their target are refused.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::load_tiny;
+use paradraft::drafters::dart::{dart_taps, Dart, DartConfig, DartModel};
+use paradraft::drafters::vocab::DraftVocab;
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::model::Loaded;
+use paradraft::sample::SamplingParams;
+use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
+use paradraft::spec::{speculative_generate, Speculation};
+use paradraft::train::dart::net::{Batch, Net};
+use paradraft::train::dart::{config_for, export, load_exported};
+use paradraft::types::TokenId;
+
+const MASKS: usize = 3;
+
+fn tiny_config(lm: &Loaded, vocab: &DraftVocab) -> DartConfig {
+    let mut c = config_for(&lm.model, MASKS, vocab.len());
+    c.layer.n_heads = 4;
+    c.layer.n_kv_heads = 2;
+    c.layer.head_dim = 16;
+    c.layer.intermediate_size = 96;
+    c
+}
+
+fn reduced(n: usize) -> DraftVocab {
+    DraftVocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
+}
+
+/// An untrained drafter exported in the published layout (f32 so both paths share weights).
+fn drafter_dir(lm: &Loaded, vocab: &DraftVocab, seed: u64) -> (tempfile::TempDir, Net) {
+    let net = Net::init(tiny_config(lm, vocab), seed, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    export(&net, vocab, dir.path(), candle_core::DType::F32).unwrap();
+    (dir, net)
+}
+
+fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+            (x % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn published_layout_loads_with_its_bool_t2d() {
+    let lm = load_tiny("llama");
+    let n = lm.model.config.vocab_size;
+    let vocab = reduced(n);
+    let (dir, _) = drafter_dir(&lm, &vocab, 1);
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(cfg["draft_length"], MASKS);
+    assert_eq!(cfg["draft_vocab_size"], vocab.len());
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("t2d").unwrap().dtype(), safetensors::Dtype::BOOL);
+    assert_eq!(st.tensor("d2t").unwrap().dtype(), safetensors::Dtype::I64);
+    for name in [
+        "fc.weight",
+        "midlayer.mask_rep",
+        "midlayer.hidden_norm.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "lm_head.weight",
+        "norm.weight",
+    ] {
+        assert!(st.tensor(name).is_ok(), "{name}");
+    }
+    let (m, head) = DartModel::load(dir.path(), false).unwrap();
+    assert_eq!(head.vocab, vocab);
+    assert_eq!(m.config.draft_length, MASKS);
+    let (_, v2) = load_exported(dir.path()).unwrap();
+    assert_eq!(v2, vocab);
+}
+
+/// Runtime logits of one call: `m` real slots from position `p0` (the cache holds `p0`).
+fn runtime_logits(lm: &Loaded, dir: &std::path::Path, calls: &[(usize, usize)]) -> Vec<Vec<f32>> {
+    let (m, mut head) = DartModel::load(dir, false).unwrap();
+    let w = m.feature_width();
+    let mut kv = m.new_kv(64);
+    let mut s = paradraft::drafters::dart::model::Scratch::default();
+    let toks: Vec<TokenId> = (0..40).map(|i| TokenId((i * 7 + 3) % 300 + 20)).collect();
+    let feats = pseudo_random(40 * w, 5);
+    let mut out = vec![];
+    for &(p0, m_) in calls {
+        assert_eq!(kv.len(), p0);
+        let mut hidden = vec![];
+        m.forward(
+            &lm.model,
+            &mut kv,
+            &feats[p0 * w..(p0 + m_) * w],
+            &toks[p0 + 1..=p0 + m_],
+            MASKS,
+            &mut s,
+            &mut hidden,
+        )
+        .unwrap();
+        let mut logits = vec![];
+        head.logits(&lm.model, &hidden, &mut logits);
+        out.push(logits);
+    }
+    out
+}
+
+/// The training graph's logits for the same positions: clean slots 0..m, one block of masks
+/// for the prefix ending at m − 1.
+fn graph_logits(lm: &Loaded, net: &Net, m: usize) -> Vec<f32> {
+    let w = 3 * lm.model.config.hidden_size;
+    let h = lm.model.config.hidden_size;
+    let toks: Vec<TokenId> = (0..40).map(|i| TokenId((i * 7 + 3) % 300 + 20)).collect();
+    let feats = pseudo_random(40 * w, 5);
+    let mut emb = vec![0f32; m * h];
+    for i in 0..m {
+        lm.model
+            .embed_row(toks[i + 1].idx(), &mut emb[i * h..(i + 1) * h]);
+    }
+    let g = (m - 1) as u32;
+    let mut positions: Vec<u32> = (0..m as u32).collect();
+    let mut ranges: Vec<[(u32, u32); 2]> = (0..m as u32).map(|i| [(0, i + 1), (0, 0)]).collect();
+    for j in 1..=MASKS as u32 {
+        positions.push(g + j);
+        ranges.push([(0, g + 1), (m as u32, m as u32 + j)]);
+    }
+    let b = Batch {
+        features: Tensor::from_vec(feats[..m * w].to_vec(), (m, w), &Device::Cpu).unwrap(),
+        next_emb: Tensor::from_vec(emb, (m, h), &Device::Cpu).unwrap(),
+        masks: MASKS,
+        positions,
+        ranges,
+        out: (g..g + 1 + MASKS as u32).collect(),
+    };
+    net.forward(&b)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+#[test]
+fn training_graph_matches_the_inference_runtime_across_calls() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 2);
+    let (net, _) = load_exported(dir.path()).unwrap();
+    // One call over 9 real slots, and the same positions fed as 5 + 4 (the second call reads
+    // the first call's real slots from the cache; its masks were dropped).
+    let one = runtime_logits(&lm, dir.path(), &[(0, 9)]);
+    let two = runtime_logits(&lm, dir.path(), &[(0, 5), (5, 4)]);
+    let graph5 = graph_logits(&lm, &net, 5);
+    let graph9 = graph_logits(&lm, &net, 9);
+    let diff = |a: &[f32], b: &[f32]| {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(
+        diff(&one[0], &two[1]) < 1e-4,
+        "cache reuse {}",
+        diff(&one[0], &two[1])
+    );
+    assert!(
+        diff(&one[0], &graph9) < 2e-3,
+        "9 slots {}",
+        diff(&one[0], &graph9)
+    );
+    assert!(
+        diff(&two[0], &graph5) < 2e-3,
+        "5 slots {}",
+        diff(&two[0], &graph5)
+    );
+    assert_eq!(one[0].len(), (MASKS + 1) * vocab.len());
+    // The comparison can fail: logits are far larger than the tolerance, and other positions
+    // give other logits.
+    let scale = one[0].iter().fold(0f32, |a, x| a.max(x.abs()));
+    assert!(scale > 0.2, "logit scale {scale}");
+    assert!(diff(&one[0][..vocab.len()], &graph5[..vocab.len()]) > 0.05);
+}
+
+#[test]
+fn every_trainable_tensor_gets_a_gradient() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let net = Net::init(tiny_config(&lm, &vocab), 4, None).unwrap();
+    let logits = {
+        let w = 3 * lm.model.config.hidden_size;
+        let h = lm.model.config.hidden_size;
+        let m = 6;
+        let b = Batch {
+            features: Tensor::from_vec(pseudo_random(m * w, 1), (m, w), &Device::Cpu).unwrap(),
+            next_emb: Tensor::from_vec(pseudo_random(m * h, 2), (m, h), &Device::Cpu).unwrap(),
+            masks: 2 * MASKS,
+            positions: vec![0, 1, 2, 3, 4, 5, 2, 3, 4, 5, 6, 7],
+            ranges: (0..6u32)
+                .map(|i| [(0, i + 1), (0, 0)])
+                .chain((1..=3u32).map(|j| [(0, 2), (6, 6 + j)]))
+                .chain((1..=3u32).map(|j| [(0, 5), (9, 9 + j)]))
+                .collect(),
+            out: (0..12).collect(),
+        };
+        net.forward(&b).unwrap()
+    };
+    let labels: Vec<u32> = (0..12).map(|i| (i * 13) % vocab.len() as u32).collect();
+    let l = paradraft::train::fused::cross_entropy_kl(&logits, &labels, None, 0.0)
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let g = l.backward().unwrap();
+    for (name, v) in &net.vars {
+        let gr = g
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("{name} gets no gradient"));
+        let s = gr
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
+    }
+}
+
+fn tree(ngram: bool, lm: &Loaded) -> TreeDrafting {
+    let trie = ngram.then(|| {
+        let mut b = paradraft::ngram::TrieBuilder::new(3).unwrap();
+        b.add_document(
+            &lm.tokenizer
+                .encode("the quick brown fox jumps over the lazy dog")
+                .unwrap(),
+        );
+        std::sync::Arc::new(b.finish(paradraft::ngram::stamp_of(&lm.tokenizer)).unwrap())
+    });
+    let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
+    TreeDrafting::new(TreeSearchParams::default(), trie, stop)
+}
+
+#[test]
+fn speculative_decoding_with_dart_is_lossless() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 3);
+    let prompt = lm
+        .tokenizer
+        .encode("the quick brown fox jumps over")
+        .unwrap();
+    let greedy = GenerateParams {
+        max_new_tokens: 40,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+    };
+    let mut kv = lm.model.new_kv(120);
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
+    for (ngram, budget, masks) in [(false, 8, None), (true, 24, Some(2)), (true, 1, None)] {
+        let (m, head) = DartModel::load(dir.path(), true).unwrap();
+        let mut d = Dart::new(m, head, &lm.model, 120, masks, tree(ngram, &lm)).unwrap();
+        let sp = speculative_generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            &greedy,
+            Speculation {
+                drafter: &mut d,
+                max_draft: budget,
+                sizer: None,
+            },
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            sp.out.token_ids, ar.token_ids,
+            "ngram={ngram} budget={budget}"
+        );
+        assert!(sp.rounds.iter().all(|r| r.drafted <= budget));
+    }
+}
+
+#[test]
+fn drafters_that_do_not_fit_are_refused() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    // Wider taps than the target's hidden size.
+    let mut cfg = tiny_config(&lm, &vocab);
+    cfg.target_hidden_size += 8;
+    let net = Net::init(cfg, 1, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    export(&net, &vocab, dir.path(), candle_core::DType::F16).unwrap();
+    let (m, head) = DartModel::load(dir.path(), true).unwrap();
+    let e = Dart::new(m, head, &lm.model, 64, None, tree(false, &lm))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("does not fit"), "{e}");
+    // A corrupt d2t, a missing tensor, a config that is not DART's.
+    let (good, _) = drafter_dir(&lm, &vocab, 1);
+    let cfg_path = good.path().join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["draft_vocab_size"] = serde_json::json!(vocab.len() - 1);
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = DartModel::load(good.path(), true)
+        .err()
+        .expect("d2t size")
+        .to_string();
+    assert!(e.contains("d2t"), "{e}");
+    v["draft_vocab_size"] = serde_json::json!(vocab.len());
+    v["num_hidden_layers"] = serde_json::json!(2);
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = DartModel::load(good.path(), true)
+        .err()
+        .expect("layers")
+        .to_string();
+    assert!(e.contains("one layer"), "{e}");
+    std::fs::write(&cfg_path, "{not json").unwrap();
+    assert!(DartModel::load(good.path(), true).is_err());
+    assert!(DartModel::load(&good.path().join("nope"), true).is_err());
+    assert_eq!(dart_taps(30).unwrap(), vec![1, 14, 26]);
+    assert_eq!(dart_taps(36).unwrap(), vec![1, 17, 32]);
+}
