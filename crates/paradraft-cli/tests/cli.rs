@@ -460,3 +460,83 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
         "exclude each other",
     );
 }
+
+/// `train dart` end to end on a tiny model (data, taps, two steps, export, held-out
+/// evaluation), then decoding with the exported drafter matches AR; tree budgets of 0 or
+/// beyond the context are refused.
+#[test]
+fn train_dart_exports_a_drafter_that_decodes_losslessly() {
+    let m = tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("p.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| format!("{{\"id\": \"p{i}\", \"prompt\": \"count to {i}\"}}"))
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let out = dir.path().join("run");
+    let r = run(&[
+        "train",
+        "dart",
+        "--model",
+        &m,
+        "--out",
+        out.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--samples",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "--draft-vocab",
+        "100",
+        "--draft-length",
+        "3",
+        "--anchors",
+        "2",
+        "--batch-seqs",
+        "2",
+        "--max-steps",
+        "2",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let drafter = out.join("dart-drafter");
+    for f in ["config.json", "model.safetensors"] {
+        assert!(drafter.join(f).exists(), "{f}");
+    }
+    assert!(out.join("dart/eval.json").exists() && out.join("dart/loss.svg").exists());
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "count to 3",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let ar = json_of(&gen(&[]));
+    let d = drafter.to_str().unwrap();
+    let sp = gen(&["--drafter", "dart", "--draft-model", d, "--no-ngram"]);
+    assert!(
+        sp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sp.stderr)
+    );
+    assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"]);
+    for budget in ["0", "100000"] {
+        let r = gen(&[
+            "--drafter",
+            "dart",
+            "--draft-model",
+            d,
+            "--no-ngram",
+            "--tree-budget",
+            budget,
+        ]);
+        assert_refused(&r, "--tree-budget");
+    }
+}

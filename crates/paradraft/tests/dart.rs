@@ -330,3 +330,69 @@ fn drafters_that_do_not_fit_are_refused() {
     assert_eq!(dart_taps(30).unwrap(), vec![1, 14, 26]);
     assert_eq!(dart_taps(36).unwrap(), vec![1, 17, 32]);
 }
+
+/// The committed SmolLM2 DART drafter: token-identical to AR greedy with fixed trees and with
+/// trees cut by the sizer, and it commits more than one token per pass.
+#[test]
+fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
+    use paradraft::bench::datasets::Dataset;
+    use paradraft::model::Message;
+    use paradraft::spec::sizing::{CostCurve, Sizer};
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = paradraft::model::load(&path).unwrap();
+    let corpus = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/corpus/corpus_permissive.jsonl.gz");
+    let trie = std::sync::Arc::new(
+        paradraft::ngram::build_from_jsonl(&[corpus], &lm.tokenizer, 3, 2, |_, _| {}).unwrap(),
+    );
+    let drafter = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../drafters/smollm2-135m-dart");
+    let data = paradraft::bench::datasets::default_dir();
+    let mut items = Dataset::Gsm8k.load(&data, 2).unwrap();
+    items.extend(Dataset::HumanEval.load(&data, 1).unwrap());
+    let params = GenerateParams {
+        max_new_tokens: 48,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+    };
+    let curve = CostCurve::measure(&lm.model, 64, 2).unwrap();
+    let (mut rounds, mut committed) = (0usize, 0usize);
+    for it in &items {
+        let text = lm
+            .tokenizer
+            .apply_chat_template(&[Message::new("user", &it.turns[0])], true)
+            .unwrap();
+        let prompt = lm.tokenizer.encode(&text).unwrap();
+        let mut kv = lm.model.new_kv(1024);
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+        for sized in [false, true] {
+            let (m, head) = DartModel::load(&drafter, true).unwrap();
+            let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
+            let td = TreeDrafting::new(TreeSearchParams::default(), Some(trie.clone()), stop);
+            let mut d = Dart::new(m, head, &lm.model, 1024, None, td).unwrap();
+            let mut sizer = Sizer::new(curve.clone());
+            let sp = speculative_generate(
+                &lm.model,
+                &lm.tokenizer,
+                &mut kv,
+                &prompt,
+                &params,
+                Speculation {
+                    drafter: &mut d,
+                    max_draft: 24,
+                    sizer: sized.then_some(&mut sizer),
+                },
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(sp.out.token_ids, ar.token_ids, "{} sized={sized}", it.id);
+            if !sized {
+                rounds += sp.rounds.len();
+                committed += sp.rounds.iter().map(|r| r.accepted + 1).sum::<usize>();
+            }
+        }
+    }
+    let tau = committed as f64 / rounds as f64;
+    eprintln!("DART τ with 24-node trees: {tau:.3}");
+    assert!(tau > 1.5, "τ {tau:.3}");
+}

@@ -19,7 +19,7 @@ use crate::runtime::ops::RopeStyle;
 use config::{Llama3Scaling, RopeScaling};
 use gguf::GgufFile;
 use source::{SafetensorsSource, TensorSource};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A model with its tokenizer.
 pub struct Loaded {
@@ -140,6 +140,19 @@ fn load_hf_dir(dir: &Path) -> Result<Loaded> {
     let tokenizer = Tokenizer::from_hf_dir(dir, &v)?;
     let model = Model::from_source(config, &src)?;
     Ok(Loaded { model, tokenizer })
+}
+
+/// `dir/config.json` parsed as JSON (its path comes back for later errors); `format` names the
+/// file in errors.
+pub fn read_config_json(dir: &Path, format: &'static str) -> Result<(serde_json::Value, PathBuf)> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+    let v = serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
+        path: p.clone(),
+        format,
+        reason: e.to_string(),
+    })?;
+    Ok((v, p))
 }
 
 /// A model configuration from an HF `config.json` (Llama, Qwen2 and Qwen3 keys; DFlash

@@ -68,15 +68,29 @@ impl Level {
         idx: &mut Vec<u32>,
     ) -> Level {
         let k = k.min(row.len());
-        idx.clear();
-        idx.extend(0..row.len() as u32);
         // Higher logit first, ties to the lower id (a deterministic top-k).
         let by_logit =
             |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-        if k < idx.len() && k > 0 {
-            idx.select_nth_unstable_by(k - 1, by_logit);
+        // One pass keeping the best k seen so far: an entry replaces the worst kept one only
+        // if its logit is strictly higher (scanning ids upwards, so ties keep the lower id).
+        idx.clear();
+        if k > 0 {
+            idx.extend(0..k as u32);
+            let worst = |idx: &[u32]| {
+                (0..idx.len())
+                    .max_by(|&a, &b| by_logit(&idx[a], &idx[b]))
+                    .unwrap_or(0)
+            };
+            let mut w = worst(idx);
+            let mut floor = row[idx[w] as usize];
+            for (i, &x) in row.iter().enumerate().skip(k) {
+                if x > floor {
+                    idx[w] = i as u32;
+                    w = worst(idx);
+                    floor = row[idx[w] as usize];
+                }
+            }
         }
-        idx.truncate(k);
         idx.sort_by(by_logit);
         let max = idx.first().map_or(0.0, |&i| row[i as usize]);
         let mut probs: Vec<f32> = idx.iter().map(|&i| (row[i as usize] - max).exp()).collect();
@@ -172,14 +186,18 @@ impl TreeSearch {
                 }
             }
             let c = &self.cands;
-            next.sort_by(|&a, &b| {
-                let (x, y) = (&c[a as usize], &c[b as usize]);
+            let order = |a: &u32, b: &u32| {
+                let (x, y) = (&c[*a as usize], &c[*b as usize]);
                 x.eos
                     .cmp(&y.eos)
                     .then(y.score.total_cmp(&x.score))
-                    .then(a.cmp(&b))
-            });
-            next.truncate(p.beam);
+                    .then(a.cmp(b))
+            };
+            if next.len() > p.beam {
+                next.select_nth_unstable_by(p.beam - 1, order);
+                next.truncate(p.beam);
+            }
+            next.sort_by(order);
             beam.clear();
             beam.extend(next.iter().map(|&i| Some(i)));
         }
@@ -205,14 +223,18 @@ impl TreeSearch {
     fn cut(&self, budget: usize) -> Result<SearchedTree> {
         let c = &self.cands;
         let mut order: Vec<u32> = (0..c.len() as u32).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&c[a as usize], &c[b as usize]);
+        let by_score = |a: &u32, b: &u32| {
+            let (x, y) = (&c[*a as usize], &c[*b as usize]);
             y.score
                 .total_cmp(&x.score)
                 .then(x.depth.cmp(&y.depth))
-                .then(a.cmp(&b))
-        });
+                .then(a.cmp(b))
+        };
+        if budget > 0 && order.len() > budget {
+            order.select_nth_unstable_by(budget - 1, by_score);
+        }
         order.truncate(budget);
+        order.sort_by(by_score);
         let mut id = vec![u32::MAX; c.len()];
         let mut out = SearchedTree::default();
         for &i in &order {
@@ -320,6 +342,30 @@ mod tests {
         let z: f32 = e.iter().sum();
         for (a, b) in l.probs.iter().zip(e) {
             assert!((a - b / z).abs() < 1e-6);
+        }
+    }
+
+    /// The one-pass top-k equals a full sort (higher logit first, ties to the lower id), on
+    /// rows with many ties.
+    #[test]
+    fn one_pass_top_k_equals_a_full_sort() {
+        let mut x = 12345u64;
+        for n in [1usize, 5, 25, 26, 300, 8192] {
+            let row: Vec<f32> = (0..n)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 40) % 17) as f32 * 0.5
+                })
+                .collect();
+            for k in [1, 3, 25] {
+                let got = Level::from_logits(&row, k, |i| TokenId(i as u32)).tokens;
+                let mut all: Vec<u32> = (0..n as u32).collect();
+                all.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b)));
+                all.truncate(k.min(n));
+                assert_eq!(got, ids(&all), "n {n} k {k}");
+            }
         }
     }
 

@@ -7,6 +7,7 @@ pub mod data;
 pub mod dflash;
 pub mod features;
 pub mod fused;
+pub mod graph;
 pub mod optim;
 pub mod plot;
 pub mod run;

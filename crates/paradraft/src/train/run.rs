@@ -16,6 +16,33 @@ pub(crate) fn cerr(e: candle_core::Error) -> Error {
     Error::BadRequest(format!("training: {e}"))
 }
 
+/// Everything a trainer needs besides the network: the target, the self-distilled samples
+/// with their cached target features, the training split and the draft vocabulary.
+pub struct Data<'a> {
+    pub target: &'a crate::model::Model,
+    pub samples: &'a [crate::train::data::Sample],
+    /// The drafter's taps (the context columns), then the target's last layer when kept.
+    pub features: &'a crate::train::features::FeatureCache,
+    pub train: Vec<usize>,
+    pub vocab: &'a crate::drafters::vocab::DraftVocab,
+    /// Where the drafter's tensors live (batches are built on the CPU and copied there).
+    pub device: Device,
+}
+
+/// Up to `n` distinct items of `range` (all of them when `n` is 0), uniformly without
+/// replacement, sorted.
+pub fn sample_sorted(range: std::ops::Range<usize>, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut all: Vec<usize> = range.collect();
+    let k = if n == 0 { all.len() } else { n.min(all.len()) };
+    for i in 0..k {
+        let j = i + (rng.next_u64() % (all.len() - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(k);
+    all.sort_unstable();
+    all
+}
+
 /// Trainable weights by checkpoint name.
 pub type Vars = BTreeMap<String, Var>;
 

@@ -85,14 +85,7 @@ impl DartConfig {
     }
 
     pub fn load(dir: &Path) -> Result<Self> {
-        let p = dir.join("config.json");
-        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
-                path: p.clone(),
-                format: "DART config.json",
-                reason: e.to_string(),
-            })?;
+        let (v, p) = crate::model::read_config_json(dir, "DART config.json")?;
         Self::from_json(&v, &p)
     }
 

@@ -91,14 +91,7 @@ impl DflashConfig {
     }
 
     pub fn load(dir: &Path) -> Result<Self> {
-        let p = dir.join("config.json");
-        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::BadModelFile {
-                path: p.clone(),
-                format: "DFlash config.json",
-                reason: e.to_string(),
-            })?;
+        let (v, p) = crate::model::read_config_json(dir, "DFlash config.json")?;
         Self::from_json(&v, &p)
     }
 

@@ -16,14 +16,13 @@ use crate::model::source::TensorSource;
 use crate::model::Model;
 use crate::train::data::Sample;
 use crate::train::dflash::net::FrozenHead;
-use crate::train::features::FeatureCache;
 use crate::train::fused::Ranges;
 use crate::train::optim::AdamW;
 use crate::train::run::{self, cerr, BatchLoss, Eval, LogLine, Schedule};
 use candle_core::{DType, Device, Tensor, D};
 use net::{Batch, CResult, Net};
 use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
+use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -62,16 +61,7 @@ impl Default for DartParams {
     }
 }
 
-/// Everything training needs besides the network.
-pub struct Data<'a> {
-    pub target: &'a Model,
-    pub samples: &'a [Sample],
-    /// Rows: DART's three taps, then the target's last layer (the KL term's input).
-    pub features: &'a FeatureCache,
-    pub train: Vec<usize>,
-    pub vocab: &'a DraftVocab,
-    pub device: Device,
-}
+pub use crate::train::run::Data;
 
 /// A sequence's batch with its labels.
 pub struct Labeled {
@@ -177,15 +167,7 @@ pub fn build(
 
 /// Up to `n` distinct valid prefixes (all when `n` is 0), uniformly without replacement, sorted.
 pub fn sample_prefixes(s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
-    let mut all: Vec<usize> = valid_prefixes(s).collect();
-    let k = if n == 0 { all.len() } else { n.min(all.len()) };
-    for i in 0..k {
-        let j = i + (rng.next_u64() % (all.len() - i) as u64) as usize;
-        all.swap(i, j);
-    }
-    all.truncate(k);
-    all.sort_unstable();
-    all
+    run::sample_sorted(valid_prefixes(s), n, rng)
 }
 
 /// The weighted loss of the sequences `chunk` and the depth-1 accuracy.

@@ -5,10 +5,11 @@
 
 use crate::drafters::dart::DartConfig;
 use crate::train::fused::{self, Ranges};
+use crate::train::graph::{cos_sin, expand_kv, linear, normals, rms, rope, vars_from, vars_to};
 use crate::train::run::Vars;
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
+use rand_core::SeedableRng;
 use std::collections::{BTreeMap, HashMap};
 
 pub type CResult<T> = candle_core::Result<T>;
@@ -35,46 +36,6 @@ pub struct Batch {
     pub ranges: Vec<Ranges>,
     /// Slots whose outputs are scored.
     pub out: Vec<u32>,
-}
-
-/// Standard-normal samples from a seeded stream (Box–Muller).
-fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
-    let u = |r: &mut ChaCha8Rng| ((r.next_u32() >> 8) as f32 + 0.5) / (1u32 << 24) as f32;
-    (0..n)
-        .map(|_| {
-            let (a, b) = (u(rng), u(rng));
-            std * (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
-        })
-        .collect()
-}
-
-fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
-    x.matmul(&w.t()?)
-}
-
-fn rms(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
-    fused::rms_norm(x, w, eps)
-}
-
-/// Rotate-half RoPE on `[n, heads, hd]` with `cos`, `sin` of shape `[n, 1, hd/2]`.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> CResult<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
-    let b = (x1.broadcast_mul(sin)? + x2.broadcast_mul(cos)?)?;
-    Tensor::cat(&[a, b], D::Minus1)
-}
-
-/// `[n, kv_heads, hd]` → `[n, heads, hd]`.
-fn expand_kv(x: &Tensor, groups: usize) -> CResult<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (n, kvh, hd) = x.dims3()?;
-    x.unsqueeze(2)?
-        .broadcast_as((n, kvh, groups, hd))?
-        .reshape((n, kvh * groups, hd))
 }
 
 impl Net {
@@ -132,17 +93,7 @@ impl Net {
 
     /// Weights from tensors by name (a checkpoint or an exported drafter).
     pub fn from_tensors(config: DartConfig, t: &HashMap<String, Tensor>) -> CResult<Self> {
-        let mut vars = BTreeMap::new();
-        for (name, shape) in Self::shapes(&config) {
-            let x = t
-                .get(&name)
-                .ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {name}")))?
-                .to_dtype(DType::F32)?;
-            if x.dims() != shape.as_slice() {
-                candle_core::bail!("{name} has shape {:?}, expected {shape:?}", x.dims());
-            }
-            vars.insert(name, Var::from_tensor(&x)?);
-        }
+        let vars = vars_from(Self::shapes(&config), t)?;
         let inv_freq = config.layer.inv_freqs();
         Ok(Net {
             config,
@@ -153,13 +104,8 @@ impl Net {
     }
 
     pub fn to_device(self, dev: &Device) -> CResult<Self> {
-        let vars = self
-            .vars
-            .into_iter()
-            .map(|(k, v)| Ok((k, Var::from_tensor(&v.as_tensor().to_device(dev)?)?)))
-            .collect::<CResult<_>>()?;
         Ok(Net {
-            vars,
+            vars: vars_to(self.vars, dev)?,
             device: dev.clone(),
             ..self
         })
@@ -171,24 +117,6 @@ impl Net {
 
     fn w(&self, name: &str) -> &Tensor {
         self.vars[name].as_tensor()
-    }
-
-    fn cos_sin(&self, pos: &[u32]) -> CResult<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
-        let (mut c, mut s) = (Vec::with_capacity(pos.len() * half), Vec::new());
-        s.reserve(pos.len() * half);
-        for &p in pos {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                c.push(a.cos());
-                s.push(a.sin());
-            }
-        }
-        let shape = (pos.len(), 1, half);
-        Ok((
-            Tensor::from_vec(c, shape, &self.device)?,
-            Tensor::from_vec(s, shape, &self.device)?,
-        ))
     }
 
     /// Logits over the draft vocabulary of the batch's `out` slots, `[out, draft_vocab]`.
@@ -220,7 +148,7 @@ impl Net {
                 .broadcast_as((b.masks, h))?;
             resid = Tensor::cat(&[resid, rr.contiguous()?], 0)?;
         }
-        let (cos, sin) = self.cos_sin(&b.positions)?;
+        let (cos, sin) = cos_sin(&self.inv_freq, &b.positions, dev)?;
         let q = linear(&u, self.w(&m("self_attn.q_proj.weight")))?.reshape((n, nh, hd))?;
         let k = linear(&u, self.w(&m("self_attn.k_proj.weight")))?.reshape((n, nkv, hd))?;
         let v = linear(&u, self.w(&m("self_attn.v_proj.weight")))?.reshape((n, nkv, hd))?;

@@ -10,7 +10,6 @@ use crate::train::features::FeatureCache;
 use crate::types::TokenId;
 use candle_core::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
-use rand_core::RngCore;
 
 /// Anchor positions `a` with both `a` and `a + 1` inside the response (loss mask 1).
 pub fn valid_anchors(s: &Sample) -> std::ops::Range<usize> {
@@ -20,15 +19,7 @@ pub fn valid_anchors(s: &Sample) -> std::ops::Range<usize> {
 
 /// Up to `n` distinct valid anchors, uniformly without replacement, sorted.
 pub fn sample_anchors(s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
-    let mut all: Vec<usize> = valid_anchors(s).collect();
-    let k = n.min(all.len());
-    for i in 0..k {
-        let j = i + (rng.next_u64() % (all.len() - i) as u64) as usize;
-        all.swap(i, j);
-    }
-    all.truncate(k);
-    all.sort_unstable();
-    all
+    crate::train::run::sample_sorted(valid_anchors(s), n.max(1), rng)
 }
 
 /// A batch plus its labels: `label[j·(B−1) + k−1]` is the draft id slot k of block j must

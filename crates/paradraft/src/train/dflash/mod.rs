@@ -10,8 +10,6 @@ use crate::drafters::dflash::DflashConfig;
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::train::data::Sample;
-use crate::train::features::FeatureCache;
 use crate::train::optim::AdamW;
 use crate::train::run;
 use crate::types::TokenId;
@@ -101,16 +99,7 @@ impl Default for TrainParams {
     }
 }
 
-/// Everything the loop needs besides the network.
-pub struct Data<'a> {
-    pub target: &'a Model,
-    pub samples: &'a [Sample],
-    pub features: &'a FeatureCache,
-    pub train: Vec<usize>,
-    pub vocab: &'a DraftVocab,
-    /// Where the drafter's tensors live (batches are built on the CPU and copied there).
-    pub device: Device,
-}
+pub use crate::train::run::Data;
 
 /// The training device named by `name`: `cpu`, `cuda` or `cuda:N`. A CUDA device on a build
 /// without the `cuda` feature, or on a machine without one, is a clear error.

@@ -5,9 +5,10 @@
 //! `softmax_last_dim` have no backward), RoPE is written out from primitive ops.
 
 use crate::drafters::dflash::DflashConfig;
-use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Shape, Tensor, Var, D};
+use crate::train::graph::{cos_sin, expand_kv, linear, normals, rms, rope, vars_from, vars_to};
+use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
+use rand_core::SeedableRng;
 use std::collections::BTreeMap;
 
 pub type CResult<T> = candle_core::Result<T>;
@@ -130,46 +131,6 @@ impl Batch {
     }
 }
 
-fn rms(x: &Tensor, w: &Tensor, eps: f64) -> CResult<Tensor> {
-    crate::train::fused::rms_norm(x, w, eps)
-}
-
-/// Rotate-half RoPE on `[n, heads, hd]` with `cos`, `sin` of shape `[n, 1, hd/2]`.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> CResult<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
-    let b = (x1.broadcast_mul(sin)? + x2.broadcast_mul(cos)?)?;
-    Tensor::cat(&[a, b], D::Minus1)
-}
-
-fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
-    x.matmul(&w.t()?)
-}
-
-/// `[n, kv_heads, hd]` → `[n, heads, hd]` (each KV head serves `heads / kv_heads` queries).
-fn expand_kv(x: &Tensor, groups: usize) -> CResult<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (n, kvh, hd) = x.dims3()?;
-    x.unsqueeze(2)?
-        .broadcast_as((n, kvh, groups, hd))?
-        .reshape((n, kvh * groups, hd))
-}
-
-/// Standard-normal samples from a seeded stream (Box–Muller).
-fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
-    let u = |r: &mut ChaCha8Rng| ((r.next_u32() >> 8) as f32 + 0.5) / (1u32 << 24) as f32;
-    (0..n)
-        .map(|_| {
-            let (a, b) = (u(rng), u(rng));
-            std * (-2.0 * a.ln()).sqrt() * (std::f32::consts::TAU * b).cos()
-        })
-        .collect()
-}
-
 impl Net {
     /// Fresh weights: matrices N(0, 0.02²), norms 1 (the HF initialisation), seeded.
     pub fn init(config: DflashConfig, seed: u64) -> CResult<Self> {
@@ -195,13 +156,8 @@ impl Net {
 
     /// The network with its weights moved to `dev`.
     pub fn to_device(self, dev: &Device) -> CResult<Self> {
-        let vars = self
-            .vars
-            .into_iter()
-            .map(|(k, v)| Ok((k, Var::from_tensor(&v.as_tensor().to_device(dev)?)?)))
-            .collect::<CResult<_>>()?;
         Ok(Net {
-            vars,
+            vars: vars_to(self.vars, dev)?,
             device: dev.clone(),
             ..self
         })
@@ -251,17 +207,7 @@ impl Net {
         config: DflashConfig,
         t: &std::collections::HashMap<String, Tensor>,
     ) -> CResult<Self> {
-        let mut vars = BTreeMap::new();
-        for (name, shape) in Self::shapes(&config) {
-            let x = t
-                .get(&name)
-                .ok_or_else(|| candle_core::Error::Msg(format!("checkpoint lacks {name}")))?
-                .to_dtype(DType::F32)?;
-            if x.dims() != shape.as_slice() {
-                candle_core::bail!("{name} has shape {:?}, expected {shape:?}", x.dims());
-            }
-            vars.insert(name, Var::from_tensor(&x)?);
-        }
+        let vars = vars_from(Self::shapes(&config), t)?;
         let inv_freq = config.layers.inv_freqs();
         Ok(Net {
             config,
@@ -306,21 +252,7 @@ impl Net {
     }
 
     fn cos_sin(&self, pos: &[u32]) -> CResult<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
-        let (mut c, mut s) = (Vec::with_capacity(pos.len() * half), Vec::new());
-        s.reserve(pos.len() * half);
-        for &p in pos {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                c.push(a.cos());
-                s.push(a.sin());
-            }
-        }
-        let shape = (pos.len(), 1, half);
-        Ok((
-            Tensor::from_vec(c, shape, &self.device)?,
-            Tensor::from_vec(s, shape, &self.device)?,
-        ))
+        cos_sin(&self.inv_freq, pos, &self.device)
     }
 
     /// Final-normed hidden states of every block slot, `[A × B, hidden]`.
