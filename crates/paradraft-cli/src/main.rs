@@ -113,9 +113,13 @@ pub(crate) struct ModelArgs {
     /// Worker threads (default: all available cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// KV-cache capacity in tokens (default: the model's context length, at most 8192).
+    /// KV-cache capacity in tokens (default: the model's context length, at most 8192). Above
+    /// the model's trained context only with --force-ctx-size; never beyond available memory.
     #[arg(long)]
     ctx_size: Option<usize>,
+    /// Allow --ctx-size above the model's trained context length.
+    #[arg(long)]
+    force_ctx_size: bool,
     /// KV-cache element type: f16 (half the attention traffic) or f32.
     #[arg(long, default_value = "f16")]
     kv_dtype: paradraft::kv::KvDtype,
@@ -152,8 +156,12 @@ impl SamplingArgs {
 struct GenerateArgs {
     #[command(flatten)]
     m: ModelArgs,
-    #[arg(long)]
-    prompt: String,
+    /// The prompt; `-` reads it from standard input.
+    #[arg(long, required_unless_present = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from this file (long prompts exceed the command-line limit).
+    #[arg(long, conflicts_with = "prompt")]
+    prompt_file: Option<PathBuf>,
     #[arg(long)]
     system: Option<String>,
     /// Send the prompt as raw text, without the chat template.
@@ -177,8 +185,12 @@ struct GenerateArgs {
 struct LogitsArgs {
     #[command(flatten)]
     m: ModelArgs,
+    /// The prompt; `-` reads it from standard input.
     #[arg(long, conflicts_with = "token_ids")]
     prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(long, conflicts_with_all = ["prompt", "token_ids"])]
+    prompt_file: Option<PathBuf>,
     /// Comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
     token_ids: Option<Vec<u32>>,
@@ -191,12 +203,42 @@ struct LogitsArgs {
     json: bool,
 }
 
+/// The most worker threads a run may ask for.
+const MAX_THREADS: usize = 1024;
+
+/// The prompt text of `--prompt TEXT`, `--prompt -` (standard input) or `--prompt-file PATH`.
+fn read_prompt(prompt: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<String>> {
+    Ok(match (prompt, file) {
+        (_, Some(f)) => Some(
+            std::fs::read_to_string(f)
+                .with_context(|| format!("reading --prompt-file {}", f.display()))?,
+        ),
+        (Some("-"), None) => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .context("reading the prompt from standard input")?;
+            Some(s)
+        }
+        (p, None) => p.map(str::to_string),
+    })
+}
+
+/// Bytes the machine can still give (`MemAvailable`), when known.
+fn available_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
-    let threads = m
-        .threads
-        .unwrap_or_else(paradraft::runtime::default_threads);
-    if threads == 0 {
-        bail!("--threads must be at least 1");
+    let cores = paradraft::runtime::default_threads();
+    let threads = m.threads.unwrap_or(cores);
+    if threads == 0 || threads > MAX_THREADS {
+        bail!("--threads {threads}: must be between 1 and {MAX_THREADS}");
+    }
+    if threads > cores {
+        eprintln!("warning: --threads {threads} is more than the {cores} cores available (slower, not faster)");
     }
     paradraft::runtime::init_threads(threads);
     let path = match &m.model {
@@ -211,21 +253,44 @@ pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
     if ctx == 0 {
         bail!("--ctx-size must be at least 1");
     }
+    let c = &loaded.model.config;
+    if ctx > c.max_position_embeddings && !m.force_ctx_size {
+        bail!(
+            "--ctx-size {ctx} exceeds the model's trained context of {} tokens (pass --force-ctx-size to allow it)",
+            c.max_position_embeddings
+        );
+    }
+    // K and V of every layer for every position (drafters and speculation add little).
+    let elem = match m.kv_dtype {
+        paradraft::kv::KvDtype::F16 => 2,
+        paradraft::kv::KvDtype::F32 => 4,
+    };
+    let kv_bytes = (2 * c.n_layers * c.n_kv_heads * c.head_dim * elem) as u128 * ctx as u128;
+    if let Some(avail) = available_memory() {
+        if kv_bytes > avail as u128 {
+            bail!(
+                "--ctx-size {ctx} needs a {:.1} GiB KV cache but only {:.1} GiB of memory is available",
+                kv_bytes as f64 / (1u64 << 30) as f64,
+                avail as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
     Ok((loaded, ctx))
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
+    let user = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?.unwrap_or_default();
     let (lm, ctx) = load(&a.m)?;
     let tok = &lm.tokenizer;
     let text = if a.raw {
-        a.prompt.clone()
+        user.clone()
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
         }
-        msgs.push(Message::new("user", &a.prompt));
+        msgs.push(Message::new("user", &user));
         tok.apply_chat_template(&msgs, true)?
     };
     let prompt = tok.encode(&text)?;
@@ -298,9 +363,10 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 }
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
+    let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
     let (lm, ctx) = load(&a.m)?;
     let tok = &lm.tokenizer;
-    let ids: Vec<TokenId> = match (&a.prompt, &a.token_ids) {
+    let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {
         (Some(p), None) => {
             let text = if a.chat {
                 tok.apply_chat_template(&[Message::new("user", p)], true)?
@@ -310,7 +376,7 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
             tok.encode(&text)?
         }
         (None, Some(ids)) => ids.iter().map(|&i| TokenId(i)).collect(),
-        _ => bail!("give exactly one of --prompt or --token-ids"),
+        _ => bail!("give exactly one of --prompt, --prompt-file or --token-ids"),
     };
     if ids.is_empty() {
         bail!("no tokens to score");

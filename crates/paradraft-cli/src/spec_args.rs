@@ -172,8 +172,20 @@ impl SpecArgs {
         ctx: usize,
         sampling: SamplingParams,
     ) -> Result<Option<(Box<dyn Drafter + 'a>, usize)>> {
-        if self.num_speculative_tokens == 0 {
-            bail!("num_speculative_tokens must be at least 1");
+        if self.drafter == Method::None {
+            return Ok(None);
+        }
+        if self.num_speculative_tokens == 0 || self.num_speculative_tokens >= ctx {
+            bail!(
+                "num_speculative_tokens {} must be between 1 and the context ({ctx} tokens) minus one",
+                self.num_speculative_tokens
+            );
+        }
+        if self.prompt_lookup_max > ctx {
+            bail!(
+                "prompt_lookup_max {} exceeds the context ({ctx} tokens)",
+                self.prompt_lookup_max
+            );
         }
         let k = self.num_speculative_tokens;
         Ok(match self.drafter {

@@ -306,6 +306,8 @@ fn bench_harness_writes_reports() {
         "1",
         "--ctx-size",
         "2048",
+        // The tiny model's trained context is 256 tokens; MT-Bench's second turns need more.
+        "--force-ctx-size",
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let summary: Value =
@@ -539,4 +541,103 @@ fn train_dart_exports_a_drafter_that_decodes_losslessly() {
         ]);
         assert_refused(&r, "--tree-budget");
     }
+}
+
+/// Prompts come from --prompt, --prompt-file or standard input (`--prompt -`) alike.
+#[test]
+fn prompts_from_files_and_stdin() {
+    let m = tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("p.txt");
+    std::fs::write(&f, "count to three").unwrap();
+    let base = ["generate", "--model", &m, "--max-new-tokens", "6", "--json"];
+    let direct = json_of(&run(&[&base[..], &["--prompt", "count to three"]].concat()));
+    let file = json_of(&run(
+        &[&base[..], &["--prompt-file", f.to_str().unwrap()]].concat()
+    ));
+    assert_eq!(direct["token_ids"], file["token_ids"]);
+    assert_eq!(direct["prompt_token_ids"], file["prompt_token_ids"]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_paradraft"))
+        .args([&base[..], &["--prompt", "-"]].concat())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"count to three")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(json_of(&out)["token_ids"], direct["token_ids"]);
+    let missing = run(&[&base[..], &["--prompt-file", "/nonexistent/p.txt"]].concat());
+    assert_refused(&missing, "--prompt-file");
+}
+
+/// Every numeric option at its extremes: a result or a clear error (exit 1 or clap's 2), never
+/// a panic or an abort; thread counts and contexts beyond what is sane are refused.
+#[test]
+fn numeric_options_at_their_extremes_never_panic() {
+    let m = tiny("llama");
+    let huge = u64::MAX.to_string();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["--threads", "0"],
+        vec!["--threads", "100000"],
+        vec!["--threads", &huge],
+        vec!["--ctx-size", "0"],
+        vec!["--ctx-size", "100000000"],
+        vec!["--ctx-size", &huge, "--force-ctx-size"],
+        vec!["--ctx-size", "1"],
+        vec!["--max-new-tokens", "0"],
+        vec!["--max-new-tokens", &huge, "--ctx-size", "64"],
+        vec!["--temperature", "-1"],
+        vec!["--temperature", "1e30"],
+        vec!["--temperature", "NaN"],
+        vec!["--temperature", "1", "--top-k", &huge],
+        vec!["--temperature", "1", "--top-p", "0"],
+        vec!["--temperature", "1", "--top-p", "2"],
+        vec!["--temperature", "1", "--seed", &huge],
+        vec!["--drafter", "pld", "--num-speculative-tokens", "0"],
+        vec!["--drafter", "pld", "--num-speculative-tokens", &huge],
+        vec!["--drafter", "pld", "--prompt-lookup-max", &huge],
+        vec!["--drafter", "draft-model", "--draft-layers", "0"],
+        vec!["--drafter", "draft-model", "--draft-layers", &huge],
+    ];
+    for extra in cases {
+        let mut args = vec!["generate", "--model", &m, "--prompt", "count"];
+        args.extend_from_slice(&extra);
+        if !extra.contains(&"--max-new-tokens") {
+            args.extend_from_slice(&["--max-new-tokens", "4"]);
+        }
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0..=2)) && !err.contains("panicked"),
+            "{extra:?}: exit {code:?}: {err}"
+        );
+    }
+    let r = run(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--threads",
+        "100000",
+    ]);
+    assert_refused(&r, "--threads");
+    let r = run(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "x",
+        "--ctx-size",
+        "100000",
+    ]);
+    assert_refused(&r, "trained context");
 }
