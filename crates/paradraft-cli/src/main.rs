@@ -308,6 +308,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let spec = a.spec.resolved()?;
+    spec.check_used(&[spec.drafter])?;
     let target_path =
         a.m.model
             .clone()
@@ -439,6 +440,7 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     let r =
         paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
     let spec = a.spec.resolved()?;
+    spec.check_used(&[spec.drafter])?;
     let draft = match spec.drafter(&path, &lm, a.context + 64, Default::default())? {
         Some((mut d, max_draft)) => {
             let c = CostCurve::measure_drafter(
@@ -520,6 +522,13 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use paradraft::bench::{datasets, harness, report};
     let sampling = a.sampling.params()?;
+    if a.spec.drafter != Method::None || a.spec.speculative_config.is_some() {
+        bail!("bench compares the drafters given by --methods; --drafter and --speculative-config are for generate");
+    }
+    if a.num_prompts == 0 {
+        bail!("--num-prompts must be at least 1");
+    }
+    a.spec.check_used(&a.methods)?;
     let dir = a.data_dir.clone().unwrap_or_else(datasets::default_dir);
     let sets = a
         .datasets
@@ -626,9 +635,19 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `PARADRAFT_ISA`, when set, must name a kernel family (an unknown value would be ignored).
+fn check_env() -> Result<()> {
+    match std::env::var("PARADRAFT_ISA") {
+        Ok(v) if !["portable", "avx2", "avx512"].contains(&v.as_str()) => {
+            bail!("PARADRAFT_ISA={v:?}: want portable, avx2 or avx512")
+        }
+        _ => Ok(()),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
-    let r = match cli.cmd {
+    let r = check_env().and_then(|()| match cli.cmd {
         Cmd::FetchModel => paradraft::fetch::ensure_default_model()
             .map(|p| println!("{}", p.display()))
             .map_err(Into::into),
@@ -638,7 +657,7 @@ fn main() {
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Train(c) => train::run(c),
         Cmd::Ngram(c) => ngram::run(c),
-    };
+    });
     if let Err(e) = r {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -137,6 +137,49 @@ impl SpecArgs {
         })
     }
 
+    /// Refuses options that none of `methods` would use (they would be silently ignored).
+    pub(crate) fn check_used(&self, methods: &[Method]) -> Result<()> {
+        use Method::*;
+        let uses = |ok: &[Method]| methods.iter().any(|m| ok.contains(m));
+        let named: Vec<String> = methods
+            .iter()
+            .map(|m| {
+                clap::ValueEnum::to_possible_value(m)
+                    .map_or_else(|| format!("{m:?}"), |v| v.get_name().to_string())
+            })
+            .collect();
+        let checks: [(bool, &str, &[Method]); 5] = [
+            (
+                self.draft_model.is_some(),
+                "--draft-model (\"model\")",
+                &[DraftModel, Dflash, DflashSample, DflashTree, Dart],
+            ),
+            (self.draft_layers.is_some(), "--draft-layers", &[DraftModel]),
+            (
+                self.block_size.is_some(),
+                "--block-size",
+                &[Dflash, DflashSample, DflashTree, Dart],
+            ),
+            (self.ngram.is_some(), "--ngram", &[DflashTree, Dart]),
+            (self.no_ngram, "--no-ngram", &[DflashTree, Dart]),
+        ];
+        for (given, name, users) in checks {
+            if given && !uses(users) {
+                bail!(
+                    "{name} has no effect with {} (it applies to {})",
+                    named.join(","),
+                    users
+                        .iter()
+                        .filter_map(clap::ValueEnum::to_possible_value)
+                        .map(|v| v.get_name().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Tree search settings, with the n-gram trie unless --no-ngram.
     pub(crate) fn tree_drafting(&self, lm: &model::Loaded, ctx: usize) -> Result<TreeDrafting> {
         if self.tree_budget == 0 || self.tree_budget >= ctx {

@@ -641,3 +641,65 @@ fn numeric_options_at_their_extremes_never_panic() {
     ]);
     assert_refused(&r, "trained context");
 }
+
+/// Options that the chosen drafter (or bench's methods) would not use are errors, not silently
+/// ignored; so are `bench --drafter`, `bench --num-prompts 0` and an unknown `PARADRAFT_ISA`.
+#[test]
+fn options_are_never_silently_ignored() {
+    let m = tiny("llama");
+    let gen = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--max-new-tokens",
+            "2",
+        ];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    assert_refused(
+        &gen(&["--drafter", "pld", "--draft-model", "/tmp"]),
+        "no effect",
+    );
+    assert_refused(
+        &gen(&["--draft-layers", "2"]),
+        "--draft-layers has no effect",
+    );
+    assert_refused(
+        &gen(&["--drafter", "pld", "--block-size", "4"]),
+        "--block-size",
+    );
+    assert_refused(&gen(&["--no-ngram"]), "--no-ngram");
+    assert_refused(
+        &gen(&[
+            "--speculative-config",
+            r#"{"method": "pld", "model": "/tmp"}"#,
+        ]),
+        "no effect",
+    );
+    let bench = |extra: &[&str]| {
+        let mut a = vec!["bench", "--model", &m, "--methods", "pld"];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    assert_refused(&bench(&["--drafter", "pld"]), "--methods");
+    assert_refused(&bench(&["--num-prompts", "0"]), "--num-prompts");
+    assert_refused(&bench(&["--draft-layers", "2"]), "--draft-layers");
+    let isa = std::process::Command::new(env!("CARGO_BIN_EXE_paradraft"))
+        .args([
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--max-new-tokens",
+            "1",
+        ])
+        .env("PARADRAFT_ISA", "foo")
+        .output()
+        .unwrap();
+    assert_refused(&isa, "PARADRAFT_ISA");
+}
