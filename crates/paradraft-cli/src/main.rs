@@ -356,7 +356,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     } else {
         println!();
         eprintln!(
-            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s{extra} | stop: {:?}]",
+            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s{extra} | stop: {}]",
             stats.prompt_tokens, stats.prefill_tok_s, stats.generated_tokens, stats.decode_tok_s, stop
         );
     }

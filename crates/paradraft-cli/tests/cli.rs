@@ -703,3 +703,41 @@ fn options_are_never_silently_ignored() {
         .unwrap();
     assert_refused(&isa, "PARADRAFT_ISA");
 }
+
+/// The text stats line names the stop reason as the JSON does.
+#[test]
+fn text_and_json_name_the_stop_reason_alike() {
+    let m = tiny("llama");
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "count",
+        "--max-new-tokens",
+        "3",
+    ];
+    let text = run(&args);
+    let json = json_of(&run(&[&args[..], &["--json"]].concat()));
+    let reason = json["stop_reason"].as_str().unwrap().to_string();
+    let err = String::from_utf8_lossy(&text.stderr);
+    assert!(
+        err.contains(&format!("stop: {reason}]")),
+        "{err} vs {reason}"
+    );
+}
+
+/// A missing model file is reported once, with its reason once.
+#[test]
+fn io_errors_name_their_reason_once() {
+    let r = run(&[
+        "generate",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--prompt",
+        "x",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr).to_lowercase();
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("no such file").count(), 1, "{err}");
+}

@@ -4,12 +4,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The reason is part of the message (not a separate error source, which reporters
+    /// would print a second time).
+    #[error("I/O error on {path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("model file {path} is not a valid {format} file: {reason}")]
     BadModelFile {
         path: PathBuf,
@@ -26,7 +24,7 @@ pub enum Error {
     BadSampling(String),
     #[error("context overflow: {needed} tokens needed but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
-    #[error("invalid forward request: {0}")]
+    #[error("invalid request: {0}")]
     BadRequest(String),
     #[error("fetching the model failed: {0}")]
     Fetch(String),
@@ -38,7 +36,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
 }

@@ -27,6 +27,18 @@ pub enum StopReason {
     ContextFull,
 }
 
+impl std::fmt::Display for StopReason {
+    /// The name JSON output uses (`max_tokens`, …), so text and JSON agree.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StopReason::StopToken => "stop_token",
+            StopReason::StopString => "stop_string",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::ContextFull => "context_full",
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
     pub prompt_tokens: usize,
