@@ -409,12 +409,16 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     if a.json {
         println!("{obj}");
     } else {
+        // Per position: its token, then the top-k next tokens as id:logit "text".
         for (i, p) in out.top.iter().enumerate() {
-            let best = p.first().map(|b| b.0);
-            let piece = best
-                .map(|b| tok.decode(&[b]).unwrap_or_default())
-                .unwrap_or_default();
-            println!("{i}\t{}\tnext={:?} {piece:?}", ids[i].0, best.map(|b| b.0));
+            let top: Vec<String> = p
+                .iter()
+                .map(|(id, l)| {
+                    let piece = tok.decode(&[*id]).unwrap_or_default();
+                    format!("{}:{l:.3} {piece:?}", id.0)
+                })
+                .collect();
+            println!("{i}\t{}\t{}", ids[i].0, top.join("\t"));
         }
     }
     Ok(())

@@ -741,3 +741,17 @@ fn io_errors_name_their_reason_once() {
     assert_eq!(r.status.code(), Some(1), "{err}");
     assert_eq!(err.matches("no such file").count(), 1, "{err}");
 }
+
+/// `logits` in text prints the top-k it was asked for at every position.
+#[test]
+fn logits_text_prints_the_requested_top_k() {
+    let m = tiny("llama");
+    let r = run(&["logits", "--model", &m, "--prompt", "a b c", "--top-k", "4"]);
+    let out = String::from_utf8_lossy(&r.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(!lines.is_empty());
+    for l in lines {
+        // position, token, then 4 entries
+        assert_eq!(l.split('\t').count(), 6, "{l}");
+    }
+}
