@@ -46,6 +46,17 @@ pub(crate) struct LayerScratch {
     pub(crate) qa: QActs,
 }
 
+impl LayerScratch {
+    /// Keeps only the last `rows` rows of the residual stream and of the pending attention
+    /// output (rows are independent after attention; DART runs its MLP on the last ones).
+    pub(crate) fn keep_last(&mut self, rows: usize, h: usize) {
+        for v in [&mut self.x, &mut self.proj] {
+            let drop = v.len().saturating_sub(rows * h);
+            v.drain(..drop);
+        }
+    }
+}
+
 /// A weight in f32: (HF name, shape, values).
 pub type NamedWeight = (&'static str, Vec<usize>, Vec<f32>);
 
@@ -217,8 +228,8 @@ impl Layer {
     }
 
     /// The attention half of [`Layer::forward`]: attention over the rows' input (the input
-    /// norm of `s.x`, or `input` — rows of the q/k/v projections' width — when given) is
-    /// added to `s.x`.
+    /// norm of `s.x`, or `input` — rows of the q/k/v projections' width — when given), left in
+    /// `s.proj` for [`Layer::mlp`] to add to the residual stream.
     pub(crate) fn attend(
         &self,
         c: &Config,
@@ -319,20 +330,23 @@ impl Layer {
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);
-        let proj = &*proj;
-        par_rows(&mut s.x, h, |r, xr| {
-            ops::add_inplace(xr, &proj[r.start * h..r.end * h])
-        });
     }
 
-    /// The MLP half of [`Layer::forward`] over every row of `s.x` (added to it).
+    /// The MLP half of [`Layer::forward`] over every row of `s.x`: first the pending attention
+    /// output `s.proj` is added (fused with the MLP's input norm, one pass per token), then the
+    /// MLP's output.
     pub(crate) fn mlp(&self, c: &Config, s: &mut LayerScratch, exact: bool) {
         let (h, ff) = (c.hidden_size, c.intermediate_size);
         let n = s.x.len() / h;
+        debug_assert_eq!(s.proj.len(), n * h, "attend's output pending for every row");
         let xn = sized(&mut s.xn, n * h);
-        let x = &s.x;
+        let (xp, proj) = (SendPtr(s.x.as_mut_ptr()), &s.proj[..n * h]);
         par_rows(xn, h, |r, o| {
-            ops::rms_norm(&x[r.start * h..r.end * h], &self.ffn_norm, c.rms_eps, o)
+            // SAFETY: rows r of the residual stream belong to this range alone.
+            let xr =
+                unsafe { std::slice::from_raw_parts_mut(xp.get().add(r.start * h), r.len() * h) };
+            ops::add_inplace(xr, &proj[r.start * h..r.end * h]);
+            ops::rms_norm(xr, &self.ffn_norm, c.rms_eps, o)
         });
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);

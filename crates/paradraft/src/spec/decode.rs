@@ -135,13 +135,14 @@ pub fn speculative_generate(
         let t = Instant::now();
         let mut tree = drafter.propose(&committed, budget)?;
         st.draft_ms = t.elapsed().as_secs_f64() * 1e3;
-        let conf = drafter.node_confidence().unwrap_or(&[]);
-        let keep = match sizer.as_deref() {
-            Some(s) if trees => s.cut(conf, st.draft_ms),
-            _ => budget,
-        };
-        tree.truncate(keep.min(budget));
-        let conf = conf[..conf.len().min(tree.len())].to_vec();
+        // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
+        let mut predicted = 0.0;
+        if let (Some(s), Some(conf)) = (sizer.as_deref(), drafter.node_confidence()) {
+            let keep = s.cut(conf, st.draft_ms).min(budget);
+            predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
+            tree.truncate(keep);
+        }
+        tree.truncate(budget);
 
         // Verify: one forward over [root, nodes].
         let t = Instant::now();
@@ -193,7 +194,9 @@ pub fn speculative_generate(
             },
         )?;
         match sizer.as_deref_mut() {
-            Some(s) if trees => s.observe_tree(&conf, outcome.accepted.len(), st.draft_ms),
+            Some(s) if trees => {
+                s.observe_tree(tree.len(), predicted, outcome.accepted.len(), st.draft_ms)
+            }
             Some(s) => s.observe(
                 tree.max_depth() as usize,
                 outcome.accepted.len(),

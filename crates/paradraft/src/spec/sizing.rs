@@ -265,18 +265,18 @@ impl Sizer {
         best
     }
 
-    /// Records a tree round: `conf` of the nodes verified, how many were accepted, and the
-    /// round's drafting ms (`conf` empty: an AR round).
-    pub fn observe_tree(&mut self, conf: &[f32], accepted: usize, draft_ms: f64) {
-        if conf.is_empty() {
+    /// Records a tree round: `nodes` verified, the sum of their path probabilities
+    /// (`predicted`), how many were accepted, and the round's drafting ms (`nodes` 0: an AR
+    /// round).
+    pub fn observe_tree(&mut self, nodes: usize, predicted: f64, accepted: usize, draft_ms: f64) {
+        if nodes == 0 {
             self.tree_gain = 0.95 * self.tree_gain + 0.05 * 1.02;
             return;
         }
         self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
-        self.tree_predicted =
-            self.decay * self.tree_predicted + conf.iter().map(|&p| p as f64).sum::<f64>();
+        self.tree_predicted = self.decay * self.tree_predicted + predicted;
         let ar = self.curve.ms(1);
-        let gain = (accepted as f64 + 1.0) * ar / (self.curve.ms(conf.len() + 1) + draft_ms);
+        let gain = (accepted as f64 + 1.0) * ar / (self.curve.ms(nodes + 1) + draft_ms);
         self.tree_gain = 0.9 * self.tree_gain + 0.1 * gain;
     }
 
@@ -367,8 +367,9 @@ mod tests {
             "hopeless nodes are not verified"
         );
         // A drafter that is twice as confident as it should be gets a smaller tree.
+        let sum = |c: &[f32]| c.iter().map(|&p| p as f64).sum::<f64>();
         for _ in 0..100 {
-            s.observe_tree(&conf[..5], 1, 1.0);
+            s.observe_tree(5, sum(&conf[..5]), 1, 1.0);
         }
         assert!(
             (s.calibration() - 1.0 / 3.2).abs() < 0.05,
@@ -377,13 +378,14 @@ mod tests {
         );
         assert!(s.cut(&conf, 1.0) < n);
         // Trees that do not pay switch drafting off; AR rounds bring it back.
-        assert!(s.choose_tree(32) == 32 || s.tree_gain < 1.0);
+        // One of five nodes accepted, 1 ms drafting: (1 + 1) · 5 / (c(6) + 1) ≈ 1.14 × AR.
+        assert_eq!(s.choose_tree(32), 32, "gain {}", s.tree_gain);
         for _ in 0..100 {
-            s.observe_tree(&conf[..8], 0, 20.0);
+            s.observe_tree(8, sum(&conf[..8]), 0, 20.0);
         }
         assert_eq!(s.choose_tree(32), 0);
         let back = (0..500).find(|_| {
-            s.observe_tree(&[], 0, 0.0);
+            s.observe_tree(0, 0.0, 0, 0.0);
             s.choose_tree(32) > 0
         });
         assert!(back.is_some());

@@ -56,10 +56,10 @@ impl DartModel {
         let (mut m, mut head) = Self::from_source(config, &src)?;
         if quantize {
             m.fusion.quantize();
-            for w in m.layer.matrices_mut() {
-                *w = std::mem::replace(w, crate::runtime::quant::Matrix::from_f32(0, 0, vec![]))
-                    .to_q8_0();
-            }
+            m.layer
+                .matrices_mut()
+                .into_iter()
+                .for_each(|w| w.quantize_q8_0());
             head.quantize();
         }
         Ok((m, head))
@@ -194,7 +194,7 @@ impl DartModel {
             .attend(c, 0, &mut seq, &mut s.l, false, Some(&s.u));
         kv.truncate(p0 + m); // the masks' K/V are dropped
                              // Only the last real slot and the masks go on (their outputs are the depths).
-        s.l.x.drain(..(m - 1) * h);
+        s.l.keep_last(masks + 1, h);
         self.layer.mlp(c, &mut s.l, false);
         let rows = masks + 1;
         s.once.resize(rows * h, 0.0);
