@@ -488,15 +488,7 @@ fn held_out(
     let mut evals = vec![];
     for block in [b, 8.min(b)] {
         let e = evaluate(net, data, eval_idx, block, 32)?;
-        eprintln!(
-            "{what} on held-out (block {block}, {} blocks): expected τ {:.3}, α {:?}",
-            e.blocks,
-            e.expected_tau,
-            e.alpha
-                .iter()
-                .map(|x| (x * 1000.0).round() / 1000.0)
-                .collect::<Vec<_>>()
-        );
+        eprintln!("{what} on held-out: {e}");
         evals.push(e);
     }
     Ok(evals)

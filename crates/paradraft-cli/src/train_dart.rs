@@ -87,16 +87,7 @@ pub fn run(a: DartArgs) -> Result<()> {
                 what: &str|
      -> Result<paradraft::train::run::Eval> {
         let e = evaluate(net, data, eval_idx, 32)?;
-        eprintln!(
-            "{what} on held-out ({} prefixes, chain of {}): expected τ {:.3}, α {:?}",
-            e.blocks,
-            e.block_size,
-            e.expected_tau,
-            e.alpha
-                .iter()
-                .map(|x| (x * 1000.0).round() / 1000.0)
-                .collect::<Vec<_>>()
-        );
+        eprintln!("{what} on held-out: {e}");
         Ok(e)
     };
     if let Some(dir) = &a.evaluate {

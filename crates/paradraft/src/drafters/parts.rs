@@ -3,13 +3,38 @@
 //! scores final hidden rows over a draft vocabulary and names their target tokens.
 
 use super::vocab::DraftVocab;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::source::TensorSource;
 use crate::model::Model;
 use crate::runtime::ops;
 use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::TokenId;
+
+/// Refuses a drafter (`what`) whose layers (`drafter`) cannot share the target's embedding and
+/// vocabulary: hidden size and vocabulary size must be the target's. `extra` is the drafter's own
+/// further check, run after these.
+pub fn check_fits(
+    what: &str,
+    drafter: &crate::model::Config,
+    target: &crate::model::Config,
+    extra: impl FnOnce() -> std::result::Result<(), String>,
+) -> Result<()> {
+    let why = if drafter.hidden_size != target.hidden_size {
+        Err(format!(
+            "hidden size {} ≠ the target's {} (the drafter uses the target's embedding)",
+            drafter.hidden_size, target.hidden_size
+        ))
+    } else if drafter.vocab_size != target.vocab_size {
+        Err(format!(
+            "vocabulary {} ≠ the target's {}",
+            drafter.vocab_size, target.vocab_size
+        ))
+    } else {
+        extra()
+    };
+    why.map_err(|m| Error::BadRequest(format!("{what} drafter does not fit the target: {m}")))
+}
 
 /// Tap fusion: `g = fc([h_1 ; … ; h_k])` over the concatenated tapped states (no bias), and
 /// its RMSNorm. DFlash injects `norm(g)`; DART attends over `norm(g)` and keeps the raw `g`
@@ -63,7 +88,7 @@ impl TapFusion {
 
     /// `fc` in Q8_0 (int8 activations on the VNNI kernels).
     pub fn quantize(&mut self) {
-        self.fc = std::mem::replace(&mut self.fc, Matrix::from_f32(0, 0, vec![])).to_q8_0();
+        self.fc.quantize_q8_0();
     }
 }
 
@@ -117,8 +142,8 @@ impl DraftHead {
 
     /// The head in Q8_0.
     pub fn quantize(&mut self) {
-        if let Some(m) = self.own.take() {
-            self.own = Some(m.to_q8_0());
+        if let Some(m) = &mut self.own {
+            m.quantize_q8_0();
         }
     }
 }

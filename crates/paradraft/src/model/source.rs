@@ -47,11 +47,7 @@ pub trait TensorSource {
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
-        self.check_shape(name, &[len])?;
-        let (ty, bytes) = self.raw(name).ok_or_else(|| self.missing(name))?;
-        let mut v = vec![0f32; len];
-        dequantize(ty, bytes, &mut v);
-        Ok(v)
+        self.f32_tensor(name, &[len])
     }
 
     /// Any float tensor of shape `shape`, dequantized, flattened.

@@ -223,6 +223,11 @@ impl Matrix {
         }
     }
 
+    /// [`Matrix::to_q8_0`] in place.
+    pub fn quantize_q8_0(&mut self) {
+        *self = std::mem::replace(self, Matrix::from_f32(0, 0, vec![])).to_q8_0();
+    }
+
     /// The given rows, in that order, in the same type (bit-exact).
     pub fn select_rows(&self, rows: &[usize]) -> Matrix {
         let data = match &self.data {

@@ -266,6 +266,22 @@ pub struct Eval {
     pub expected_tau: f64,
 }
 
+impl std::fmt::Display for Eval {
+    /// `N positions, chain of B: expected τ X, α [..]` (α to three decimals).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let alpha: Vec<f64> = self
+            .alpha
+            .iter()
+            .map(|x| (x * 1000.0).round() / 1000.0)
+            .collect();
+        write!(
+            f,
+            "{} positions, chain of {}: expected τ {:.3}, α {alpha:?}",
+            self.blocks, self.block_size, self.expected_tau
+        )
+    }
+}
+
 impl Eval {
     /// From the count of positions whose first k drafts all matched (`hits[k − 1]`).
     pub fn from_hits(block_size: usize, blocks: usize, hits: &[usize]) -> Self {

@@ -117,30 +117,15 @@ impl DartConfig {
 
     /// Refuses a drafter that does not fit `target`.
     pub fn check_target(&self, target: &Config) -> Result<()> {
-        let no = |m: String| {
-            Err(Error::BadRequest(format!(
-                "DART drafter does not fit the target: {m}"
-            )))
-        };
-        let c = &self.layer;
-        if self.target_hidden_size != target.hidden_size {
-            return no(format!(
-                "trained on taps of width {} but the target's hidden size is {}",
-                self.target_hidden_size, target.hidden_size
-            ));
-        }
-        if c.hidden_size != target.hidden_size {
-            return no(format!(
-                "hidden size {} ≠ the target's {} (the drafter uses the target's embedding)",
-                c.hidden_size, target.hidden_size
-            ));
-        }
-        if c.vocab_size != target.vocab_size {
-            return no(format!(
-                "vocabulary {} ≠ the target's {}",
-                c.vocab_size, target.vocab_size
-            ));
-        }
+        crate::drafters::parts::check_fits("DART", &self.layer, target, || {
+            if self.target_hidden_size != target.hidden_size {
+                return Err(format!(
+                    "trained on taps of width {} but the target's hidden size is {}",
+                    self.target_hidden_size, target.hidden_size
+                ));
+            }
+            Ok(())
+        })?;
         dart_taps(target.n_layers).map(|_| ())
     }
 }

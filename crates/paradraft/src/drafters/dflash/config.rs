@@ -130,46 +130,30 @@ impl DflashConfig {
 
     /// Refuses a drafter that does not fit `target` (hidden size, vocabulary, tapped layers).
     pub fn check_target(&self, target: &Config) -> Result<()> {
-        let c = &self.layers;
-        let no = |m: String| {
-            Err(Error::BadRequest(format!(
-                "DFlash drafter does not fit the target: {m}"
-            )))
-        };
-        if c.hidden_size != target.hidden_size {
-            return no(format!(
-                "hidden size {} ≠ the target's {} (the drafter shares its embedding and LM head)",
-                c.hidden_size, target.hidden_size
-            ));
-        }
-        if c.vocab_size != target.vocab_size {
-            return no(format!(
-                "vocabulary {} ≠ the target's {}",
-                c.vocab_size, target.vocab_size
-            ));
-        }
-        if self.num_target_layers != target.n_layers {
-            return no(format!(
-                "trained for a {}-layer target; this one has {} layers",
-                self.num_target_layers, target.n_layers
-            ));
-        }
-        if let Some(&l) = self
-            .target_layer_ids
-            .iter()
-            .find(|&&l| l >= target.n_layers)
-        {
-            return no(format!(
-                "taps layer {l}; the target has {} layers",
-                target.n_layers
-            ));
-        }
-        if self.mask_token_id as usize >= target.vocab_size {
-            return no(format!(
-                "mask token {} is outside the target's vocabulary",
-                self.mask_token_id
-            ));
-        }
-        Ok(())
+        crate::drafters::parts::check_fits("DFlash", &self.layers, target, || {
+            if self.num_target_layers != target.n_layers {
+                return Err(format!(
+                    "trained for a {}-layer target; this one has {} layers",
+                    self.num_target_layers, target.n_layers
+                ));
+            }
+            if let Some(&l) = self
+                .target_layer_ids
+                .iter()
+                .find(|&&l| l >= target.n_layers)
+            {
+                return Err(format!(
+                    "taps layer {l}; the target has {} layers",
+                    target.n_layers
+                ));
+            }
+            if self.mask_token_id as usize >= target.vocab_size {
+                return Err(format!(
+                    "mask token {} is outside the target's vocabulary",
+                    self.mask_token_id
+                ));
+            }
+            Ok(())
+        })
     }
 }

@@ -11,7 +11,7 @@ use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
 use crate::runtime::quant::{prep_acts, sized, Matrix};
-use crate::types::{Pos, TokenId};
+use crate::types::Pos;
 use std::path::Path;
 
 pub struct DflashModel {
@@ -37,11 +37,6 @@ pub struct Scratch {
 }
 
 impl DflashModel {
-    /// The target token of a draft-vocabulary id.
-    pub fn target_id(&self, draft_id: usize) -> TokenId {
-        self.vocab.target_id(draft_id)
-    }
-
     /// Loads `config.json` + `model.safetensors` from a drafter directory, with Q8_0 weights
     /// (the int8 kernels; see [`DflashModel::load_with`]).
     pub fn load(dir: &Path) -> Result<Self> {
@@ -68,11 +63,9 @@ impl DflashModel {
 
     /// Every matrix in Q8_0 (int8 activations on the VNNI kernels instead of f32 dot products).
     pub fn quantized(mut self) -> Self {
-        let q =
-            |m: &mut Matrix| *m = std::mem::replace(m, Matrix::from_f32(0, 0, vec![])).to_q8_0();
         self.fusion.quantize();
         for l in &mut self.layers {
-            l.matrices_mut().into_iter().for_each(q);
+            l.matrices_mut().into_iter().for_each(|w| w.quantize_q8_0());
         }
         self
     }
