@@ -345,6 +345,16 @@ fn train(m: &str, out: &std::path::Path, extra: &[&str]) -> Output {
     run(&args)
 }
 
+/// A prompt file of four short training prompts in `dir`.
+fn four_prompts(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("p.jsonl");
+    let lines: Vec<String> = (0..4)
+        .map(|i| format!("{{\"id\": \"p{i}\", \"prompt\": \"count to {i}\"}}"))
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
 /// A refused command: exit code 1 and an error that says `want`, no panic.
 fn assert_refused(r: &Output, want: &str) {
     let err = String::from_utf8_lossy(&r.stderr);
@@ -392,11 +402,7 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
     );
     assert_refused(&r, "need at least 2");
     // A run with a few samples, then its checkpoint cut short.
-    let prompts = dir.path().join("p.jsonl");
-    let lines: Vec<String> = (0..4)
-        .map(|i| format!("{{\"id\": \"p{i}\", \"prompt\": \"count to {i}\"}}"))
-        .collect();
-    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let prompts = four_prompts(dir.path());
     let out = dir.path().join("b");
     let p = prompts.to_str().unwrap();
     // A tiny run's options, then `extra`.
@@ -470,11 +476,7 @@ fn train_refuses_empty_data_and_broken_checkpoints() {
 fn train_dart_exports_a_drafter_that_decodes_losslessly() {
     let m = tiny("llama");
     let dir = tempfile::tempdir().unwrap();
-    let prompts = dir.path().join("p.jsonl");
-    let lines: Vec<String> = (0..4)
-        .map(|i| format!("{{\"id\": \"p{i}\", \"prompt\": \"count to {i}\"}}"))
-        .collect();
-    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let prompts = four_prompts(dir.path());
     let out = dir.path().join("run");
     let r = run(&[
         "train",

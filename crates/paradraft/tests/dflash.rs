@@ -205,19 +205,7 @@ fn every_trainable_tensor_gets_a_gradient() {
     let (l, _) = loss(&net, &head, &lb, 0.0).unwrap().unwrap();
     assert!(l.to_scalar::<f32>().unwrap().is_finite());
     let g = l.backward().unwrap();
-    for (name, v) in &net.vars {
-        let gr = g
-            .get(v.as_tensor())
-            .unwrap_or_else(|| panic!("{name} gets no gradient"));
-        let s = gr
-            .abs()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
-    }
+    common::assert_every_var_has_a_gradient(&net.vars, &g);
 }
 
 #[test]
@@ -502,10 +490,6 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
 }
 
 /// The drafter committed for SmolLM2-135M-Instruct.
-fn committed_drafter() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dflash")
-}
-
 #[test]
 fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
     use paradraft::bench::datasets::Dataset;
@@ -531,7 +515,7 @@ fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
             .unwrap();
         let prompt = lm.tokenizer.encode(&text).unwrap();
         let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
-        let m = DflashModel::load(&committed_drafter()).unwrap();
+        let m = DflashModel::load(&common::committed_drafter("smollm2-135m-dflash")).unwrap();
         let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling).unwrap();
         let sp = speculative_generate(
             &lm.model,

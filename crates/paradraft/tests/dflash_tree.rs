@@ -8,7 +8,7 @@ mod common;
 use common::load_tiny;
 use paradraft::drafters::dflash::{Dflash, DflashModel};
 use paradraft::generate::{generate, GenerateParams};
-use paradraft::model::{Loaded, Message};
+use paradraft::model::Loaded;
 use paradraft::ngram::{self, NgramTrie, TrieBuilder};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
@@ -101,29 +101,13 @@ fn dflash_tree_is_token_identical_to_ar_on_the_tiny_model() {
 
 #[test]
 fn dflash_tree_on_smollm2_is_lossless_and_beats_the_chain() {
-    use paradraft::bench::datasets::Dataset;
-    let path = paradraft::fetch::ensure_default_model().unwrap();
-    let lm = paradraft::model::load(&path).unwrap();
-    // The permissive n-gram corpus of the shared data (no benchmark answers in it).
-    let corpus = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/corpus/corpus_permissive.jsonl.gz");
-    let trie =
-        Arc::new(ngram::build_from_jsonl(&[corpus], &lm.tokenizer, 3, 2, |_, _| {}).unwrap());
-    let drafter = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../drafters/smollm2-135m-dflash");
-    let data = paradraft::bench::datasets::default_dir();
-    let mut items = Dataset::Gsm8k.load(&data, 2).unwrap();
-    items.extend(Dataset::HumanEval.load(&data, 1).unwrap());
+    let (lm, trie, prompts) = common::smollm2_with_trie_and_prompts();
+    let drafter = common::committed_drafter("smollm2-135m-dflash");
     let params = greedy(48);
     let (mut chain, mut tree) = ((0usize, 0usize), (0usize, 0usize));
-    for it in &items {
-        let text = lm
-            .tokenizer
-            .apply_chat_template(&[Message::new("user", &it.turns[0])], true)
-            .unwrap();
-        let prompt = lm.tokenizer.encode(&text).unwrap();
+    for (id, prompt) in &prompts {
         let mut kv = lm.model.new_kv(1024);
-        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &params, |_| {}).unwrap();
         for with_tree in [false, true] {
             let m = DflashModel::load(&drafter).unwrap();
             let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling).unwrap();
@@ -135,8 +119,8 @@ fn dflash_tree_on_smollm2_is_lossless_and_beats_the_chain() {
                     stop,
                 ));
             }
-            let sp = run(&lm, &mut d, &prompt, &params, 24, 1024);
-            assert_eq!(sp.out.token_ids, ar.token_ids, "{} tree={with_tree}", it.id);
+            let sp = run(&lm, &mut d, prompt, &params, 24, 1024);
+            assert_eq!(sp.out.token_ids, ar.token_ids, "{id} tree={with_tree}");
             let acc = if with_tree { &mut tree } else { &mut chain };
             acc.0 += sp.rounds.len();
             acc.1 += sp.rounds.iter().map(|r| r.accepted + 1).sum::<usize>();

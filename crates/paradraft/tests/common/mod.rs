@@ -145,3 +145,61 @@ pub fn tiny_dart_dir(lm: &Loaded, masks: usize, seed: u64) -> tempfile::TempDir 
     paradraft::train::dart::export(&net, &vocab, dir.path(), candle_core::DType::F32).unwrap();
     dir
 }
+
+/// Benchmark prompts as (item id, chat-templated token ids).
+pub type Prompts = Vec<(String, Vec<TokenId>)>;
+
+/// SmolLM2 (fetched on first use), the order-3 trie of the shared permissive corpus (no
+/// benchmark answers in it), and chat-templated prompts of 2 GSM8K and 1 HumanEval items.
+pub fn smollm2_with_trie_and_prompts(
+) -> (Loaded, std::sync::Arc<paradraft::ngram::NgramTrie>, Prompts) {
+    use paradraft::bench::datasets::{default_dir, Dataset};
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = model::load(&path).unwrap();
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/corpus/corpus_permissive.jsonl.gz");
+    let trie = std::sync::Arc::new(
+        paradraft::ngram::build_from_jsonl(&[corpus], &lm.tokenizer, 3, 2, |_, _| {}).unwrap(),
+    );
+    let data = default_dir();
+    let mut items = Dataset::Gsm8k.load(&data, 2).unwrap();
+    items.extend(Dataset::HumanEval.load(&data, 1).unwrap());
+    let prompts = items
+        .iter()
+        .map(|it| {
+            let text = lm
+                .tokenizer
+                .apply_chat_template(&[model::Message::new("user", &it.turns[0])], true)
+                .unwrap();
+            (it.id.clone(), lm.tokenizer.encode(&text).unwrap())
+        })
+        .collect();
+    (lm, trie, prompts)
+}
+
+/// A committed drafter of the repository (`drafters/NAME`).
+pub fn committed_drafter(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../drafters")
+        .join(name)
+}
+
+/// Every variable of `vars` has a non-zero, finite gradient in `grads`.
+pub fn assert_every_var_has_a_gradient(
+    vars: &std::collections::BTreeMap<String, candle_core::Var>,
+    grads: &candle_core::backprop::GradStore,
+) {
+    for (name, v) in vars {
+        let gr = grads
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("{name} gets no gradient"));
+        let s = gr
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
+    }
+}
