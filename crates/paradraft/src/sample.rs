@@ -1,12 +1,11 @@
-//! The one sampler shared by AR decoding and speculative verification:
-//! temperature → top-k → top-p, seeded and reproducible; temperature 0 is argmax with ties to
-//! the lowest id.
+//! The one sampler shared by AR decoding, speculative verification and drafters:
+//! temperature → top-k → top-p; temperature 0 is argmax with ties to the lowest id. Draws are
+//! keyed by (seed, position), so the token a seed gives at a position is fixed before any
+//! logits are computed ([`Noise`]).
 
 use crate::error::{Error, Result};
-use crate::runtime::ops;
+use crate::runtime::{multiversion, ops};
 use crate::types::TokenId;
-use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -74,9 +73,161 @@ impl Dist {
     }
 }
 
+/// Randomness as a pure function of (seed, absolute position, stream, token id), never of how
+/// many numbers were drawn before: a run reproduces whatever was drafted, however the drafts
+/// were sized, and on any number of threads.
+///
+/// Stream [`Noise::TOKEN`] holds the Gumbel noise that *is* the token at a position: AR sampling
+/// takes argmax(log p + G), and so does every verification under
+/// [`crate::spec::verify::VerifyRule::Coupled`]. Other streams are uniforms for the rejection
+/// rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Noise {
+    seed: u64,
+}
+
+/// One (seed, position, stream) cell of [`Noise`]: per-token Gumbel noise and one uniform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NoiseKey(u64);
+
+/// The splitmix64 finaliser (a bijection with full avalanche).
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A 32-bit avalanche round (lowbias32).
+#[inline(always)]
+fn mix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^= h >> 15;
+    h = h.wrapping_mul(0x846c_a68b);
+    h ^ (h >> 16)
+}
+
+/// 23 bits of `h` as a uniform in (0, 1): (k + ½)·2⁻²³ is exact in f32 and never 0 or 1, so
+/// both logarithms of the Gumbel transform are finite.
+#[inline(always)]
+fn unit(h: u32) -> f32 {
+    ((h >> 9) as f32 + 0.5) * (1.0 / (1u32 << 23) as f32)
+}
+
+impl Noise {
+    /// The stream whose Gumbel noise decides each position's token.
+    pub const TOKEN: u32 = 0;
+    /// The stream of rejection-rule bonus draws; streams 1.. are acceptance tests by child.
+    pub const RESIDUAL: u32 = u32::MAX;
+
+    pub fn new(seed: u64) -> Noise {
+        Noise { seed }
+    }
+
+    pub fn key(&self, pos: usize, stream: u32) -> NoiseKey {
+        NoiseKey(mix64(
+            mix64(self.seed ^ 0x5851_f42d_4c95_7f2d) ^ ((pos as u64) << 32 | stream as u64),
+        ))
+    }
+}
+
+impl NoiseKey {
+    /// A uniform draw in (0, 1).
+    pub fn uniform(self) -> f32 {
+        unit(mix32(self.0 as u32 ^ mix32((self.0 >> 32) as u32)))
+    }
+
+    /// Standard Gumbel noise for token `id`.
+    #[inline(always)]
+    pub fn gumbel(self, id: u32) -> f32 {
+        let h = mix32(mix32(id ^ self.0 as u32) ^ (self.0 >> 32) as u32);
+        -ops::fast_ln(-ops::fast_ln(unit(h)))
+    }
+
+    /// argmax over `entries` of log p + Gumbel: a draw from the distribution (Gumbel-max).
+    pub fn pick(self, d: &Dist) -> TokenId {
+        pick_entries(&d.entries, self)
+    }
+}
+
+multiversion! {
+    /// argmax over entries with p > 0 of ln p + gumbel(id), 16 entries at a time; ties (of
+    /// measure zero) go to the earliest entry.
+    fn pick_entries(entries: &[(TokenId, f32)], key: NoiseKey) -> TokenId {
+        let score = |e: &(TokenId, f32)| {
+            let s = ops::fast_ln(e.1) + key.gumbel(e.0 .0);
+            if e.1 > 0.0 { s } else { f32::NEG_INFINITY }
+        };
+        let mut best = [f32::NEG_INFINITY; 16];
+        let mut at = [usize::MAX; 16];
+        let mut ch = entries.chunks_exact(16);
+        let mut base = 0;
+        for c in &mut ch {
+            for l in 0..16 {
+                let s = score(&c[l]);
+                if s > best[l] {
+                    best[l] = s;
+                    at[l] = base + l;
+                }
+            }
+            base += 16;
+        }
+        let (mut b, mut a) = (f32::NEG_INFINITY, usize::MAX);
+        for l in 0..16 {
+            if best[l] > b || (best[l] == b && at[l] < a) {
+                (b, a) = (best[l], at[l]);
+            }
+        }
+        for (i, e) in ch.remainder().iter().enumerate() {
+            let s = score(e);
+            if s > b {
+                (b, a) = (s, base + i);
+            }
+        }
+        entries.get(a).or(entries.first()).map_or(TokenId(0), |e| e.0)
+    }
+}
+
+multiversion! {
+    /// argmax over the vocabulary of `logits[v] · inv_t + gumbel(v)`, 16 lanes at a time; ties
+    /// (of measure zero) go to the lowest id.
+    fn gumbel_argmax(logits: &[f32], inv_t: f32, key: NoiseKey) -> TokenId {
+        let mut best = [f32::NEG_INFINITY; 16];
+        let mut at = [0u32; 16];
+        let mut ch = logits.chunks_exact(16);
+        let mut base = 0u32;
+        for c in &mut ch {
+            for l in 0..16 {
+                let s = c[l] * inv_t + key.gumbel(base + l as u32);
+                if s > best[l] {
+                    best[l] = s;
+                    at[l] = base + l as u32;
+                }
+            }
+            base += 16;
+        }
+        let (mut b, mut a) = (f32::NEG_INFINITY, 0u32);
+        for l in 0..16 {
+            if best[l] > b || (best[l] == b && at[l] < a) {
+                (b, a) = (best[l], at[l]);
+            }
+        }
+        for (i, &v) in ch.remainder().iter().enumerate() {
+            let s = v * inv_t + key.gumbel(base + i as u32);
+            if s > b {
+                (b, a) = (s, base + i as u32);
+            }
+        }
+        TokenId(a)
+    }
+}
+
+/// The target's sampler: its distribution (temperature → top-k → top-p) and keyed draws from
+/// it. It holds no state: the same (logits, position) always give the same token.
+#[derive(Clone, Copy, Debug)]
 pub struct Sampler {
     pub params: SamplingParams,
-    rng: ChaCha8Rng,
+    pub noise: Noise,
 }
 
 impl Sampler {
@@ -84,13 +235,8 @@ impl Sampler {
         params.validate()?;
         Ok(Sampler {
             params,
-            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            noise: Noise::new(params.seed),
         })
-    }
-
-    /// A uniform draw in [0, 1).
-    pub fn uniform(&mut self) -> f32 {
-        (self.rng.next_u32() >> 8) as f32 / (1u32 << 24) as f32
     }
 
     /// The distribution the sampler draws from for these logits.
@@ -145,50 +291,27 @@ impl Sampler {
         Dist { entries: cand }
     }
 
-    /// Draws from a distribution (inverse CDF over its entry order).
-    pub fn draw(&mut self, d: &Dist) -> TokenId {
-        if d.entries.len() == 1 {
-            return d.entries[0].0;
-        }
-        let u = self.uniform();
-        let mut acc = 0f32;
-        for &(t, p) in &d.entries {
-            acc += p;
-            if u < acc {
-                return t;
-            }
-        }
-        d.entries
-            .iter()
-            .rev()
-            .find(|e| e.1 > 0.0)
-            .map_or(d.entries[0].0, |e| e.0)
-    }
-
-    pub fn sample(&mut self, logits: &[f32]) -> TokenId {
+    /// The token at absolute position `pos` given the logits that predict it: argmax at
+    /// temperature 0, else Gumbel-max with the position's [`Noise::TOKEN`] noise — a draw from
+    /// [`Sampler::dist`] that is fixed before the logits are known.
+    pub fn sample_at(&self, logits: &[f32], pos: usize) -> TokenId {
         let p = self.params;
         if p.is_greedy() {
             return ops::argmax(logits);
         }
+        let key = self.noise.key(pos, Noise::TOKEN);
         if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 {
-            // The full-vocabulary case of `dist` + `draw` (same weights, same order)
-            // without materialising the distribution.
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let inv_t = 1.0 / p.temperature;
-            let w = |l: f32| ops::fast_exp((l - max) * inv_t);
-            let sum: f64 = logits.iter().map(|&l| w(l) as f64).sum();
-            let target = self.uniform() as f64 * sum;
-            let mut acc = 0f64;
-            for (i, &l) in logits.iter().enumerate() {
-                acc += w(l) as f64;
-                if target < acc {
-                    return TokenId(i as u32);
-                }
-            }
-            return ops::argmax(logits);
+            // Full vocabulary: log p = logits / T − const, so the distribution need not be built.
+            return gumbel_argmax(logits, 1.0 / p.temperature, key);
         }
-        let d = self.dist(logits);
-        self.draw(&d)
+        key.pick(&self.dist(logits))
+    }
+
+    /// A draw from `d` (any distribution over target ids, e.g. a drafter's q) with the noise of
+    /// position `pos`: the same noise the target samples with, so that a drafter whose q is
+    /// close to p proposes the target's own token (Gumbel coupling).
+    pub fn pick_at(&self, d: &Dist, pos: usize) -> TokenId {
+        self.noise.key(pos, Noise::TOKEN).pick(d)
     }
 }
 
@@ -234,30 +357,97 @@ mod tests {
         assert_eq!(d.entries[0].0, TokenId(1));
     }
 
-    #[test]
-    fn sampling_frequencies_follow_softmax() {
-        let logits = [0.0f32, 1.0, 2.0];
-        let mut s = Sampler::new(SamplingParams {
-            temperature: 1.0,
-            seed: 7,
-            ..Default::default()
-        })
-        .unwrap();
-        let mut counts = [0usize; 3];
+    /// Frequencies of `draw(pos)` over positions 0..n against `want`, ±0.01 per token.
+    fn assert_frequencies(mut draw: impl FnMut(usize) -> TokenId, want: &[f32]) {
+        let mut counts = vec![0usize; want.len()];
         let n = 60_000;
-        for _ in 0..n {
-            counts[s.sample(&logits).idx()] += 1;
+        for pos in 0..n {
+            counts[draw(pos).idx()] += 1;
         }
-        let z: f32 = logits.iter().map(|l| l.exp()).sum();
-        for i in 0..3 {
-            let want = logits[i].exp() / z;
+        for (i, w) in want.iter().enumerate() {
             let got = counts[i] as f32 / n as f32;
-            assert!((got - want).abs() < 0.01, "{i}: {got} vs {want}");
+            assert!((got - w).abs() < 0.01, "{i}: {got} vs {w}");
+        }
+    }
+
+    fn softmax(l: &[f32], t: f32) -> Vec<f32> {
+        let z: f32 = l.iter().map(|x| (x / t).exp()).sum();
+        l.iter().map(|x| (x / t).exp() / z).collect()
+    }
+
+    #[test]
+    fn uniforms_stay_inside_the_open_interval() {
+        for h in [0u32, 511, 512, u32::MAX - 512, u32::MAX] {
+            let u = unit(h);
+            assert!(u > 0.0 && u < 1.0, "{h}: {u}");
+            let g = -ops::fast_ln(-ops::fast_ln(u));
+            assert!(g.is_finite() && g.abs() < 17.0, "{h}: {g}");
         }
     }
 
     #[test]
-    fn same_seed_same_draws() {
+    fn keyed_gumbel_draws_follow_softmax() {
+        // 40 logits: the 16-lane loop and its remainder both take part.
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 7) % 11) as f32 * 0.3).collect();
+        for (t, seed) in [(1.0, 7), (0.5, 8)] {
+            let s = Sampler::new(SamplingParams {
+                temperature: t,
+                seed,
+                ..Default::default()
+            })
+            .unwrap();
+            let want = softmax(&logits, t);
+            assert_frequencies(|pos| s.sample_at(&logits, pos), &want);
+            // The same noise through an explicit distribution (drafters' path).
+            let d = s.dist(&logits);
+            assert_frequencies(|pos| s.pick_at(&d, pos), &want);
+        }
+        // Top-k: the draw stays inside the top 3, renormalised.
+        let s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            top_p: 1.0,
+            seed: 9,
+        })
+        .unwrap();
+        let l = [0.0f32, 3.0, 1.0, 2.0, -1.0];
+        let top = softmax(&[3.0, 2.0, 1.0], 1.0);
+        assert_frequencies(
+            |pos| s.sample_at(&l, pos),
+            &[0.0, top[0], top[2], top[1], 0.0],
+        );
+    }
+
+    /// Consecutive positions are independent: the joint of two draws is the product.
+    #[test]
+    fn keyed_draws_are_independent_across_positions_and_seeds() {
+        let l = [0.0f32, 0.7, 1.1];
+        let p = softmax(&l, 1.0);
+        let mut joint = [[0usize; 3]; 3];
+        let n = 90_000;
+        for i in 0..n {
+            let s = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                seed: i as u64 / 100,
+                ..Default::default()
+            })
+            .unwrap();
+            let pos = (i % 100) * 2;
+            joint[s.sample_at(&l, pos).idx()][s.sample_at(&l, pos + 1).idx()] += 1;
+        }
+        let mut chi = 0.0;
+        for a in 0..3 {
+            for b in 0..3 {
+                let e = (p[a] * p[b]) as f64 * n as f64;
+                chi += (joint[a][b] as f64 - e).powi(2) / e;
+            }
+        }
+        // 8 degrees of freedom: the 0.1 % point is 26.1.
+        assert!(chi < 26.1, "χ² = {chi:.1}: {joint:?}");
+    }
+
+    #[test]
+    fn same_seed_and_position_same_token() {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let p = SamplingParams {
             temperature: 0.8,
@@ -265,10 +455,16 @@ mod tests {
             top_p: 0.9,
             seed: 42,
         };
-        let mut a = Sampler::new(p).unwrap();
-        let mut b = Sampler::new(p).unwrap();
-        for _ in 0..50 {
-            assert_eq!(a.sample(&logits), b.sample(&logits));
+        let (a, b) = (Sampler::new(p).unwrap(), Sampler::new(p).unwrap());
+        let other = Sampler::new(SamplingParams { seed: 43, ..p }).unwrap();
+        let mut differ = 0;
+        for pos in 0..50 {
+            assert_eq!(a.sample_at(&logits, pos), b.sample_at(&logits, pos));
+            differ += (a.sample_at(&logits, pos) != other.sample_at(&logits, pos)) as usize;
         }
+        assert!(
+            differ > 10,
+            "another seed gives other tokens ({differ} of 50 differ)"
+        );
     }
 }

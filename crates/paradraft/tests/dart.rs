@@ -264,6 +264,7 @@ fn speculative_decoding_with_dart_is_lossless() {
                 drafter: &mut d,
                 max_draft: budget,
                 sizer: None,
+                rule: Default::default(),
             },
             |_| {},
         )
@@ -352,6 +353,7 @@ fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
                     drafter: &mut d,
                     max_draft: 24,
                     sizer: sized.then_some(&mut sizer),
+                    rule: Default::default(),
                 },
                 |_| {},
             )

@@ -265,6 +265,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
                     drafter: &mut d,
                     max_draft: 16,
                     sizer: None,
+                    rule: Default::default(),
                 },
                 |_| {},
             )
@@ -305,6 +306,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
                 drafter: &mut d,
                 max_draft: 16,
                 sizer: None,
+                rule: Default::default(),
             },
             |_| {},
         )
@@ -527,6 +529,7 @@ fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
                 drafter: &mut d,
                 max_draft: 15,
                 sizer: None,
+                rule: Default::default(),
             },
             |_| {},
         )

@@ -55,6 +55,7 @@ fn run(
             drafter: d,
             max_draft: budget,
             sizer: None,
+            rule: Default::default(),
         },
         |_| {},
     )

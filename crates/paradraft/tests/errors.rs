@@ -377,6 +377,7 @@ fn zero_new_tokens_generates_nothing() {
         drafter: &mut d,
         max_draft: 4,
         sizer: None,
+        rule: Default::default(),
     };
     let g = speculative_generate(
         &lm.model,

@@ -1,7 +1,9 @@
 //! Losslessness of speculative decoding. Greedy: token-identical to AR greedy on 210 benchmark
 //! prompts × drafters (prompt lookup, random trees, chains that follow the true continuation) on
-//! the tiny models, and on the real model for a sample. Sampling: the distribution of the first
-//! emitted tokens matches AR sampling (chi-square), and T > 0 never degenerates into greedy.
+//! the tiny models, and on the real model for a sample. Sampling: AR's first token follows the
+//! target's softmax (chi-square); under the coupled rule every drafter gives AR's own tokens for
+//! every seed; under the rejection rule the distribution of the first emitted tokens matches AR
+//! sampling (chi-square); T > 0 never degenerates into greedy.
 
 mod common;
 use common::*;
@@ -13,7 +15,7 @@ use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::sizing::{CostCurve, Sizer};
-use paradraft::spec::{speculative_generate, DraftTree, Drafter, Hidden, Speculation};
+use paradraft::spec::{speculative_generate, DraftTree, Drafter, Hidden, Speculation, VerifyRule};
 use paradraft::types::TokenId;
 
 fn prompts() -> Vec<String> {
@@ -103,6 +105,7 @@ fn check_greedy(
                 drafter: d,
                 max_draft: 12,
                 sizer: None,
+                rule: Default::default(),
             },
             |_| {},
         )
@@ -140,6 +143,7 @@ fn check_greedy(
             drafter: &mut pld,
             max_draft: 12,
             sizer: Some(&mut sizer),
+            rule: Default::default(),
         },
         |_| {},
     )
@@ -291,8 +295,9 @@ fn sampling_matches_ar_distribution() {
         sampling: sampling(seed),
         stop_strings: vec![],
     };
+    let mut ar_ids = Vec::new();
     let ar = count(&mut |seed| {
-        generate(
+        let ids = generate(
             &lm.model,
             &lm.tokenizer,
             &mut kv,
@@ -301,8 +306,46 @@ fn sampling_matches_ar_distribution() {
             |_| {},
         )
         .unwrap()
-        .token_ids
+        .token_ids;
+        ar_ids.push(ids.clone());
+        ids
     });
+    // AR sampling itself follows the target: its first token against the exact top-12
+    // softmax of the prompt's logits.
+    {
+        let mut scratch = paradraft::model::Scratch::default();
+        kv.clear();
+        let out = lm
+            .model
+            .forward(
+                &mut kv,
+                &paradraft::model::Batch {
+                    tokens: &prompt,
+                    positions: &seq_positions(0, prompt.len()),
+                    mask: None,
+                },
+                &paradraft::model::OutputSpec::last_full(),
+                &mut scratch,
+            )
+            .unwrap();
+        let p = paradraft::sample::Sampler::new(sampling(0))
+            .unwrap()
+            .dist(out.logits_row(0));
+        let (mut chi, mut dof) = (0.0, 0usize);
+        for &(t, pt) in &p.entries {
+            let e = pt as f64 * n as f64;
+            if e >= 5.0 {
+                let o = *ar[0].get(&t.0).unwrap_or(&0) as f64;
+                chi += (o - e).powi(2) / e;
+                dof += 1;
+            }
+        }
+        let dof = dof.saturating_sub(1);
+        assert!(
+            chi < chi_crit(dof),
+            "AR first token vs softmax: χ² = {chi:.1} with {dof} dof"
+        );
+    }
     // T > 0 must sample: many distinct first tokens, not one greedy answer.
     assert!(ar[0].len() > 3, "AR sampling looks greedy: {:?}", ar[0]);
     let vocab = lm.model.config.vocab_size as u32;
@@ -393,6 +436,31 @@ fn sampling_matches_ar_distribution() {
         ),
     ];
     for (name, d) in cases.iter_mut() {
+        // Coupled rule: every seed gives AR's own tokens, whatever was drafted.
+        for seed in 0..1_000u64 {
+            let ids = speculative_generate(
+                &lm.model,
+                &lm.tokenizer,
+                &mut kv,
+                &prompt,
+                &params(seed),
+                Speculation {
+                    drafter: d.as_mut(),
+                    max_draft: 6,
+                    sizer: None,
+                    rule: VerifyRule::Coupled,
+                },
+                |_| {},
+            )
+            .unwrap()
+            .out
+            .token_ids;
+            assert_eq!(
+                ids, ar_ids[seed as usize],
+                "{name}, coupled rule, seed {seed}"
+            );
+        }
+        // Rejection rule: the same distribution, checked by χ².
         let sp = count(&mut |seed| {
             speculative_generate(
                 &lm.model,
@@ -404,6 +472,7 @@ fn sampling_matches_ar_distribution() {
                     drafter: d.as_mut(),
                     max_draft: 6,
                     sizer: None,
+                    rule: VerifyRule::Rejection,
                 },
                 |_| {},
             )
@@ -488,6 +557,7 @@ fn drafters_receive_the_targets_hidden_states_of_committed_positions() {
             drafter: &mut rec,
             max_draft: 6,
             sizer: None,
+            rule: Default::default(),
         },
         |_| {},
     )

@@ -25,7 +25,8 @@ pub struct DraftModel {
 
 impl DraftModel {
     /// `sampling` is the target's: at temperature 0 drafts are argmaxes; otherwise they are
-    /// sampled from the draft model's distribution, which is attached as q.
+    /// sampled from the draft model's distribution q (attached) with the target's keyed noise
+    /// for their position, so a q close to p proposes the target's own sample.
     pub fn new(
         model: Model,
         target_vocab: usize,
@@ -44,10 +45,8 @@ impl DraftModel {
             model,
             kv,
             scratch: Scratch::default(),
-            sampler: Sampler::new(SamplingParams {
-                seed: sampling.seed ^ 0x5eed_d4af,
-                ..sampling
-            })?,
+            // The target's seed: drafts use the noise the target samples with (coupling).
+            sampler: Sampler::new(sampling)?,
             draft_len,
             done: vec![],
             proposed: vec![],
@@ -60,10 +59,32 @@ impl Drafter for DraftModel {
         "draft-model"
     }
 
-    fn begin(&mut self, _prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
+    /// The drafter's prefill: the prompt enters the draft model's cache now, so the first
+    /// round drafts from the root alone.
+    fn begin(&mut self, prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
         self.kv.clear();
         self.done.clear();
         self.proposed.clear();
+        if prompt.is_empty() {
+            return Ok(());
+        }
+        let pos: Vec<Pos> = (0..prompt.len()).map(|p| Pos(p as u32)).collect();
+        let spec = OutputSpec {
+            rows: crate::model::Rows::Last,
+            logits: crate::model::Logits::None,
+            taps: vec![],
+        };
+        self.model.forward(
+            &mut self.kv,
+            &Batch {
+                tokens: prompt,
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            &mut self.scratch,
+        )?;
+        self.done.extend_from_slice(prompt);
         Ok(())
     }
 
@@ -111,11 +132,7 @@ impl Drafter for DraftModel {
         for i in 0..k {
             let greedy = self.sampler.params.is_greedy();
             let q = self.sampler.dist(&logits);
-            let x = if greedy {
-                q.entries[0].0
-            } else {
-                self.sampler.draw(&q)
-            };
+            let x = self.sampler.sample_at(&logits, committed.len() + i);
             parent = Some(tree.push(parent, x, (!greedy).then_some(q))?);
             self.proposed.push(x);
             if i + 1 < k {

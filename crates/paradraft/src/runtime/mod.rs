@@ -33,6 +33,7 @@ macro_rules! multiversion {
         }
     };
 }
+pub(crate) use multiversion;
 
 pub mod attention;
 pub mod ops;

@@ -163,9 +163,44 @@ pub fn fast_exp(x: f32) -> f32 {
     }
 }
 
+/// Natural logarithm of a positive normal float, branch-free so that loops over it vectorise:
+/// x = m·2^e with m in [√½, √2), ln m = 2·atanh(s), s = (m − 1)/(m + 1), |s| ≤ 0.172, by its
+/// series to s⁹ (relative error below 2e-7; see the test).
+#[inline(always)]
+pub fn fast_ln(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    let big = m > std::f32::consts::SQRT_2;
+    m = if big { m * 0.5 } else { m };
+    e += big as i32;
+    let s = (m - 1.0) / (m + 1.0);
+    let s2 = s * s;
+    let series = 1.0 + s2 * (1.0 / 3.0 + s2 * (0.2 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0))));
+    e as f32 * std::f32::consts::LN_2 + 2.0 * s * series
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_ln_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = 1e-30f32;
+        while x < 1e30 {
+            let (got, want) = (fast_ln(x) as f64, (x as f64).ln());
+            // Absolute error near 1 (where ln → 0), relative elsewhere.
+            worst = worst.max((got - want).abs() / want.abs().max(1.0));
+            x *= 1.000_37;
+        }
+        assert!(worst < 2e-7, "max error {worst}");
+        // The uniforms of the sampler's noise: (0, 1) on a 2^-23 grid, ends included.
+        for u in [0.5f32 / 8_388_608.0, 0.5, 1.0 - 0.5 / 8_388_608.0] {
+            let (got, want) = (fast_ln(u) as f64, (u as f64).ln());
+            assert!(((got - want) / want).abs() < 1e-6, "{u}: {got} vs {want}");
+        }
+    }
 
     #[test]
     fn fast_exp_is_accurate() {

@@ -7,10 +7,10 @@
 
 use super::sizing::Sizer;
 use super::tree::NodeId;
-use super::verify::{row_of, verify_greedy, verify_sample, Outcome};
+use super::verify::{row_of, verify, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
-use crate::error::{Error, Result};
-use crate::generate::{Emitter, GenerateParams, Generation, Stats, StopReason};
+use crate::error::Result;
+use crate::generate::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
 use crate::sample::Sampler;
@@ -41,12 +41,14 @@ pub struct SpecGeneration {
     pub tau: f64,
 }
 
-/// The drafter of a speculative run, the most nodes it may propose per round, and optionally
-/// a [`Sizer`] that picks each round's budget from measured costs and acceptance.
+/// The drafter of a speculative run, the most nodes it may propose per round, optionally a
+/// [`Sizer`] that picks each round's budget from measured costs and acceptance, and the rule
+/// that verifies drafts at temperature > 0.
 pub struct Speculation<'a> {
     pub drafter: &'a mut dyn Drafter,
     pub max_draft: usize,
     pub sizer: Option<&'a mut Sizer>,
+    pub rule: VerifyRule,
 }
 
 /// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
@@ -64,14 +66,10 @@ pub fn speculative_generate(
         drafter,
         max_draft,
         mut sizer,
+        rule,
     } = sp;
-    let mut sampler = Sampler::new(params.sampling)?;
-    if prompt.is_empty() || prompt.len() >= kv.capacity() {
-        return Err(Error::ContextOverflow {
-            needed: prompt.len() + 1,
-            capacity: kv.capacity(),
-        });
-    }
+    let sampler = Sampler::new(params.sampling)?;
+    check_prompt(prompt, kv.capacity())?;
     let greedy = params.sampling.is_greedy();
     let mut s = Scratch::default();
     kv.clear();
@@ -93,8 +91,9 @@ pub fn speculative_generate(
         &spec,
         &mut s,
     )?;
-    let mut root = sampler.sample(out.logits_row(0));
+    let mut root = sampler.sample_at(out.logits_row(0), prompt.len());
     let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
     drafter.begin(
         prompt,
         Hidden {
@@ -102,6 +101,7 @@ pub fn speculative_generate(
             rows: &out.hidden,
         },
     )?;
+    let draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
     let mut hidden = Vec::new();
     // Every verification forward: all rows, argmaxes (greedy) or full rows (sampling), the taps.
     let logits = if greedy { Logits::Argmax } else { Logits::Full };
@@ -159,11 +159,14 @@ pub fn speculative_generate(
             &verify_spec,
             &mut s,
         )?;
-        let outcome: Outcome = if greedy {
-            verify_greedy(&tree, &out.argmax)
-        } else {
-            verify_sample(&tree, |r| out.logits_row(r), &mut sampler)
-        };
+        let outcome: Outcome = verify(
+            rule,
+            &tree,
+            &out.argmax,
+            |r| out.logits_row(r),
+            &sampler,
+            base,
+        );
         st.verify_ms = t.elapsed().as_secs_f64() * 1e3;
 
         // Commit: keep the root's slot and the accepted path's, contiguously.
@@ -222,7 +225,13 @@ pub fn speculative_generate(
             text,
             prompt_token_ids: prompt.to_vec(),
             stop_reason: stop.unwrap_or(StopReason::MaxTokens),
-            stats: Stats::new(prompt.len(), ids.len(), prefill_ms, decode_ms),
+            stats: Stats::new(
+                prompt.len(),
+                ids.len(),
+                prefill_ms,
+                draft_prefill_ms,
+                decode_ms,
+            ),
             token_ids: ids,
         },
         rounds,

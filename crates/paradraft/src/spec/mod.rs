@@ -9,7 +9,7 @@ pub mod verify;
 
 pub use decode::{speculative_generate, RoundStats, SpecGeneration, Speculation};
 pub use tree::{DraftTree, Linearised, NodeId};
-pub use verify::{Outcome, Rule};
+pub use verify::{Outcome, VerifyRule};
 
 use crate::error::Result;
 use crate::types::TokenId;

@@ -4,29 +4,62 @@
 //!   must equal one child's token (siblings are distinct, so at most one can), which is then
 //!   accepted. The bonus is the argmax after the last accepted node. Every committed token is
 //!   the target's argmax given the committed prefix, i.e. exactly AR greedy.
-//! - **Sampling, one-hot proposals** (chain or tree, drafts treated as point masses): at a node
-//!   with target distribution p, try its children x₁, x₂, … in order: accept xᵢ with probability
-//!   r(xᵢ) / Σr, where r starts as p; on rejection set r(xᵢ) = 0 (renormalising implicitly). If
-//!   no child is accepted the bonus is drawn from r. Proof sketch: drawing y ~ r is the same as
-//!   "with probability r(x)/Σr output x, else draw from r without x"; applying this once per
-//!   distinct sibling therefore outputs a token distributed as p, whatever the drafts are.
-//! - **Sampling, proposals with known q** (chains whose tokens the drafter sampled from q):
-//!   accept x with probability min(1, p(x)/q(x)), else draw the bonus from norm(max(p − q, 0)).
-//!   Proof sketch (Leviathan et al.): P(out = y) = q(y)·min(1, p/q) + (1 − Σ min(p, q))·
-//!   max(p − q, 0)(y)/Σ max(p − q, 0) = min(p, q)(y) + max(p − q, 0)(y) = p(y).
+//! - **Coupled** sampling ([`VerifyRule::Coupled`], the default at T > 0): the same walk, with
+//!   the target's *sample* at each node in place of its argmax. Samples are Gumbel-max draws
+//!   keyed by (seed, absolute position) ([`crate::sample::Noise`]), so the token the target
+//!   samples at a position given a prefix is fixed before anything is drafted; the walk commits
+//!   exactly the tokens AR sampling with the same seed commits, whatever the drafts were.
+//!   Distribution: the noise at position n is independent of everything that decided the
+//!   prefix before n, so each token is an exact draw from p(· | prefix). Acceptance of a
+//!   one-hot sibling set is P(y ∈ siblings), y ~ p, as with the rejection rule; a drafter that
+//!   samples from q with the same keyed noise matches the target with the Gumbel-coupling
+//!   probability.
+//! - **Rejection** sampling ([`VerifyRule::Rejection`]), the classic rules with keyed uniforms:
+//!   - *one-hot proposals* (chain or tree, drafts treated as point masses): at a node with
+//!     target distribution p, try its children x₁, x₂, … in order: accept xᵢ with probability
+//!     r(xᵢ) / Σr, where r starts as p; on rejection set r(xᵢ) = 0 (renormalising implicitly).
+//!     If no child is accepted the bonus is drawn from r. Proof sketch: drawing y ~ r is the
+//!     same as "with probability r(x)/Σr output x, else draw from r without x"; applying this
+//!     once per distinct sibling therefore outputs a token distributed as p, whatever the
+//!     drafts are.
+//!   - *proposals with known q* (chains whose tokens the drafter sampled from q): accept x with
+//!     probability min(1, p(x)/q(x)), else draw the bonus from norm(max(p − q, 0)). Proof sketch
+//!     (Leviathan et al.): P(out = y) = q(y)·min(1, p/q) + (1 − Σ min(p, q))·
+//!     max(p − q, 0)(y)/Σ max(p − q, 0) = min(p, q)(y) + max(p − q, 0)(y) = p(y).
+//!
+//!   Acceptance of a known-q draft is Σ min(p, q), at least the coupling's; the output equals
+//!   AR's only where nothing was rejected.
 //!
 //! Every rule draws from the same [`Sampler`] distribution (temperature → top-k → top-p) that AR
 //! decoding uses, so "the target's distribution" means the same thing in both.
 
 use super::tree::{DraftTree, NodeId};
-use crate::sample::{Dist, Sampler};
+use crate::sample::{Dist, Noise, Sampler};
 use crate::types::TokenId;
 
-/// Which rule verifies a round: greedy at temperature 0, else sampling.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rule {
-    Greedy,
-    Sample,
+/// How a round is verified at temperature > 0 (temperature 0 is always greedy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyRule {
+    /// Accept the child that equals the target's keyed sample: output token-identical to AR
+    /// sampling with the same seed.
+    #[default]
+    Coupled,
+    /// Recursive rejection / min(1, p/q) with keyed uniforms: equal in distribution to AR.
+    Rejection,
+}
+
+impl std::str::FromStr for VerifyRule {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "coupled" => Ok(VerifyRule::Coupled),
+            "rejection" => Ok(VerifyRule::Rejection),
+            _ => Err(format!(
+                "verification rule `{s}`: expected coupled or rejection"
+            )),
+        }
+    }
 }
 
 /// What the target made of one proposal.
@@ -59,19 +92,41 @@ pub fn row_of(n: Option<NodeId>) -> usize {
 
 /// Greedy rule over per-row argmaxes (`argmax[row]`).
 pub fn verify_greedy(tree: &DraftTree, argmax: &[TokenId]) -> Outcome {
+    verify_match(tree, |row| argmax[row])
+}
+
+/// Coupled rule: the target's keyed sample at each node (row 0 is the root, at position
+/// `root_pos`; a row's logits predict the position after its node).
+pub fn verify_coupled<'a>(
+    tree: &DraftTree,
+    logits: impl Fn(usize) -> &'a [f32],
+    sampler: &Sampler,
+    root_pos: usize,
+) -> Outcome {
+    verify_match(tree, |row| {
+        let depth = if row == 0 {
+            0
+        } else {
+            tree.depth(NodeId(row as u32 - 1)) as usize
+        };
+        sampler.sample_at(logits(row), root_pos + depth + 1)
+    })
+}
+
+/// Walks from the root accepting the child whose token is the target's own (`target(row)`).
+fn verify_match(tree: &DraftTree, mut target: impl FnMut(usize) -> TokenId) -> Outcome {
     let mut cur: Option<NodeId> = None;
     let mut accepted = Vec::new();
     loop {
-        let want = argmax[row_of(cur)];
+        let want = target(row_of(cur));
         match tree.children(cur).find(|&c| tree.token(c) == want) {
             Some(c) => {
                 accepted.push(c);
                 cur = Some(c);
             }
-            None => break,
+            None => return finish(tree, accepted, want),
         }
     }
-    finish(tree, accepted, argmax[row_of(cur)])
 }
 
 fn finish(tree: &DraftTree, accepted: Vec<NodeId>, bonus: TokenId) -> Outcome {
@@ -100,19 +155,24 @@ fn draw_weighted(entries: impl Iterator<Item = (TokenId, f32)> + Clone, u: f32) 
     last.unwrap_or(TokenId(0))
 }
 
-/// Sampling rules over per-row target logits.
-pub fn verify_sample<'a>(
+/// Rejection rules over per-row target logits, with uniforms keyed by position (row 0 is the
+/// root, at position `root_pos`).
+pub fn verify_rejection<'a>(
     tree: &DraftTree,
     logits: impl Fn(usize) -> &'a [f32],
-    sampler: &mut Sampler,
+    sampler: &Sampler,
+    root_pos: usize,
 ) -> Outcome {
     let mut cur: Option<NodeId> = None;
     let mut accepted = Vec::new();
     loop {
+        // The position the children of `cur` stand at.
+        let pos = root_pos + accepted.len() + 1;
+        let uniform = |stream: u32| sampler.noise.key(pos, stream).uniform();
         let children: Vec<NodeId> = tree.children(cur).collect();
         if children.is_empty() {
             // Nothing to verify below this node: an ordinary draw from p.
-            let bonus = sampler.sample(logits(row_of(cur)));
+            let bonus = sampler.sample_at(logits(row_of(cur)), pos);
             return finish(tree, accepted, bonus);
         }
         let p = sampler.dist(logits(row_of(cur)));
@@ -120,17 +180,17 @@ pub fn verify_sample<'a>(
         if let (1, Some(q)) = (children.len(), tree.q(children[0])) {
             let x = tree.token(children[0]);
             let (px, qx) = (p.prob(x), q.prob(x));
-            if qx > 0.0 && sampler.uniform() < (px / qx).min(1.0) {
+            if qx > 0.0 && uniform(1) < (px / qx).min(1.0) {
                 accepted.push(children[0]);
                 cur = Some(children[0]);
                 continue;
             }
             let residual = residual(&p, q);
-            let u = sampler.uniform();
+            let key = sampler.noise.key(pos, Noise::RESIDUAL);
             let bonus = if residual.iter().any(|e| e.1 > 0.0) {
-                draw_weighted(residual.iter().copied(), u)
+                draw_weighted(residual.iter().copied(), key.uniform())
             } else {
-                sampler.draw(&p)
+                key.pick(&p)
             };
             return finish(tree, accepted, bonus);
         }
@@ -139,14 +199,14 @@ pub fn verify_sample<'a>(
         let sum_p: f32 = p.entries.iter().map(|e| e.1).sum();
         let (mut removed, mut removed_mass) = (Vec::new(), 0f32);
         let mut next = None;
-        for &c in &children {
+        for (i, &c) in children.iter().enumerate() {
             let x = tree.token(c);
             let px = p.prob(x);
             if px <= 0.0 {
                 continue; // outside p's support: rejected, r unchanged
             }
             let total = sum_p - removed_mass;
-            if total > 0.0 && sampler.uniform() < px / total {
+            if total > 0.0 && uniform(1 + i as u32) < px / total {
                 next = Some(c);
                 break;
             }
@@ -159,7 +219,7 @@ pub fn verify_sample<'a>(
                 cur = Some(c);
             }
             None => {
-                let u = sampler.uniform();
+                let u = uniform(Noise::RESIDUAL);
                 let r = p
                     .entries
                     .iter()
@@ -167,6 +227,24 @@ pub fn verify_sample<'a>(
                 return finish(tree, accepted, draw_weighted(r, u));
             }
         }
+    }
+}
+
+/// Verifies a round by `rule` at temperature > 0, or greedily at 0 (`argmax` per row then).
+pub fn verify<'a>(
+    rule: VerifyRule,
+    tree: &DraftTree,
+    argmax: &[TokenId],
+    logits: impl Fn(usize) -> &'a [f32],
+    sampler: &Sampler,
+    root_pos: usize,
+) -> Outcome {
+    if sampler.params.is_greedy() {
+        return verify_greedy(tree, argmax);
+    }
+    match rule {
+        VerifyRule::Coupled => verify_coupled(tree, logits, sampler, root_pos),
+        VerifyRule::Rejection => verify_rejection(tree, logits, sampler, root_pos),
     }
 }
 
@@ -206,10 +284,11 @@ mod tests {
 
     const LOGITS: [f32; 5] = [1.0, 0.5, 0.0, -0.5, 2.0];
 
-    /// Asserts that the first committed token of `verify_sample` over trees from `tree` is
-    /// distributed as the sampler's p for [`LOGITS`] (200 000 draws, ±0.005 per token).
-    fn assert_first_token_follows_p(seed: u64, mut tree: impl FnMut(&mut Sampler) -> DraftTree) {
-        let mut s = Sampler::new(SamplingParams {
+    /// Asserts that the first committed token of each sampling rule over trees from `tree`
+    /// (given the sampler and the root's position) is distributed as the sampler's p for
+    /// [`LOGITS`] (200 000 rounds at distinct positions, ±0.005 per token).
+    fn assert_first_token_follows_p(seed: u64, mut tree: impl FnMut(&Sampler, usize) -> DraftTree) {
+        let s = Sampler::new(SamplingParams {
             temperature: 1.0,
             seed,
             ..Default::default()
@@ -217,18 +296,20 @@ mod tests {
         .unwrap();
         let p = s.dist(&LOGITS);
         let n = 200_000;
-        let mut counts = [0usize; 5];
-        for _ in 0..n {
-            let t = tree(&mut s);
-            let o = verify_sample(&t, |_| &LOGITS[..], &mut s);
-            counts[o.committed().next().unwrap().idx()] += 1;
-        }
-        for (i, c) in counts.iter().enumerate() {
-            let want = p.prob(TokenId(i as u32)) as f64;
-            assert!(
-                (*c as f64 / n as f64 - want).abs() < 0.005,
-                "{i}: {c} vs {want}"
-            );
+        for rule in [VerifyRule::Coupled, VerifyRule::Rejection] {
+            let mut counts = [0usize; 5];
+            for pos in 0..n {
+                let t = tree(&s, pos);
+                let o = verify(rule, &t, &[], |_| &LOGITS[..], &s, pos);
+                counts[o.committed().next().unwrap().idx()] += 1;
+            }
+            for (i, c) in counts.iter().enumerate() {
+                let want = p.prob(TokenId(i as u32)) as f64;
+                assert!(
+                    (*c as f64 / n as f64 - want).abs() < 0.005,
+                    "{rule:?} {i}: {c} vs {want}"
+                );
+            }
         }
     }
 
@@ -238,19 +319,45 @@ mod tests {
         let mut t = DraftTree::new();
         t.push(None, TokenId(2), None).unwrap();
         t.push(None, TokenId(0), None).unwrap();
-        assert_first_token_follows_p(3, |_| t.clone());
+        assert_first_token_follows_p(3, |_, _| t.clone());
     }
 
-    /// With a known q on a chain, accept-with-min(1, p/q) plus the residual gives p.
+    /// With a known q on a chain, accept-with-min(1, p/q) plus the residual gives p; so does
+    /// the coupled rule. The draft uses the same keyed noise as the target (coupled drafting).
     #[test]
     fn speculative_sampling_with_q_preserves_p() {
         let q = Dist {
             entries: vec![(TokenId(1), 0.6), (TokenId(3), 0.3), (TokenId(4), 0.1)],
         };
-        assert_first_token_follows_p(5, |s| {
+        assert_first_token_follows_p(5, |s, pos| {
             let mut t = DraftTree::new();
-            t.push(None, s.draw(&q), Some(q.clone())).unwrap();
+            t.push(None, s.pick_at(&q, pos + 1), Some(q.clone()))
+                .unwrap();
             t
         });
+    }
+
+    /// The coupled rule commits the target's keyed sample whatever was drafted: the same
+    /// tokens as sampling at each position directly.
+    #[test]
+    fn coupled_rule_commits_the_keyed_samples() {
+        let s = Sampler::new(SamplingParams {
+            temperature: 0.9,
+            seed: 11,
+            ..Default::default()
+        })
+        .unwrap();
+        for pos in 0..2_000 {
+            let truth = s.sample_at(&LOGITS, pos + 1);
+            let mut t = DraftTree::new();
+            let a = t.push(None, TokenId((pos % 5) as u32), None).unwrap();
+            t.push(Some(a), s.sample_at(&LOGITS, pos + 2), None)
+                .unwrap();
+            let o = verify_coupled(&t, |_| &LOGITS[..], &s, pos);
+            assert_eq!(o.committed().next(), Some(truth));
+            if o.tokens.len() == 2 {
+                assert_eq!(o.bonus, s.sample_at(&LOGITS, pos + 3));
+            }
+        }
     }
 }

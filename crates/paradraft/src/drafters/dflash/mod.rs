@@ -85,10 +85,8 @@ impl<'t> Dflash<'t> {
             kv,
             s: model::Scratch::default(),
             block_size,
-            sampler: Sampler::new(SamplingParams {
-                seed: sampling.seed ^ 0xdf1a_5400,
-                ..sampling
-            })?,
+            // The target's seed: sampled drafts use the noise the target samples with.
+            sampler: Sampler::new(sampling)?,
             draft_sampling: DraftSampling::Greedy,
             tree: None,
             conf: vec![],
@@ -185,7 +183,8 @@ impl Drafter for Dflash<'_> {
                 for e in q.entries.iter_mut() {
                     e.0 = self.head.target_id(e.0.idx());
                 }
-                (self.sampler.draw(&q), Some(q))
+                // Row i predicts position s + 1 + i.
+                (self.sampler.pick_at(&q, s + 1 + i), Some(q))
             } else {
                 (
                     self.head.target_id(crate::runtime::ops::argmax(row).idx()),
