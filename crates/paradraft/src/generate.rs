@@ -1,13 +1,15 @@
-//! Autoregressive generation: prefill, then one token per forward, with streaming and stop
-//! conditions (stop tokens, stop strings, token budget).
+//! Autoregressive generation (the speculative loop without a drafter), its parameters and
+//! statistics, and what every decode loop shares: streaming and stop conditions (stop tokens,
+//! stop strings, token budget).
 
+use crate::drafters::NoDraft;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, StreamDecoder, Tokenizer};
-use crate::sample::{Sampler, SamplingParams};
-use crate::types::{Pos, TokenId};
+use crate::model::{Model, StreamDecoder, Tokenizer};
+use crate::sample::SamplingParams;
+use crate::spec::{speculative_generate, Speculation, VerifyRule};
+use crate::types::TokenId;
 use serde::Serialize;
-use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -43,20 +45,34 @@ impl std::fmt::Display for StopReason {
 pub struct Stats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
+    /// The target's prompt prefill (its first token included).
     pub prefill_ms: f64,
+    /// The drafter's own pass over the prompt (0 without a drafter); in neither prefill nor
+    /// decode speed, in the end-to-end time.
+    pub draft_prefill_ms: f64,
     pub decode_ms: f64,
+    /// Prefill, drafter prefill and decode: the request's wall time.
+    pub total_ms: f64,
     pub prefill_tok_s: f64,
     pub decode_tok_s: f64,
 }
 
 impl Stats {
     /// The first generated token comes from the prefill; decode speed counts the rest.
-    pub fn new(prompt_tokens: usize, generated: usize, prefill_ms: f64, decode_ms: f64) -> Stats {
+    pub fn new(
+        prompt_tokens: usize,
+        generated: usize,
+        prefill_ms: f64,
+        draft_prefill_ms: f64,
+        decode_ms: f64,
+    ) -> Stats {
         Stats {
             prompt_tokens,
             generated_tokens: generated,
             prefill_ms,
+            draft_prefill_ms,
             decode_ms,
+            total_ms: prefill_ms + draft_prefill_ms + decode_ms,
             prefill_tok_s: prompt_tokens as f64 / (prefill_ms / 1e3),
             decode_tok_s: if generated > 1 {
                 (generated - 1) as f64 / (decode_ms / 1e3)
@@ -162,86 +178,37 @@ impl<'a> Emitter<'a> {
 }
 
 /// Generates a continuation of `prompt` token by token, calling `on_text` with each new piece
-/// of text as soon as it is final.
+/// of text as soon as it is final. This is the speculative loop with no drafter (one AR path:
+/// the same checks, sampling, stopping and statistics as every speculative run).
 pub fn generate(
     model: &Model,
     tok: &Tokenizer,
     kv: &mut KvCache,
     prompt: &[TokenId],
     params: &GenerateParams,
-    mut on_text: impl FnMut(&str),
+    on_text: impl FnMut(&str),
 ) -> Result<Generation> {
-    let mut sampler = Sampler::new(params.sampling)?;
+    let sp = Speculation {
+        drafter: &mut NoDraft,
+        max_draft: 0,
+        sizer: None,
+        rule: VerifyRule::Coupled,
+    };
+    Ok(speculative_generate(model, tok, kv, prompt, params, sp, on_text)?.out)
+}
+
+/// Refuses a prompt that cannot start a generation in a cache of `capacity` tokens.
+pub(crate) fn check_prompt(prompt: &[TokenId], capacity: usize) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::BadRequest("the prompt is empty".into()));
     }
-    if prompt.len() >= kv.capacity() {
+    if prompt.len() >= capacity {
         return Err(Error::ContextOverflow {
             needed: prompt.len() + 1,
-            capacity: kv.capacity(),
+            capacity,
         });
     }
-    kv.clear();
-    let mut scratch = Scratch::default();
-    let spec = OutputSpec::last_full();
-    // Greedy steps ask for the fused argmax (the same output-layer path as greedy verification,
-    // so speculative greedy decoding reproduces this loop token for token).
-    let greedy = params.sampling.is_greedy();
-    let argmax = OutputSpec {
-        rows: Rows::Last,
-        logits: Logits::Argmax,
-        taps: vec![],
-    };
-    let t0 = Instant::now();
-    let positions: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
-    let out = model.forward(
-        kv,
-        &Batch {
-            tokens: prompt,
-            positions: &positions,
-            mask: None,
-        },
-        &spec,
-        &mut scratch,
-    )?;
-    let mut next = sampler.sample(out.logits_row(0));
-    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-
-    let t1 = Instant::now();
-    let mut em = Emitter::new(tok, params);
-    let stop_reason = loop {
-        if let Some(r) = em.push(next, &mut on_text)? {
-            break r;
-        }
-        if kv.len() >= kv.capacity() {
-            break StopReason::ContextFull;
-        }
-        let pos = [Pos(kv.len() as u32)];
-        let out = model.forward(
-            kv,
-            &Batch {
-                tokens: &[next],
-                positions: &pos,
-                mask: None,
-            },
-            if greedy { &argmax } else { &spec },
-            &mut scratch,
-        )?;
-        next = if greedy {
-            out.argmax[0]
-        } else {
-            sampler.sample(out.logits_row(0))
-        };
-    };
-    let (text, ids) = em.finish(&mut on_text);
-    let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-    Ok(Generation {
-        text,
-        prompt_token_ids: prompt.to_vec(),
-        stop_reason,
-        stats: Stats::new(prompt.len(), ids.len(), prefill_ms, decode_ms),
-        token_ids: ids,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

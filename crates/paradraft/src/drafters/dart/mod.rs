@@ -96,10 +96,32 @@ impl Drafter for Dart<'_> {
         &self.taps
     }
 
-    fn begin(&mut self, _prompt: &[TokenId], hidden: Hidden) -> Result<()> {
+    /// The drafter's prefill: every prompt position but the last (which waits for the first
+    /// root, the token to its right) enters the drafter's cache now.
+    fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
         self.kv.clear();
         self.pending.clear();
-        self.pending.extend_from_slice(hidden.rows);
+        let width = self.model.feature_width();
+        let n = hidden.rows.len() / width;
+        if n != prompt.len() {
+            return Err(Error::BadRequest(format!(
+                "DART got target states for {n} of {} prompt positions",
+                prompt.len()
+            )));
+        }
+        if n >= 2 {
+            self.model.forward(
+                self.target,
+                &mut self.kv,
+                &hidden.rows[..(n - 1) * width],
+                &prompt[1..],
+                0,
+                &mut self.s,
+                &mut self.hidden,
+            )?;
+        }
+        self.pending
+            .extend_from_slice(&hidden.rows[n.saturating_sub(1) * width..]);
         Ok(())
     }
 
