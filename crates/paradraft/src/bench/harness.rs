@@ -8,7 +8,10 @@ use crate::generate::GenerateParams;
 use crate::model::{Loaded, Message};
 use crate::sample::SamplingParams;
 use crate::spec::sizing::{CostCurve, Sizer};
-use crate::spec::{speculative_generate, Drafter, RoundStats, SpecGeneration, Speculation};
+use crate::spec::{
+    speculative_generate, Drafter, RoundStats, SpecGeneration, Speculation, VerifyRule,
+};
+use crate::types::TokenId;
 use serde::Serialize;
 
 /// One method under test. The AR baseline is [`crate::drafters::NoDraft`] through the same loop.
@@ -28,6 +31,8 @@ pub struct BenchParams {
     pub sampling: SamplingParams,
     /// KV capacity; prompts that do not fit with `max_new_tokens` are skipped.
     pub ctx: usize,
+    /// How drafts are verified at temperature > 0.
+    pub rule: VerifyRule,
 }
 
 /// One generation (one turn of one item with one method).
@@ -40,10 +45,15 @@ pub struct Run {
     pub prompt_tokens: usize,
     pub generated: usize,
     pub prefill_ms: f64,
+    /// The drafter's own prompt pass (not in decode time).
+    pub draft_prefill_ms: f64,
     pub decode_ms: f64,
     /// Target passes after the prefill.
     pub target_passes: usize,
     pub tau: f64,
+    pub seed: u64,
+    /// The generated tokens (compared with AR's at T = 0 and under the coupled rule).
+    pub token_ids: Vec<TokenId>,
     pub rounds: Vec<RoundStats>,
 }
 
@@ -64,9 +74,7 @@ pub fn run_bench(
                 let mut msgs: Vec<Message> = Vec::new();
                 for (turn, text) in item.turns.iter().enumerate() {
                     msgs.push(Message::new("user", text));
-                    let prompt = lm
-                        .tokenizer
-                        .encode(&lm.tokenizer.apply_chat_template(&msgs, true)?)?;
+                    let prompt = lm.tokenizer.encode_chat(&msgs, true)?;
                     if prompt.len() + p.max_new_tokens + 2 > p.ctx {
                         break;
                     }
@@ -86,6 +94,7 @@ pub fn run_bench(
                         drafter: m.drafter.as_mut(),
                         max_draft: m.max_draft,
                         sizer: sizer.as_mut(),
+                        rule: p.rule,
                     };
                     let SpecGeneration {
                         out: g,
@@ -109,9 +118,12 @@ pub fn run_bench(
                         prompt_tokens: prompt.len(),
                         generated: g.token_ids.len(),
                         prefill_ms: g.stats.prefill_ms,
+                        draft_prefill_ms: g.stats.draft_prefill_ms,
                         decode_ms: g.stats.decode_ms,
                         target_passes: rounds.len(),
                         tau,
+                        seed: params.sampling.seed,
+                        token_ids: g.token_ids,
                         rounds,
                     };
                     on_run(&run);
@@ -135,10 +147,16 @@ pub struct Summary {
     /// Committed tokens per target pass over all rounds (micro), and the mean of per-run τ (macro).
     pub tau_micro: f64,
     pub tau_macro: f64,
+    /// Per-run τ: min / median / max.
+    pub tau_spread: [f64; 3],
     /// Decode tokens per second (prefill excluded) and its ratio to the AR baseline's.
     pub tok_s: f64,
     pub speedup: f64,
+    /// Per-prompt speedup (against AR on the same prompt): min / median / max.
+    pub speedup_spread: [f64; 3],
     pub prefill_ms: f64,
+    /// The drafter's own prompt pass, mean per run.
+    pub draft_prefill_ms: f64,
     /// Mean per round.
     pub draft_ms: f64,
     pub tree_ms: f64,
@@ -146,9 +164,34 @@ pub struct Summary {
     pub commit_ms: f64,
     /// Fraction of rounds that accepted at least d drafts, d = 1, 2, ….
     pub accept_at_least: Vec<f64>,
+    /// Runs whose tokens differ from AR's on the same prompt, where they must not (T = 0, or
+    /// the coupled rule); `None` where outputs may differ.
+    pub ar_mismatches: Option<usize>,
 }
 
-pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
+/// min / median / max (zeros for no values).
+fn spread(mut v: Vec<f64>) -> [f64; 3] {
+    if v.is_empty() {
+        return [0.0; 3];
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    [v[0], median, v[n - 1]]
+}
+
+/// Decode ms per token after the first (which comes from the prefill).
+fn ms_per_token(r: &Run) -> f64 {
+    r.decode_ms / r.generated.saturating_sub(1).max(1) as f64
+}
+
+/// Summaries per (dataset, method) against `baseline`; `identical`: every method's tokens
+/// must equal the baseline's on the same prompt (T = 0 or the coupled rule).
+pub fn summarize(runs: &[Run], baseline: &str, identical: bool) -> Vec<Summary> {
     let mut keys: Vec<(String, String)> = Vec::new();
     for r in runs {
         let k = (r.dataset.to_string(), r.method.clone());
@@ -156,6 +199,11 @@ pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
             keys.push(k);
         }
     }
+    let base_of = |r: &Run| {
+        runs.iter().find(|b| {
+            b.method == baseline && b.dataset == r.dataset && b.id == r.id && b.turn == r.turn
+        })
+    };
     let tok_s = |ds: &str, m: &str| {
         let rs: Vec<&Run> = runs
             .iter()
@@ -177,6 +225,8 @@ pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
             let mean = |f: fn(&RoundStats) -> f64| {
                 rounds.iter().map(|r| f(r)).fold(0.0, |a, b| a + b) / nr
             };
+            let per_run =
+                |f: fn(&Run) -> f64| rs.iter().map(|r| f(r)).sum::<f64>() / rs.len().max(1) as f64;
             let max_acc = rounds.iter().map(|r| r.accepted).max().unwrap_or(0);
             let ts = tok_s(ds, m);
             Summary {
@@ -190,10 +240,17 @@ pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
                 } else {
                     rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / nr
                 },
-                tau_macro: rs.iter().map(|r| r.tau).sum::<f64>() / rs.len().max(1) as f64,
+                tau_macro: per_run(|r| r.tau),
+                tau_spread: spread(rs.iter().map(|r| r.tau).collect()),
                 tok_s: ts,
                 speedup: ts / tok_s(ds, baseline),
-                prefill_ms: rs.iter().map(|r| r.prefill_ms).sum::<f64>() / rs.len().max(1) as f64,
+                speedup_spread: spread(
+                    rs.iter()
+                        .filter_map(|r| base_of(r).map(|b| ms_per_token(b) / ms_per_token(r)))
+                        .collect(),
+                ),
+                prefill_ms: per_run(|r| r.prefill_ms),
+                draft_prefill_ms: per_run(|r| r.draft_prefill_ms),
                 draft_ms: mean(|r| r.draft_ms),
                 tree_ms: mean(|r| r.tree_ms),
                 verify_ms: mean(|r| r.verify_ms),
@@ -201,7 +258,69 @@ pub fn summarize(runs: &[Run], baseline: &str) -> Vec<Summary> {
                 accept_at_least: (1..=max_acc)
                     .map(|d| rounds.iter().filter(|r| r.accepted >= d).count() as f64 / nr)
                     .collect(),
+                ar_mismatches: identical.then(|| {
+                    rs.iter()
+                        .filter(|r| base_of(r).is_none_or(|b| b.token_ids != r.token_ids))
+                        .count()
+                }),
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(method: &str, id: &str, decode_ms: f64, ids: &[u32], taus: &[usize]) -> Run {
+        Run {
+            dataset: "gsm8k",
+            id: id.into(),
+            turn: 0,
+            method: method.into(),
+            prompt_tokens: 10,
+            generated: ids.len(),
+            prefill_ms: 1.0,
+            draft_prefill_ms: 0.0,
+            decode_ms,
+            target_passes: taus.len(),
+            tau: taus.iter().map(|&a| a as f64 + 1.0).sum::<f64>() / taus.len() as f64,
+            seed: 0,
+            token_ids: ids.iter().map(|&t| TokenId(t)).collect(),
+            rounds: taus
+                .iter()
+                .map(|&a| RoundStats {
+                    drafted: 4,
+                    accepted: a,
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn spreads_and_mismatches_against_the_baseline() {
+        let runs = vec![
+            run("ar", "a", 40.0, &[1, 2, 3, 4, 5], &[0, 0, 0, 0]),
+            run("x", "a", 20.0, &[1, 2, 3, 4, 5], &[1, 1]),
+            run("ar", "b", 40.0, &[7, 8, 9, 9, 9], &[0, 0, 0, 0]),
+            run("x", "b", 10.0, &[7, 8, 9, 9, 1], &[3]),
+            run("ar", "c", 40.0, &[1, 1, 1, 1, 1], &[0, 0, 0, 0]),
+            run("x", "c", 40.0, &[1, 1, 1, 1, 1], &[0, 0, 0, 0]),
+        ];
+        let s = summarize(&runs, "ar", true);
+        let x = s.iter().find(|s| s.method == "x").unwrap();
+        assert_eq!(x.speedup_spread, [1.0, 2.0, 4.0]);
+        assert_eq!(x.tau_spread, [1.0, 2.0, 4.0]);
+        assert_eq!(x.ar_mismatches, Some(1));
+        assert_eq!(
+            s.iter().find(|s| s.method == "ar").unwrap().ar_mismatches,
+            Some(0)
+        );
+        assert_eq!(summarize(&runs, "ar", false)[1].ar_mismatches, None);
+        assert_eq!(
+            crate::bench::report::mismatches(&s),
+            vec![("gsm8k", "x", 1)]
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod datasets;
 pub mod harness;
+pub mod header;
 pub mod kernels;
 pub mod report;
 

@@ -1,23 +1,52 @@
-//! Bench reports: a markdown table and SVG charts (plotters): speedup per dataset and method,
-//! the mean latency of a round split into its stages, and the τ histogram.
+//! Bench reports: a markdown table under the run's header, and SVG charts (plotters): speedup
+//! per dataset and method, decode latency per generated token split into its stages, and the
+//! τ histogram.
 
 use super::harness::{Run, Summary};
+use super::header::Header;
 use crate::error::{Error, Result};
 use plotters::prelude::*;
 use std::fmt::Write;
 use std::path::Path;
 
-pub fn markdown(summaries: &[Summary]) -> String {
-    let mut s = String::new();
-    s.push_str("| dataset | method | runs | tokens | τ micro | τ macro | tok/s | speedup | draft ms | tree ms | verify ms | commit ms | accepted ≥1 / ≥2 / ≥4 / ≥8 |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for x in summaries {
-        let acc = |d: usize| x.accept_at_least.get(d - 1).copied().unwrap_or(0.0);
+/// Runs whose output differs from AR's where it must not: (dataset, method, count).
+pub fn mismatches(summaries: &[Summary]) -> Vec<(&str, &str, usize)> {
+    summaries
+        .iter()
+        .filter_map(|x| match x.ar_mismatches {
+            Some(n) if n > 0 => Some((x.dataset.as_str(), x.method.as_str(), n)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn markdown(header: &Header, summaries: &[Summary]) -> String {
+    let mut s = String::from("# paradraft bench\n\n");
+    s.push_str(&header.markdown());
+    s.push('\n');
+    for (ds, m, n) in mismatches(summaries) {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.2}× | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} |",
+            "**ERROR: {n} {ds} run(s) of {m} differ from AR's output on the same prompt** \
+             (they must be token-identical here; see runs.jsonl).\n"
+        );
+    }
+    s.push_str("| dataset | method | runs | tokens | τ micro | τ macro | τ min / median / max | tok/s | speedup | speedup min / median / max | draft prefill ms | draft ms | tree ms | verify ms | commit ms | accepted ≥1 / ≥2 / ≥4 / ≥8 | = AR |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for x in summaries {
+        let acc = |d: usize| x.accept_at_least.get(d - 1).copied().unwrap_or(0.0);
+        let [t0, t1, t2] = x.tau_spread;
+        let [s0, s1, s2] = x.speedup_spread;
+        let same = match x.ar_mismatches {
+            None => "n/a".to_string(),
+            Some(0) => "yes".to_string(),
+            Some(n) => format!("**NO ({n})**"),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {t0:.2} / {t1:.2} / {t2:.2} | {:.1} | {:.2}× | {s0:.2} / {s1:.2} / {s2:.2} | {:.1} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} | {same} |",
             x.dataset, x.method, x.runs, x.tokens, x.tau_micro, x.tau_macro, x.tok_s, x.speedup,
-            x.draft_ms, x.tree_ms, x.verify_ms, x.commit_ms, acc(1), acc(2), acc(4), acc(8)
+            x.draft_prefill_ms, x.draft_ms, x.tree_ms, x.verify_ms, x.commit_ms, acc(1), acc(2), acc(4), acc(8)
         );
     }
     s
@@ -52,7 +81,15 @@ struct Axes<'a> {
     y_max: f64,
 }
 
+/// Height of the plot kept free above the tallest bar for the legend: one row per series
+/// (about 22 px of the 330-px plot) plus a margin, so the legend hides no bar.
+fn legend_headroom(series: usize) -> f64 {
+    (0.07 * series as f64 + 0.06).min(0.7)
+}
+
+/// Draws bars; `axes.y_max` is the tallest bar, the axis is raised to make room for the legend.
 fn bar_chart(path: &Path, caption: &str, axes: Axes, series: Vec<Series>) -> Result<()> {
+    let y_top = axes.y_max.max(1e-9) / (1.0 - legend_headroom(series.len()));
     let root = SVGBackend::new(path, (900, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_err)?;
     let mut ch = ChartBuilder::on(&root)
@@ -60,7 +97,7 @@ fn bar_chart(path: &Path, caption: &str, axes: Axes, series: Vec<Series>) -> Res
         .margin(12)
         .x_label_area_size(35)
         .y_label_area_size(50)
-        .build_cartesian_2d(axes.x.clone(), 0f64..axes.y_max)
+        .build_cartesian_2d(axes.x.clone(), 0f64..y_top)
         .map_err(chart_err)?;
     let mut mesh = ch.configure_mesh();
     mesh.disable_x_mesh()
@@ -93,6 +130,7 @@ fn bar_chart(path: &Path, caption: &str, axes: Axes, series: Vec<Series>) -> Res
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], c.filled()));
     }
     ch.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()
@@ -134,7 +172,7 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
                 .collect(),
         })
         .collect();
-    let y_max = summaries.iter().map(|s| s.speedup).fold(1.0, f64::max) * 1.15;
+    let y_max = summaries.iter().map(|s| s.speedup).fold(1.0, f64::max);
     let axes = Axes {
         x: 0.0..datasets.len() as f64,
         categories: Some(&datasets),
@@ -149,25 +187,21 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
         series,
     )?;
 
-    // Mean latency per round, stacked by stage, per speculative method (all datasets pooled).
-    let spec_methods: Vec<&str> = methods
-        .iter()
-        .copied()
-        .filter(|m| !rounds_of(m).is_empty())
-        .collect();
-    let per: Vec<[f64; 4]> = spec_methods
+    // Decode latency per generated token, stacked by stage, per method (datasets pooled):
+    // the time a stage took over all rounds divided by the tokens those rounds committed.
+    let per: Vec<[f64; 4]> = methods
         .iter()
         .map(|m| {
             let rs = rounds_of(m);
-            let n = rs.len().max(1) as f64;
-            let mean = |f: fn(&crate::spec::RoundStats) -> f64| {
-                rs.iter().map(|r| f(r)).fold(0.0, |a, b| a + b) / n
+            let tokens: usize = rs.iter().map(|r| r.accepted + 1).sum();
+            let per_token = |f: fn(&crate::spec::RoundStats) -> f64| {
+                rs.iter().map(|r| f(r)).sum::<f64>() / tokens.max(1) as f64
             };
             [
-                mean(|r| r.draft_ms),
-                mean(|r| r.tree_ms),
-                mean(|r| r.verify_ms),
-                mean(|r| r.commit_ms),
+                per_token(|r| r.draft_ms),
+                per_token(|r| r.tree_ms),
+                per_token(|r| r.verify_ms),
+                per_token(|r| r.commit_ms),
             ]
         })
         .collect();
@@ -189,23 +223,27 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
     let y_max = per
         .iter()
         .map(|v| v.iter().sum::<f64>())
-        .fold(1.0, f64::max)
-        * 1.15;
+        .fold(0.0, f64::max);
     let axes = Axes {
-        x: 0.0..spec_methods.len().max(1) as f64,
-        categories: Some(&spec_methods),
+        x: 0.0..methods.len().max(1) as f64,
+        categories: Some(&methods),
         x_desc: "",
-        y_desc: "ms",
+        y_desc: "ms per generated token",
         y_max,
     };
     bar_chart(
         &dir.join("latency.svg"),
-        "mean ms per round (speculative methods)",
+        "decode latency per generated token, by stage",
         axes,
         series,
     )?;
 
     // Histogram of tokens committed per round, per speculative method.
+    let spec_methods: Vec<&str> = methods
+        .iter()
+        .copied()
+        .filter(|m| rounds_of(m).iter().any(|r| r.drafted > 0))
+        .collect();
     let maxk = runs
         .iter()
         .flat_map(|r| r.rounds.iter())
@@ -213,6 +251,7 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
         .max()
         .unwrap_or(1);
     let w = 0.8 / spec_methods.len().max(1) as f64;
+    let mut tallest = 0f64;
     let series = spec_methods
         .iter()
         .enumerate()
@@ -224,6 +263,7 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
                     .map(|k| {
                         let f = rs.iter().filter(|r| r.accepted + 1 == k).count() as f64
                             / rs.len().max(1) as f64;
+                        tallest = tallest.max(f);
                         let x0 = k as f64 - 0.4 + w * mi as f64;
                         ((x0, 0.0), (x0 + w * 0.9, f))
                     })
@@ -234,13 +274,13 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
     let axes = Axes {
         x: 0.5..maxk as f64 + 0.5,
         categories: None,
-        x_desc: "τ of a round",
+        x_desc: "tokens committed in a round (τ of the round)",
         y_desc: "fraction of rounds",
-        y_max: 1.0,
+        y_max: tallest,
     };
     bar_chart(
         &dir.join("tau_hist.svg"),
-        "tokens committed per round",
+        "tokens committed per target pass",
         axes,
         series,
     )
