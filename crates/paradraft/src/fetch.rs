@@ -41,27 +41,91 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
-/// Returns the default model's path, downloading it first when it is not in the cache.
-/// A cached file is trusted once its checksum was verified (a `.sha256` marker beside it).
+/// Returns the default model's path, downloading it first when it is not in the cache. A
+/// cached file is trusted while it matches the stamp written when its checksum was verified
+/// (sha256, size and modification time in a `.sha256` marker beside it); a file that changed
+/// since is hashed again, and fetched again when damaged.
 pub fn ensure_default_model() -> Result<PathBuf> {
     let path = default_model_path();
+    ensure_cached(&path, DEFAULT_SHA256, false, fetch_default_model)?;
+    Ok(path)
+}
+
+/// [`ensure_default_model`], hashing the cached file even when its stamp matches
+/// (`paradraft fetch-model`).
+pub fn verify_default_model() -> Result<PathBuf> {
+    let path = default_model_path();
+    ensure_cached(&path, DEFAULT_SHA256, true, fetch_default_model)?;
+    Ok(path)
+}
+
+/// The stamp of a verified file: its sha256, size and modification time (ns).
+fn stamp(path: &Path, sha: &str) -> Option<String> {
+    let m = std::fs::metadata(path).ok()?;
+    let mtime = m
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    Some(format!("{sha} {} {mtime}", m.len()))
+}
+
+/// What was done to make `path` a verified copy of the file with checksum `sha`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheAction {
+    /// The stamp matched: nothing read.
+    Trusted,
+    /// Hashed and found intact.
+    Verified,
+    /// Missing or damaged: fetched (again).
+    Fetched,
+}
+
+/// Makes `path` a verified copy of the file whose sha256 is `sha`, using `fetch` to (re)create
+/// it; `full`: hash it even when its stamp matches.
+pub fn ensure_cached(
+    path: &Path,
+    sha: &str,
+    full: bool,
+    fetch: impl FnOnce(&Path) -> Result<()>,
+) -> Result<CacheAction> {
     let marker = path.with_extension("gguf.sha256");
     if path.exists() {
-        let ok = std::fs::read_to_string(&marker).is_ok_and(|s| s.trim() == DEFAULT_SHA256);
-        if ok || sha256_file(&path)? == DEFAULT_SHA256 {
-            if !ok {
-                let _ = std::fs::write(&marker, DEFAULT_SHA256);
-            }
-            return Ok(path);
+        let stamped = std::fs::read_to_string(&marker).ok();
+        if !full
+            && stamped.is_some()
+            && stamped.as_deref().map(str::trim) == stamp(path, sha).as_deref()
+        {
+            return Ok(CacheAction::Trusted);
         }
+        let got = sha256_file(path)?;
+        if got == sha {
+            if let Some(st) = stamp(path, sha) {
+                let _ = std::fs::write(&marker, st);
+            }
+            return Ok(CacheAction::Verified);
+        }
+        let len = std::fs::metadata(path).map_or(0, |m| m.len());
         eprintln!(
-            "paradraft: cached model {} has a wrong checksum; fetching again",
+            "paradraft: cached model {} is damaged ({len} bytes, sha256 {got}, expected {sha}); \
+             fetching it again",
             path.display()
         );
+        std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+        let _ = std::fs::remove_file(&marker);
     }
-    fetch_default_model(&path)?;
-    std::fs::write(&marker, DEFAULT_SHA256).map_err(|e| Error::io(&marker, e))?;
-    Ok(path)
+    fetch(path)?;
+    let got = sha256_file(path)?;
+    if got != sha {
+        return Err(Error::Fetch(format!(
+            "{}: fetched file has sha256 {got}, expected {sha}",
+            path.display()
+        )));
+    }
+    let st = stamp(path, sha).unwrap_or_else(|| sha.to_string());
+    std::fs::write(&marker, st).map_err(|e| Error::io(&marker, e))?;
+    Ok(CacheAction::Fetched)
 }
 
 fn fetch_default_model(dest: &Path) -> Result<()> {
@@ -126,4 +190,67 @@ fn download_and_extract(tmp: &Path, dest: &Path) -> Result<()> {
     }
     std::fs::rename(&part, dest).map_err(|e| Error::io(dest, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_damaged_cache_is_detected_and_fetched_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let good = b"the model's bytes".repeat(1000);
+        let sha = {
+            std::fs::write(&path, &good).unwrap();
+            let s = sha256_file(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            s
+        };
+        let fetches = std::cell::Cell::new(0);
+        let fetch = |p: &Path| {
+            fetches.set(fetches.get() + 1);
+            std::fs::write(p, &good).map_err(|e| Error::io(p, e))
+        };
+        // Missing → fetched; then trusted by its stamp; a full check hashes it.
+        assert_eq!(
+            ensure_cached(&path, &sha, false, fetch).unwrap(),
+            CacheAction::Fetched
+        );
+        assert_eq!(
+            ensure_cached(&path, &sha, false, fetch).unwrap(),
+            CacheAction::Trusted
+        );
+        assert_eq!(
+            ensure_cached(&path, &sha, true, fetch).unwrap(),
+            CacheAction::Verified
+        );
+        // Truncated after verification: the stamp no longer matches, the hash neither.
+        std::fs::write(&path, &good[..100]).unwrap();
+        assert_eq!(
+            ensure_cached(&path, &sha, false, fetch).unwrap(),
+            CacheAction::Fetched
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), good);
+        // Same size, different bytes, stamp forged to match: a full check still catches it.
+        let mut bad = good.clone();
+        bad[5] ^= 1;
+        std::fs::write(&path, &bad).unwrap();
+        let marker = path.with_extension("gguf.sha256");
+        std::fs::write(&marker, stamp(&path, &sha).unwrap()).unwrap();
+        assert_eq!(
+            ensure_cached(&path, &sha, false, fetch).unwrap(),
+            CacheAction::Trusted
+        );
+        assert_eq!(
+            ensure_cached(&path, &sha, true, fetch).unwrap(),
+            CacheAction::Fetched
+        );
+        assert_eq!(fetches.get(), 3);
+        // A fetch that produces the wrong file is an error, not a trusted cache.
+        std::fs::remove_file(&path).unwrap();
+        let wrong = |p: &Path| std::fs::write(p, b"nope").map_err(|e| Error::io(p, e));
+        let e = ensure_cached(&path, &sha, false, wrong).unwrap_err();
+        assert!(e.to_string().contains("expected"), "{e}");
+    }
 }
