@@ -30,6 +30,8 @@ const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 
 pub struct Tokenizer {
     inner: HfTokenizer,
+    /// `inner` encoding special-token strings as plain text (made on first use).
+    plain: std::sync::OnceLock<HfTokenizer>,
     pub bos: Option<TokenId>,
     pub add_bos: bool,
     /// Tokens that end generation (EOS and end-of-turn tokens).
@@ -160,6 +162,7 @@ impl Tokenizer {
             bos_text: text_of(bos),
             eos_text: text_of(eos),
             inner,
+            plain: Default::default(),
             bos,
             add_bos,
             stop_tokens,
@@ -241,6 +244,7 @@ impl Tokenizer {
         let add_bos = tc["add_bos_token"].as_bool().unwrap_or(false);
         let mut tk = Tokenizer {
             inner,
+            plain: Default::default(),
             bos,
             add_bos,
             stop_tokens,
@@ -287,6 +291,72 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
         let enc = self.inner.encode(text, false).map_err(tok_err)?;
         let mut ids: Vec<TokenId> = enc.get_ids().iter().map(|&i| TokenId(i)).collect();
+        if let (true, Some(b)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&b) {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Renders `messages` with the chat template and encodes the result, with control tokens
+    /// from the template only: special-token text inside a message (`<|im_end|>…`) is encoded
+    /// as the plain text it is. Messages without such text are encoded exactly as
+    /// [`Tokenizer::encode`] of [`Tokenizer::apply_chat_template`] (HF's tokenization).
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<TokenId>> {
+        let specials: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special)
+            .map(|t| t.content)
+            .collect();
+        let risky: Vec<usize> = (0..messages.len())
+            .filter(|&i| {
+                specials
+                    .iter()
+                    .any(|sp| messages[i].content.contains(sp.as_str()))
+            })
+            .collect();
+        if risky.is_empty() {
+            return self.encode(&self.apply_chat_template(messages, add_generation_prompt)?);
+        }
+        // Render with a sentinel in place of each such content, then encode the template's
+        // pieces with special tokens and the contents as text.
+        let sentinel = |i: usize| format!("\u{e000}paradraft-content-{i}\u{e001}");
+        let mut msgs = messages.to_vec();
+        for &i in &risky {
+            msgs[i].content = sentinel(i);
+        }
+        let text = self.apply_chat_template(&msgs, add_generation_prompt)?;
+        let plain = self.plain.get_or_init(|| {
+            let mut t = self.inner.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let mut ids = Vec::new();
+        let mut push = |t: &HfTokenizer, piece: &str| -> Result<()> {
+            if !piece.is_empty() {
+                let enc = t.encode(piece, false).map_err(tok_err)?;
+                ids.extend(enc.get_ids().iter().map(|&i| TokenId(i)));
+            }
+            Ok(())
+        };
+        let mut rest = text.as_str();
+        while let Some((at, i)) = risky
+            .iter()
+            .filter_map(|&i| rest.find(&sentinel(i)).map(|at| (at, i)))
+            .min()
+        {
+            push(&self.inner, &rest[..at])?;
+            push(plain, &messages[i].content)?;
+            rest = &rest[at + sentinel(i).len()..];
+        }
+        push(&self.inner, rest)?;
         if let (true, Some(b)) = (self.add_bos, self.bos) {
             if ids.first() != Some(&b) {
                 ids.insert(0, b);

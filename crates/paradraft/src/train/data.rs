@@ -194,9 +194,7 @@ pub fn distill(
         .enumerate()
         .filter(|(i, _)| !done.contains(&(*i as u32)))
         .filter_map(|(i, pr)| {
-            let ids = tok
-                .apply_chat_template(&[Message::new("user", &pr.prompt)], true)
-                .and_then(|text| tok.encode(&text));
+            let ids = tok.encode_chat(&[Message::new("user", &pr.prompt)], true);
             match ids {
                 Ok(ids) if ids.len() <= p.max_prompt_tokens => Some(Request {
                     id: i as u64,
