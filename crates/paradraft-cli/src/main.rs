@@ -7,7 +7,7 @@ use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
 use paradraft::spec::sizing::{CostCurve, Sizer};
-use paradraft::spec::{speculative_generate, RoundStats, Speculation};
+use paradraft::spec::{speculative_generate, RoundStats, Speculation, VerifyRule};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
 use spec_args::{Method, SpecArgs};
@@ -135,8 +135,15 @@ struct SamplingArgs {
     top_k: usize,
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Every random draw is a function of (seed, position): the same seed gives the same
+    /// tokens, with or without a drafter (under the coupled rule).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// How drafts are verified at temperature > 0: `coupled` accepts the target's own keyed
+    /// sample (output equals AR's with the same seed); `rejection` is classic speculative
+    /// sampling (min(1, p/q), recursive over siblings), equal to AR in distribution only.
+    #[arg(long, default_value = "coupled")]
+    verify_rule: paradraft::spec::VerifyRule,
 }
 
 impl SamplingArgs {
@@ -164,7 +171,8 @@ struct GenerateArgs {
     prompt_file: Option<PathBuf>,
     #[arg(long)]
     system: Option<String>,
-    /// Send the prompt as raw text, without the chat template.
+    /// Send the prompt as raw text, without the chat template; special-token strings in it
+    /// (`<|im_start|>`) become control tokens. Without it they are encoded as plain text.
     #[arg(long)]
     raw: bool,
     #[arg(long, default_value_t = 256)]
@@ -283,17 +291,18 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let user = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?.unwrap_or_default();
     let (lm, ctx) = load(&a.m)?;
     let tok = &lm.tokenizer;
-    let text = if a.raw {
-        user.clone()
+    // --raw: the text as given, special-token strings included; otherwise the chat template,
+    // whose control tokens are the only ones (the messages are encoded as text).
+    let prompt = if a.raw {
+        tok.encode(&user)?
     } else {
         let mut msgs = Vec::new();
         if let Some(s) = &a.system {
             msgs.push(Message::new("system", s));
         }
         msgs.push(Message::new("user", &user));
-        tok.apply_chat_template(&msgs, true)?
+        tok.encode_chat(&msgs, true)?
     };
-    let prompt = tok.encode(&text)?;
     let mut kv = lm.model.new_kv(ctx);
     let params = GenerateParams {
         max_new_tokens: a.max_new_tokens,
@@ -334,6 +343,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
                 drafter: d.as_mut(),
                 max_draft,
                 sizer: sizer.as_mut(),
+                rule: a.sampling.verify_rule,
             };
             let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
             let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
@@ -347,7 +357,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             st["commit_ms"] = json!(sum(|r| r.commit_ms));
             v["rounds_detail"] = v["rounds"].take();
             v.as_object_mut().map(|o| o.remove("rounds"));
-            let extra = format!(" | {} rounds, tau {:.2}", g.rounds.len(), g.tau);
+            let extra = format!(
+                " | drafter prefill {:.0} ms, {} rounds, tau {:.2}",
+                g.out.stats.draft_prefill_ms,
+                g.rounds.len(),
+                g.tau
+            );
             (v, g.out.stats, g.out.stop_reason, extra)
         }
     };
@@ -356,8 +371,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     } else {
         println!();
         eprintln!(
-            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s{extra} | stop: {}]",
-            stats.prompt_tokens, stats.prefill_tok_s, stats.generated_tokens, stats.decode_tok_s, stop
+            "[prompt {} tok, prefill {:.1} tok/s | generated {} tok, decode {:.1} tok/s{extra} | total {:.0} ms | stop: {}]",
+            stats.prompt_tokens, stats.prefill_tok_s, stats.generated_tokens, stats.decode_tok_s, stats.total_ms, stop
         );
     }
     Ok(())
@@ -369,12 +384,11 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let tok = &lm.tokenizer;
     let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {
         (Some(p), None) => {
-            let text = if a.chat {
-                tok.apply_chat_template(&[Message::new("user", p)], true)?
+            if a.chat {
+                tok.encode_chat(&[Message::new("user", p)], true)?
             } else {
-                p.clone()
-            };
-            tok.encode(&text)?
+                tok.encode(p)?
+            }
         }
         (None, Some(ids)) => ids.iter().map(|&i| TokenId(i)).collect(),
         _ => bail!("give exactly one of --prompt, --prompt-file or --token-ids"),
@@ -611,6 +625,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampling,
         ctx,
+        rule: a.sampling.verify_rule,
     };
     let runs = harness::run_bench(&lm, &sets, &mut methods, &params, |r| {
         let _ = writeln!(log, "{}", serde_json::to_string(r).unwrap_or_default());
@@ -623,12 +638,25 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         );
     })?;
     eprintln!();
-    let summaries = harness::summarize(&runs, "ar");
+    let identical = sampling.is_greedy() || a.sampling.verify_rule == VerifyRule::Coupled;
+    let summaries = harness::summarize(&runs, "ar", identical);
+    let header = paradraft::bench::header::Header::collect(
+        &paradraft::bench::header::Setup {
+            model: &target_path,
+            threads: paradraft::runtime::current_threads(),
+            rule: a.sampling.verify_rule,
+            fixed_draft: a.spec.fixed_draft,
+            max_new_tokens: a.max_new_tokens,
+            prompts_per_dataset: a.num_prompts,
+            commit: env!("PARADRAFT_COMMIT"),
+        },
+        &sampling,
+    );
     std::fs::write(
         a.out.join("summary.json"),
-        serde_json::to_string_pretty(&summaries)?,
+        serde_json::to_string_pretty(&json!({"header": header, "summaries": summaries}))?,
     )?;
-    let md = report::markdown(&summaries);
+    let md = report::markdown(&header, &summaries);
     std::fs::write(a.out.join("summary.md"), &md)?;
     report::charts(&summaries, &runs, &a.out)?;
     println!("{md}");
@@ -636,6 +664,17 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         "wrote {}/{{runs.jsonl,summary.json,summary.md,speedup.svg,latency.svg,tau_hist.svg}}",
         a.out.display()
     );
+    let bad = report::mismatches(&summaries);
+    if !bad.is_empty() {
+        let list: Vec<String> = bad
+            .iter()
+            .map(|(ds, m, n)| format!("{m} on {ds}: {n} run(s)"))
+            .collect();
+        bail!(
+            "outputs differ from AR's where they must be identical ({}): a losslessness bug",
+            list.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -652,7 +691,7 @@ fn check_env() -> Result<()> {
 fn main() {
     let cli = Cli::parse();
     let r = check_env().and_then(|()| match cli.cmd {
-        Cmd::FetchModel => paradraft::fetch::ensure_default_model()
+        Cmd::FetchModel => paradraft::fetch::verify_default_model()
             .map(|p| println!("{}", p.display()))
             .map_err(Into::into),
         Cmd::Generate(a) => cmd_generate(a),

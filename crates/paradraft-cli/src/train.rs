@@ -156,6 +156,11 @@ fn keep_freed_memory() {
     }
 }
 
+/// The largest DFlash block `train dflash` accepts.
+const MAX_BLOCK: usize = 128;
+/// The most steps `--bench` times.
+const MAX_BENCH_STEPS: usize = 10_000;
+
 pub fn run(cmd: TrainCmd) -> Result<()> {
     keep_freed_memory();
     match cmd {
@@ -346,6 +351,18 @@ fn dflash(a: DflashArgs) -> Result<()> {
     let target = &lm.model;
     if block_size < 2 || draft_layers == 0 || a.anchors == 0 || a.batch_seqs == 0 {
         bail!("--block-size ≥ 2, --draft-layers, --anchors and --batch-seqs ≥ 1 are required");
+    }
+    if block_size > MAX_BLOCK {
+        bail!("--block-size {block_size}: at most {MAX_BLOCK} (DFlash uses 16)");
+    }
+    if draft_layers > tc.n_layers {
+        bail!(
+            "--draft-layers {draft_layers}: a drafter deeper than its target ({} layers) cannot pay",
+            tc.n_layers
+        );
+    }
+    if a.bench.is_some_and(|s| s > MAX_BENCH_STEPS) {
+        bail!("--bench: at most {MAX_BENCH_STEPS} steps");
     }
     let mask = match init.as_ref().map(|c| c.mask_token_id).or(a.mask_token_id) {
         Some(m) if (m as usize) < tc.vocab_size => m,

@@ -54,6 +54,12 @@ pub fn run(a: DartArgs) -> Result<()> {
     if a.draft_length == 0 || a.batch_seqs == 0 {
         bail!("--draft-length and --batch-seqs must be at least 1");
     }
+    if a.draft_length > 64 {
+        bail!(
+            "--draft-length {}: at most 64 (DART uses 8)",
+            a.draft_length
+        );
+    }
     if !(a.gamma > 0.0 && a.gamma <= 1.0) || a.kl_weight < 0.0 || a.lr <= 0.0 {
         bail!("--gamma must be in (0, 1], --kl-weight ≥ 0 and --lr > 0");
     }
