@@ -14,6 +14,9 @@ fn main() {
         git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     let suffix = if dirty { "-dirty" } else { "" };
     println!("cargo:rustc-env=PARADRAFT_COMMIT={commit}{suffix}");
+    // Sources changing makes the tree dirty: run again (cargo compares their mtimes).
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=../paradraft/src");
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
         println!("cargo:rerun-if-changed={dir}/HEAD");
         println!("cargo:rerun-if-changed={dir}/index");

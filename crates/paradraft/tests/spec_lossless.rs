@@ -435,51 +435,37 @@ fn sampling_matches_ar_distribution() {
             }),
         ),
     ];
+    let mut spec_ids = |d: &mut dyn Drafter, seed: u64, rule: VerifyRule| {
+        let sp = Speculation {
+            drafter: d,
+            max_draft: 6,
+            sizer: None,
+            rule,
+        };
+        speculative_generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            &params(seed),
+            sp,
+            |_| {},
+        )
+        .unwrap()
+        .out
+        .token_ids
+    };
     for (name, d) in cases.iter_mut() {
         // Coupled rule: every seed gives AR's own tokens, whatever was drafted.
         for seed in 0..1_000u64 {
-            let ids = speculative_generate(
-                &lm.model,
-                &lm.tokenizer,
-                &mut kv,
-                &prompt,
-                &params(seed),
-                Speculation {
-                    drafter: d.as_mut(),
-                    max_draft: 6,
-                    sizer: None,
-                    rule: VerifyRule::Coupled,
-                },
-                |_| {},
-            )
-            .unwrap()
-            .out
-            .token_ids;
+            let ids = spec_ids(d.as_mut(), seed, VerifyRule::Coupled);
             assert_eq!(
                 ids, ar_ids[seed as usize],
                 "{name}, coupled rule, seed {seed}"
             );
         }
         // Rejection rule: the same distribution, checked by χ².
-        let sp = count(&mut |seed| {
-            speculative_generate(
-                &lm.model,
-                &lm.tokenizer,
-                &mut kv,
-                &prompt,
-                &params(seed),
-                Speculation {
-                    drafter: d.as_mut(),
-                    max_draft: 6,
-                    sizer: None,
-                    rule: VerifyRule::Rejection,
-                },
-                |_| {},
-            )
-            .unwrap()
-            .out
-            .token_ids
-        });
+        let sp = count(&mut |seed| spec_ids(d.as_mut(), seed, VerifyRule::Rejection));
         for pos in 0..3 {
             let (chi, dof) = chi_square(&ar[pos], &sp[pos], n, n);
             if chi >= chi_crit(dof) {

@@ -62,7 +62,7 @@ impl Header {
     pub fn markdown(&self) -> String {
         format!(
             "- model: `{}` (sha256 `{}`)\n- sampling: temperature {}, top-k {}, top-p {}, seed {}, \
-             verify rule {:?}, {} drafts\n- {} new tokens, {} prompts per dataset\n- machine: {} \
+             verify rule {}, {} drafts\n- {} new tokens, {} prompts per dataset\n- machine: {} \
              with {} threads\n- date: {}; commit: {}\n",
             self.model,
             self.model_sha256,
@@ -70,7 +70,10 @@ impl Header {
             self.top_k,
             self.top_p,
             self.seed,
-            self.verify_rule,
+            match self.verify_rule {
+                VerifyRule::Coupled => "coupled",
+                VerifyRule::Rejection => "rejection",
+            },
             if self.fixed_draft { "fixed" } else { "sized" },
             self.max_new_tokens,
             self.prompts_per_dataset,
