@@ -824,9 +824,23 @@ fn a_seed_means_one_output_across_drafters_sizes_and_threads() {
             "4",
         ],
         &["--drafter", "dflash", "--fixed-draft"],
-        &["--drafter", "dflash-tree", "--tree-budget", "12"],
-        &["--drafter", "dart"],
-        &["--drafter", "dart", "--fixed-draft", "--tree-budget", "6"],
+        // Trees without the n-gram trie (a clean checkout has none; `ngram build` makes it).
+        &[
+            "--drafter",
+            "dflash-tree",
+            "--tree-budget",
+            "12",
+            "--no-ngram",
+        ],
+        &["--drafter", "dart", "--no-ngram"],
+        &[
+            "--drafter",
+            "dart",
+            "--fixed-draft",
+            "--tree-budget",
+            "6",
+            "--no-ngram",
+        ],
         &[
             "--drafter",
             "draft-model",
