@@ -144,7 +144,8 @@ impl<'a> Emitter<'a> {
             return Ok(Some(StopReason::StopToken));
         }
         self.ids.push(t);
-        self.text = self.dec.push(self.tok, t)?.0;
+        let piece = self.dec.push(self.tok, t)?;
+        self.text.push_str(piece);
         let stops = &self.params.stop_strings;
         if let Some(i) = stops
             .iter()

@@ -300,3 +300,110 @@ fn captured_features_equal_a_prefill_of_the_sample() {
         }
     }
 }
+
+/// Speculative sessions in lockstep, one shared forward per step over every live session's
+/// [root, draft] rows (each with its own cache and tree mask): each output equals its request
+/// decoded alone by AR, greedy and sampled (the coupled rule makes sampling reproducible).
+fn lockstep_sessions(
+    lm: &Loaded,
+    prompts: &[Vec<TokenId>],
+    params: &GenerateParams,
+) -> Vec<Vec<TokenId>> {
+    use paradraft::drafters::pld::PromptLookup;
+    use paradraft::drafters::replay::{random_tree, Lcg, Replay};
+    use paradraft::drafters::NoDraft;
+    use paradraft::spec::{Drafter, Session, Speculation, VerifyRule};
+    let vocab = lm.model.config.vocab_size as u32;
+    let mut drafters: Vec<Box<dyn Drafter>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, _)| -> Box<dyn Drafter> {
+            match i % 3 {
+                0 => Box::new(PromptLookup::default()),
+                1 => {
+                    let mut rng = Lcg(i as u64 + 1);
+                    Box::new(Replay::new(move |_: &[TokenId], max: usize| {
+                        random_tree(&mut rng, &[], vocab.min(40), max)
+                    }))
+                }
+                _ => Box::new(NoDraft),
+            }
+        })
+        .collect();
+    let mut kvs: Vec<_> = prompts.iter().map(|_| lm.model.new_kv(256)).collect();
+    let mut sessions: Vec<Session> = prompts
+        .iter()
+        .zip(kvs.iter_mut())
+        .zip(drafters.iter_mut())
+        .map(|((p, kv), d)| {
+            let sp = Speculation {
+                drafter: d.as_mut(),
+                max_draft: 6,
+                sizer: None,
+                rule: VerifyRule::Coupled,
+            };
+            Session::start(&lm.model, &lm.tokenizer, kv, p, params, sp, &mut |_| {}).unwrap()
+        })
+        .collect();
+    let mut scratch = Scratch::default();
+    loop {
+        let live: Vec<usize> = (0..sessions.len())
+            .filter(|&i| sessions[i].plan(&kvs[i]).unwrap())
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let spec = sessions[live[0]].output_spec().clone();
+        let rows: Vec<usize> = live
+            .iter()
+            .map(|&i| sessions[i].batch().tokens.len())
+            .collect();
+        let out = {
+            let mut seqs: Vec<_> = kvs
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| live.contains(i))
+                .map(|(i, kv)| (kv, sessions[i].batch()))
+                .collect();
+            lm.model
+                .forward_multi(&mut seqs, &spec, &mut scratch)
+                .unwrap()
+        };
+        let mut row0 = 0;
+        for (&i, n) in live.iter().zip(&rows) {
+            sessions[i]
+                .commit(&mut kvs[i], out, row0, &mut |_| {})
+                .unwrap();
+            row0 += n;
+        }
+    }
+    sessions
+        .into_iter()
+        .map(|s| s.finish(&mut |_| {}).out.token_ids)
+        .collect()
+}
+
+#[test]
+fn speculative_sessions_share_one_forward() {
+    for (lm, name) in [(load_tiny("qwen3"), "qwen3"), (load_tiny("llama"), "llama")] {
+        let v = lm.model.config.vocab_size;
+        let prompts: Vec<Vec<TokenId>> = (0..5).map(|i| toks(6 + 3 * i, i as u32 + 1, v)).collect();
+        for temperature in [0.0, 0.8] {
+            let params = GenerateParams {
+                max_new_tokens: 24,
+                sampling: paradraft::sample::SamplingParams {
+                    temperature,
+                    seed: 5,
+                    ..Default::default()
+                },
+                stop_strings: vec![],
+            };
+            let got = lockstep_sessions(&lm, &prompts, &params);
+            for (p, g) in prompts.iter().zip(&got) {
+                let mut kv = lm.model.new_kv(256);
+                let ar = generate(&lm.model, &lm.tokenizer, &mut kv, p, &params, |_| {}).unwrap();
+                assert_eq!(g, &ar.token_ids, "{name}, T = {temperature}");
+            }
+        }
+    }
+}

@@ -414,38 +414,81 @@ impl Tokenizer {
 }
 
 /// Turns a growing list of generated ids into text increments without splitting multi-byte
-/// characters (bytes of an unfinished character are held back).
+/// characters (bytes of an unfinished character are held back). Incremental: each push decodes
+/// only the tokens since the last emitted piece, plus a few before them as context (decoders that
+/// drop a leading space need it), so a stream costs O(n), not O(n²).
+#[derive(Default)]
 pub struct StreamDecoder {
     ids: Vec<TokenId>,
-    emitted: usize,
-}
-
-impl Default for StreamDecoder {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// Tokens before `prefix` are final; `prefix..read` were decoded into the last piece.
+    prefix: usize,
+    read: usize,
+    text: String,
 }
 
 impl StreamDecoder {
     pub fn new() -> Self {
-        StreamDecoder {
-            ids: vec![],
-            emitted: 0,
-        }
+        Self::default()
     }
 
-    /// The full text so far (complete characters only) and the new part since the last call.
-    pub fn push(&mut self, tok: &Tokenizer, id: TokenId) -> Result<(String, String)> {
+    /// The text so far (complete characters only).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Adds a token; returns the new text it completes (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: TokenId) -> Result<&str> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        let complete = text.trim_end_matches('\u{FFFD}').len();
-        let new = if complete > self.emitted {
-            let s = text[self.emitted..complete].to_string();
-            self.emitted = complete;
-            s
-        } else {
-            String::new()
-        };
-        Ok((text[..complete].to_string(), new))
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = tok.decode(&self.ids[self.prefix..])?;
+        if now.ends_with('\u{FFFD}') || now.len() <= before.len() {
+            return Ok(""); // an unfinished character, or nothing visible yet
+        }
+        let start = self.text.len();
+        match now.strip_prefix(before.as_str()) {
+            Some(new) => self.text.push_str(new),
+            None => {
+                // The context changed how earlier tokens read: take what the whole output adds
+                // to the text already streamed (streamed text is never taken back).
+                let all = tok.decode(&self.ids)?;
+                if let Some(new) = all.strip_prefix(self.text.as_str()) {
+                    self.text.push_str(new);
+                }
+            }
+        }
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(&self.text[start..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Streaming pieces concatenate to the one-shot decode, on a byte-level BPE vocabulary with
+    /// multi-byte characters split across tokens.
+    #[test]
+    fn stream_pieces_add_up_to_the_full_decode() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let tok = Tokenizer::from_hf_dir(&dir, &cfg).unwrap();
+        for text in [
+            "héllo wörld — ünïcode ✓ 漢字 and emoji 🎉🎉 done",
+            "  two  spaces\n\nnew lines",
+        ] {
+            let ids = tok.encode(text).unwrap();
+            let mut d = StreamDecoder::new();
+            let mut streamed = String::new();
+            for &id in &ids {
+                streamed.push_str(d.push(&tok, id).unwrap());
+                assert!(!streamed.contains('\u{FFFD}'), "{streamed:?}");
+            }
+            assert_eq!(streamed, tok.decode(&ids).unwrap());
+            assert_eq!(d.text(), streamed);
+        }
     }
 }

@@ -1,18 +1,18 @@
-//! The speculative decode loop (gpt-fast style: the whole algorithm on one screen).
+//! The speculative decode loop (gpt-fast style: the whole algorithm on one screen), as a
+//! per-request state machine ([`Session`]) so that one forward can serve several requests.
 //!
-//! Invariant between rounds: the KV cache holds every committed token but the last one (the
-//! root), whose position is `kv.len()`. A round verifies [root, draft nodes] in one target
-//! forward, keeps the KV rows of the root and the accepted path, and commits the accepted
-//! tokens plus the target's bonus token, which becomes the next root.
+//! A round verifies [root, draft nodes] in one target forward, keeps the KV rows of the root
+//! and the accepted path, and commits the accepted tokens plus the target's bonus token, which
+//! becomes the next root.
 
 use super::sizing::Sizer;
-use super::tree::NodeId;
+use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
 use crate::error::Result;
 use crate::generate::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
+use crate::model::{Batch, Logits, Model, Output, OutputSpec, Rows, Scratch, Tokenizer};
 use crate::sample::Sampler;
 use crate::types::{Pos, SlotId, TokenId};
 use serde::Serialize;
@@ -52,122 +52,235 @@ pub struct Speculation<'a> {
 }
 
 /// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
-/// in one target forward.
-pub fn speculative_generate(
+/// in one target forward: one [`Session`] driven to its end.
+pub fn speculative_generate<'a>(
     model: &Model,
-    tok: &Tokenizer,
+    tok: &'a Tokenizer,
     kv: &mut KvCache,
     prompt: &[TokenId],
-    params: &GenerateParams,
-    sp: Speculation,
+    params: &'a GenerateParams,
+    sp: Speculation<'a>,
     mut on_text: impl FnMut(&str),
 ) -> Result<SpecGeneration> {
-    let Speculation {
-        drafter,
-        max_draft,
-        mut sizer,
-        rule,
-    } = sp;
-    let sampler = Sampler::new(params.sampling)?;
-    check_prompt(prompt, kv.capacity())?;
-    let greedy = params.sampling.is_greedy();
-    let mut s = Scratch::default();
-    kv.clear();
-    let taps = drafter.taps().to_vec();
-    let width = taps.len() * model.config.hidden_size;
-    let t0 = Instant::now();
-    let pos: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
-    let spec = OutputSpec {
-        taps: taps.clone(),
-        ..OutputSpec::last_full()
-    };
-    let out = model.forward(
-        kv,
-        &Batch {
+    let mut scratch = Scratch::default();
+    let mut session = Session::start(model, tok, kv, prompt, params, sp, &mut on_text)?;
+    while session.plan(kv)? {
+        let out = model.forward(kv, &session.batch(), session.output_spec(), &mut scratch)?;
+        session.commit(kv, out, 0, &mut on_text)?;
+    }
+    Ok(session.finish(&mut on_text))
+}
+
+/// A round in flight: what was drafted and linearised, waiting for the target's forward.
+struct Pending {
+    tree: DraftTree,
+    lin: Linearised,
+    /// Σ path probability of the nodes kept (trees cut by the sizer).
+    predicted: f64,
+    stats: RoundStats,
+    verify_start: Instant,
+}
+
+/// One request's speculative decoding as a state machine: [`Session::start`] (prefill, first
+/// token, the drafter's prefill), then per round [`Session::plan`] (draft, size, linearise: the
+/// rows this request adds to a forward), the caller's forward over [`Session::batch`] (alone, or
+/// with other sessions' rows), and [`Session::commit`] (verify, keep the accepted K/V, stream,
+/// tell the drafter). Without a drafter it is AR decoding.
+///
+/// Invariant between rounds: the KV cache holds every committed token but the last one (the
+/// root), whose position is `kv.len()`.
+pub struct Session<'a> {
+    drafter: &'a mut dyn Drafter,
+    max_draft: usize,
+    sizer: Option<&'a mut Sizer>,
+    rule: VerifyRule,
+    sampler: Sampler,
+    emitter: Emitter<'a>,
+    verify_spec: OutputSpec,
+    width: usize,
+    prompt: Vec<TokenId>,
+    committed: Vec<TokenId>,
+    root: TokenId,
+    stop: Option<StopReason>,
+    rounds: Vec<RoundStats>,
+    pending: Option<Pending>,
+    hidden: Vec<f32>,
+    prefill_ms: f64,
+    draft_prefill_ms: f64,
+    decode_start: Instant,
+}
+
+impl<'a> Session<'a> {
+    /// Prefills `prompt` into `kv` (cleared first), samples the first token and starts the
+    /// drafter on the prompt.
+    pub fn start(
+        model: &Model,
+        tok: &'a Tokenizer,
+        kv: &mut KvCache,
+        prompt: &[TokenId],
+        params: &'a GenerateParams,
+        sp: Speculation<'a>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Self> {
+        let Speculation {
+            drafter,
+            max_draft,
+            sizer,
+            rule,
+        } = sp;
+        let sampler = Sampler::new(params.sampling)?;
+        check_prompt(prompt, kv.capacity())?;
+        kv.clear();
+        let taps = drafter.taps().to_vec();
+        let width = taps.len() * model.config.hidden_size;
+        let t0 = Instant::now();
+        let pos: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
+        let spec = OutputSpec {
+            taps: taps.clone(),
+            ..OutputSpec::last_full()
+        };
+        let mut scratch = Scratch::default();
+        let batch = Batch {
             tokens: prompt,
             positions: &pos,
             mask: None,
-        },
-        &spec,
-        &mut s,
-    )?;
-    let mut root = sampler.sample_at(out.logits_row(0), prompt.len());
-    let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let t = Instant::now();
-    drafter.begin(
-        prompt,
-        Hidden {
+        };
+        let out = model.forward(kv, &batch, &spec, &mut scratch)?;
+        let root = sampler.sample_at(out.logits_row(0), prompt.len());
+        let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        drafter.begin(
+            prompt,
+            Hidden {
+                width,
+                rows: &out.hidden,
+            },
+        )?;
+        let draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        // Every verification forward: all rows, argmaxes (greedy) or full rows (sampling), taps.
+        let greedy = params.sampling.is_greedy();
+        let verify_spec = OutputSpec {
+            rows: Rows::All,
+            logits: if greedy { Logits::Argmax } else { Logits::Full },
+            taps,
+        };
+        let mut emitter = Emitter::new(tok, params);
+        let stop = emitter.push(root, on_text)?;
+        let mut committed = prompt.to_vec();
+        committed.push(root);
+        Ok(Session {
+            drafter,
+            max_draft,
+            sizer,
+            rule,
+            sampler,
+            emitter,
+            verify_spec,
             width,
-            rows: &out.hidden,
-        },
-    )?;
-    let draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut hidden = Vec::new();
-    // Every verification forward: all rows, argmaxes (greedy) or full rows (sampling), the taps.
-    let logits = if greedy { Logits::Argmax } else { Logits::Full };
-    let verify_spec = OutputSpec {
-        rows: Rows::All,
-        logits,
-        taps,
-    };
+            prompt: prompt.to_vec(),
+            committed,
+            root,
+            stop,
+            rounds: Vec::new(),
+            pending: None,
+            hidden: Vec::new(),
+            prefill_ms,
+            draft_prefill_ms,
+            decode_start: Instant::now(),
+        })
+    }
 
-    let t1 = Instant::now();
-    let mut committed = prompt.to_vec();
-    let mut em = Emitter::new(tok, params);
-    let mut rounds = Vec::new();
-    let mut stop = em.push(root, &mut on_text)?;
-    committed.push(root);
-    while stop.is_none() {
-        let base = kv.len(); // the root's slot and position
-        let room = kv.capacity().saturating_sub(base + 1);
-        if kv.capacity() <= base {
-            stop = Some(StopReason::ContextFull);
-            break;
+    /// Why the session stopped, once it has.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        self.stop
+    }
+
+    /// Drafts the next round (sized by the sizer, cut to the cache's room) and linearises
+    /// [root, nodes]; `false` when the session is over (stopped or its cache is full).
+    pub fn plan(&mut self, kv: &KvCache) -> Result<bool> {
+        if self.stop.is_some() {
+            return Ok(false);
         }
-        let mut st = RoundStats::default();
-        let trees = drafter.node_confidence().is_some();
-        let budget = match sizer.as_deref() {
-            Some(s) if trees => s.choose_tree(max_draft),
-            Some(s) => s.choose(max_draft),
-            None => max_draft,
+        let base = kv.len(); // the root's slot and position
+        if kv.capacity() <= base {
+            self.stop = Some(StopReason::ContextFull);
+            return Ok(false);
+        }
+        let room = kv.capacity() - (base + 1);
+        let mut stats = RoundStats::default();
+        let trees = self.drafter.node_confidence().is_some();
+        let budget = match self.sizer.as_deref() {
+            Some(s) if trees => s.choose_tree(self.max_draft),
+            Some(s) => s.choose(self.max_draft),
+            None => self.max_draft,
         }
         .min(room);
         let t = Instant::now();
-        let mut tree = drafter.propose(&committed, budget)?;
-        st.draft_ms = t.elapsed().as_secs_f64() * 1e3;
+        let mut tree = self.drafter.propose(&self.committed, budget)?;
+        stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;
         // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
         let mut predicted = 0.0;
-        if let (Some(s), Some(conf)) = (sizer.as_deref(), drafter.node_confidence()) {
-            let keep = s.cut(conf, st.draft_ms).min(budget);
+        if let (Some(s), Some(conf)) = (self.sizer.as_deref(), self.drafter.node_confidence()) {
+            let keep = s.cut(conf, stats.draft_ms).min(budget);
             predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
             tree.truncate(keep);
         }
         tree.truncate(budget);
+        let t = Instant::now();
+        let lin = tree.linearise(self.root, base);
+        stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.pending = Some(Pending {
+            tree,
+            lin,
+            predicted,
+            stats,
+            verify_start: Instant::now(),
+        });
+        Ok(true)
+    }
 
-        // Verify: one forward over [root, nodes].
-        let t = Instant::now();
-        let lin = tree.linearise(root, base);
-        st.tree_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        let out = model.forward(
-            kv,
-            &Batch {
-                tokens: &lin.tokens,
-                positions: &lin.positions,
-                mask: Some(&lin.mask),
-            },
-            &verify_spec,
-            &mut s,
-        )?;
+    /// The planned round's rows: [root, draft nodes] with their positions and tree mask.
+    pub fn batch(&self) -> Batch<'_> {
+        let lin = &self.pending.as_ref().expect("a planned round").lin;
+        Batch {
+            tokens: &lin.tokens,
+            positions: &lin.positions,
+            mask: Some(&lin.mask),
+        }
+    }
+
+    /// What the verification forward must return for this session's rows.
+    pub fn output_spec(&self) -> &OutputSpec {
+        &self.verify_spec
+    }
+
+    /// Verifies the planned round against the forward's output (this session's rows start at
+    /// output row `row0`), keeps the K/V of the root and the accepted path, streams the
+    /// committed tokens and tells the drafter and the sizer.
+    pub fn commit(
+        &mut self,
+        kv: &mut KvCache,
+        out: &Output,
+        row0: usize,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<()> {
+        let Pending {
+            tree,
+            lin,
+            predicted,
+            mut stats,
+            verify_start,
+        } = self.pending.take().expect("a planned round");
+        let base = lin.positions[0].0 as usize;
         let outcome: Outcome = verify(
-            rule,
+            self.rule,
             &tree,
-            &out.argmax,
-            |r| out.logits_row(r),
-            &sampler,
+            out.argmax.get(row0..).unwrap_or(&[]),
+            |r| out.logits_row(row0 + r),
+            &self.sampler,
             base,
         );
-        st.verify_ms = t.elapsed().as_secs_f64() * 1e3;
+        stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
         // Commit: keep the root's slot and the accepted path's, contiguously.
         let t = Instant::now();
@@ -177,64 +290,77 @@ pub fn speculative_generate(
             .map(|&n: &NodeId| SlotId((base + row_of(Some(n))) as u32))
             .collect();
         kv.compact(base + 1, &slots)?;
-        for t in outcome.committed() {
-            committed.push(t);
-            if stop.is_none() {
-                stop = em.push(t, &mut on_text)?;
+        for tok in outcome.committed() {
+            self.committed.push(tok);
+            if self.stop.is_none() {
+                self.stop = self.emitter.push(tok, on_text)?;
             }
         }
-        root = outcome.bonus;
+        self.root = outcome.bonus;
         // Hidden states of the rows now committed: the root (row 0) and the accepted nodes.
-        hidden.clear();
+        let w = self.width;
+        self.hidden.clear();
         for row in std::iter::once(0).chain(outcome.accepted.iter().map(|&n| row_of(Some(n)))) {
-            hidden.extend_from_slice(&out.hidden[row * width..(row + 1) * width]);
+            let r = row0 + row;
+            self.hidden
+                .extend_from_slice(&out.hidden[r * w..(r + 1) * w]);
         }
-        drafter.observe(
+        self.drafter.observe(
             &outcome,
             Hidden {
-                width,
-                rows: &hidden,
+                width: w,
+                rows: &self.hidden,
             },
         )?;
-        match sizer.as_deref_mut() {
-            Some(s) if trees => {
-                s.observe_tree(tree.len(), predicted, outcome.accepted.len(), st.draft_ms)
-            }
+        let trees = self.drafter.node_confidence().is_some();
+        match self.sizer.as_deref_mut() {
+            Some(s) if trees => s.observe_tree(
+                tree.len(),
+                predicted,
+                outcome.accepted.len(),
+                stats.draft_ms,
+            ),
             Some(s) => s.observe(
                 tree.max_depth() as usize,
                 outcome.accepted.len(),
-                st.draft_ms,
+                stats.draft_ms,
                 tree.len(),
             ),
             None => {}
         }
-        st.drafted = outcome.drafted;
-        st.accepted = outcome.accepted.len();
-        st.commit_ms = t.elapsed().as_secs_f64() * 1e3;
-        rounds.push(st);
+        stats.drafted = outcome.drafted;
+        stats.accepted = outcome.accepted.len();
+        stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.rounds.push(stats);
+        Ok(())
     }
-    let decode_ms = t1.elapsed().as_secs_f64() * 1e3;
-    let (text, ids) = em.finish(&mut on_text);
-    let tau = if rounds.is_empty() {
-        0.0
-    } else {
-        rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / rounds.len() as f64
-    };
-    Ok(SpecGeneration {
-        out: Generation {
-            text,
-            prompt_token_ids: prompt.to_vec(),
-            stop_reason: stop.unwrap_or(StopReason::MaxTokens),
-            stats: Stats::new(
-                prompt.len(),
-                ids.len(),
-                prefill_ms,
-                draft_prefill_ms,
-                decode_ms,
-            ),
-            token_ids: ids,
-        },
-        rounds,
-        tau,
-    })
+
+    /// The generation: text, ids, stop reason, statistics and per-round telemetry.
+    pub fn finish(self, on_text: &mut impl FnMut(&str)) -> SpecGeneration {
+        let decode_ms = self.decode_start.elapsed().as_secs_f64() * 1e3;
+        let (text, ids) = self.emitter.finish(on_text);
+        let rounds = self.rounds;
+        let tau = if rounds.is_empty() {
+            0.0
+        } else {
+            rounds.iter().map(|r| r.accepted as f64 + 1.0).sum::<f64>() / rounds.len() as f64
+        };
+        SpecGeneration {
+            out: Generation {
+                text,
+                stats: Stats::new(
+                    self.prompt.len(),
+                    ids.len(),
+                    self.prefill_ms,
+                    self.draft_prefill_ms,
+                    decode_ms,
+                ),
+                prompt_token_ids: self.prompt,
+                stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
+                token_ids: ids,
+            },
+            rounds,
+            tau,
+        }
+    }
 }

@@ -7,7 +7,7 @@ pub mod tree;
 pub mod tree_search;
 pub mod verify;
 
-pub use decode::{speculative_generate, RoundStats, SpecGeneration, Speculation};
+pub use decode::{speculative_generate, RoundStats, Session, SpecGeneration, Speculation};
 pub use tree::{DraftTree, Linearised, NodeId};
 pub use verify::{Outcome, VerifyRule};
 
