@@ -6,16 +6,16 @@ use paradraft::drafters::NoDraft;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
-use paradraft::spec::sizing::{CostCurve, Sizer};
-use paradraft::spec::{speculative_generate, RoundStats, Speculation, VerifyRule};
+use paradraft::speculative::sizing::{CostCurve, Sizer};
+use paradraft::speculative::{speculative_generate, RoundStats, Speculation, VerifyRule};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
-use spec_args::{Method, SpecArgs};
+use speculative_args::{Method, SpecArgs};
 use std::io::Write;
 use std::path::PathBuf;
 
 mod ngram;
-mod spec_args;
+mod speculative_args;
 mod train;
 mod train_dart;
 
@@ -143,7 +143,7 @@ struct SamplingArgs {
     /// sample (output equals AR's with the same seed); `rejection` is classic speculative
     /// sampling (min(1, p/q), recursive over siblings), equal to AR in distribution only.
     #[arg(long, default_value = "coupled")]
-    verify_rule: paradraft::spec::VerifyRule,
+    verify_rule: paradraft::speculative::VerifyRule,
 }
 
 impl SamplingArgs {

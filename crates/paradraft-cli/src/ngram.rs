@@ -162,7 +162,7 @@ fn bench(a: BenchArgs) -> Result<()> {
             })
             .collect();
         let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-        let mut td = paradraft::spec::tree_search::TreeDrafting::new(
+        let mut td = paradraft::speculative::tree_search::TreeDrafting::new(
             Default::default(),
             Some(trie.clone()),
             stop,
@@ -179,7 +179,7 @@ fn bench(a: BenchArgs) -> Result<()> {
         for _ in 0..rounds {
             for d in 0..depths {
                 let row = &logits[d * v..(d + 1) * v];
-                paradraft::spec::tree_search::Level::from_logits_in(
+                paradraft::speculative::tree_search::Level::from_logits_in(
                     row,
                     25,
                     |i| TokenId(i as u32),

@@ -23,6 +23,52 @@ pub fn home_dir() -> PathBuf {
         .join("paradraft")
 }
 
+/// Where a shipped resource (`drafters/…`, `data/…`) is found, first match wins:
+/// `$PARADRAFT_HOME/<rel>`, `<dir of the executable>/../share/paradraft/<rel>`,
+/// `<dir of the executable>/<rel>`, then the source tree the binary was built from (what
+/// `cargo run` uses). When none exists, the candidate list is returned for error messages.
+pub fn resource(rel: &str) -> std::result::Result<PathBuf, Vec<PathBuf>> {
+    let mut tried = vec![home_dir().join(rel)];
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        tried.push(dir.join("../share/paradraft").join(rel));
+        tried.push(dir.join(rel));
+    }
+    tried.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(rel),
+    );
+    match tried.iter().find(|p| p.exists()) {
+        Some(p) => Ok(p.clone()),
+        None => Err(tried),
+    }
+}
+
+/// [`resource`], or the source-tree path when it is nowhere (callers report it missing; the
+/// error names every place tried via [`resource_hint`]).
+pub fn resource_path(rel: &str) -> PathBuf {
+    resource(rel)
+        .unwrap_or_else(|tried| tried.last().cloned().unwrap_or_else(|| PathBuf::from(rel)))
+}
+
+/// "looked in A, B, C" for a resource that is nowhere.
+pub fn resource_hint(rel: &str) -> String {
+    match resource(rel) {
+        Ok(p) => format!("found at {}", p.display()),
+        Err(tried) => format!(
+            "looked in {}",
+            tried
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 pub fn default_model_path() -> PathBuf {
     home_dir().join("models").join(DEFAULT_FILE)
 }
@@ -252,5 +298,15 @@ mod tests {
         let wrong = |p: &Path| std::fs::write(p, b"nope").map_err(|e| Error::io(p, e));
         let e = ensure_cached(&path, &sha, false, wrong).unwrap_err();
         assert!(e.to_string().contains("expected"), "{e}");
+    }
+
+    #[test]
+    fn resources_resolve_from_the_home_directory_first() {
+        // The source tree ships the committed drafters.
+        let p = resource("drafters/smollm2-135m-dart").unwrap();
+        assert!(p.join("config.json").exists(), "{}", p.display());
+        let missing = resource("drafters/no-such-drafter").unwrap_err();
+        assert!(missing.len() >= 2 && missing[0].starts_with(home_dir()));
+        assert!(resource_hint("drafters/no-such-drafter").starts_with("looked in "));
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Model, StreamDecoder, Tokenizer};
 use crate::sample::SamplingParams;
-use crate::spec::{speculative_generate, Speculation, VerifyRule};
+use crate::speculative::{speculative_generate, Speculation, VerifyRule};
 use crate::types::TokenId;
 use serde::Serialize;
 

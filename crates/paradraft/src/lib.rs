@@ -15,7 +15,7 @@ pub mod model;
 pub mod ngram;
 pub mod runtime;
 pub mod sample;
-pub mod spec;
+pub mod speculative;
 pub mod train;
 pub mod types;
 

@@ -79,7 +79,7 @@ impl Dist {
 ///
 /// Stream [`Noise::TOKEN`] holds the Gumbel noise that *is* the token at a position: AR sampling
 /// takes argmax(log p + G), and so does every verification under
-/// [`crate::spec::verify::VerifyRule::Coupled`]. Other streams are uniforms for the rejection
+/// [`crate::speculative::verify::VerifyRule::Coupled`]. Other streams are uniforms for the rejection
 /// rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Noise {

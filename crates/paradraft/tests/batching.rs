@@ -312,7 +312,7 @@ fn lockstep_sessions(
     use paradraft::drafters::pld::PromptLookup;
     use paradraft::drafters::replay::{random_tree, Lcg, Replay};
     use paradraft::drafters::NoDraft;
-    use paradraft::spec::{Drafter, Session, Speculation, VerifyRule};
+    use paradraft::speculative::{Drafter, Session, Speculation, VerifyRule};
     let vocab = lm.model.config.vocab_size as u32;
     let mut drafters: Vec<Box<dyn Drafter>> = prompts
         .iter()

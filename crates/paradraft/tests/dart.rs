@@ -13,8 +13,8 @@ use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
 use paradraft::sample::SamplingParams;
-use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
-use paradraft::spec::{speculative_generate, Speculation};
+use paradraft::speculative::tree_search::{TreeDrafting, TreeSearchParams};
+use paradraft::speculative::{speculative_generate, Speculation};
 use paradraft::train::dart::net::{Batch, Net};
 use paradraft::train::dart::{config_for, export, load_exported};
 use paradraft::types::TokenId;
@@ -324,7 +324,7 @@ fn drafters_that_do_not_fit_are_refused() {
 /// trees cut by the sizer, and it commits more than one token per pass.
 #[test]
 fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
-    use paradraft::spec::sizing::{CostCurve, Sizer};
+    use paradraft::speculative::sizing::{CostCurve, Sizer};
     let (lm, trie, prompts) = common::smollm2_with_trie_and_prompts();
     let drafter = common::committed_drafter("smollm2-135m-dart");
     let params = GenerateParams {

@@ -13,7 +13,7 @@ use paradraft::generate::{generate, GenerateParams};
 use paradraft::kv::KvCache;
 use paradraft::model::{Loaded, Logits, OutputSpec, Rows};
 use paradraft::sample::SamplingParams;
-use paradraft::spec::{speculative_generate, Speculation};
+use paradraft::speculative::{speculative_generate, Speculation};
 use paradraft::train::dflash::batch::Labeled;
 use paradraft::train::dflash::net::{self, FrozenHead, Net};
 use paradraft::train::dflash::{export, frozen_head, loss};
@@ -281,7 +281,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
         }
     }
     // Sampling: both draft modes run and stay within the rules (distribution equality is
-    // checked for every rule in spec_lossless; here the DFlash proposals must be valid trees
+    // checked for every rule in speculative_lossless; here the DFlash proposals must be valid trees
     // carrying q when sampled).
     let dir = drafter_dir(&lm, true);
     for mode in [DraftSampling::Greedy, DraftSampling::Sample] {

@@ -11,8 +11,8 @@ use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
 use paradraft::ngram::{self, NgramTrie, TrieBuilder};
 use paradraft::sample::SamplingParams;
-use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
-use paradraft::spec::{speculative_generate, SpecGeneration, Speculation};
+use paradraft::speculative::tree_search::{TreeDrafting, TreeSearchParams};
+use paradraft::speculative::{speculative_generate, SpecGeneration, Speculation};
 use paradraft::types::TokenId;
 use std::sync::Arc;
 

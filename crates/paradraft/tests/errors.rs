@@ -361,7 +361,7 @@ fn malformed_forward_requests() {
 #[test]
 fn zero_new_tokens_generates_nothing() {
     use paradraft::drafters::pld::PromptLookup;
-    use paradraft::spec::{speculative_generate, Speculation};
+    use paradraft::speculative::{speculative_generate, Speculation};
     let lm = load_tiny("qwen3");
     let mut kv = lm.model.new_kv(64);
     let params = GenerateParams {

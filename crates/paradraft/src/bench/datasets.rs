@@ -107,10 +107,10 @@ impl Dataset {
     }
 }
 
-/// `data/bench` of the source tree, or `$PARADRAFT_DATA/bench`.
+/// `$PARADRAFT_DATA/bench`, else `data/bench` where [`crate::fetch::resource`] finds it.
 pub fn default_dir() -> std::path::PathBuf {
     match std::env::var_os("PARADRAFT_DATA") {
         Some(d) => std::path::PathBuf::from(d).join("bench"),
-        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/bench"),
+        None => crate::fetch::resource_path("data/bench"),
     }
 }

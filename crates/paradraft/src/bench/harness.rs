@@ -7,8 +7,8 @@ use crate::error::Result;
 use crate::generate::GenerateParams;
 use crate::model::{Loaded, Message};
 use crate::sample::SamplingParams;
-use crate::spec::sizing::{CostCurve, Sizer};
-use crate::spec::{
+use crate::speculative::sizing::{CostCurve, Sizer};
+use crate::speculative::{
     speculative_generate, Drafter, RoundStats, SpecGeneration, Speculation, VerifyRule,
 };
 use crate::types::TokenId;

@@ -2,7 +2,7 @@
 //! compared (or not) at a glance.
 
 use crate::sample::SamplingParams;
-use crate::spec::VerifyRule;
+use crate::speculative::VerifyRule;
 use serde::Serialize;
 use std::path::Path;
 

@@ -142,7 +142,7 @@ fn bar_chart(path: &Path, caption: &str, axes: Axes, series: Vec<Series>) -> Res
 pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
     let datasets: Vec<&str> = dedup(summaries.iter().map(|s| s.dataset.as_str()));
     let methods: Vec<&str> = dedup(summaries.iter().map(|s| s.method.as_str()));
-    let rounds_of = |m: &str| -> Vec<&crate::spec::RoundStats> {
+    let rounds_of = |m: &str| -> Vec<&crate::speculative::RoundStats> {
         runs.iter()
             .filter(|r| r.method == m)
             .flat_map(|r| r.rounds.iter())
@@ -194,7 +194,7 @@ pub fn charts(summaries: &[Summary], runs: &[Run], dir: &Path) -> Result<()> {
         .map(|m| {
             let rs = rounds_of(m);
             let tokens: usize = rs.iter().map(|r| r.accepted + 1).sum();
-            let per_token = |f: fn(&crate::spec::RoundStats) -> f64| {
+            let per_token = |f: fn(&crate::speculative::RoundStats) -> f64| {
                 rs.iter().map(|r| f(r)).sum::<f64>() / tokens.max(1) as f64
             };
             [

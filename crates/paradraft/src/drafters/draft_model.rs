@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Model, OutputSpec, Scratch};
 use crate::sample::{Sampler, SamplingParams};
-use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 
 pub struct DraftModel {

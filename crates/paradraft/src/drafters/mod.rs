@@ -10,7 +10,7 @@ pub mod replay;
 pub mod vocab;
 
 use crate::error::Result;
-use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 
 /// Proposes nothing: the speculative loop then decodes one token per target pass, which makes

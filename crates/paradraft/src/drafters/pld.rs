@@ -3,7 +3,7 @@
 //! tokens (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
 
 use crate::error::Result;
-use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 
 #[derive(Clone, Debug)]

@@ -2,7 +2,7 @@
 //! continuation (so that drafts get accepted) with random siblings.
 
 use crate::error::Result;
-use crate::spec::{DraftTree, Drafter, Hidden, NodeId, Outcome};
+use crate::speculative::{DraftTree, Drafter, Hidden, NodeId, Outcome};
 use crate::types::TokenId;
 
 /// Builds a tree per round from the committed tokens.

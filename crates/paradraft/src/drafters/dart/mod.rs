@@ -7,7 +7,7 @@
 //!   slots, shifted logits (each slot predicts two positions to its right), double final norm.
 //! - §3.2 one round (spec §2.2) → [`Dart`] (this file): pending target states are fed with the
 //!   next tokens' embeddings, the masks are appended and dropped again after the call.
-//! - §3.3 tree pruning (spec §2.3) → `crate::spec::tree_search` (shared with DFlash-tree), with
+//! - §3.3 tree pruning (spec §2.3) → `crate::speculative::tree_search` (shared with DFlash-tree), with
 //!   the n-gram trie of `crate::ngram` (spec §2.6).
 //! - §3.4 training (spec §2.7) → `crate::train::dart`.
 //!
@@ -24,8 +24,8 @@ use crate::drafters::parts::DraftHead;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::spec::tree_search::TreeDrafting;
-use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::tree_search::TreeDrafting;
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 
 /// A DART drafter bound to its target (whose embedding it uses).

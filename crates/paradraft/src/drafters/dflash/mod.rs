@@ -8,7 +8,7 @@
 //!   which the core verifies in one target pass.
 //! - §3.3 training → `crate::train::dflash`.
 //! - DFlash-tree (a hybrid): the block's per-slot distributions searched into a tree with
-//!   DART's continuity-aware pruning (`crate::spec::tree_search`), optionally n-gram scored.
+//!   DART's continuity-aware pruning (`crate::speculative::tree_search`), optionally n-gram scored.
 //!
 //! The embedding and LM head are the target's, frozen and shared. The mask slots use a frozen
 //! target embedding row (`dflash_config.mask_token_id`), as the published Qwen3 drafters do.
@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::sample::{Sampler, SamplingParams};
-use crate::spec::tree_search::TreeDrafting;
-use crate::spec::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::tree_search::TreeDrafting;
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 
 /// How drafts are chosen at temperature > 0 (both are lossless; they differ in acceptance).

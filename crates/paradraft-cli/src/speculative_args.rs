@@ -10,8 +10,8 @@ use paradraft::drafters::pld::PromptLookup;
 use paradraft::model;
 use paradraft::ngram::NgramTrie;
 use paradraft::sample::SamplingParams;
-use paradraft::spec::tree_search::{TreeDrafting, TreeSearchParams};
-use paradraft::spec::Drafter;
+use paradraft::speculative::tree_search::{TreeDrafting, TreeSearchParams};
+use paradraft::speculative::Drafter;
 use std::path::PathBuf;
 
 /// Which drafter proposes tokens (speculative decoding); `none` is plain AR decoding.
@@ -45,17 +45,18 @@ pub enum Method {
 
 /// Where `paradraft ngram build` puts the SmolLM2 trie by default (see the README).
 fn default_ngram() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/ngram/smollm2-135m.trie")
+    paradraft::fetch::resource_path("data/ngram/smollm2-135m.trie")
 }
 
-/// The DART drafter trained for SmolLM2-135M-Instruct that ships with the repository.
+/// The DART drafter trained for SmolLM2-135M-Instruct that ships with the repository (found in
+/// `$PARADRAFT_HOME`, beside the installed binary or in the source tree: `fetch::resource`).
 fn default_dart_drafter() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dart")
+    paradraft::fetch::resource_path("drafters/smollm2-135m-dart")
 }
 
 /// The DFlash drafter trained for SmolLM2-135M-Instruct that ships with the repository.
 fn default_dflash_drafter() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../drafters/smollm2-135m-dflash")
+    paradraft::fetch::resource_path("drafters/smollm2-135m-dflash")
 }
 
 #[derive(Args, Clone, Debug)]

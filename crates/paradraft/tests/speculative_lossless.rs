@@ -14,8 +14,10 @@ use paradraft::drafters::replay::{random_tree, Lcg, Replay};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;
-use paradraft::spec::sizing::{CostCurve, Sizer};
-use paradraft::spec::{speculative_generate, DraftTree, Drafter, Hidden, Speculation, VerifyRule};
+use paradraft::speculative::sizing::{CostCurve, Sizer};
+use paradraft::speculative::{
+    speculative_generate, DraftTree, Drafter, Hidden, Speculation, VerifyRule,
+};
 use paradraft::types::TokenId;
 
 fn prompts() -> Vec<String> {
@@ -220,7 +222,7 @@ impl Drafter for QChain {
         }
         Ok(t)
     }
-    fn observe(&mut self, _: &paradraft::spec::Outcome, _: Hidden) -> paradraft::Result<()> {
+    fn observe(&mut self, _: &paradraft::speculative::Outcome, _: Hidden) -> paradraft::Result<()> {
         Ok(())
     }
 }
@@ -384,7 +386,7 @@ fn sampling_matches_ar_distribution() {
     let dflash_tree = {
         let m = DflashModel::load(dflash_dir.path()).unwrap();
         let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
-        d.tree = Some(paradraft::spec::tree_search::TreeDrafting::new(
+        d.tree = Some(paradraft::speculative::tree_search::TreeDrafting::new(
             Default::default(),
             Some(trie.clone()),
             lm.tokenizer.stop_tokens.iter().copied().collect(),
@@ -396,7 +398,7 @@ fn sampling_matches_ar_distribution() {
     let dart_dir = common::tiny_dart_dir(&lm, 3, 5);
     let dart = {
         let (m, head) = paradraft::drafters::dart::DartModel::load(dart_dir.path(), true).unwrap();
-        let td = paradraft::spec::tree_search::TreeDrafting::new(
+        let td = paradraft::speculative::tree_search::TreeDrafting::new(
             Default::default(),
             dflash_trie.clone(),
             lm.tokenizer.stop_tokens.iter().copied().collect(),
@@ -513,7 +515,7 @@ impl Drafter for TapRecorder {
     fn propose(&mut self, _: &[TokenId], max: usize) -> paradraft::Result<DraftTree> {
         Ok(random_tree(&mut self.rng, &[], self.vocab, max))
     }
-    fn observe(&mut self, _: &paradraft::spec::Outcome, h: Hidden) -> paradraft::Result<()> {
+    fn observe(&mut self, _: &paradraft::speculative::Outcome, h: Hidden) -> paradraft::Result<()> {
         assert_eq!(h.width, self.width);
         self.rows.extend_from_slice(h.rows);
         Ok(())

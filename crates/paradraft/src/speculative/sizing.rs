@@ -8,12 +8,12 @@
 //! drafter's own per-node path probabilities in score order — E[accepted] of the first n nodes
 //! is κ · Σ p_i, with κ calibrating the drafter's confidence against what the target accepted
 //! ([`Sizer::cut`], after drafting). A drafter opts in by reporting
-//! [`crate::spec::Drafter::node_confidence`].
+//! [`crate::speculative::Drafter::node_confidence`].
 
 use crate::error::Result;
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
-use crate::spec::{Drafter, Hidden};
+use crate::speculative::{Drafter, Hidden};
 use crate::types::{Pos, TokenId};
 use std::time::Instant;
 
