@@ -5,11 +5,60 @@
 use super::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::source::TensorSource;
-use crate::model::Model;
+use crate::model::{hf_config, Arch, Config, Model};
 use crate::runtime::ops;
 use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::TokenId;
+
+/// Reads a drafter's decoder-layer config from its `config.json` (`format` names the file in
+/// errors): the architecture must be `arch` (`model_type` `model_type`), without attention
+/// biases.
+pub fn drafter_layers(
+    v: &serde_json::Value,
+    path: &std::path::Path,
+    format: &'static str,
+    arch: Arch,
+    model_type: &str,
+) -> Result<Config> {
+    let layers = hf_config(v, path)?;
+    if layers.arch != arch {
+        return Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            format,
+            reason: format!("a {format} drafter has model_type \"{model_type}\""),
+        });
+    }
+    if v["attention_bias"].as_bool() == Some(true) {
+        return Err(Error::Unsupported(format!(
+            "{format} drafters with attention biases"
+        )));
+    }
+    Ok(layers)
+}
+
+/// The HF `config.json` keys of a drafter's decoder layers, shared by the published layouts;
+/// each method adds its own keys.
+pub fn drafter_layers_json(c: &Config, model_type: &str, architecture: &str) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "num_hidden_layers": c.n_layers,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": null,
+        "max_position_embeddings": c.max_position_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "vocab_size": c.vocab_size,
+        "tie_word_embeddings": false,
+    })
+}
 
 /// Refuses a drafter (`what`) whose layers (`drafter`) cannot share the target's embedding and
 /// vocabulary: hidden size and vocabulary size must be the target's. `extra` is the drafter's own

@@ -69,6 +69,28 @@ pub fn expand_kv(x: &Tensor, groups: usize) -> CResult<Tensor> {
         .reshape((n, kvh * groups, hd))
 }
 
+/// Fresh weights for `shapes`, seeded: `special(name, n, rng)` may give a tensor's values;
+/// otherwise matrices N(0, 0.02²) and vectors (norms) 1, the HF initialisation.
+pub fn init_vars(
+    shapes: Vec<(String, Vec<usize>)>,
+    seed: u64,
+    mut special: impl FnMut(&str, usize, &mut ChaCha8Rng) -> Option<Vec<f32>>,
+) -> CResult<crate::train::run::Vars> {
+    use rand_core::SeedableRng;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut vars = std::collections::BTreeMap::new();
+    for (name, shape) in shapes {
+        let n: usize = shape.iter().product();
+        let v = match special(&name, n, &mut rng) {
+            Some(v) => v,
+            None if shape.len() == 1 => vec![1f32; n],
+            None => normals(&mut rng, n, 0.02),
+        };
+        vars.insert(name, candle_core::Var::from_vec(v, shape, &Device::Cpu)?);
+    }
+    Ok(vars)
+}
+
 /// Trainable weights by name from `t` (a checkpoint or an exported drafter) with the `shapes`
 /// a network expects; every one must be present with its shape.
 pub fn vars_from(

@@ -4,8 +4,9 @@
 //! `norm.weight`, `lm_head.weight`, `d2t` (I64 offsets) and `t2d` (BOOL). The embedding is the
 //! target's and is not stored.
 
+use crate::drafters::parts::{drafter_layers, drafter_layers_json};
 use crate::error::{Error, Result};
-use crate::model::{hf_config, Arch, Config};
+use crate::model::{Arch, Config};
 use serde_json::json;
 use std::path::Path;
 
@@ -42,15 +43,7 @@ impl DartConfig {
             format: "DART config.json",
             reason,
         };
-        let layer = hf_config(v, path)?;
-        if layer.arch != Arch::Llama {
-            return Err(bad("a DART drafter has model_type \"llama\"".into()));
-        }
-        if v["attention_bias"].as_bool() == Some(true) {
-            return Err(Error::Unsupported(
-                "DART drafters with attention biases".into(),
-            ));
-        }
+        let layer = drafter_layers(v, path, "DART config.json", Arch::Llama, "llama")?;
         if layer.n_layers != 1 {
             return Err(bad(format!(
                 "num_hidden_layers is {}; a DART drafter has one layer",
@@ -91,28 +84,11 @@ impl DartConfig {
 
     /// The published layout.
     pub fn to_json(&self) -> serde_json::Value {
-        let c = &self.layer;
-        json!({
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "draft_length": self.draft_length,
-            "draft_vocab_size": self.draft_vocab_size,
-            "target_hidden_size": self.target_hidden_size,
-            "num_hidden_layers": 1,
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.n_heads,
-            "num_key_value_heads": c.n_kv_heads,
-            "head_dim": c.head_dim,
-            "rms_norm_eps": c.rms_eps,
-            "rope_theta": c.rope_theta,
-            "rope_scaling": null,
-            "max_position_embeddings": c.max_position_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "vocab_size": c.vocab_size,
-            "tie_word_embeddings": false,
-        })
+        let mut v = drafter_layers_json(&self.layer, "llama", "LlamaForCausalLMEagle3");
+        v["draft_length"] = json!(self.draft_length);
+        v["draft_vocab_size"] = json!(self.draft_vocab_size);
+        v["target_hidden_size"] = json!(self.target_hidden_size);
+        v
     }
 
     /// Refuses a drafter that does not fit `target`.

@@ -5,8 +5,9 @@
 //! tensor `d2t` (EAGLE-3's convention: draft id `i` is target id `i + d2t[i]`) when the drafter
 //! scores a reduced vocabulary.
 
+use crate::drafters::parts::{drafter_layers, drafter_layers_json};
 use crate::error::{Error, Result};
-use crate::model::{hf_config, Arch, Config};
+use crate::model::{Arch, Config};
 use serde_json::json;
 use std::path::Path;
 
@@ -45,15 +46,7 @@ impl DflashConfig {
             format: "DFlash config.json",
             reason,
         };
-        let layers = hf_config(v, path)?;
-        if layers.arch != Arch::Qwen3 {
-            return Err(bad("a DFlash drafter has model_type \"qwen3\"".into()));
-        }
-        if v["attention_bias"].as_bool() == Some(true) {
-            return Err(Error::Unsupported(
-                "DFlash drafters with attention biases".into(),
-            ));
-        }
+        let layers = drafter_layers(v, path, "DFlash config.json", Arch::Qwen3, "qwen3")?;
         let uint = |x: &serde_json::Value, k: &str| {
             x.as_u64()
                 .map(|u| u as usize)
@@ -97,30 +90,13 @@ impl DflashConfig {
 
     /// The published layout (loadable by the reference code and by us).
     pub fn to_json(&self) -> serde_json::Value {
-        let c = &self.layers;
-        let mut v = json!({
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "block_size": self.block_size,
-            "num_target_layers": self.num_target_layers,
-            "num_hidden_layers": c.n_layers,
-            "hidden_size": c.hidden_size,
-            "intermediate_size": c.intermediate_size,
-            "num_attention_heads": c.n_heads,
-            "num_key_value_heads": c.n_kv_heads,
-            "head_dim": c.head_dim,
-            "rms_norm_eps": c.rms_eps,
-            "rope_theta": c.rope_theta,
-            "rope_scaling": null,
-            "max_position_embeddings": c.max_position_embeddings,
-            "attention_bias": false,
-            "use_sliding_window": false,
-            "vocab_size": c.vocab_size,
-            "tie_word_embeddings": false,
-            "dflash_config": {
-                "mask_token_id": self.mask_token_id,
-                "target_layer_ids": self.target_layer_ids,
-            },
+        let mut v = drafter_layers_json(&self.layers, "qwen3", "DFlashDraftModel");
+        v["block_size"] = json!(self.block_size);
+        v["num_target_layers"] = json!(self.num_target_layers);
+        v["use_sliding_window"] = json!(false);
+        v["dflash_config"] = json!({
+            "mask_token_id": self.mask_token_id,
+            "target_layer_ids": self.target_layer_ids,
         });
         if let Some(n) = self.draft_vocab_size {
             v["draft_vocab_size"] = json!(n);

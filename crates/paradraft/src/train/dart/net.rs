@@ -5,12 +5,12 @@
 
 use crate::drafters::dart::DartConfig;
 use crate::train::fused::{self, Ranges};
-use crate::train::graph::{cos_sin, expand_kv, linear, normals, rms, rope, vars_from, vars_to};
+use crate::train::graph::{
+    cos_sin, expand_kv, init_vars, linear, normals, rms, rope, vars_from, vars_to,
+};
 use crate::train::run::Vars;
-use candle_core::{Device, Tensor, Var};
-use rand_chacha::ChaCha8Rng;
-use rand_core::SeedableRng;
-use std::collections::{BTreeMap, HashMap};
+use candle_core::{Device, Tensor};
+use std::collections::HashMap;
 
 pub type CResult<T> = candle_core::Result<T>;
 
@@ -66,22 +66,16 @@ impl Net {
     /// Fresh weights: matrices N(0, 0.02²), norms 1, `mask_rep` N(0, 1) (the scale of a
     /// normed input), seeded. `head`, when given (`draft_vocab × hidden`), starts the LM head.
     pub fn init(config: DartConfig, seed: u64, head: Option<Vec<f32>>) -> CResult<Self> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut vars = BTreeMap::new();
         let mut head = head;
-        for (name, shape) in Self::shapes(&config) {
-            let n: usize = shape.iter().product();
-            let v = if name == "lm_head.weight" && head.as_ref().is_some_and(|h| h.len() == n) {
-                head.take().unwrap_or_default()
+        let vars = init_vars(Self::shapes(&config), seed, |name, n, rng| {
+            if name == "lm_head.weight" && head.as_ref().is_some_and(|h| h.len() == n) {
+                head.take()
             } else if name.ends_with("mask_rep") {
-                normals(&mut rng, n, 1.0)
-            } else if shape.len() == 1 {
-                vec![1f32; n]
+                Some(normals(rng, n, 1.0))
             } else {
-                normals(&mut rng, n, 0.02)
-            };
-            vars.insert(name, Var::from_vec(v, shape, &Device::Cpu)?);
-        }
+                None
+            }
+        })?;
         let inv_freq = config.layer.inv_freqs();
         Ok(Net {
             config,

@@ -5,10 +5,8 @@
 //! `softmax_last_dim` have no backward), RoPE is written out from primitive ops.
 
 use crate::drafters::dflash::DflashConfig;
-use crate::train::graph::{cos_sin, expand_kv, linear, normals, rms, rope, vars_from, vars_to};
+use crate::train::graph::{cos_sin, expand_kv, init_vars, linear, rms, rope, vars_from, vars_to};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, Var};
-use rand_chacha::ChaCha8Rng;
-use rand_core::SeedableRng;
 use std::collections::BTreeMap;
 
 pub type CResult<T> = candle_core::Result<T>;
@@ -134,17 +132,7 @@ impl Batch {
 impl Net {
     /// Fresh weights: matrices N(0, 0.02²), norms 1 (the HF initialisation), seeded.
     pub fn init(config: DflashConfig, seed: u64) -> CResult<Self> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut vars = BTreeMap::new();
-        for (name, shape) in Self::shapes(&config) {
-            let n: usize = shape.iter().product();
-            let v = if shape.len() == 1 {
-                vec![1f32; n]
-            } else {
-                normals(&mut rng, n, 0.02)
-            };
-            vars.insert(name, Var::from_vec(v, shape, &Device::Cpu)?);
-        }
+        let vars = init_vars(Self::shapes(&config), seed, |_, _, _| None)?;
         let inv_freq = config.layers.inv_freqs();
         Ok(Net {
             config,
