@@ -144,12 +144,20 @@ impl<'a> Emitter<'a> {
             return Ok(Some(StopReason::StopToken));
         }
         self.ids.push(t);
+        let old = self.text.len();
         let piece = self.dec.push(self.tok, t)?;
         self.text.push_str(piece);
+        // The text before had no stop string: a new one ends in the new piece, so only the
+        // tail is searched (a stream stays O(n)).
         let stops = &self.params.stop_strings;
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        let mut from = old.saturating_sub(longest.saturating_sub(1));
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
         if let Some(i) = stops
             .iter()
-            .filter_map(|s| self.text.find(s.as_str()))
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
             .min()
         {
             self.text.truncate(i);

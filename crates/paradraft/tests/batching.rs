@@ -331,6 +331,7 @@ fn lockstep_sessions(
         })
         .collect();
     let mut kvs: Vec<_> = prompts.iter().map(|_| lm.model.new_kv(256)).collect();
+    let mut scratch = Scratch::default();
     let mut sessions: Vec<Session> = prompts
         .iter()
         .zip(kvs.iter_mut())
@@ -342,10 +343,10 @@ fn lockstep_sessions(
                 sizer: None,
                 rule: VerifyRule::Coupled,
             };
-            Session::start(&lm.model, &lm.tokenizer, kv, p, params, sp, &mut |_| {}).unwrap()
+            let s = &mut scratch;
+            Session::start(&lm.model, &lm.tokenizer, kv, s, p, params, sp, &mut |_| {}).unwrap()
         })
         .collect();
-    let mut scratch = Scratch::default();
     loop {
         let live: Vec<usize> = (0..sessions.len())
             .filter(|&i| sessions[i].plan(&kvs[i]).unwrap())

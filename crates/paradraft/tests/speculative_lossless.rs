@@ -585,3 +585,58 @@ fn drafters_receive_the_targets_hidden_states_of_committed_positions() {
 fn load(p: &std::path::Path) -> Loaded {
     model::load(p).unwrap()
 }
+
+#[test]
+fn stop_strings_cut_at_their_first_occurrence() {
+    // Stop strings spanning several tokens, found wherever they end (the emitter searches only
+    // the tail each token), with and without a drafter.
+    let lm = load(&fixtures().join("tiny/qwen3"));
+    let prompt = encode(&lm, "count: 1 2 3 1 2 3 1 2 3 1 2", 64);
+    let mut kv = lm.model.new_kv(256);
+    let free = generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        &prompt,
+        &greedy(40),
+        |_| {},
+    )
+    .unwrap();
+    let text = free.text.clone();
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    assert!(chars.len() > 20, "{text:?}");
+    for (a, b) in [(2, 9), (10, 16), (chars.len() - 6, chars.len())] {
+        let stop = text[chars[a].0..chars.get(b).map_or(text.len(), |c| c.0)].to_string();
+        let first = text.find(&stop).unwrap();
+        let params = GenerateParams {
+            stop_strings: vec!["never appears ∅".into(), stop.clone()],
+            ..greedy(40)
+        };
+        let mut streamed = String::new();
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |t| {
+            streamed.push_str(t)
+        })
+        .unwrap();
+        assert_eq!(ar.text, text[..first], "stop {stop:?}");
+        assert_eq!(streamed, ar.text);
+        assert_eq!(ar.stop_reason, paradraft::generate::StopReason::StopString);
+        let mut pld = PromptLookup::default();
+        let sp = Speculation {
+            drafter: &mut pld,
+            max_draft: 6,
+            sizer: None,
+            rule: VerifyRule::Coupled,
+        };
+        let g = speculative_generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            &params,
+            sp,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(g.out.text, ar.text, "pld, stop {stop:?}");
+    }
+}

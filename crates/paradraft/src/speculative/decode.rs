@@ -63,7 +63,16 @@ pub fn speculative_generate<'a>(
     mut on_text: impl FnMut(&str),
 ) -> Result<SpecGeneration> {
     let mut scratch = Scratch::default();
-    let mut session = Session::start(model, tok, kv, prompt, params, sp, &mut on_text)?;
+    let mut session = Session::start(
+        model,
+        tok,
+        kv,
+        &mut scratch,
+        prompt,
+        params,
+        sp,
+        &mut on_text,
+    )?;
     while session.plan(kv)? {
         let out = model.forward(kv, &session.batch(), session.output_spec(), &mut scratch)?;
         session.commit(kv, out, 0, &mut on_text)?;
@@ -98,7 +107,8 @@ pub struct Session<'a> {
     emitter: Emitter<'a>,
     verify_spec: OutputSpec,
     width: usize,
-    prompt: Vec<TokenId>,
+    prompt_len: usize,
+    /// The prompt and every committed token (its last one is the root).
     committed: Vec<TokenId>,
     root: TokenId,
     stop: Option<StopReason>,
@@ -113,10 +123,12 @@ pub struct Session<'a> {
 impl<'a> Session<'a> {
     /// Prefills `prompt` into `kv` (cleared first), samples the first token and starts the
     /// drafter on the prompt.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         model: &Model,
         tok: &'a Tokenizer,
         kv: &mut KvCache,
+        scratch: &mut Scratch,
         prompt: &[TokenId],
         params: &'a GenerateParams,
         sp: Speculation<'a>,
@@ -139,13 +151,12 @@ impl<'a> Session<'a> {
             taps: taps.clone(),
             ..OutputSpec::last_full()
         };
-        let mut scratch = Scratch::default();
         let batch = Batch {
             tokens: prompt,
             positions: &pos,
             mask: None,
         };
-        let out = model.forward(kv, &batch, &spec, &mut scratch)?;
+        let out = model.forward(kv, &batch, &spec, scratch)?;
         let root = sampler.sample_at(out.logits_row(0), prompt.len());
         let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
@@ -177,7 +188,7 @@ impl<'a> Session<'a> {
             emitter,
             verify_spec,
             width,
-            prompt: prompt.to_vec(),
+            prompt_len: prompt.len(),
             committed,
             root,
             stop,
@@ -349,13 +360,13 @@ impl<'a> Session<'a> {
             out: Generation {
                 text,
                 stats: Stats::new(
-                    self.prompt.len(),
+                    self.prompt_len,
                     ids.len(),
                     self.prefill_ms,
                     self.draft_prefill_ms,
                     decode_ms,
                 ),
-                prompt_token_ids: self.prompt,
+                prompt_token_ids: self.committed[..self.prompt_len].to_vec(),
                 stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
                 token_ids: ids,
             },
