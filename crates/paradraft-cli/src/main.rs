@@ -2,19 +2,20 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use paradraft::drafters::NoDraft;
+use paradraft::drafters::speculative_config::{DrafterConfig, Method};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
-use paradraft::speculative::sizing::{CostCurve, Sizer};
-use paradraft::speculative::{speculative_generate, RoundStats, Speculation, VerifyRule};
+use paradraft::speculative::sizing::CostCurve;
+use paradraft::speculative::{speculative_generate, RoundStats, VerifyRule};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
-use speculative_args::{Method, SpecArgs};
+use speculative_args::{MethodArg, SpecArgs};
 use std::io::Write;
 use std::path::PathBuf;
 
 mod ngram;
+mod serve;
 mod speculative_args;
 mod train;
 mod train_dart;
@@ -45,6 +46,9 @@ enum Cmd {
     /// Train a drafter for the target.
     #[command(subcommand)]
     Train(train::TrainCmd),
+    /// Serve the OpenAI-compatible API (chat and text completions, streaming) with continuous
+    /// batching and the chosen drafter.
+    Serve(serve::ServeArgs),
     /// Build, convert and measure n-gram tries (DART's tree pruning).
     #[command(subcommand)]
     Ngram(ngram::NgramCmd),
@@ -56,7 +60,7 @@ struct BenchArgs {
     m: ModelArgs,
     /// Speculative methods to run next to the AR baseline (which always runs).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "pld")]
-    methods: Vec<Method>,
+    methods: Vec<MethodArg>,
     /// Datasets: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca.
     #[arg(
         long,
@@ -316,55 +320,45 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let _ = std::io::stdout().flush();
         }
     };
-    let spec = a.spec.resolved()?;
-    spec.check_used(&[spec.drafter])?;
+    let cfg = a.spec.config()?;
+    cfg.check_used(&[cfg.method])?;
     let target_path =
         a.m.model
             .clone()
             .unwrap_or_else(paradraft::fetch::default_model_path);
-    let (json, stats, stop, extra) = match spec.drafter(&target_path, &lm, ctx, sampling)? {
-        None => {
-            let g = generate(&lm.model, tok, &mut kv, &prompt, &params, print)?;
-            (
-                serde_json::to_value(&g)?,
-                g.stats,
-                g.stop_reason,
-                String::new(),
-            )
+    let mut set = cfg.load(&target_path, &lm, ctx)?;
+    let (json, stats, stop, extra) = if set.is_ar() {
+        let g = generate(&lm.model, tok, &mut kv, &prompt, &params, print)?;
+        (
+            serde_json::to_value(&g)?,
+            g.stats,
+            g.stop_reason,
+            String::new(),
+        )
+    } else {
+        if set.adaptive {
+            set.measure_costs(&lm.model, &CostCurve::measure(&lm.model, 64, 2)?)?;
         }
-        Some((mut d, max_draft)) => {
-            let mut sizer = if spec.fixed_draft {
-                None
-            } else {
-                let dc = CostCurve::measure_drafter(&lm.model, d.as_mut(), 64, max_draft, 3)?;
-                Some(Sizer::new(CostCurve::measure(&lm.model, 64, 2)?).with_draft_curve(Some(dc)))
-            };
-            let sp = Speculation {
-                drafter: d.as_mut(),
-                max_draft,
-                sizer: sizer.as_mut(),
-                rule: a.sampling.verify_rule,
-            };
-            let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
-            let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
-            let mut v = serde_json::to_value(&g)?;
-            let st = &mut v["stats"];
-            st["rounds"] = json!(g.rounds.len());
-            st["tau"] = json!(g.tau);
-            st["draft_ms"] = json!(sum(|r| r.draft_ms));
-            st["tree_ms"] = json!(sum(|r| r.tree_ms));
-            st["verify_ms"] = json!(sum(|r| r.verify_ms));
-            st["commit_ms"] = json!(sum(|r| r.commit_ms));
-            v["rounds_detail"] = v["rounds"].take();
-            v.as_object_mut().map(|o| o.remove("rounds"));
-            let extra = format!(
-                " | drafter prefill {:.0} ms, {} rounds, tau {:.2}",
-                g.out.stats.draft_prefill_ms,
-                g.rounds.len(),
-                g.tau
-            );
-            (v, g.out.stats, g.out.stop_reason, extra)
-        }
+        let sp = set.speculation(sampling, a.sampling.verify_rule)?;
+        let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
+        let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
+        let mut v = serde_json::to_value(&g)?;
+        let st = &mut v["stats"];
+        st["rounds"] = json!(g.rounds.len());
+        st["tau"] = json!(g.tau);
+        st["draft_ms"] = json!(sum(|r| r.draft_ms));
+        st["tree_ms"] = json!(sum(|r| r.tree_ms));
+        st["verify_ms"] = json!(sum(|r| r.verify_ms));
+        st["commit_ms"] = json!(sum(|r| r.commit_ms));
+        v["rounds_detail"] = v["rounds"].take();
+        v.as_object_mut().map(|o| o.remove("rounds"));
+        let extra = format!(
+            " | drafter prefill {:.0} ms, {} rounds, tau {:.2}",
+            g.out.stats.draft_prefill_ms,
+            g.rounds.len(),
+            g.tau
+        );
+        (v, g.out.stats, g.out.stop_reason, extra)
     };
     if a.json {
         println!("{json}");
@@ -457,25 +451,26 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     };
     let r =
         paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
-    let spec = a.spec.resolved()?;
-    spec.check_used(&[spec.drafter])?;
-    let draft = match spec.drafter(&path, &lm, a.context + 64, Default::default())? {
-        Some((mut d, max_draft)) => {
-            let c = CostCurve::measure_drafter(
-                &lm.model,
-                d.as_mut(),
-                a.context,
-                max_draft,
-                5 * a.repeats,
-            )?;
-            let step = 1e3 / r.decode_tok_s;
-            Some(json!({
-                "drafter": d.name(),
-                "decode_step_ms": step,
-                "curve": c.points.iter().map(|&(n, ms)| json!({"nodes": n, "ms": ms, "vs_decode_step": ms / step})).collect::<Vec<_>>(),
-            }))
-        }
-        None => None,
+    let cfg = a.spec.config()?;
+    cfg.check_used(&[cfg.method])?;
+    let set = cfg.load(&path, &lm, a.context + 64)?;
+    let draft = if set.is_ar() {
+        None
+    } else {
+        let mut d = set.create(Default::default())?;
+        let c = CostCurve::measure_drafter(
+            &lm.model,
+            d.as_mut(),
+            a.context,
+            set.max_draft,
+            5 * a.repeats,
+        )?;
+        let step = 1e3 / r.decode_tok_s;
+        Some(json!({
+            "drafter": d.name(),
+            "decode_step_ms": step,
+            "curve": c.points.iter().map(|&(n, ms)| json!({"nodes": n, "ms": ms, "vs_decode_step": ms / step})).collect::<Vec<_>>(),
+        }))
     };
     if a.json {
         let mut v = serde_json::to_value(&r)?;
@@ -540,13 +535,15 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use paradraft::bench::{datasets, harness, report};
     let sampling = a.sampling.params()?;
-    if a.spec.drafter != Method::None || a.spec.speculative_config.is_some() {
+    if a.spec.drafter.0 != Method::None || a.spec.speculative_config.is_some() {
         bail!("bench compares the drafters given by --methods; --drafter and --speculative-config are for generate");
     }
     if a.num_prompts == 0 {
         bail!("--num-prompts must be at least 1");
     }
-    a.spec.check_used(&a.methods)?;
+    let methods_asked: Vec<Method> = a.methods.iter().map(|m| m.0).collect();
+    let base = a.spec.config()?;
+    base.check_used(&methods_asked)?;
     let dir = a.data_dir.clone().unwrap_or_else(datasets::default_dir);
     let sets = a
         .datasets
@@ -561,60 +558,31 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         a.m.model
             .clone()
             .unwrap_or_else(paradraft::fetch::default_model_path);
-    let curve = if a.spec.fixed_draft {
+    let curve = if base.fixed_draft {
         None
     } else {
         Some(CostCurve::measure(&lm.model, 64, 2)?)
     };
+    let ar = DrafterConfig {
+        method: Method::None,
+        ..base.clone()
+    };
     let mut methods = vec![harness::Method {
         name: "ar".into(),
-        drafter: Box::new(NoDraft),
-        max_draft: 0,
-        curve: None,
-        draft_curve: None,
+        drafters: ar.load(&target_path, &lm, ctx)?,
     }];
-    for &m in a.methods.iter().filter(|&&m| m != Method::None) {
-        let spec = SpecArgs {
-            drafter: m,
-            ..a.spec.resolved()?
+    for &m in methods_asked.iter().filter(|&&m| m != Method::None) {
+        let cfg = DrafterConfig {
+            method: m,
+            ..base.clone()
         };
-        let (mut d, max_draft) = spec
-            .drafter(&target_path, &lm, ctx, sampling)?
-            .context("a speculative method needs a drafter")?;
-        let draft_curve = match &curve {
-            Some(_) => Some(CostCurve::measure_drafter(
-                &lm.model,
-                d.as_mut(),
-                64,
-                max_draft,
-                3,
-            )?),
-            None => None,
-        };
-        let name = match m {
-            Method::Pld => "pld".to_string(),
-            Method::DraftModel => match (&spec.draft_model, spec.draft_layers) {
-                (Some(p), _) => format!(
-                    "draft:{}",
-                    p.file_name()
-                        .map(|f| f.to_string_lossy().into_owned())
-                        .unwrap_or_default()
-                ),
-                (None, Some(n)) => format!("self-draft-{n}L"),
-                _ => "draft-model".into(),
-            },
-            Method::Dflash => "dflash".into(),
-            Method::DflashSample => "dflash-sample".into(),
-            Method::DflashTree => "dflash-tree".into(),
-            Method::Dart => "dart".into(),
-            Method::None => unreachable!(),
-        };
+        let mut drafters = cfg.load(&target_path, &lm, ctx)?;
+        if let Some(c) = &curve {
+            drafters.measure_costs(&lm.model, c)?;
+        }
         methods.push(harness::Method {
-            name,
-            drafter: d,
-            max_draft,
-            curve: curve.clone(),
-            draft_curve,
+            name: cfg.label(),
+            drafters,
         });
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -700,6 +668,7 @@ fn main() {
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Train(c) => train::run(c),
         Cmd::Ngram(c) => ngram::run(c),
+        Cmd::Serve(a) => serve::run(a),
     });
     if let Err(e) = r {
         eprintln!("error: {e:#}");

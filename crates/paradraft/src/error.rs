@@ -28,11 +28,22 @@ pub enum Error {
     BadRequest(String),
     #[error("fetching the model failed: {0}")]
     Fetch(String),
+    /// What was being done when `err` happened (e.g. which drafter was loading).
+    #[error("{context}: {err}")]
+    Context { context: String, err: Box<Error> },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// `self`, said to have happened while doing `context`.
+    pub fn context(self, context: impl Into<String>) -> Self {
+        Error::Context {
+            context: context.into(),
+            err: Box::new(self),
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

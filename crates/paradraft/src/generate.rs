@@ -112,7 +112,7 @@ pub(crate) fn safe_prefix_len(text: &str, stops: &[String]) -> usize {
 /// decoding so both stop identically.
 pub(crate) struct Emitter<'a> {
     tok: &'a Tokenizer,
-    params: &'a GenerateParams,
+    params: GenerateParams,
     ids: Vec<TokenId>,
     dec: StreamDecoder,
     text: String,
@@ -120,10 +120,10 @@ pub(crate) struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    pub(crate) fn new(tok: &'a Tokenizer, params: &'a GenerateParams) -> Self {
+    pub(crate) fn new(tok: &'a Tokenizer, params: &GenerateParams) -> Self {
         Emitter {
             tok,
-            params,
+            params: params.clone(),
             ids: Vec::new(),
             dec: StreamDecoder::new(),
             text: String::new(),
@@ -174,6 +174,11 @@ impl<'a> Emitter<'a> {
         Ok(None)
     }
 
+    /// Tokens emitted so far (a stop token and what follows it are not).
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
     /// Flushes held-back text; returns the final text and ids.
     pub(crate) fn finish(mut self, on_text: &mut impl FnMut(&str)) -> (String, Vec<TokenId>) {
         if self.text.len() > self.emitted {
@@ -198,7 +203,7 @@ pub fn generate(
     on_text: impl FnMut(&str),
 ) -> Result<Generation> {
     let sp = Speculation {
-        drafter: &mut NoDraft,
+        drafter: Box::new(NoDraft),
         max_draft: 0,
         sizer: None,
         rule: VerifyRule::Coupled,

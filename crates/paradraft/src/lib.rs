@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod bench;
 pub mod drafters;
+pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod generate;
@@ -15,6 +16,7 @@ pub mod model;
 pub mod ngram;
 pub mod runtime;
 pub mod sample;
+pub mod server;
 pub mod speculative;
 pub mod train;
 pub mod types;

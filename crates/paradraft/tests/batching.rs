@@ -301,24 +301,30 @@ fn captured_features_equal_a_prefill_of_the_sample() {
     }
 }
 
-/// Speculative sessions in lockstep, one shared forward per step over every live session's
-/// [root, draft] rows (each with its own cache and tree mask): each output equals its request
-/// decoded alone by AR, greedy and sampled (the coupled rule makes sampling reproducible).
-fn lockstep_sessions(
+/// Speculative sessions stepped together (`speculative::step`): one shared forward per step
+/// over every live session's rows (prompt chunks of at most `prefill` tokens in all, and
+/// [root, draft] rounds, each with its own cache and tree mask), greedy and sampled requests in
+/// the same forward, requests joining while others decode.
+fn stepped_sessions(
     lm: &Loaded,
     prompts: &[Vec<TokenId>],
-    params: &GenerateParams,
+    params: &[GenerateParams],
+    prefill: usize,
 ) -> Vec<Vec<TokenId>> {
     use paradraft::drafters::pld::PromptLookup;
     use paradraft::drafters::replay::{random_tree, Lcg, Replay};
     use paradraft::drafters::NoDraft;
+    use paradraft::speculative::step::{Member, Stepper};
     use paradraft::speculative::{Drafter, Session, Speculation, VerifyRule};
     let vocab = lm.model.config.vocab_size as u32;
-    let mut drafters: Vec<Box<dyn Drafter>> = prompts
+    let mut kvs: Vec<_> = prompts.iter().map(|_| lm.model.new_kv(256)).collect();
+    let mut sessions: Vec<Session> = prompts
         .iter()
+        .zip(kvs.iter_mut())
+        .zip(params)
         .enumerate()
-        .map(|(i, _)| -> Box<dyn Drafter> {
-            match i % 3 {
+        .map(|(i, ((p, kv), params))| {
+            let drafter: Box<dyn Drafter> = match i % 3 {
                 0 => Box::new(PromptLookup::default()),
                 1 => {
                     let mut rng = Lcg(i as u64 + 1);
@@ -327,56 +333,45 @@ fn lockstep_sessions(
                     }))
                 }
                 _ => Box::new(NoDraft),
-            }
-        })
-        .collect();
-    let mut kvs: Vec<_> = prompts.iter().map(|_| lm.model.new_kv(256)).collect();
-    let mut scratch = Scratch::default();
-    let mut sessions: Vec<Session> = prompts
-        .iter()
-        .zip(kvs.iter_mut())
-        .zip(drafters.iter_mut())
-        .map(|((p, kv), d)| {
+            };
             let sp = Speculation {
-                drafter: d.as_mut(),
+                drafter,
                 max_draft: 6,
                 sizer: None,
                 rule: VerifyRule::Coupled,
             };
-            let s = &mut scratch;
-            Session::start(&lm.model, &lm.tokenizer, kv, s, p, params, sp, &mut |_| {}).unwrap()
+            let h = lm.model.config.hidden_size;
+            Session::new(&lm.tokenizer, kv, p, params, sp, h).unwrap()
         })
         .collect();
-    loop {
-        let live: Vec<usize> = (0..sessions.len())
-            .filter(|&i| sessions[i].plan(&kvs[i]).unwrap())
+    let mut stepper = Stepper::default();
+    let mut done = vec![false; prompts.len()];
+    let mut steps = 0;
+    while done.iter().any(|d| !d) {
+        // Request i joins at step 2·i.
+        let live: Vec<usize> = (0..prompts.len())
+            .filter(|&i| !done[i] && steps >= 2 * i)
             .collect();
-        if live.is_empty() {
-            break;
-        }
-        let spec = sessions[live[0]].output_spec().clone();
-        let rows: Vec<usize> = live
-            .iter()
-            .map(|&i| sessions[i].batch().tokens.len())
+        let mut sinks: Vec<_> = live.iter().map(|_| |_: &str| {}).collect();
+        let mut members: Vec<Member> = kvs
+            .iter_mut()
+            .zip(sessions.iter_mut())
+            .enumerate()
+            .filter(|(i, _)| live.contains(i))
+            .zip(sinks.iter_mut())
+            .map(|((_, (kv, session)), on_text)| Member {
+                kv,
+                session,
+                on_text,
+            })
             .collect();
-        let out = {
-            let mut seqs: Vec<_> = kvs
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| live.contains(i))
-                .map(|(i, kv)| (kv, sessions[i].batch()))
-                .collect();
-            lm.model
-                .forward_multi(&mut seqs, &spec, &mut scratch)
-                .unwrap()
-        };
-        let mut row0 = 0;
-        for (&i, n) in live.iter().zip(&rows) {
-            sessions[i]
-                .commit(&mut kvs[i], out, row0, &mut |_| {})
-                .unwrap();
-            row0 += n;
+        let rep = stepper.step(&lm.model, &mut members, prefill).unwrap();
+        assert!(rep.prefill_rows <= prefill);
+        for (k, &i) in live.iter().enumerate() {
+            done[i] |= rep.finished[k];
         }
+        steps += 1;
+        assert!(steps < 10_000);
     }
     sessions
         .into_iter()
@@ -388,22 +383,29 @@ fn lockstep_sessions(
 fn speculative_sessions_share_one_forward() {
     for (lm, name) in [(load_tiny("qwen3"), "qwen3"), (load_tiny("llama"), "llama")] {
         let v = lm.model.config.vocab_size;
-        let prompts: Vec<Vec<TokenId>> = (0..5).map(|i| toks(6 + 3 * i, i as u32 + 1, v)).collect();
-        for temperature in [0.0, 0.8] {
-            let params = GenerateParams {
+        let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(6 + 3 * i, i as u32 + 1, v)).collect();
+        // Greedy and sampled requests in the same forwards.
+        let params: Vec<GenerateParams> = (0..prompts.len())
+            .map(|i| GenerateParams {
                 max_new_tokens: 24,
                 sampling: paradraft::sample::SamplingParams {
-                    temperature,
-                    seed: 5,
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+                    seed: 5 + i as u64,
                     ..Default::default()
                 },
                 stop_strings: vec![],
-            };
-            let got = lockstep_sessions(&lm, &prompts, &params);
-            for (p, g) in prompts.iter().zip(&got) {
+            })
+            .collect();
+        for prefill in [usize::MAX, 7] {
+            let got = stepped_sessions(&lm, &prompts, &params, prefill);
+            for ((p, g), params) in prompts.iter().zip(&got).zip(&params) {
                 let mut kv = lm.model.new_kv(256);
-                let ar = generate(&lm.model, &lm.tokenizer, &mut kv, p, &params, |_| {}).unwrap();
-                assert_eq!(g, &ar.token_ids, "{name}, T = {temperature}");
+                let ar = generate(&lm.model, &lm.tokenizer, &mut kv, p, params, |_| {}).unwrap();
+                assert_eq!(
+                    g, &ar.token_ids,
+                    "{name}, T = {}, prefill chunks of {prefill}",
+                    params.sampling.temperature
+                );
             }
         }
     }

@@ -261,7 +261,7 @@ fn speculative_decoding_with_dart_is_lossless() {
             &prompt,
             &greedy,
             Speculation {
-                drafter: &mut d,
+                drafter: Box::new(&mut d),
                 max_draft: budget,
                 sizer: None,
                 rule: Default::default(),
@@ -342,7 +342,7 @@ fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
             let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
             let td = TreeDrafting::new(TreeSearchParams::default(), Some(trie.clone()), stop);
             let mut d = Dart::new(m, head, &lm.model, 1024, None, td).unwrap();
-            let mut sizer = Sizer::new(curve.clone());
+            let sizer = Sizer::new(curve.clone());
             let sp = speculative_generate(
                 &lm.model,
                 &lm.tokenizer,
@@ -350,9 +350,9 @@ fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
                 prompt,
                 &params,
                 Speculation {
-                    drafter: &mut d,
+                    drafter: Box::new(&mut d),
                     max_draft: 24,
-                    sizer: sized.then_some(&mut sizer),
+                    sizer: sized.then(|| sizer.clone()),
                     rule: Default::default(),
                 },
                 |_| {},

@@ -262,7 +262,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
                 &prompt,
                 &greedy,
                 Speculation {
-                    drafter: &mut d,
+                    drafter: Box::new(&mut d),
                     max_draft: 16,
                     sizer: None,
                     rule: Default::default(),
@@ -303,7 +303,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
             &prompt,
             &p,
             Speculation {
-                drafter: &mut d,
+                drafter: Box::new(&mut d),
                 max_draft: 16,
                 sizer: None,
                 rule: Default::default(),
@@ -526,7 +526,7 @@ fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
             &prompt,
             &params,
             Speculation {
-                drafter: &mut d,
+                drafter: Box::new(&mut d),
                 max_draft: 15,
                 sizer: None,
                 rule: Default::default(),

@@ -52,7 +52,7 @@ fn run(
         prompt,
         params,
         Speculation {
-            drafter: d,
+            drafter: Box::new(d),
             max_draft: budget,
             sizer: None,
             rule: Default::default(),

@@ -374,7 +374,7 @@ fn zero_new_tokens_generates_nothing() {
     assert!(g.token_ids.is_empty() && g.text.is_empty());
     let mut d = PromptLookup::default();
     let sp = Speculation {
-        drafter: &mut d,
+        drafter: Box::new(&mut d),
         max_draft: 4,
         sizer: None,
         rule: Default::default(),

@@ -104,7 +104,7 @@ fn check_greedy(
             prompt,
             &params,
             Speculation {
-                drafter: d,
+                drafter: Box::new(d),
                 max_draft: 12,
                 sizer: None,
                 rule: Default::default(),
@@ -133,7 +133,7 @@ fn check_greedy(
             (32, 25.0),
         ],
     };
-    let mut sizer = Sizer::new(curve);
+    let sizer = Sizer::new(curve);
     let mut pld = PromptLookup::default();
     let sp = speculative_generate(
         &lm.model,
@@ -142,9 +142,9 @@ fn check_greedy(
         prompt,
         &params,
         Speculation {
-            drafter: &mut pld,
+            drafter: Box::new(&mut pld),
             max_draft: 12,
-            sizer: Some(&mut sizer),
+            sizer: Some(sizer),
             rule: Default::default(),
         },
         |_| {},
@@ -439,7 +439,7 @@ fn sampling_matches_ar_distribution() {
     ];
     let mut spec_ids = |d: &mut dyn Drafter, seed: u64, rule: VerifyRule| {
         let sp = Speculation {
-            drafter: d,
+            drafter: Box::new(d),
             max_draft: 6,
             sizer: None,
             rule,
@@ -542,7 +542,7 @@ fn drafters_receive_the_targets_hidden_states_of_committed_positions() {
         &prompt,
         &greedy(30),
         Speculation {
-            drafter: &mut rec,
+            drafter: Box::new(&mut rec),
             max_draft: 6,
             sizer: None,
             rule: Default::default(),
@@ -622,7 +622,7 @@ fn stop_strings_cut_at_their_first_occurrence() {
         assert_eq!(ar.stop_reason, paradraft::generate::StopReason::StopString);
         let mut pld = PromptLookup::default();
         let sp = Speculation {
-            drafter: &mut pld,
+            drafter: Box::new(&mut pld),
             max_draft: 6,
             sizer: None,
             rule: VerifyRule::Coupled,

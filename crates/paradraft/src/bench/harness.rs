@@ -3,26 +3,21 @@
 //! per-prompt records, and a summary per (dataset, method).
 
 use super::datasets::{Dataset, Item};
+use crate::drafters::speculative_config::DrafterSet;
 use crate::error::Result;
 use crate::generate::GenerateParams;
 use crate::model::{Loaded, Message};
 use crate::sample::SamplingParams;
-use crate::speculative::sizing::{CostCurve, Sizer};
-use crate::speculative::{
-    speculative_generate, Drafter, RoundStats, SpecGeneration, Speculation, VerifyRule,
-};
+use crate::speculative::{speculative_generate, RoundStats, SpecGeneration, VerifyRule};
 use crate::types::TokenId;
 use serde::Serialize;
 
-/// One method under test. The AR baseline is [`crate::drafters::NoDraft`] through the same loop.
+/// One method under test: a loaded drafter (each run gets its own, with the run's sampling;
+/// costs measured for adaptive sizing). The AR baseline is the method `none` through the same
+/// loop.
 pub struct Method<'a> {
     pub name: String,
-    pub drafter: Box<dyn Drafter + 'a>,
-    pub max_draft: usize,
-    /// Adaptive draft sizing from this cost curve (None: always `max_draft`).
-    pub curve: Option<CostCurve>,
-    /// The drafter's own cost curve for the sizer (None: its per-node average).
-    pub draft_curve: Option<CostCurve>,
+    pub drafters: DrafterSet<'a>,
 }
 
 #[derive(Clone, Debug)]
@@ -86,16 +81,7 @@ pub fn run_bench(
                         },
                         stop_strings: vec![],
                     };
-                    let mut sizer = m
-                        .curve
-                        .clone()
-                        .map(|c| Sizer::new(c).with_draft_curve(m.draft_curve.clone()));
-                    let sp = Speculation {
-                        drafter: m.drafter.as_mut(),
-                        max_draft: m.max_draft,
-                        sizer: sizer.as_mut(),
-                        rule: p.rule,
-                    };
+                    let sp = m.drafters.speculation(params.sampling, p.rule)?;
                     let SpecGeneration {
                         out: g,
                         rounds,

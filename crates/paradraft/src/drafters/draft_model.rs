@@ -9,9 +9,11 @@ use crate::model::{Batch, Model, OutputSpec, Scratch};
 use crate::sample::{Sampler, SamplingParams};
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
+use std::sync::Arc;
 
 pub struct DraftModel {
-    model: Model,
+    /// The weights, shared by every request's drafter.
+    model: Arc<Model>,
     kv: KvCache,
     scratch: Scratch,
     sampler: Sampler,
@@ -28,12 +30,13 @@ impl DraftModel {
     /// sampled from the draft model's distribution q (attached) with the target's keyed noise
     /// for their position, so a q close to p proposes the target's own sample.
     pub fn new(
-        model: Model,
+        model: impl Into<Arc<Model>>,
         target_vocab: usize,
         ctx: usize,
         draft_len: usize,
         sampling: SamplingParams,
     ) -> Result<Self> {
+        let model = model.into();
         if model.config.vocab_size != target_vocab {
             return Err(Error::BadRequest(format!(
                 "draft model vocabulary ({}) differs from the target's ({target_vocab})",
@@ -48,6 +51,21 @@ impl DraftModel {
             // The target's seed: drafts use the noise the target samples with (coupling).
             sampler: Sampler::new(sampling)?,
             draft_len,
+            done: vec![],
+            proposed: vec![],
+        })
+    }
+}
+
+impl DraftModel {
+    /// A drafter for another request: the same weights, its own cache and sampling.
+    pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
+        Ok(DraftModel {
+            model: self.model.clone(),
+            kv: self.model.new_kv(ctx),
+            scratch: Scratch::default(),
+            sampler: Sampler::new(sampling)?,
+            draft_len: self.draft_len,
             done: vec![],
             proposed: vec![],
         })

@@ -7,6 +7,7 @@ pub mod draft_model;
 pub mod parts;
 pub mod pld;
 pub mod replay;
+pub mod speculative_config;
 pub mod vocab;
 
 use crate::error::Result;

@@ -10,6 +10,7 @@ use crate::runtime::ops;
 use crate::runtime::qmatmul::QActs;
 use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::TokenId;
+use std::sync::Arc;
 
 /// Reads a drafter's decoder-layer config from its `config.json` (`format` names the file in
 /// errors): the architecture must be `arch` (`model_type` `model_type`), without attention
@@ -144,8 +145,8 @@ impl TapFusion {
 /// A drafter's LM head over its draft vocabulary: its own matrix (DART), or the target's
 /// head rows of the draft vocabulary (DFlash, which shares the target's head).
 pub struct DraftHead {
-    /// `None`: the target's whole head (the full vocabulary).
-    own: Option<Matrix>,
+    /// `None`: the target's whole head (the full vocabulary). Shared by every request's copy.
+    own: Option<Arc<Matrix>>,
     pub vocab: DraftVocab,
     qa: QActs,
 }
@@ -154,8 +155,17 @@ impl DraftHead {
     /// The drafter's own head (`vocab.len() × hidden`).
     pub fn own(m: Matrix, vocab: DraftVocab) -> Self {
         DraftHead {
-            own: Some(m),
+            own: Some(Arc::new(m)),
             vocab,
+            qa: QActs::default(),
+        }
+    }
+
+    /// Another request's head: the same weights (shared), its own scratch.
+    pub fn fork(&self) -> Self {
+        DraftHead {
+            own: self.own.clone(),
+            vocab: self.vocab.clone(),
             qa: QActs::default(),
         }
     }
@@ -164,7 +174,7 @@ impl DraftHead {
     pub fn of_target(target: &Model, vocab: DraftVocab) -> Self {
         let own = (!vocab.is_full()).then(|| {
             let rows: Vec<usize> = vocab.d2t.iter().map(|&i| i as usize).collect();
-            target.output_head().select_rows(&rows)
+            Arc::new(target.output_head().select_rows(&rows))
         });
         DraftHead {
             own,
@@ -176,7 +186,7 @@ impl DraftHead {
     /// Logits of every hidden row over the draft vocabulary (`rows × vocab.len()` into `out`);
     /// returns the vocabulary size.
     pub fn logits(&mut self, target: &Model, rows: &[f32], out: &mut Vec<f32>) -> usize {
-        let head = self.own.as_ref().unwrap_or(target.output_head());
+        let head = self.own.as_deref().unwrap_or(target.output_head());
         let n = rows.len() / head.cols.max(1);
         let o = sized(out, n * head.rows);
         prep_acts(&mut self.qa, &[head], rows, false);
@@ -192,7 +202,7 @@ impl DraftHead {
     /// The head in Q8_0.
     pub fn quantize(&mut self) {
         if let Some(m) = &mut self.own {
-            m.quantize_q8_0();
+            Arc::make_mut(m).quantize_q8_0();
         }
     }
 }

@@ -250,6 +250,26 @@ impl Model {
         self.forward_seqs(seqs, spec, s)
     }
 
+    /// The output layer again over the rows of the last forward in `s` (their final states are
+    /// kept there), with another spec (its taps are ignored; the tapped states stay): a batch
+    /// whose rows need different outputs (argmaxes for some, full logits for others) runs the
+    /// layers once. Each row's results are those the forward would have given it.
+    pub fn output_again<'s>(&self, spec: &OutputSpec, s: &'s mut Scratch) -> Result<&'s Output> {
+        let n = s.positions.len();
+        if n == 0 {
+            return Err(Error::BadRequest("no forward to take outputs from".into()));
+        }
+        self.validate_spec(
+            n,
+            &OutputSpec {
+                taps: vec![],
+                ..spec.clone()
+            },
+        )?;
+        self.output_layer(n, spec, s);
+        Ok(&s.out)
+    }
+
     fn forward_seqs<'s>(
         &self,
         seqs: &mut [(&mut KvCache, Batch)],

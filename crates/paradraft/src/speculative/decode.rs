@@ -43,96 +43,158 @@ pub struct SpecGeneration {
 
 /// The drafter of a speculative run, the most nodes it may propose per round, optionally a
 /// [`Sizer`] that picks each round's budget from measured costs and acceptance, and the rule
-/// that verifies drafts at temperature > 0.
+/// that verifies drafts at temperature > 0. A session owns them (a server gives each request
+/// its own; `&mut D` is a drafter too, for callers that keep theirs).
 pub struct Speculation<'a> {
-    pub drafter: &'a mut dyn Drafter,
+    pub drafter: Box<dyn Drafter + 'a>,
     pub max_draft: usize,
-    pub sizer: Option<&'a mut Sizer>,
+    pub sizer: Option<Sizer>,
     pub rule: VerifyRule,
 }
 
 /// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
-/// in one target forward: one [`Session`] driven to its end.
+/// in one target forward: one [`Session`] driven to its end, its prompt prefilled in one pass.
 pub fn speculative_generate<'a>(
     model: &Model,
     tok: &'a Tokenizer,
     kv: &mut KvCache,
     prompt: &[TokenId],
-    params: &'a GenerateParams,
+    params: &GenerateParams,
     sp: Speculation<'a>,
     mut on_text: impl FnMut(&str),
 ) -> Result<SpecGeneration> {
     let mut scratch = Scratch::default();
-    let mut session = Session::start(
-        model,
-        tok,
-        kv,
-        &mut scratch,
-        prompt,
-        params,
-        sp,
-        &mut on_text,
-    )?;
-    while session.plan(kv)? {
-        let out = model.forward(kv, &session.batch(), session.output_spec(), &mut scratch)?;
-        session.commit(kv, out, 0, &mut on_text)?;
+    let mut session = Session::new(tok, kv, prompt, params, sp, model.config.hidden_size)?;
+    while session.plan(kv, BatchLoad::default(), usize::MAX)? {
+        let need = session.needs();
+        let spec = OutputSpec {
+            rows: if need.last_only {
+                Rows::Last
+            } else {
+                Rows::All
+            },
+            logits: need.logits,
+            taps: session.taps().to_vec(),
+        };
+        let out = model.forward(kv, &session.batch(), &spec, &mut scratch)?;
+        let o = RoundOutput::of(out, 0, 0, session.width());
+        session.commit(kv, o, &mut on_text)?;
     }
     Ok(session.finish(&mut on_text))
 }
 
-/// A round in flight: what was drafted and linearised, waiting for the target's forward.
-struct Pending {
-    tree: DraftTree,
-    lin: Linearised,
-    /// Σ path probability of the nodes kept (trees cut by the sizer).
-    predicted: f64,
-    stats: RoundStats,
-    verify_start: Instant,
+/// The rest of a batched forward, as one session sees it when sizing its draft: the rows the
+/// other sessions add and the tokens they are expected to commit. A step's cost is shared, so
+/// the more the batch already commits per forward, the less an extra draft row pays.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchLoad {
+    pub rows: usize,
+    pub tokens: f64,
 }
 
-/// One request's speculative decoding as a state machine: [`Session::start`] (prefill, first
-/// token, the drafter's prefill), then per round [`Session::plan`] (draft, size, linearise: the
-/// rows this request adds to a forward), the caller's forward over [`Session::batch`] (alone, or
-/// with other sessions' rows), and [`Session::commit`] (verify, keep the accepted K/V, stream,
-/// tell the drafter). Without a drafter it is AR decoding.
+/// What a session's rows need from the output layer of the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowNeeds {
+    /// `Logits::None`: nothing (a prompt chunk that is not the last).
+    pub logits: Logits,
+    /// Only the last row (the prompt's last chunk), else every row.
+    pub last_only: bool,
+}
+
+/// The forward's results for one session's rows.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundOutput<'o> {
+    /// One per output row (when the session's rows asked for argmaxes).
+    pub argmax: &'o [TokenId],
+    /// `output rows × vocab` (when they asked for full logits).
+    pub logits: &'o [f32],
+    pub vocab: usize,
+    /// The tapped states of the session's batch rows (`rows × width`).
+    pub hidden: &'o [f32],
+}
+
+impl<'o> RoundOutput<'o> {
+    /// A session's part of `out`: its batch rows start at `batch_row0`, its output rows at
+    /// `out_row0`, and each row has `width` floats of tapped states.
+    pub fn of(out: &'o Output, batch_row0: usize, out_row0: usize, width: usize) -> Self {
+        RoundOutput {
+            argmax: out.argmax.get(out_row0..).unwrap_or(&[]),
+            logits: out.logits.get(out_row0 * out.vocab..).unwrap_or(&[]),
+            vocab: out.vocab,
+            hidden: out.hidden.get(batch_row0 * width..).unwrap_or(&[]),
+        }
+    }
+
+    pub fn logits_row(&self, r: usize) -> &'o [f32] {
+        &self.logits[r * self.vocab..(r + 1) * self.vocab]
+    }
+}
+
+/// A forward in flight: a prompt chunk, or a drafted and linearised round. (One per session,
+/// never moved in bulk: the variants' size difference does not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Pending {
+    Prefill {
+        n: usize,
+        positions: Vec<Pos>,
+    },
+    Round {
+        tree: DraftTree,
+        lin: Linearised,
+        /// Σ path probability of the nodes kept (trees cut by the sizer).
+        predicted: f64,
+        stats: RoundStats,
+        verify_start: Instant,
+    },
+}
+
+/// One request's speculative decoding as a state machine. [`Session::new`] checks the request;
+/// then each step [`Session::plan`] says what the session adds to a forward (a chunk of its
+/// prompt, or a round: draft, size, linearise), the caller runs a forward over
+/// [`Session::batch`] (alone, or with other sessions' rows) producing [`Session::needs`], and
+/// [`Session::commit`] takes the results (the prompt's last chunk: the first token and the
+/// drafter's prefill; a round: verify, keep the accepted K/V, stream, tell the drafter).
+/// Without a drafter it is AR decoding.
 ///
 /// Invariant between rounds: the KV cache holds every committed token but the last one (the
 /// root), whose position is `kv.len()`.
 pub struct Session<'a> {
-    drafter: &'a mut dyn Drafter,
+    drafter: Box<dyn Drafter + 'a>,
     max_draft: usize,
-    sizer: Option<&'a mut Sizer>,
+    sizer: Option<Sizer>,
     rule: VerifyRule,
     sampler: Sampler,
     emitter: Emitter<'a>,
-    verify_spec: OutputSpec,
+    taps: Vec<usize>,
+    greedy: bool,
     width: usize,
     prompt_len: usize,
-    /// The prompt and every committed token (its last one is the root).
+    /// Prompt tokens whose K/V are in the cache.
+    prefilled: usize,
+    /// The prompt and every committed token (its last one is the root once prefilled).
     committed: Vec<TokenId>,
     root: TokenId,
     stop: Option<StopReason>,
     rounds: Vec<RoundStats>,
     pending: Option<Pending>,
+    /// The prompt's tapped states, gathered chunk by chunk for the drafter's `begin`; then the
+    /// states of each round's committed rows.
     hidden: Vec<f32>,
+    prefill_start: Option<Instant>,
     prefill_ms: f64,
     draft_prefill_ms: f64,
     decode_start: Instant,
 }
 
 impl<'a> Session<'a> {
-    /// Prefills `prompt` into `kv` (cleared first), samples the first token and starts the
-    /// drafter on the prompt.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        model: &Model,
+    /// A request for a model of hidden size `hidden_size` whose K/V go to `kv` (cleared).
+    pub fn new(
         tok: &'a Tokenizer,
         kv: &mut KvCache,
-        scratch: &mut Scratch,
         prompt: &[TokenId],
-        params: &'a GenerateParams,
+        params: &GenerateParams,
         sp: Speculation<'a>,
-        on_text: &mut impl FnMut(&str),
+        hidden_size: usize,
     ) -> Result<Self> {
         let Speculation {
             drafter,
@@ -144,59 +206,27 @@ impl<'a> Session<'a> {
         check_prompt(prompt, kv.capacity())?;
         kv.clear();
         let taps = drafter.taps().to_vec();
-        let width = taps.len() * model.config.hidden_size;
-        let t0 = Instant::now();
-        let pos: Vec<Pos> = (0..prompt.len() as u32).map(Pos).collect();
-        let spec = OutputSpec {
-            taps: taps.clone(),
-            ..OutputSpec::last_full()
-        };
-        let batch = Batch {
-            tokens: prompt,
-            positions: &pos,
-            mask: None,
-        };
-        let out = model.forward(kv, &batch, &spec, scratch)?;
-        let root = sampler.sample_at(out.logits_row(0), prompt.len());
-        let prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        drafter.begin(
-            prompt,
-            Hidden {
-                width,
-                rows: &out.hidden,
-            },
-        )?;
-        let draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
-        // Every verification forward: all rows, argmaxes (greedy) or full rows (sampling), taps.
-        let greedy = params.sampling.is_greedy();
-        let verify_spec = OutputSpec {
-            rows: Rows::All,
-            logits: if greedy { Logits::Argmax } else { Logits::Full },
-            taps,
-        };
-        let mut emitter = Emitter::new(tok, params);
-        let stop = emitter.push(root, on_text)?;
-        let mut committed = prompt.to_vec();
-        committed.push(root);
         Ok(Session {
-            drafter,
             max_draft,
             sizer,
             rule,
             sampler,
-            emitter,
-            verify_spec,
-            width,
+            emitter: Emitter::new(tok, params),
+            width: taps.len() * hidden_size,
+            taps,
+            drafter,
+            greedy: params.sampling.is_greedy(),
             prompt_len: prompt.len(),
-            committed,
-            root,
-            stop,
+            prefilled: 0,
+            committed: prompt.to_vec(),
+            root: TokenId(0),
+            stop: None,
             rounds: Vec::new(),
             pending: None,
             hidden: Vec::new(),
-            prefill_ms,
-            draft_prefill_ms,
+            prefill_start: None,
+            prefill_ms: 0.0,
+            draft_prefill_ms: 0.0,
             decode_start: Instant::now(),
         })
     }
@@ -206,11 +236,59 @@ impl<'a> Session<'a> {
         self.stop
     }
 
-    /// Drafts the next round (sized by the sizer, cut to the cache's room) and linearises
-    /// [root, nodes]; `false` when the session is over (stopped or its cache is full).
-    pub fn plan(&mut self, kv: &KvCache) -> Result<bool> {
+    /// Whether its prompt is still (partly) outside the cache.
+    pub fn prefilling(&self) -> bool {
+        self.prefilled < self.prompt_len
+    }
+
+    /// Whether a step is planned and waits for its forward.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Prompt tokens not in the cache yet.
+    pub fn prompt_left(&self) -> usize {
+        self.prompt_len - self.prefilled
+    }
+
+    /// The target layers whose outputs every forward of this session must tap.
+    pub fn taps(&self) -> &[usize] {
+        &self.taps
+    }
+
+    /// Floats of tapped states per row.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// Output tokens so far (a stop token and anything committed after the stop are not).
+    pub fn generated(&self) -> usize {
+        self.emitter.len()
+    }
+
+    /// The drafter's name.
+    pub fn drafter_name(&self) -> &str {
+        self.drafter.name()
+    }
+
+    /// Plans the session's part of the next forward: the next chunk of at most
+    /// `prefill_budget` prompt tokens while prefilling, else a round drafted for this
+    /// session's share of a batch whose other members are `load` (sized by the sizer, cut to
+    /// the cache's room), linearised as [root, nodes]. `false` when the session is over
+    /// (stopped or its cache is full).
+    pub fn plan(&mut self, kv: &KvCache, load: BatchLoad, prefill_budget: usize) -> Result<bool> {
         if self.stop.is_some() {
             return Ok(false);
+        }
+        if self.prefilling() {
+            let n = self.prompt_left().min(prefill_budget.max(1));
+            let p0 = self.prefilled as u32;
+            self.prefill_start.get_or_insert_with(Instant::now);
+            self.pending = Some(Pending::Prefill {
+                n,
+                positions: (p0..p0 + n as u32).map(Pos).collect(),
+            });
+            return Ok(true);
         }
         let base = kv.len(); // the root's slot and position
         if kv.capacity() <= base {
@@ -220,9 +298,9 @@ impl<'a> Session<'a> {
         let room = kv.capacity() - (base + 1);
         let mut stats = RoundStats::default();
         let trees = self.drafter.node_confidence().is_some();
-        let budget = match self.sizer.as_deref() {
-            Some(s) if trees => s.choose_tree(self.max_draft),
-            Some(s) => s.choose(self.max_draft),
+        let budget = match self.sizer.as_ref() {
+            Some(s) if trees => s.choose_tree(self.max_draft, load.rows, load.tokens),
+            Some(s) => s.choose(self.max_draft, load.rows, load.tokens),
             None => self.max_draft,
         }
         .min(room);
@@ -231,8 +309,10 @@ impl<'a> Session<'a> {
         stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;
         // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
         let mut predicted = 0.0;
-        if let (Some(s), Some(conf)) = (self.sizer.as_deref(), self.drafter.node_confidence()) {
-            let keep = s.cut(conf, stats.draft_ms).min(budget);
+        if let (Some(s), Some(conf)) = (self.sizer.as_ref(), self.drafter.node_confidence()) {
+            let keep = s
+                .cut(conf, stats.draft_ms, load.rows, load.tokens)
+                .min(budget);
             predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
             tree.truncate(keep);
         }
@@ -240,7 +320,7 @@ impl<'a> Session<'a> {
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
-        self.pending = Some(Pending {
+        self.pending = Some(Pending::Round {
             tree,
             lin,
             predicted,
@@ -250,44 +330,118 @@ impl<'a> Session<'a> {
         Ok(true)
     }
 
-    /// The planned round's rows: [root, draft nodes] with their positions and tree mask.
+    /// The planned rows: a prompt chunk (causal), or [root, draft nodes] with their positions
+    /// and tree mask.
     pub fn batch(&self) -> Batch<'_> {
-        let lin = &self.pending.as_ref().expect("a planned round").lin;
-        Batch {
-            tokens: &lin.tokens,
-            positions: &lin.positions,
-            mask: Some(&lin.mask),
+        match self.pending.as_ref().expect("a planned step") {
+            Pending::Prefill { n, positions } => Batch {
+                tokens: &self.committed[self.prefilled..self.prefilled + n],
+                positions,
+                mask: None,
+            },
+            Pending::Round { lin, .. } => Batch {
+                tokens: &lin.tokens,
+                positions: &lin.positions,
+                mask: Some(&lin.mask),
+            },
         }
     }
 
-    /// What the verification forward must return for this session's rows.
-    pub fn output_spec(&self) -> &OutputSpec {
-        &self.verify_spec
+    /// What the planned rows need from the output layer: the prompt's last row gets full
+    /// logits (the first token is sampled from them), earlier chunks nothing; a round's rows
+    /// argmaxes (greedy) or full logits (sampling).
+    pub fn needs(&self) -> RowNeeds {
+        match self.pending.as_ref().expect("a planned step") {
+            Pending::Prefill { n, .. } => RowNeeds {
+                logits: if self.prefilled + n == self.prompt_len {
+                    Logits::Full
+                } else {
+                    Logits::None
+                },
+                last_only: true,
+            },
+            Pending::Round { .. } => RowNeeds {
+                logits: if self.greedy {
+                    Logits::Argmax
+                } else {
+                    Logits::Full
+                },
+                last_only: false,
+            },
+        }
     }
 
-    /// Verifies the planned round against the forward's output (this session's rows start at
-    /// output row `row0`), keeps the K/V of the root and the accepted path, streams the
-    /// committed tokens and tells the drafter and the sizer.
+    /// Takes the forward's results for the planned rows: a prompt chunk's tapped states (and
+    /// after the last chunk the first token and the drafter's prefill), or a round's
+    /// verification (keep the K/V of the root and the accepted path, stream the committed
+    /// tokens, tell the drafter and the sizer).
     pub fn commit(
         &mut self,
         kv: &mut KvCache,
-        out: &Output,
-        row0: usize,
+        o: RoundOutput,
         on_text: &mut impl FnMut(&str),
     ) -> Result<()> {
-        let Pending {
-            tree,
-            lin,
-            predicted,
-            mut stats,
-            verify_start,
-        } = self.pending.take().expect("a planned round");
+        match self.pending.take().expect("a planned step") {
+            Pending::Prefill { n, .. } => self.commit_prefill(n, o, on_text),
+            Pending::Round {
+                tree,
+                lin,
+                predicted,
+                stats,
+                verify_start,
+            } => self.commit_round(kv, tree, lin, predicted, stats, verify_start, o, on_text),
+        }
+    }
+
+    fn commit_prefill(
+        &mut self,
+        n: usize,
+        o: RoundOutput,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<()> {
+        self.hidden.extend_from_slice(&o.hidden[..n * self.width]);
+        self.prefilled += n;
+        if self.prefilling() {
+            return Ok(());
+        }
+        self.root = self.sampler.sample_at(o.logits_row(0), self.prompt_len);
+        let start = self.prefill_start.unwrap_or_else(Instant::now);
+        self.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        let hidden = std::mem::take(&mut self.hidden);
+        self.drafter.begin(
+            &self.committed,
+            Hidden {
+                width: self.width,
+                rows: &hidden,
+            },
+        )?;
+        self.hidden = hidden;
+        self.draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.stop = self.emitter.push(self.root, on_text)?;
+        self.committed.push(self.root);
+        self.decode_start = Instant::now();
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn commit_round(
+        &mut self,
+        kv: &mut KvCache,
+        tree: DraftTree,
+        lin: Linearised,
+        predicted: f64,
+        mut stats: RoundStats,
+        verify_start: Instant,
+        o: RoundOutput,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<()> {
         let base = lin.positions[0].0 as usize;
         let outcome: Outcome = verify(
             self.rule,
             &tree,
-            out.argmax.get(row0..).unwrap_or(&[]),
-            |r| out.logits_row(row0 + r),
+            o.argmax,
+            |r| o.logits_row(r),
             &self.sampler,
             base,
         );
@@ -311,10 +465,8 @@ impl<'a> Session<'a> {
         // Hidden states of the rows now committed: the root (row 0) and the accepted nodes.
         let w = self.width;
         self.hidden.clear();
-        for row in std::iter::once(0).chain(outcome.accepted.iter().map(|&n| row_of(Some(n)))) {
-            let r = row0 + row;
-            self.hidden
-                .extend_from_slice(&out.hidden[r * w..(r + 1) * w]);
+        for r in std::iter::once(0).chain(outcome.accepted.iter().map(|&n| row_of(Some(n)))) {
+            self.hidden.extend_from_slice(&o.hidden[r * w..(r + 1) * w]);
         }
         self.drafter.observe(
             &outcome,
@@ -324,7 +476,7 @@ impl<'a> Session<'a> {
             },
         )?;
         let trees = self.drafter.node_confidence().is_some();
-        match self.sizer.as_deref_mut() {
+        match self.sizer.as_mut() {
             Some(s) if trees => s.observe_tree(
                 tree.len(),
                 predicted,
@@ -344,6 +496,11 @@ impl<'a> Session<'a> {
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
         self.rounds.push(stats);
         Ok(())
+    }
+
+    /// Every committed round's telemetry so far.
+    pub fn rounds(&self) -> &[RoundStats] {
+        &self.rounds
     }
 
     /// The generation: text, ids, stop reason, statistics and per-round telemetry.

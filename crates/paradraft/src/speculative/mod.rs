@@ -3,11 +3,15 @@
 
 pub mod decode;
 pub mod sizing;
+pub mod step;
 pub mod tree;
 pub mod tree_search;
 pub mod verify;
 
-pub use decode::{speculative_generate, RoundStats, Session, SpecGeneration, Speculation};
+pub use decode::{
+    speculative_generate, BatchLoad, RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration,
+    Speculation,
+};
 pub use tree::{DraftTree, Linearised, NodeId};
 pub use verify::{Outcome, VerifyRule};
 
@@ -55,5 +59,27 @@ pub trait Drafter {
     /// machine ([`sizing::Sizer::cut`]). `None`: size before drafting only.
     fn node_confidence(&self) -> Option<&[f32]> {
         None
+    }
+}
+
+/// A drafter kept by the caller, lent to a session.
+impl<D: Drafter + ?Sized> Drafter for &mut D {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn taps(&self) -> &[usize] {
+        (**self).taps()
+    }
+    fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
+        (**self).begin(prompt, hidden)
+    }
+    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
+        (**self).propose(committed, max_nodes)
+    }
+    fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
+        (**self).observe(outcome, hidden)
+    }
+    fn node_confidence(&self) -> Option<&[f32]> {
+        (**self).node_confidence()
     }
 }

@@ -28,9 +28,21 @@ impl CostCurve {
     /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`) after `context` cached
     /// tokens. Costs a few hundred ms on a small model.
     pub fn measure(model: &Model, context: usize, repeats: usize) -> Result<CostCurve> {
+        Self::measure_up_to(model, context, repeats, 32)
+    }
+
+    /// [`CostCurve::measure`] with forwards of 1, 2, 4, … up to `max_rows` rows (a batch's
+    /// verify forwards are wider than one request's).
+    pub fn measure_up_to(
+        model: &Model,
+        context: usize,
+        repeats: usize,
+        max_rows: usize,
+    ) -> Result<CostCurve> {
+        let max_rows = max_rows.max(2);
         let mut s = Scratch::default();
-        let mut kv: KvCache = model.new_kv(context + 40);
-        let toks = synthetic_tokens(model, context.max(1) + 32);
+        let mut kv: KvCache = model.new_kv(context + max_rows + 8);
+        let toks = synthetic_tokens(model, context.max(1) + max_rows);
         let pos = |a: usize, n: usize| (a..a + n).map(|p| Pos(p as u32)).collect::<Vec<_>>();
         prefill(model, &mut kv, &toks[..context.max(1)], &[], &mut s)?;
         let base = kv.len();
@@ -40,7 +52,10 @@ impl CostCurve {
             taps: vec![],
         };
         let mut points = vec![];
-        for rows in [1usize, 2, 4, 8, 16, 32] {
+        let sizes = std::iter::successors(Some(1usize), |&r| {
+            (r < max_rows).then(|| (r * 2).min(max_rows))
+        });
+        for rows in sizes {
             let mut best = f64::INFINITY;
             for _ in 0..repeats.max(1) {
                 let t = Instant::now();
@@ -224,9 +239,13 @@ impl Sizer {
         e
     }
 
-    /// The draft size in 0..=max with the best expected tokens per ms.
-    pub fn choose(&self, max: usize) -> usize {
-        let score = |n: usize| self.expected_tokens(n) / (self.curve.ms(n + 1) + self.draft_ms(n));
+    /// The draft size in 0..=max with the best expected tokens per ms, for a forward that also
+    /// carries `rows` rows of other requests expected to commit `tokens` tokens (0 and 0
+    /// alone): the step's cost is shared, so a draft row must beat the batch's average rate.
+    pub fn choose(&self, max: usize, rows: usize, tokens: f64) -> usize {
+        let score = |n: usize| {
+            (tokens + self.expected_tokens(n)) / (self.curve.ms(rows + n + 1) + self.draft_ms(n))
+        };
         (0..=max)
             .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
             .unwrap_or(0)
@@ -241,7 +260,12 @@ impl Sizer {
     /// Tree sizing, before drafting: the full `max` while trees have paid recently (their
     /// size is cut after drafting), none when they have not (AR rounds then drift the
     /// estimate back so trees are retried).
-    pub fn choose_tree(&self, max: usize) -> usize {
+    /// In a batch (`rows` other rows expected to commit `tokens`), a tree is drafted only if
+    /// its best recent gain could beat the batch's rate at all.
+    pub fn choose_tree(&self, max: usize, rows: usize, tokens: f64) -> usize {
+        if rows > 0 && self.cut_gain_bound(max, rows, tokens) <= 1.0 {
+            return 0;
+        }
         if self.tree_gain >= 1.0 {
             max
         } else {
@@ -251,18 +275,28 @@ impl Sizer {
 
     /// Tree sizing, after drafting: how many of the tree's nodes (in score order, so any prefix
     /// is a tree) to verify, given each node's path probability `conf` and the ms already spent
-    /// drafting: argmax over n of (1 + κ Σ_{i<n} conf_i) / (c(n + 1) + draft_ms).
-    pub fn cut(&self, conf: &[f32], draft_ms: f64) -> usize {
+    /// drafting: argmax over n of (tokens + 1 + κ Σ_{i<n} conf_i) / (c(rows + n + 1) +
+    /// draft_ms), with `rows` and `tokens` the rest of the batch (0 and 0 alone).
+    pub fn cut(&self, conf: &[f32], draft_ms: f64, rows: usize, tokens: f64) -> usize {
         let k = self.calibration();
-        let (mut best, mut best_score, mut e) = (0, 1.0 / (self.curve.ms(1) + draft_ms), 1.0);
+        let mut e = tokens + 1.0;
+        let (mut best, mut best_score) = (0, e / (self.curve.ms(rows + 1) + draft_ms));
         for (i, &p) in conf.iter().enumerate() {
             e += k * p as f64;
-            let score = e / (self.curve.ms(i + 2) + draft_ms);
+            let score = e / (self.curve.ms(rows + i + 2) + draft_ms);
             if score > best_score {
                 (best, best_score) = (i + 1, score);
             }
         }
         best
+    }
+
+    /// An upper bound on a tree's gain over no draft in a batch: even if every one of `max`
+    /// nodes were accepted and drafting were free.
+    fn cut_gain_bound(&self, max: usize, rows: usize, tokens: f64) -> f64 {
+        let with = (tokens + 1.0 + max as f64) / self.curve.ms(rows + max + 1);
+        let without = (tokens + 1.0) / self.curve.ms(rows + 1);
+        with / without
     }
 
     /// Records a tree round: `nodes` verified, the sum of their path probabilities
@@ -345,9 +379,9 @@ mod tests {
         assert_eq!(s.draft_ms(0), 0.0);
         assert!((s.draft_ms(15) - 1.7).abs() < 1e-9);
         assert!(
-            s.choose(15) >= 8,
+            s.choose(15, 0, 0.0) >= 8,
             "cheap long drafts are chosen: {}",
-            s.choose(15)
+            s.choose(15, 0, 0.0)
         );
     }
 
@@ -359,10 +393,10 @@ mod tests {
         // Verify rows cost 0.25-1 ms each beyond the first; nodes of probability 0.9 pay,
         // those of 0.01 do not.
         let conf = [0.9, 0.8, 0.7, 0.5, 0.3, 0.05, 0.02, 0.01, 0.01, 0.01];
-        let n = s.cut(&conf, 1.0);
+        let n = s.cut(&conf, 1.0, 0, 0.0);
         assert!((3..=6).contains(&n), "cut {n}");
         assert_eq!(
-            s.cut(&[0.01, 0.01], 1.0),
+            s.cut(&[0.01, 0.01], 1.0, 0, 0.0),
             0,
             "hopeless nodes are not verified"
         );
@@ -376,17 +410,17 @@ mod tests {
             "{}",
             s.calibration()
         );
-        assert!(s.cut(&conf, 1.0) < n);
+        assert!(s.cut(&conf, 1.0, 0, 0.0) < n);
         // Trees that do not pay switch drafting off; AR rounds bring it back.
         // One of five nodes accepted, 1 ms drafting: (1 + 1) · 5 / (c(6) + 1) ≈ 1.14 × AR.
-        assert_eq!(s.choose_tree(32), 32, "gain {}", s.tree_gain);
+        assert_eq!(s.choose_tree(32, 0, 0.0), 32, "gain {}", s.tree_gain);
         for _ in 0..100 {
             s.observe_tree(8, sum(&conf[..8]), 0, 20.0);
         }
-        assert_eq!(s.choose_tree(32), 0);
+        assert_eq!(s.choose_tree(32, 0, 0.0), 0);
         let back = (0..500).find(|_| {
             s.observe_tree(0, 0.0, 0, 0.0);
-            s.choose_tree(32) > 0
+            s.choose_tree(32, 0, 0.0) > 0
         });
         assert!(back.is_some());
     }
@@ -406,17 +440,17 @@ mod tests {
         for _ in 0..200 {
             s.observe(8, 8, 0.1, 8);
         }
-        let long = s.choose(16);
+        let long = s.choose(16, 0, 0.0);
         assert!(long >= 8, "{long}");
         let mut s = Sizer::new(curve());
         for _ in 0..200 {
             s.observe(8, 0, 0.1, 8);
         }
-        assert_eq!(s.choose(16), 0);
+        assert_eq!(s.choose(16, 0, 0.0), 0);
         // Rounds without drafts forget the bad statistics, so drafting is retried eventually.
         let rounds = (0..2000).find(|_| {
             s.observe(0, 0, 0.0, 0);
-            s.choose(16) > 0
+            s.choose(16, 0, 0.0) > 0
         });
         assert!(rounds.is_some());
         // Expensive drafting also stops it.
@@ -424,6 +458,6 @@ mod tests {
         for _ in 0..200 {
             s.observe(4, 2, 40.0, 4);
         }
-        assert_eq!(s.choose(16), 0);
+        assert_eq!(s.choose(16, 0, 0.0), 0);
     }
 }

@@ -284,6 +284,11 @@ impl TreeDrafting {
         }
     }
 
+    /// Another request's tree search: the same settings and trie, its own scratch.
+    pub fn fork(&self) -> Self {
+        Self::new(self.params.clone(), self.ngram.clone(), self.stop.clone())
+    }
+
     /// `logits`: one row of `vocab` per depth (depth 1 first), over a vocabulary that
     /// `to_target` maps to target ids. `committed` ends with the root.
     pub fn draft(

@@ -27,10 +27,12 @@ use crate::model::Model;
 use crate::speculative::tree_search::TreeDrafting;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
+use std::sync::Arc;
 
 /// A DART drafter bound to its target (whose embedding it uses).
 pub struct Dart<'t> {
-    model: DartModel,
+    /// The weights, shared by every request's drafter.
+    model: Arc<DartModel>,
     head: DraftHead,
     target: &'t Model,
     taps: Vec<usize>,
@@ -50,13 +52,14 @@ pub struct Dart<'t> {
 impl<'t> Dart<'t> {
     /// `ctx`: the target's KV capacity. `masks`: mask slots per call (default: trained).
     pub fn new(
-        model: DartModel,
+        model: impl Into<Arc<DartModel>>,
         head: DraftHead,
         target: &'t Model,
         ctx: usize,
         masks: Option<usize>,
         tree: TreeDrafting,
     ) -> Result<Self> {
+        let model = model.into();
         model.config.check_target(&target.config)?;
         let taps = config::dart_taps(target.config.n_layers)?;
         let masks = masks.unwrap_or(model.config.draft_length);
@@ -80,6 +83,25 @@ impl<'t> Dart<'t> {
             logits: vec![],
             conf: vec![],
         })
+    }
+
+    /// A drafter for another request: the same weights, head and tree settings, its own
+    /// context (`ctx` target positions).
+    pub fn fork(&self, ctx: usize) -> Self {
+        Dart {
+            model: self.model.clone(),
+            head: self.head.fork(),
+            target: self.target,
+            taps: self.taps.clone(),
+            kv: self.model.new_kv(ctx + self.masks + 1),
+            pending: vec![],
+            masks: self.masks,
+            tree: self.tree.fork(),
+            s: model::Scratch::default(),
+            hidden: vec![],
+            logits: vec![],
+            conf: vec![],
+        }
     }
 
     pub fn config(&self) -> &DartConfig {

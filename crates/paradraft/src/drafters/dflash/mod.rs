@@ -27,6 +27,7 @@ use crate::sample::{Sampler, SamplingParams};
 use crate::speculative::tree_search::TreeDrafting;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
+use std::sync::Arc;
 
 /// How drafts are chosen at temperature > 0 (both are lossless; they differ in acceptance).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +40,8 @@ pub enum DraftSampling {
 
 /// A DFlash drafter bound to its target (whose embedding and LM head it uses).
 pub struct Dflash<'t> {
-    model: DflashModel,
+    /// The weights, shared by every request's drafter.
+    model: Arc<DflashModel>,
     target: &'t Model,
     /// The target's head over the draft vocabulary.
     head: DraftHead,
@@ -63,12 +65,13 @@ pub struct Dflash<'t> {
 impl<'t> Dflash<'t> {
     /// `ctx`: the target's KV capacity. `sampling`: the target's sampler settings.
     pub fn new(
-        model: DflashModel,
+        model: impl Into<Arc<DflashModel>>,
         target: &'t Model,
         ctx: usize,
         block_size: Option<usize>,
         sampling: SamplingParams,
     ) -> Result<Self> {
+        let model = model.into();
         model.config.check_target(&target.config)?;
         let block_size = block_size.unwrap_or(model.config.block_size);
         if block_size < 2 {
@@ -89,6 +92,27 @@ impl<'t> Dflash<'t> {
             sampler: Sampler::new(sampling)?,
             draft_sampling: DraftSampling::Greedy,
             tree: None,
+            conf: vec![],
+            x: vec![],
+            hidden: vec![],
+            logits: vec![],
+            positions: vec![],
+        })
+    }
+
+    /// A drafter for another request: the same weights, head and settings, its own context
+    /// (`ctx` target positions) and the request's sampling.
+    pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
+        Ok(Dflash {
+            model: self.model.clone(),
+            target: self.target,
+            head: self.head.fork(),
+            kv: self.model.new_kv(ctx + self.block_size),
+            s: model::Scratch::default(),
+            block_size: self.block_size,
+            sampler: Sampler::new(sampling)?,
+            draft_sampling: self.draft_sampling,
+            tree: self.tree.as_ref().map(TreeDrafting::fork),
             conf: vec![],
             x: vec![],
             hidden: vec![],

@@ -1,0 +1,109 @@
+//! `paradraft serve`: the OpenAI-compatible server (the engine and API live in the library:
+//! `paradraft::engine`, `paradraft::server`).
+
+use crate::speculative_args::SpecArgs;
+use crate::{load, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use paradraft::engine::{pool, Engine, EngineConfig};
+use paradraft::server::{self, AppState};
+use std::sync::Arc;
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Address to bind (127.0.0.1: this machine only; 0.0.0.0 to serve the network).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Require `Authorization: Bearer <KEY>` on /v1/* (also read from PARADRAFT_API_KEY).
+    #[arg(long, env = "PARADRAFT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The model name clients send and responses carry (default: the model file's stem).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Most requests decoding together in one batch.
+    #[arg(long, default_value_t = 64)]
+    max_running: usize,
+    /// Most requests waiting for a place in the batch; beyond it requests get HTTP 429.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Memory for the KV page pool in MiB (requests reserve prompt + max_tokens when admitted).
+    #[arg(long, default_value_t = 2048)]
+    kv_memory_mib: usize,
+    /// Most prompt tokens prefilled per step while other requests decode.
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk: usize,
+    /// How drafts are verified at temperature > 0 (see `generate --help`).
+    #[arg(long, value_enum, default_value = "coupled")]
+    verify_rule: paradraft::speculative::VerifyRule,
+}
+
+pub(crate) fn run(a: ServeArgs) -> Result<()> {
+    let cfg = a.spec.config()?;
+    cfg.check_used(&[cfg.method])?;
+    let (lm, ctx) = load(&a.m)?;
+    let target_path =
+        a.m.model
+            .clone()
+            .unwrap_or_else(paradraft::fetch::default_model_path);
+    let name = a.served_model_name.clone().unwrap_or_else(|| {
+        target_path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let (layers, kv_heads, head_dim) = lm.model.new_kv(1).geometry();
+    let elem = match lm.model.new_kv(1).dtype() {
+        paradraft::kv::KvDtype::F16 => 2,
+        paradraft::kv::KvDtype::F32 => 4,
+    };
+    let page_bytes = pool::PAGE_SLOTS * 2 * layers * kv_heads * head_dim * elem;
+    let kv_pages = a.kv_memory_mib.saturating_mul(1 << 20) / page_bytes;
+    if kv_pages < pool::KvPool::pages_for(ctx) {
+        bail!(
+            "--kv-memory-mib {} holds {kv_pages} pages of {page_bytes} bytes, less than one request of the full context ({ctx} tokens); raise it or lower --ctx-size",
+            a.kv_memory_mib
+        );
+    }
+    let ecfg = EngineConfig {
+        ctx,
+        max_running: a.max_running,
+        max_queue: a.max_queue,
+        kv_pages,
+        prefill_chunk: a.prefill_chunk,
+        rule: a.verify_rule,
+    };
+    eprintln!("loading drafter {} and measuring costs…", cfg.label());
+    let engine = Engine::start(Arc::new(lm), target_path, cfg, ecfg)?;
+    let state = Arc::new(AppState::new(engine, name.clone(), a.api_key.clone()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let addr = format!("{}:{}", a.host, a.port);
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        eprintln!(
+            "serving {name} with drafter {} on http://{} ({} KV pages of 16 tokens, batch ≤ {}, queue ≤ {}{})",
+            state.engine.drafter(),
+            listener.local_addr().map(|a| a.to_string()).unwrap_or(addr.clone()),
+            kv_pages,
+            a.max_running,
+            a.max_queue,
+            if a.api_key.is_some() { ", API key required" } else { "" }
+        );
+        server::serve(listener, state.clone(), server::shutdown_signal())
+            .await
+            .context("serving")
+    })?;
+    eprintln!("shut down");
+    Ok(())
+}

@@ -1,0 +1,106 @@
+"""Drives `paradraft serve` with the official `openai` Python package.
+
+Usage: openai_client.py BASE_URL EXPECTED_JSON (the server runs with --api-key sk-py; the
+expected texts are `paradraft generate` outputs at temperature 0)."""
+
+import json
+import sys
+
+import openai
+from openai import OpenAI
+
+base, want = sys.argv[1], json.loads(sys.argv[2])
+client = OpenAI(base_url=base, api_key="sk-py", max_retries=0)
+
+models = client.models.list()
+model = models.data[0].id
+assert len(models.data) == 1, models
+
+# Chat, non-streaming.
+r = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "Name a color."}],
+    max_tokens=20,
+    temperature=0,
+)
+assert r.choices[0].message.content == want["chat"], (r, want["chat"])
+assert r.choices[0].message.role == "assistant"
+assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+
+# Chat, streaming with usage; max_completion_tokens and a stop string.
+stream = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+    max_completion_tokens=40,
+    temperature=0,
+    stop=[","],
+    stream=True,
+    stream_options={"include_usage": True},
+)
+text, finish, usage, roles = "", None, None, []
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for c in chunk.choices:
+        if c.delta.role:
+            roles.append(c.delta.role)
+        text += c.delta.content or ""
+        finish = c.finish_reason or finish
+assert text == want["chat_stop"], (text, want["chat_stop"])
+assert finish == "stop", finish
+assert roles == ["assistant"], roles
+assert usage is not None and usage.completion_tokens >= 1, usage
+
+# Completions, non-streaming and streaming.
+r = client.completions.create(
+    model=model, prompt="The capital of Italy is", max_tokens=12, temperature=0
+)
+assert r.choices[0].text == want["completion"], (r, want["completion"])
+assert r.usage.completion_tokens <= 12
+parts = [
+    c.choices[0].text
+    for c in client.completions.create(
+        model=model, prompt="The capital of Italy is", max_tokens=12, temperature=0, stream=True
+    )
+    if c.choices
+]
+assert "".join(parts) == want["completion"], parts
+
+# Sampling with a seed is reproducible.
+a, b = (
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Tell me a story."}],
+        max_tokens=16,
+        temperature=0.9,
+        seed=42,
+    ).choices[0].message.content
+    for _ in range(2)
+)
+assert a == b, (a, b)
+
+# Errors surface as the client's exception types.
+try:
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=2)
+    raise AssertionError("n=2 accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400
+try:
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "x"}], extra_body={"bogus": 1}
+    )
+    raise AssertionError("an unknown field was accepted")
+except openai.BadRequestError:
+    pass
+try:
+    client.chat.completions.create(model="not-this-one", messages=[{"role": "user", "content": "x"}])
+    raise AssertionError("an unknown model was accepted")
+except openai.NotFoundError:
+    pass
+try:
+    OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError:
+    pass
+print("openai client: all checks passed")

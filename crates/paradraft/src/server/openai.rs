@@ -1,0 +1,582 @@
+//! The OpenAI API's request and response bodies (chat completions, completions, models,
+//! errors) and the validation that turns a request into a prompt and [`GenerateParams`].
+//!
+//! Requests refuse unknown fields (as the OpenAI API does). Known fields that this server does
+//! not implement are refused when they ask for something (`n > 1`, penalties, logprobs, tools,
+//! JSON response formats) and accepted when they are at their defaults; bookkeeping fields
+//! (`user`, `metadata`, `store`, `service_tier`) are accepted and ignored.
+
+use crate::generate::{GenerateParams, StopReason};
+use crate::model::{Message, Tokenizer};
+use crate::sample::SamplingParams;
+use crate::types::TokenId;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// An error in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}` with its
+/// HTTP status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub fn kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    pub fn body(&self) -> Value {
+        serde_json::json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+/// `stop`: one string or up to four.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+    /// Accepted and ignored (usage chunks are never obfuscated here).
+    #[serde(default)]
+    pub include_obfuscation: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// Not in the OpenAI API; vLLM and llama.cpp accept it.
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub user: Option<String>,
+    pub metadata: Option<Value>,
+    pub store: Option<bool>,
+    pub service_tier: Option<String>,
+    pub parallel_tool_calls: Option<bool>,
+    pub reasoning_effort: Option<String>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub response_format: Option<Value>,
+    pub modalities: Option<Value>,
+    pub audio: Option<Value>,
+    pub prediction: Option<Value>,
+    pub web_search_options: Option<Value>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    /// Accepted (OpenAI allows a participant name) and not used by the template.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// A message's content: text, or text parts.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub best_of: Option<i64>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub logprobs: Option<i64>,
+    pub user: Option<String>,
+}
+
+/// What both endpoints validate the same way.
+pub struct Knobs<'r> {
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: &'r Option<Stop>,
+    pub n: Option<i64>,
+    pub frequency_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub logit_bias: &'r Option<serde_json::Map<String, Value>>,
+}
+
+/// A validated request: the prompt's tokens and how to generate.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    pub prompt: Vec<TokenId>,
+    pub params: GenerateParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+fn unsupported(what: &str, param: &'static str) -> ApiError {
+    ApiError::invalid(
+        format!("{what} is not supported by this server"),
+        Some(param),
+    )
+    .with_code("unsupported_parameter")
+}
+
+impl Knobs<'_> {
+    /// Sampling and stopping for a prompt of `prompt_len` tokens in a context of `ctx`;
+    /// `draw_seed` gives a seed to requests without one.
+    pub fn params(
+        &self,
+        prompt_len: usize,
+        ctx: usize,
+        draw_seed: impl FnOnce() -> u64,
+    ) -> Result<GenerateParams, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(unsupported("n other than 1", "n"));
+            }
+        }
+        for (v, name) in [
+            (self.frequency_penalty, "frequency_penalty"),
+            (self.presence_penalty, "presence_penalty"),
+        ] {
+            match v {
+                Some(x) if !(-2.0..=2.0).contains(&x) => {
+                    return Err(ApiError::invalid(
+                        format!("{name} must be between -2 and 2, got {x}"),
+                        Some(if name == "frequency_penalty" {
+                            "frequency_penalty"
+                        } else {
+                            "presence_penalty"
+                        }),
+                    ))
+                }
+                Some(x) if x != 0.0 => {
+                    return Err(unsupported(
+                        "a non-zero penalty",
+                        if name == "frequency_penalty" {
+                            "frequency_penalty"
+                        } else {
+                            "presence_penalty"
+                        },
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(unsupported("logit_bias", "logit_bias"));
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !temperature.is_finite() || !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                format!("temperature must be between 0 and 2, got {temperature}"),
+                Some("temperature"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid(
+                format!("top_p must be in (0, 1], got {top_p}"),
+                Some("top_p"),
+            ));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    format!("top_k must be -1, 0 (off) or positive, got {k}"),
+                    Some("top_k"),
+                ))
+            }
+        };
+        let stop_strings = match self.stop {
+            None => vec![],
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop_strings.len() > 4 {
+            return Err(ApiError::invalid(
+                format!("at most 4 stop sequences, got {}", stop_strings.len()),
+                Some("stop"),
+            ));
+        }
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop sequences must not be empty",
+                Some("stop"),
+            ));
+        }
+        if prompt_len == 0 {
+            return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+        }
+        let too_long = |want: usize| {
+            ApiError::invalid(
+                format!(
+                    "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {want} for the completion). Please reduce the length of the prompt or of the completion.",
+                    prompt_len + want
+                ),
+                Some("messages"),
+            )
+            .with_code("context_length_exceeded")
+        };
+        if prompt_len >= ctx {
+            return Err(too_long(1));
+        }
+        let max_new_tokens = match self.max_tokens {
+            None => ctx - prompt_len,
+            Some(m) if m < 1 => {
+                return Err(ApiError::invalid(
+                    format!("max_tokens must be at least 1, got {m}"),
+                    Some("max_tokens"),
+                ))
+            }
+            Some(m) if prompt_len as i64 + m > ctx as i64 => return Err(too_long(m as usize)),
+            Some(m) => m as usize,
+        };
+        let seed = match self.seed {
+            Some(s) => s as u64,
+            None => draw_seed(),
+        };
+        let sampling = SamplingParams {
+            temperature: temperature as f32,
+            top_k,
+            top_p: top_p as f32,
+            seed,
+        };
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("temperature")))?;
+        Ok(GenerateParams {
+            max_new_tokens,
+            sampling,
+            stop_strings,
+        })
+    }
+}
+
+impl ChatRequest {
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs {
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: &self.stop,
+            n: self.n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: &self.logit_bias,
+        }
+    }
+
+    /// The messages through the model's chat template, and the generation settings.
+    pub fn validate(
+        &self,
+        tok: &Tokenizer,
+        ctx: usize,
+        draw_seed: impl FnOnce() -> u64,
+    ) -> Result<Validated, ApiError> {
+        if self.logprobs == Some(true) || self.top_logprobs.is_some() {
+            return Err(unsupported("logprobs", "logprobs"));
+        }
+        let absent = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
+        for (v, name) in [
+            (&self.tools, "tools"),
+            (&self.functions, "functions"),
+            (&self.audio, "audio"),
+            (&self.prediction, "prediction"),
+            (&self.web_search_options, "web_search_options"),
+        ] {
+            if !absent(v) {
+                return Err(unsupported(name, "tools").with_param(name));
+            }
+        }
+        for (v, name) in [
+            (&self.tool_choice, "tool_choice"),
+            (&self.function_call, "function_call"),
+        ] {
+            if !absent(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
+                return Err(unsupported(name, "tool_choice").with_param(name));
+            }
+        }
+        if let Some(rf) = &self.response_format {
+            if rf.get("type").and_then(Value::as_str) != Some("text") {
+                return Err(unsupported(
+                    "a response_format other than {\"type\": \"text\"}",
+                    "response_format",
+                ));
+            }
+        }
+        if let Some(m) = &self.modalities {
+            if m != &serde_json::json!(["text"]) {
+                return Err(unsupported(
+                    "modalities other than [\"text\"]",
+                    "modalities",
+                ));
+            }
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid(
+                "messages must not be empty",
+                Some("messages"),
+            ));
+        }
+        let mut msgs = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            msgs.push(m.to_message(i)?);
+        }
+        let prompt = tok
+            .encode_chat(&msgs, true)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
+        let params = self.knobs().params(prompt.len(), ctx, draw_seed)?;
+        Ok(Validated {
+            prompt,
+            params,
+            stream: self.stream,
+            include_usage: stream_usage(self.stream, &self.stream_options)?,
+        })
+    }
+}
+
+fn stream_usage(stream: bool, o: &Option<StreamOptions>) -> Result<bool, ApiError> {
+    match o {
+        Some(_) if !stream => Err(ApiError::invalid(
+            "stream_options is only allowed with stream: true",
+            Some("stream_options"),
+        )),
+        Some(o) => Ok(o.include_usage),
+        None => Ok(false),
+    }
+}
+
+impl ApiError {
+    fn with_param(mut self, p: &'static str) -> Self {
+        self.param = Some(p);
+        self
+    }
+}
+
+impl ChatMessage {
+    fn to_message(&self, i: usize) -> Result<Message, ApiError> {
+        let bad = |m: String| ApiError::invalid(m, Some("messages"));
+        let role = match self.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            r => {
+                return Err(bad(format!(
+                    "messages[{i}].role {r:?} is not supported (system, developer, user, assistant)"
+                )))
+            }
+        };
+        if let Some(k) = self.other.keys().next() {
+            let supported = ["refusal"];
+            if !supported.contains(&k.as_str()) || !self.other[k].is_null() {
+                return Err(bad(format!("messages[{i}].{k} is not supported")));
+            }
+        }
+        let text = match &self.content {
+            None => {
+                return Err(bad(format!("messages[{i}].content is required")));
+            }
+            Some(Content::Text(t)) => t.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut t = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(s)) => t.push_str(s),
+                        _ => {
+                            return Err(bad(format!(
+                                "messages[{i}].content[{j}]: only text parts are supported"
+                            )))
+                        }
+                    }
+                }
+                t
+            }
+        };
+        Ok(Message::new(role, &text))
+    }
+}
+
+impl CompletionRequest {
+    fn knobs(&self) -> Knobs<'_> {
+        Knobs {
+            max_tokens: Some(self.max_tokens.unwrap_or(16)),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: &self.stop,
+            n: self.n,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: &self.logit_bias,
+        }
+    }
+
+    /// The prompt as given (text, encoded without a template, or token ids), and the
+    /// generation settings. `max_tokens` defaults to 16, as in the OpenAI API.
+    pub fn validate(
+        &self,
+        tok: &Tokenizer,
+        ctx: usize,
+        vocab: usize,
+        draw_seed: impl FnOnce() -> u64,
+    ) -> Result<Validated, ApiError> {
+        if self.echo == Some(true) {
+            return Err(unsupported("echo", "echo"));
+        }
+        if self.suffix.is_some() {
+            return Err(unsupported("suffix", "suffix"));
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(unsupported("best_of other than 1", "best_of"));
+        }
+        if self.logprobs.is_some() {
+            return Err(unsupported("logprobs", "logprobs"));
+        }
+        let bad = |m: &str| ApiError::invalid(m, Some("prompt"));
+        let ids = |v: &[Value]| -> Result<Vec<TokenId>, ApiError> {
+            v.iter()
+                .map(|x| match x.as_u64() {
+                    Some(i) if (i as usize) < vocab => Ok(TokenId(i as u32)),
+                    _ => Err(bad(&format!(
+                        "token ids must be integers in 0..{vocab}, got {x}"
+                    ))),
+                })
+                .collect()
+        };
+        let prompt = match &self.prompt {
+            Value::String(s) => tok
+                .encode(s)
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
+            Value::Array(a) if a.len() == 1 && a[0].is_string() => tok
+                .encode(a[0].as_str().unwrap_or_default())
+                .map_err(|e| ApiError::invalid(e.to_string(), Some("prompt")))?,
+            Value::Array(a) if a.len() == 1 && a[0].is_array() => {
+                ids(a[0].as_array().map(Vec::as_slice).unwrap_or_default())?
+            }
+            Value::Array(a) if a.iter().all(Value::is_number) && !a.is_empty() => ids(a)?,
+            Value::Array(a) if a.len() > 1 => {
+                return Err(unsupported("more than one prompt per request", "prompt"))
+            }
+            _ => {
+                return Err(bad(
+                    "prompt must be a string, an array of one string, or token ids",
+                ))
+            }
+        };
+        let params = self.knobs().params(prompt.len(), ctx, draw_seed)?;
+        Ok(Validated {
+            prompt,
+            params,
+            stream: self.stream,
+            include_usage: stream_usage(self.stream, &self.stream_options)?,
+        })
+    }
+}
+
+/// `finish_reason` of a stop reason.
+pub fn finish_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::StopToken | StopReason::StopString => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt: usize, completion: usize) -> Self {
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        }
+    }
+}

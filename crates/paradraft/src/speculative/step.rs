@@ -1,0 +1,179 @@
+//! One forward for many sessions (continuous batching): every member plans its part (a chunk
+//! of its prompt or a speculative round sized for its share of the batch), one multi-sequence
+//! forward runs all their rows (each over its own cache, with its own tree mask), and each
+//! member commits its results. A row's results are those it would get alone (the forward is
+//! batch-invariant), so a session's tokens do not depend on what it was batched with.
+
+use super::decode::{BatchLoad, RoundOutput, Session};
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::types::TokenId;
+
+/// A session in a step, with its cache and where its text goes.
+pub struct Member<'m, 'a> {
+    pub kv: &'m mut KvCache,
+    pub session: &'m mut Session<'a>,
+    pub on_text: &'m mut dyn FnMut(&str),
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepReport {
+    /// Per member: whether it took part (false: finished, or waiting for prefill budget).
+    pub planned: Vec<bool>,
+    /// Per member: it has ended (stopped or out of cache) and can be retired.
+    pub finished: Vec<bool>,
+    /// Rows of the forward (0: nothing ran).
+    pub rows: usize,
+    /// Prompt tokens among them.
+    pub prefill_rows: usize,
+}
+
+/// Scratch kept between steps.
+#[derive(Default)]
+pub struct Stepper {
+    scratch: Scratch,
+    argmax: Vec<TokenId>,
+}
+
+impl Stepper {
+    /// Runs one step over `members`: at most `prefill_budget` prompt tokens in all (split in
+    /// member order, so a long prompt is prefilled over several steps while the others keep
+    /// decoding), every decoding member one round.
+    pub fn step(
+        &mut self,
+        model: &Model,
+        members: &mut [Member],
+        prefill_budget: usize,
+    ) -> Result<StepReport> {
+        let n = members.len();
+        let mut rep = StepReport {
+            planned: vec![false; n],
+            finished: vec![false; n],
+            ..Default::default()
+        };
+        // Plan: prompt chunks first (they are known), then rounds sized against the rows
+        // planned so far plus one row per decoding member still to plan.
+        let mut budget = prefill_budget;
+        let decoding: Vec<usize> = (0..n)
+            .filter(|&i| !members[i].session.prefilling())
+            .collect();
+        for m in members.iter_mut().filter(|m| m.session.prefilling()) {
+            if budget == 0 {
+                break;
+            }
+            let take = m.session.prompt_left().min(budget);
+            let _ = m.session.plan(m.kv, BatchLoad::default(), take)?;
+            budget -= take;
+            rep.prefill_rows += take;
+        }
+        for (i, m) in members.iter().enumerate() {
+            if m.session.prefilling() {
+                rep.planned[i] = m.session.has_pending();
+            }
+        }
+        let mut rows = rep.prefill_rows;
+        for (k, &i) in decoding.iter().enumerate() {
+            let others_after = decoding.len() - k - 1;
+            let load = BatchLoad {
+                rows: rows + others_after,
+                tokens: (decoding.len() - 1) as f64,
+            };
+            let m = &mut members[i];
+            if m.session.plan(m.kv, load, 0)? {
+                rep.planned[i] = true;
+                rows += m.session.batch().tokens.len();
+            } else {
+                rep.finished[i] = true;
+            }
+        }
+        rep.rows = rows;
+        if rows == 0 {
+            return Ok(rep);
+        }
+        // Output rows: argmaxes in one pass, full logits in a second pass over the same final
+        // states (`Model::output_again`); tapped states come with the forward.
+        let taps = {
+            let first = (0..n).find(|&i| rep.planned[i]).expect("a planned member");
+            members[first].session.taps().to_vec()
+        };
+        let (mut arg_rows, mut full_rows) = (Vec::new(), Vec::new());
+        let mut at = Vec::with_capacity(n); // (batch row0, argmax row0, full row0)
+        let mut row = 0;
+        for (i, m) in members.iter().enumerate().filter(|(i, _)| rep.planned[*i]) {
+            if m.session.taps() != taps.as_slice() {
+                return Err(Error::BadRequest(format!(
+                    "member {i} taps other layers than the batch's first member"
+                )));
+            }
+            let len = m.session.batch().tokens.len();
+            let need = m.session.needs();
+            at.push((i, row, arg_rows.len(), full_rows.len()));
+            let mine = if need.last_only {
+                row + len - 1..row + len
+            } else {
+                row..row + len
+            };
+            match need.logits {
+                Logits::Argmax => arg_rows.extend(mine),
+                Logits::Full => full_rows.extend(mine),
+                _ => {}
+            }
+            row += len;
+        }
+        let out = {
+            let mut seqs: Vec<(&mut KvCache, Batch)> = members
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| rep.planned[*i])
+                .map(|(_, m)| (&mut *m.kv, m.session.batch()))
+                .collect();
+            let first = if arg_rows.is_empty() {
+                (&full_rows, Logits::Full)
+            } else {
+                (&arg_rows, Logits::Argmax)
+            };
+            let logits = if first.0.is_empty() {
+                Logits::None
+            } else {
+                first.1
+            };
+            let spec = OutputSpec {
+                rows: Rows::Some(first.0.clone()),
+                logits,
+                taps: taps.clone(),
+            };
+            model.forward_multi(&mut seqs, &spec, &mut self.scratch)?;
+            if !arg_rows.is_empty() {
+                self.argmax.clone_from(&self.scratch.out.argmax);
+                if !full_rows.is_empty() {
+                    let spec = OutputSpec {
+                        rows: Rows::Some(full_rows.clone()),
+                        logits: Logits::Full,
+                        taps: vec![],
+                    };
+                    model.output_again(&spec, &mut self.scratch)?;
+                }
+            } else {
+                self.argmax.clear();
+            }
+            &self.scratch.out
+        };
+        for (i, b0, a0, f0) in at {
+            let m = &mut members[i];
+            let w = m.session.width();
+            let o = RoundOutput {
+                argmax: &self.argmax[a0.min(self.argmax.len())..],
+                logits: out.logits.get(f0 * out.vocab..).unwrap_or(&[]),
+                vocab: out.vocab,
+                hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
+            };
+            m.session.commit(m.kv, o, &mut m.on_text)?;
+            if m.session.stop_reason().is_some() {
+                rep.finished[i] = true;
+            }
+        }
+        Ok(rep)
+    }
+}
