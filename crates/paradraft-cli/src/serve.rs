@@ -81,8 +81,9 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
     eprintln!("loading drafter {} and measuring costs…", cfg.label());
     let engine = Engine::start(Arc::new(lm), target_path, cfg, ecfg)?;
     let state = Arc::new(AppState::new(engine, name.clone(), a.api_key.clone()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // The HTTP side is light: one thread (this one), so it takes as little as possible from
+    // the compute threads of the forward.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -585,3 +585,116 @@ fn the_official_openai_python_client_works() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// 64 concurrent clients, three requests each: most stream and must get exactly the text the
+/// same prompt gets alone, one in eight disconnects mid-stream, one in eight sends malformed
+/// JSON. `/health` answers throughout; afterwards nothing is left running and the memory is
+/// back near its idle level.
+#[test]
+fn load_with_disconnects_and_malformed_requests() {
+    let server = Server::start(&["--drafter", "pld"]);
+    let port = server.port;
+    let prompts = [
+        "Name three fruits.",
+        "What is 7 times 8?",
+        "Write one sentence about rain.",
+        "def add(a, b):",
+        "Who wrote Hamlet?",
+        "Give a synonym for happy.",
+        "What color is the sky?",
+        "Say something kind.",
+    ];
+    let body = |p: &str| {
+        json!({"messages": [{"role": "user", "content": p}], "max_tokens": 48,
+                                "temperature": 0})
+    };
+    // References, one request at a time.
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            let (st, v) = post(port, "/v1/chat/completions", &body(p));
+            assert_eq!(st, 200, "{v}");
+            v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let idle = rss_kib(server.child.id());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let health = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                assert_eq!(http(port, "GET", "/health", &[], "").0, 200);
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "/health took {:?}",
+                    t.elapsed()
+                );
+                n += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            n
+        });
+        let clients: Vec<_> = (0..64)
+            .map(|i| {
+                let (want, body, prompts) = (&want, &body, &prompts);
+                s.spawn(move || {
+                    for k in 0..3 {
+                        let j = (i + k) % 8;
+                        match (i * 3 + k) % 8 {
+                            0 => {
+                                let (st, b) = http(
+                                    port,
+                                    "POST",
+                                    "/v1/chat/completions",
+                                    &[("Content-Type", "application/json")],
+                                    "{\"messages\": [",
+                                );
+                                assert_eq!(st, 400, "{b}");
+                            }
+                            1 => abandon_stream(port, 4000),
+                            _ => {
+                                let mut b = body(prompts[j]);
+                                b["stream"] = json!(true);
+                                let chunks = post_stream(port, "/v1/chat/completions", &b);
+                                let text: String = chunks
+                                    .iter()
+                                    .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                                    .collect();
+                                assert_eq!(text, want[j], "client {i} request {k}");
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for c in clients {
+            c.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(health.join().unwrap() > 0);
+    });
+    wait_for(port, "paradraft_running_requests", |v| v == 0.0);
+    wait_for(port, "paradraft_kv_pages_used", |v| v == 0.0);
+    wait_for(port, "paradraft_queue_depth", |v| v == 0.0);
+    assert!(metric(port, "paradraft_requests_total{outcome=\"cancelled\"}") >= 20.0);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib(server.child.id());
+    eprintln!("RSS idle {idle} KiB, after the load {after} KiB");
+    assert!(
+        after < idle + 64 * 1024,
+        "memory did not return to its idle level: {idle} KiB before, {after} KiB after"
+    );
+}

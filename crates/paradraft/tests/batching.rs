@@ -174,8 +174,7 @@ fn check_batched_equals_single(lm: &Loaded, prompts: &[Vec<TokenId>], max_new: u
         prompt: p.clone(),
         max_new_tokens: max_new - (i % 3) * 5,
     });
-    let stops: Vec<TokenId> = lm.tokenizer.stop_tokens.iter().copied().collect();
-    generate_greedy_batched(&lm.model, &stops, &[], reqs, 3, ctx, |f| {
+    generate_greedy_batched(&lm.model, &lm.tokenizer, &[], reqs, 3, ctx, |f| {
         got[f.id as usize] = Some(f.tokens);
         Ok(())
     })
@@ -224,7 +223,7 @@ fn batched_greedy_generation_equals_single_stream_smollm2() {
 #[test]
 fn batch_generator_refuses_requests_it_cannot_hold() {
     let lm = load_tiny("llama");
-    let mut g = BatchGenerator::new(&lm.model, &[], 1, 8);
+    let mut g = BatchGenerator::new(&lm.model, &lm.tokenizer, 1, 8);
     let long = Request {
         id: 0,
         prompt: toks(8, 1, 10),
@@ -270,7 +269,7 @@ fn captured_features_equal_a_prefill_of_the_sample() {
             max_new_tokens: 12,
         });
         let mut done = vec![];
-        generate_greedy_batched(&lm.model, &[], &taps, reqs, 2, 40, |f| {
+        generate_greedy_batched(&lm.model, &lm.tokenizer, &taps, reqs, 2, 40, |f| {
             done.push(f);
             Ok(())
         })
@@ -287,8 +286,13 @@ fn captured_features_equal_a_prefill_of_the_sample() {
                     taps: taps.clone(),
                 },
             );
-            // Max-token stops: every token but the last went through the model.
-            assert_eq!(f.features.len(), (seq.len() - 1) * w, "{name}");
+            // Every token went through the model but the last one of a token-budget stop
+            // (after a stop token, the last kept token was fed to produce it).
+            let fed = match f.stop_reason {
+                paradraft::generate::StopReason::StopToken => seq.len(),
+                _ => seq.len() - 1,
+            };
+            assert_eq!(f.features.len(), fed * w, "{name} {:?}", f.stop_reason);
             for (i, (a, b)) in f.features.iter().zip(&out.hidden).enumerate() {
                 assert_eq!(
                     a.to_bits(),

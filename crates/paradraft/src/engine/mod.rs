@@ -238,6 +238,16 @@ impl Drop for Engine {
     }
 }
 
+/// Returns freed heap memory to the operating system (glibc keeps it otherwise), so an idle
+/// server's memory goes back to its idle level after a burst.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A request in the batch.
 struct Running<'t> {
     kv: KvCache,
@@ -306,6 +316,9 @@ impl<'e> Scheduler<'e> {
                 if shutdown {
                     return;
                 }
+                // Idle: give back the batch's scratch (sized for the largest step so far).
+                stepper = Stepper::default();
+                release_free_memory();
                 match rx.recv() {
                     Ok(Command::Run(r, t)) => waiting.push_back((r, t)),
                     Ok(Command::Shutdown) => shutdown = true,
@@ -380,8 +393,8 @@ impl<'e> Scheduler<'e> {
                     }
                     Err(e) => {
                         pool.release(pages);
-                        let _ = r.events.send(Event::Error(e.to_string()));
                         self.ended("error");
+                        let _ = r.events.send(Event::Error(e.to_string()));
                     }
                 }
             }
@@ -424,8 +437,8 @@ impl<'e> Scheduler<'e> {
                     // A failed forward fails the batch's requests, not the server.
                     for r in running.drain(..) {
                         pool.release(r.meta.pages);
-                        let _ = r.meta.events.send(Event::Error(e.to_string()));
                         self.ended("error");
+                        let _ = r.meta.events.send(Event::Error(e.to_string()));
                     }
                     continue;
                 }
@@ -459,6 +472,8 @@ impl<'e> Scheduler<'e> {
         self.metrics
             .e2e
             .observe(meta.arrival.elapsed().as_secs_f64());
+        // Counted before the client hears it, so what it reads next in /metrics includes it.
+        self.ended("finished");
         let _ = tx.send(Event::Done(Finished {
             prompt_tokens: g.out.stats.prompt_tokens,
             completion_tokens: g.out.token_ids.len(),
@@ -466,7 +481,6 @@ impl<'e> Scheduler<'e> {
             token_ids: g.out.token_ids,
             tau: g.tau,
         }));
-        self.ended("finished");
     }
 
     /// Token timing of one request after a step.

@@ -5,7 +5,7 @@
 //! and the accepted path, and commits the accepted tokens plus the target's bonus token, which
 //! becomes the next root.
 
-use super::sizing::Sizer;
+use super::sizing::{BatchShape, Sizer};
 use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
@@ -65,7 +65,7 @@ pub fn speculative_generate<'a>(
 ) -> Result<SpecGeneration> {
     let mut scratch = Scratch::default();
     let mut session = Session::new(tok, kv, prompt, params, sp, model.config.hidden_size)?;
-    while session.plan(kv, BatchLoad::default(), usize::MAX)? {
+    while session.plan(kv, BatchShape::default(), usize::MAX)? {
         let need = session.needs();
         let spec = OutputSpec {
             rows: if need.last_only {
@@ -81,15 +81,6 @@ pub fn speculative_generate<'a>(
         session.commit(kv, o, &mut on_text)?;
     }
     Ok(session.finish(&mut on_text))
-}
-
-/// The rest of a batched forward, as one session sees it when sizing its draft: the rows the
-/// other sessions add and the tokens they are expected to commit. A step's cost is shared, so
-/// the more the batch already commits per forward, the less an extra draft row pays.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct BatchLoad {
-    pub rows: usize,
-    pub tokens: f64,
 }
 
 /// What a session's rows need from the output layer of the forward.
@@ -272,11 +263,10 @@ impl<'a> Session<'a> {
     }
 
     /// Plans the session's part of the next forward: the next chunk of at most
-    /// `prefill_budget` prompt tokens while prefilling, else a round drafted for this
-    /// session's share of a batch whose other members are `load` (sized by the sizer, cut to
-    /// the cache's room), linearised as [root, nodes]. `false` when the session is over
-    /// (stopped or its cache is full).
-    pub fn plan(&mut self, kv: &KvCache, load: BatchLoad, prefill_budget: usize) -> Result<bool> {
+    /// `prefill_budget` prompt tokens while prefilling, else a round drafted for its share of
+    /// a forward shaped like `batch` (sized by the sizer, cut to the cache's room), linearised
+    /// as [root, nodes]. `false` when the session is over (stopped or its cache is full).
+    pub fn plan(&mut self, kv: &KvCache, batch: BatchShape, prefill_budget: usize) -> Result<bool> {
         if self.stop.is_some() {
             return Ok(false);
         }
@@ -299,8 +289,8 @@ impl<'a> Session<'a> {
         let mut stats = RoundStats::default();
         let trees = self.drafter.node_confidence().is_some();
         let budget = match self.sizer.as_ref() {
-            Some(s) if trees => s.choose_tree(self.max_draft, load.rows, load.tokens),
-            Some(s) => s.choose(self.max_draft, load.rows, load.tokens),
+            Some(s) if trees => s.choose_tree(self.max_draft, batch),
+            Some(s) => s.choose(self.max_draft, batch),
             None => self.max_draft,
         }
         .min(room);
@@ -310,9 +300,7 @@ impl<'a> Session<'a> {
         // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
         let mut predicted = 0.0;
         if let (Some(s), Some(conf)) = (self.sizer.as_ref(), self.drafter.node_confidence()) {
-            let keep = s
-                .cut(conf, stats.draft_ms, load.rows, load.tokens)
-                .min(budget);
+            let keep = s.cut(conf, stats.draft_ms, batch).min(budget);
             predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
             tree.truncate(keep);
         }

@@ -9,8 +9,7 @@ pub mod tree_search;
 pub mod verify;
 
 pub use decode::{
-    speculative_generate, BatchLoad, RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration,
-    Speculation,
+    speculative_generate, RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration, Speculation,
 };
 pub use tree::{DraftTree, Linearised, NodeId};
 pub use verify::{Outcome, VerifyRule};

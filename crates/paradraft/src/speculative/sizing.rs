@@ -186,6 +186,17 @@ pub struct Sizer {
     tree_predicted: f64,
     /// Tree sizing: EMA of each tree round's speed relative to AR (tokens per ms over AR's).
     tree_gain: f64,
+    /// Tree rounds, recent average: (accepted nodes, verified nodes, drafting ms).
+    tree_recent: (f64, f64, f64),
+}
+
+/// The batch a session's round is verified in: how many sessions decode in it (this one
+/// included) and how many prompt rows are prefilled in the same forward. `BatchShape::default()`
+/// is a session alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchShape {
+    pub streams: usize,
+    pub prefill: usize,
 }
 
 impl Sizer {
@@ -200,6 +211,7 @@ impl Sizer {
             tree_accepted: 0.0,
             tree_predicted: 0.0,
             tree_gain: 1.0,
+            tree_recent: (0.0, 0.0, 0.0),
         }
     }
 
@@ -239,15 +251,23 @@ impl Sizer {
         e
     }
 
-    /// The draft size in 0..=max with the best expected tokens per ms, for a forward that also
-    /// carries `rows` rows of other requests expected to commit `tokens` tokens (0 and 0
-    /// alone): the step's cost is shared, so a draft row must beat the batch's average rate.
-    pub fn choose(&self, max: usize, rows: usize, tokens: f64) -> usize {
-        let score = |n: usize| {
-            (tokens + self.expected_tokens(n)) / (self.curve.ms(rows + n + 1) + self.draft_ms(n))
-        };
+    /// This session's share of a step's verify cost when every one of the batch's `streams`
+    /// decoding sessions verifies `rows` rows, next to `prefill` prompt rows: c(prefill +
+    /// streams · rows) / streams. Alone (1 stream, no prefill) it is c(rows).
+    fn share_ms(&self, rows: usize, b: BatchShape) -> f64 {
+        let n = b.streams.max(1);
+        self.curve.ms(b.prefill + n * rows) / n as f64
+    }
+
+    /// The draft size in 0..=max with the best expected tokens per ms. In a batch, every
+    /// session is assumed to draft alike: the step costs c(prefill + B(n + 1)) plus B drafts
+    /// and commits B · E[n] tokens, so as the batch grows (the forward turns compute-bound and
+    /// each draft runs on its own) the best size shrinks to 0.
+    pub fn choose(&self, max: usize, b: BatchShape) -> usize {
+        let score =
+            |n: usize| self.expected_tokens(n) / (self.share_ms(n + 1, b) + self.draft_ms(n));
         (0..=max)
-            .max_by(|&a, &b| score(a).total_cmp(&score(b)).then(b.cmp(&a)))
+            .max_by(|&a, &c| score(a).total_cmp(&score(c)).then(c.cmp(&a)))
             .unwrap_or(0)
     }
 
@@ -259,12 +279,19 @@ impl Sizer {
 
     /// Tree sizing, before drafting: the full `max` while trees have paid recently (their
     /// size is cut after drafting), none when they have not (AR rounds then drift the
-    /// estimate back so trees are retried).
-    /// In a batch (`rows` other rows expected to commit `tokens`), a tree is drafted only if
-    /// its best recent gain could beat the batch's rate at all.
-    pub fn choose_tree(&self, max: usize, rows: usize, tokens: f64) -> usize {
-        if rows > 0 && self.cut_gain_bound(max, rows, tokens) <= 1.0 {
-            return 0;
+    /// estimate back so trees are retried). In a batch, a tree is drafted only if a recent
+    /// tree round (its nodes, accepted tokens and drafting ms, averaged) would beat no draft
+    /// with every session of the batch doing the same.
+    pub fn choose_tree(&self, max: usize, b: BatchShape) -> usize {
+        if b.streams > 1 || b.prefill > 0 {
+            let (acc, nodes, dms) = self.tree_recent;
+            if nodes > 0.0 {
+                let with = (1.0 + acc) / (self.share_ms(nodes.round() as usize + 1, b) + dms);
+                let without = 1.0 / self.share_ms(1, b);
+                if with <= without {
+                    return 0;
+                }
+            }
         }
         if self.tree_gain >= 1.0 {
             max
@@ -275,28 +302,20 @@ impl Sizer {
 
     /// Tree sizing, after drafting: how many of the tree's nodes (in score order, so any prefix
     /// is a tree) to verify, given each node's path probability `conf` and the ms already spent
-    /// drafting: argmax over n of (tokens + 1 + κ Σ_{i<n} conf_i) / (c(rows + n + 1) +
-    /// draft_ms), with `rows` and `tokens` the rest of the batch (0 and 0 alone).
-    pub fn cut(&self, conf: &[f32], draft_ms: f64, rows: usize, tokens: f64) -> usize {
+    /// drafting: argmax over n of (1 + κ Σ_{i<n} conf_i) / (share of c(n + 1) + draft_ms), the
+    /// share as in [`Sizer::choose`].
+    pub fn cut(&self, conf: &[f32], draft_ms: f64, b: BatchShape) -> usize {
         let k = self.calibration();
-        let mut e = tokens + 1.0;
-        let (mut best, mut best_score) = (0, e / (self.curve.ms(rows + 1) + draft_ms));
+        let mut e = 1.0;
+        let (mut best, mut best_score) = (0, e / (self.share_ms(1, b) + draft_ms));
         for (i, &p) in conf.iter().enumerate() {
             e += k * p as f64;
-            let score = e / (self.curve.ms(rows + i + 2) + draft_ms);
+            let score = e / (self.share_ms(i + 2, b) + draft_ms);
             if score > best_score {
                 (best, best_score) = (i + 1, score);
             }
         }
         best
-    }
-
-    /// An upper bound on a tree's gain over no draft in a batch: even if every one of `max`
-    /// nodes were accepted and drafting were free.
-    fn cut_gain_bound(&self, max: usize, rows: usize, tokens: f64) -> f64 {
-        let with = (tokens + 1.0 + max as f64) / self.curve.ms(rows + max + 1);
-        let without = (tokens + 1.0) / self.curve.ms(rows + 1);
-        with / without
     }
 
     /// Records a tree round: `nodes` verified, the sum of their path probabilities
@@ -307,6 +326,13 @@ impl Sizer {
             self.tree_gain = 0.95 * self.tree_gain + 0.05 * 1.02;
             return;
         }
+        let r = &mut self.tree_recent;
+        let w = if r.1 == 0.0 { 1.0 } else { 0.2 };
+        *r = (
+            (1.0 - w) * r.0 + w * accepted as f64,
+            (1.0 - w) * r.1 + w * nodes as f64,
+            (1.0 - w) * r.2 + w * draft_ms,
+        );
         self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
         self.tree_predicted = self.decay * self.tree_predicted + predicted;
         let ar = self.curve.ms(1);
@@ -379,9 +405,9 @@ mod tests {
         assert_eq!(s.draft_ms(0), 0.0);
         assert!((s.draft_ms(15) - 1.7).abs() < 1e-9);
         assert!(
-            s.choose(15, 0, 0.0) >= 8,
+            s.choose(15, BatchShape::default()) >= 8,
             "cheap long drafts are chosen: {}",
-            s.choose(15, 0, 0.0)
+            s.choose(15, BatchShape::default())
         );
     }
 
@@ -393,10 +419,10 @@ mod tests {
         // Verify rows cost 0.25-1 ms each beyond the first; nodes of probability 0.9 pay,
         // those of 0.01 do not.
         let conf = [0.9, 0.8, 0.7, 0.5, 0.3, 0.05, 0.02, 0.01, 0.01, 0.01];
-        let n = s.cut(&conf, 1.0, 0, 0.0);
+        let n = s.cut(&conf, 1.0, BatchShape::default());
         assert!((3..=6).contains(&n), "cut {n}");
         assert_eq!(
-            s.cut(&[0.01, 0.01], 1.0, 0, 0.0),
+            s.cut(&[0.01, 0.01], 1.0, BatchShape::default()),
             0,
             "hopeless nodes are not verified"
         );
@@ -410,19 +436,73 @@ mod tests {
             "{}",
             s.calibration()
         );
-        assert!(s.cut(&conf, 1.0, 0, 0.0) < n);
+        assert!(s.cut(&conf, 1.0, BatchShape::default()) < n);
         // Trees that do not pay switch drafting off; AR rounds bring it back.
         // One of five nodes accepted, 1 ms drafting: (1 + 1) · 5 / (c(6) + 1) ≈ 1.14 × AR.
-        assert_eq!(s.choose_tree(32, 0, 0.0), 32, "gain {}", s.tree_gain);
+        assert_eq!(
+            s.choose_tree(32, BatchShape::default()),
+            32,
+            "gain {}",
+            s.tree_gain
+        );
         for _ in 0..100 {
             s.observe_tree(8, sum(&conf[..8]), 0, 20.0);
         }
-        assert_eq!(s.choose_tree(32, 0, 0.0), 0);
+        assert_eq!(s.choose_tree(32, BatchShape::default()), 0);
         let back = (0..500).find(|_| {
             s.observe_tree(0, 0.0, 0, 0.0);
-            s.choose_tree(32, 0, 0.0) > 0
+            s.choose_tree(32, BatchShape::default()) > 0
         });
         assert!(back.is_some());
+    }
+
+    /// A forward that turns compute-bound (this machine's shape: c(16) ≈ 3 c(1), then linear):
+    /// alone a good drafter drafts long; in a batch of 64 streams the verify rows cost about
+    /// what the tokens they add are worth, so drafting stops, for chains and for trees.
+    #[test]
+    fn drafting_shrinks_and_stops_as_the_batch_grows() {
+        let bound = CostCurve {
+            points: vec![
+                (1, 4.2),
+                (4, 5.5),
+                (16, 12.0),
+                (64, 42.0),
+                (256, 168.0),
+                (1024, 672.0),
+            ],
+        };
+        let draft = CostCurve {
+            points: vec![(1, 1.0), (8, 1.2), (15, 1.4)],
+        };
+        let mut s = Sizer::new(bound).with_draft_curve(Some(draft));
+        for _ in 0..200 {
+            s.observe(8, 5, 1.2, 8); // 5 of 8 accepted each round
+        }
+        let sizes: Vec<usize> = [1, 4, 16, 64]
+            .iter()
+            .map(|&b| {
+                s.choose(
+                    15,
+                    BatchShape {
+                        streams: b,
+                        prefill: 0,
+                    },
+                )
+            })
+            .collect();
+        assert!(sizes[0] >= 4, "{sizes:?}");
+        assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "{sizes:?}");
+        assert_eq!(sizes[3], 0, "{sizes:?}");
+        // Trees: 5 of 16 nodes accepted, 1 ms drafting, recently (1.9 × AR alone).
+        for _ in 0..50 {
+            s.observe_tree(16, 5.0, 5, 1.0);
+        }
+        assert_eq!(s.choose_tree(32, BatchShape::default()), 32);
+        let big = BatchShape {
+            streams: 64,
+            prefill: 0,
+        };
+        assert_eq!(s.choose_tree(32, big), 0);
     }
 
     #[test]
@@ -440,17 +520,17 @@ mod tests {
         for _ in 0..200 {
             s.observe(8, 8, 0.1, 8);
         }
-        let long = s.choose(16, 0, 0.0);
+        let long = s.choose(16, BatchShape::default());
         assert!(long >= 8, "{long}");
         let mut s = Sizer::new(curve());
         for _ in 0..200 {
             s.observe(8, 0, 0.1, 8);
         }
-        assert_eq!(s.choose(16, 0, 0.0), 0);
+        assert_eq!(s.choose(16, BatchShape::default()), 0);
         // Rounds without drafts forget the bad statistics, so drafting is retried eventually.
         let rounds = (0..2000).find(|_| {
             s.observe(0, 0, 0.0, 0);
-            s.choose(16, 0, 0.0) > 0
+            s.choose(16, BatchShape::default()) > 0
         });
         assert!(rounds.is_some());
         // Expensive drafting also stops it.
@@ -458,6 +538,6 @@ mod tests {
         for _ in 0..200 {
             s.observe(4, 2, 40.0, 4);
         }
-        assert_eq!(s.choose(16, 0, 0.0), 0);
+        assert_eq!(s.choose(16, BatchShape::default()), 0);
     }
 }

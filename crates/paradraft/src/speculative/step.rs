@@ -4,7 +4,8 @@
 //! member commits its results. A row's results are those it would get alone (the forward is
 //! batch-invariant), so a session's tokens do not depend on what it was batched with.
 
-use super::decode::{BatchLoad, RoundOutput, Session};
+use super::decode::{RoundOutput, Session};
+use super::sizing::BatchShape;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
@@ -53,8 +54,8 @@ impl Stepper {
             finished: vec![false; n],
             ..Default::default()
         };
-        // Plan: prompt chunks first (they are known), then rounds sized against the rows
-        // planned so far plus one row per decoding member still to plan.
+        // Plan: prompt chunks first, then rounds, each sized for its share of a forward with
+        // these prompt rows and this many decoding sessions (`Sizer::choose`).
         let mut budget = prefill_budget;
         let decoding: Vec<usize> = (0..n)
             .filter(|&i| !members[i].session.prefilling())
@@ -64,7 +65,7 @@ impl Stepper {
                 break;
             }
             let take = m.session.prompt_left().min(budget);
-            let _ = m.session.plan(m.kv, BatchLoad::default(), take)?;
+            let _ = m.session.plan(m.kv, BatchShape::default(), take)?;
             budget -= take;
             rep.prefill_rows += take;
         }
@@ -74,14 +75,13 @@ impl Stepper {
             }
         }
         let mut rows = rep.prefill_rows;
-        for (k, &i) in decoding.iter().enumerate() {
-            let others_after = decoding.len() - k - 1;
-            let load = BatchLoad {
-                rows: rows + others_after,
-                tokens: (decoding.len() - 1) as f64,
-            };
+        let shape = BatchShape {
+            streams: decoding.len(),
+            prefill: rep.prefill_rows,
+        };
+        for &i in &decoding {
             let m = &mut members[i];
-            if m.session.plan(m.kv, load, 0)? {
+            if m.session.plan(m.kv, shape, 0)? {
                 rep.planned[i] = true;
                 rows += m.session.batch().tokens.len();
             } else {

@@ -209,7 +209,6 @@ pub fn distill(
             }
         })
         .take(want);
-    let stops: Vec<TokenId> = tok.stop_tokens.iter().copied().collect();
     let ctx = p.max_prompt_tokens + p.max_new_tokens + 1;
     let mut feats = match &p.capture {
         Some((taps, path)) => {
@@ -219,7 +218,7 @@ pub fn distill(
         None => None,
     };
     let taps = feats.as_ref().map_or(&[][..], |f| f.0);
-    generate_greedy_batched(model, &stops, taps, reqs, p.seqs, ctx, |f| {
+    generate_greedy_batched(model, tok, taps, reqs, p.seqs, ctx, |f| {
         let mut tokens = f.prompt;
         let prompt_len = tokens.len() as u32;
         tokens.extend_from_slice(&f.tokens);

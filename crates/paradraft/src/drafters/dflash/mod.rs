@@ -56,6 +56,9 @@ pub struct Dflash<'t> {
     pub tree: Option<TreeDrafting>,
     /// Path probability of each node of the last searched tree (score order).
     conf: Vec<f32>,
+    /// Target states of committed positions not yet injected: they enter the context when
+    /// the next block is drafted, all in one pass (rounds that draft nothing cost nothing).
+    pending: Vec<f32>,
     x: Vec<f32>,
     hidden: Vec<f32>,
     logits: Vec<f32>,
@@ -93,6 +96,7 @@ impl<'t> Dflash<'t> {
             draft_sampling: DraftSampling::Greedy,
             tree: None,
             conf: vec![],
+            pending: vec![],
             x: vec![],
             hidden: vec![],
             logits: vec![],
@@ -114,6 +118,7 @@ impl<'t> Dflash<'t> {
             draft_sampling: self.draft_sampling,
             tree: self.tree.as_ref().map(TreeDrafting::fork),
             conf: vec![],
+            pending: vec![],
             x: vec![],
             hidden: vec![],
             logits: vec![],
@@ -150,15 +155,17 @@ impl Drafter for Dflash<'_> {
 
     fn begin(&mut self, _prompt: &[TokenId], hidden: Hidden) -> Result<()> {
         self.kv.clear();
+        self.pending.clear();
         self.add_context(hidden)
     }
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         let s = committed.len() - 1; // the root (bonus token) sits at position s
-        if self.kv.len() != s {
+        let width = self.model.config.target_layer_ids.len() * self.target.config.hidden_size;
+        let held = self.kv.len() + self.pending.len() / width.max(1);
+        if held != s {
             return Err(Error::BadRequest(format!(
-                "DFlash context holds {} positions but the root is at {s}",
-                self.kv.len()
+                "DFlash context holds {held} positions but the root is at {s}"
             )));
         }
         let room = self.kv.capacity().saturating_sub(s);
@@ -166,6 +173,12 @@ impl Drafter for Dflash<'_> {
         let b = self.block_size.min(max_nodes + 1).min(room);
         if b < 2 {
             return Ok(DraftTree::new());
+        }
+        if !self.pending.is_empty() {
+            let rows = std::mem::take(&mut self.pending);
+            self.add_context(Hidden { width, rows: &rows })?;
+            self.pending = rows;
+            self.pending.clear();
         }
         let h = self.target.config.hidden_size;
         // Block input: [root, MASK × (b − 1)] embedded with the target's embedding.
@@ -221,7 +234,8 @@ impl Drafter for Dflash<'_> {
     }
 
     fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
-        self.add_context(hidden)
+        self.pending.extend_from_slice(hidden.rows);
+        Ok(())
     }
 
     fn node_confidence(&self) -> Option<&[f32]> {

@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Serving benchmark: aggregate throughput, time to first token and inter-token latency of
+`paradraft serve` at several concurrency levels, AR against each drafter, plus the CLI's
+single-stream decode speed on the same prompts (the server at concurrency 1 should be within
+a few per cent of it).
+
+Standard library only. For each method it starts the server on a free port, sends `requests`
+streaming chat requests (first turns of the benchmark sets, temperature 0 unless --temperature)
+from `c` client threads at a time, and reads the Prometheus metrics for the acceptance.
+
+    python3 scripts/bench_serve.py --methods none,pld,dflash,dart --concurrency 1,4,16,64
+
+Writes OUT/serve.json, OUT/serve.md and OUT/serve_throughput.svg.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def prompts(datasets, n):
+    """The first turns of the first n records of each set, interleaved."""
+    sets = []
+    for ds in datasets:
+        with open(os.path.join(ROOT, "data", "bench", ds + ".jsonl")) as f:
+            sets.append([json.loads(line)["turns"][0] for _, line in zip(range(n), f)])
+    return [s[i] for i in range(n) for s in sets if i < len(s)]
+
+
+class Server:
+    def __init__(self, binary, args):
+        self.p = subprocess.Popen(
+            [binary, "serve", "--port", "0", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+        )
+        t = time.time()
+        for line in self.p.stderr:
+            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+            if time.time() - t > 300:
+                raise RuntimeError("server did not start")
+        else:
+            raise RuntimeError("server exited: " + str(self.p.wait()))
+        threading.Thread(target=self.p.stderr.read, daemon=True).start()
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
+
+
+def stream_chat(port, prompt, max_tokens, temperature, seed):
+    """One streaming chat request: (t_first, t_last, completion tokens, text)."""
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]}")
+    first = last = None
+    tokens, text = 0, []
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        if ev.get("usage"):
+            tokens = ev["usage"]["completion_tokens"]
+        for ch in ev["choices"]:
+            piece = ch["delta"].get("content")
+            if piece:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text.append(piece)
+    c.close()
+    first = first or time.perf_counter()
+    return first - t0, (last or first) - t0, tokens, "".join(text)
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def metric_sums(port):
+    """(accepted-per-round sum, count, server ITL sum, count) from /metrics."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    v = [0.0] * 4
+    keys = [
+        "paradraft_accepted_tokens_per_round_sum",
+        "paradraft_accepted_tokens_per_round_count",
+        "paradraft_inter_token_latency_seconds_sum",
+        "paradraft_inter_token_latency_seconds_count",
+    ]
+    for line in text.splitlines():
+        for i, k in enumerate(keys):
+            if line.startswith(k):
+                v[i] += float(line.rsplit(" ", 1)[1])
+    return v
+
+
+def level(port, ps, conc, n_req, max_tokens, temperature):
+    results = [None] * n_req
+    nxt = [0]
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= n_req:
+                return
+            t = time.perf_counter()
+            ttft, tlast, toks, _ = stream_chat(port, ps[i % len(ps)], max_tokens, temperature, i)
+            results[i] = (t, ttft, tlast, toks)
+
+    a0, n0, i0, m0 = metric_sums(port)
+    t0 = time.perf_counter()
+    th = [threading.Thread(target=worker) for _ in range(conc)]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    wall = time.perf_counter() - t0
+    a1, n1, i1, m1 = metric_sums(port)
+    toks = sum(r[3] for r in results)
+    ttft = [r[1] for r in results]
+    itl = [(r[2] - r[1]) / (r[3] - 1) for r in results if r[3] > 1]
+    single = [(r[3] - 1) / (r[2] - r[1]) for r in results if r[3] > 1 and r[2] > r[1]]
+    return {
+        "concurrency": conc,
+        "requests": n_req,
+        "tokens": toks,
+        "wall_s": wall,
+        "tok_s": toks / wall,
+        "ttft_ms": {p: 1e3 * pct(ttft, p) for p in (50, 90, 99)},
+        "itl_ms": {p: 1e3 * pct(itl, p) for p in (50, 90, 99)},
+        "stream_decode_tok_s_median": statistics.median(single) if single else None,
+        "tau": (1 + (a1 - a0) / (n1 - n0)) if n1 > n0 else None,
+        "draft_rounds": n1 - n0,
+        # Measured by the engine (no client or network in it).
+        "server_itl_ms_mean": 1e3 * (i1 - i0) / (m1 - m0) if m1 > m0 else None,
+    }
+
+
+def cli_decode(binary, ps, max_tokens, n):
+    """The CLI's decode tok/s (median over n prompts) at temperature 0."""
+    rates = []
+    for p in ps[:n]:
+        out = subprocess.run(
+            [binary, "generate", "--prompt", p, "--max-new-tokens", str(max_tokens), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        rates.append(json.loads(out.stdout)["stats"]["decode_tok_s"])
+    return statistics.median(rates)
+
+
+def svg(results, levels, path):
+    w, h, m = 560, 340, 50
+    ymax = max(r["tok_s"] for res in results.values() for r in res) * 1.1
+    xs = {c: m + (w - 2 * m) * i / max(1, len(levels) - 1) for i, c in enumerate(levels)}
+    colors = ["#444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e"]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="black"/>',
+        f'<line x1="{m}" y1="{m / 2}" x2="{m}" y2="{h - m}" stroke="black"/>',
+        f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">concurrent streams</text>',
+        f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" text-anchor="middle">aggregate tok/s</text>',
+    ]
+    y = lambda v: h - m - (h - 1.5 * m) * v / ymax
+    for c, x in xs.items():
+        out.append(f'<text x="{x}" y="{h - m + 15}" text-anchor="middle">{c}</text>')
+    for k in range(5):
+        v = ymax * k / 4
+        out.append(f'<text x="{m - 5}" y="{y(v) + 4}" text-anchor="end">{v:.0f}</text>')
+    for i, (name, res) in enumerate(results.items()):
+        col = colors[i % len(colors)]
+        pts = " ".join(f"{xs[r['concurrency']]:.1f},{y(r['tok_s']):.1f}" for r in res)
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{col}" stroke-width="2"/>')
+        out.append(f'<text x="{m + 10}" y="{m / 2 + 14 * (i + 1)}" fill="{col}">{name}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "paradraft"))
+    ap.add_argument("--methods", default="none,pld,dflash")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--requests", type=int, default=0, help="per level (default: max(8, 2c))")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--datasets", default="mt_bench,gsm8k_test,humaneval")
+    ap.add_argument("--server-args", default="", help="extra `serve` flags, space-separated")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench-out", "serve"))
+    a = ap.parse_args()
+    levels = [int(c) for c in a.concurrency.split(",")]
+    ps = prompts(a.datasets.split(","), 40)
+    os.makedirs(a.out, exist_ok=True)
+    report = {"args": vars(a), "results": {}}
+    if a.temperature == 0:
+        report["cli_decode_tok_s"] = cli_decode(a.bin, ps, a.max_tokens, 8)
+        print(f"CLI decode (median of 8 prompts): {report['cli_decode_tok_s']:.1f} tok/s", flush=True)
+    for method in a.methods.split(","):
+        srv = Server(a.bin, ["--drafter", method, *a.server_args.split()])
+        try:
+            stream_chat(srv.port, ps[0], 8, a.temperature, 0)  # warm-up
+            res = []
+            for c in levels:
+                n = a.requests or max(8, 2 * c)
+                r = level(srv.port, ps, c, n, a.max_tokens, a.temperature)
+                res.append(r)
+                print(
+                    f"{method:>8} c={c:<3} {r['tok_s']:7.1f} tok/s  TTFT p50 {r['ttft_ms'][50]:7.0f} ms"
+                    f"  ITL p50 {r['itl_ms'][50]:6.1f} ms  tau {r['tau'] or 0:.2f}",
+                    flush=True,
+                )
+            report["results"][method] = res
+        finally:
+            srv.stop()
+        with open(os.path.join(a.out, "serve.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    svg(report["results"], levels, os.path.join(a.out, "serve_throughput.svg"))
+    lines = [
+        f"max_tokens {a.max_tokens}, temperature {a.temperature}, prompts: {a.datasets}",
+        "",
+        "| method | streams | tok/s | × c=1 | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | τ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method, res in report["results"].items():
+        base = res[0]["tok_s"]
+        for r in res:
+            t, i = r["ttft_ms"], r["itl_ms"]
+            lines.append(
+                f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
+                f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | "
+                f"{r['tau']:.2f} |" if r["tau"] else
+                f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
+                f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | – |"
+            )
+    if "cli_decode_tok_s" in report:
+        r0 = report["results"].get("none", [{}])[0]
+        one, itl = r0.get("stream_decode_tok_s_median"), r0.get("server_itl_ms_mean")
+        if one and itl:
+            lines += [
+                "",
+                f"AR at one stream: CLI decode {report['cli_decode_tok_s']:.1f} tok/s; server "
+                f"{one:.1f} tok/s per stream as the client sees it, {1e3 / itl:.1f} tok/s as the "
+                "engine times it (inter-token latency)",
+            ]
+    with open(os.path.join(a.out, "serve.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
