@@ -305,7 +305,7 @@ impl<'e> Scheduler<'e> {
                 return;
             }
         };
-        let mut pool = KvPool::new(self.cfg.kv_pages, 0);
+        let mut pool = KvPool::new(self.cfg.kv_pages);
         let mut waiting: VecDeque<(Request, Instant)> = VecDeque::new();
         let mut running: Vec<Running> = Vec::new();
         let mut stepper = Stepper::default();

@@ -13,18 +13,12 @@ pub const PAGE_SLOTS: usize = KV_TILE;
 pub struct KvPool {
     total: usize,
     used: usize,
-    /// Bytes of one page across all layers (K and V).
-    pub page_bytes: usize,
 }
 
 impl KvPool {
-    /// A pool of `total` pages of `page_bytes` each.
-    pub fn new(total: usize, page_bytes: usize) -> Self {
-        KvPool {
-            total,
-            used: 0,
-            page_bytes,
-        }
+    /// A pool of `total` pages.
+    pub fn new(total: usize) -> Self {
+        KvPool { total, used: 0 }
     }
 
     /// Pages that hold `slots` slots.
@@ -61,7 +55,7 @@ mod tests {
 
     #[test]
     fn reserves_until_full_and_releases() {
-        let mut p = KvPool::new(10, 1);
+        let mut p = KvPool::new(10);
         assert_eq!(KvPool::pages_for(1), 1);
         assert_eq!(KvPool::pages_for(16), 1);
         assert_eq!(KvPool::pages_for(17), 2);

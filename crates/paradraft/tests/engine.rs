@@ -1,0 +1,185 @@
+//! The serving engine without HTTP: the scheduler thread, admission from the KV page pool,
+//! cancellation and the 429 cap, on a tiny model. Every request's tokens equal AR decoding of
+//! it alone, however the scheduler batched it.
+
+mod common;
+use common::*;
+use paradraft::drafters::speculative_config::{DrafterConfig, Method};
+use paradraft::engine::{Engine, EngineConfig, Event, Finished, Rejected, Request};
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::sample::SamplingParams;
+use paradraft::types::TokenId;
+use std::sync::Arc;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+fn toks(n: usize, seed: u32, vocab: usize) -> Vec<TokenId> {
+    (0..n as u32)
+        .map(|i| TokenId((i.wrapping_mul(2654435761).wrapping_add(seed * 97)) % vocab as u32))
+        .collect()
+}
+
+fn start(method: Method, cfg: EngineConfig) -> Engine {
+    let path = fixtures().join("tiny").join("llama");
+    let lm = Arc::new(paradraft::model::load(&path).unwrap());
+    let d = DrafterConfig {
+        method,
+        ..Default::default()
+    };
+    Engine::start(lm, path, d, cfg).unwrap()
+}
+
+fn params(i: usize) -> GenerateParams {
+    GenerateParams {
+        max_new_tokens: 10 + i % 7,
+        sampling: SamplingParams {
+            temperature: if i.is_multiple_of(3) { 0.7 } else { 0.0 },
+            seed: i as u64,
+            ..Default::default()
+        },
+        stop_strings: vec![],
+    }
+}
+
+/// Waits for the request's end: its streamed text and summary.
+fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Finished) {
+    let mut text = String::new();
+    loop {
+        match rx.blocking_recv().expect("an event") {
+            Event::Text(t) => text.push_str(&t),
+            Event::Done(f) => return (text, f),
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
+    for method in [Method::None, Method::Pld] {
+        // Three at a time, and a pool that holds only two requests of 64 tokens (4 pages
+        // each): admission waits for pages.
+        let cfg = EngineConfig {
+            ctx: 64,
+            max_running: 3,
+            max_queue: 32,
+            kv_pages: 8,
+            prefill_chunk: 5,
+            ..Default::default()
+        };
+        let e = start(method, cfg);
+        let lm = e.loaded();
+        let v = lm.model.config.vocab_size;
+        let prompts: Vec<Vec<TokenId>> = (0..16).map(|i| toks(3 + i % 9, i as u32, v)).collect();
+        let rxs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (tx, rx) = unbounded_channel();
+                e.submit(Request {
+                    prompt: p.clone(),
+                    params: params(i),
+                    events: tx,
+                })
+                .unwrap();
+                rx
+            })
+            .collect();
+        for (i, rx) in rxs.into_iter().enumerate() {
+            let (text, f) = collect(rx);
+            let mut kv = lm.model.new_kv(64);
+            let ar = generate(
+                &lm.model,
+                &lm.tokenizer,
+                &mut kv,
+                &prompts[i],
+                &params(i),
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(f.token_ids, ar.token_ids, "{method:?} request {i}");
+            assert_eq!(text, ar.text, "{method:?} request {i}");
+            assert_eq!(f.prompt_tokens, prompts[i].len());
+        }
+        let m = e.metrics().render();
+        assert!(
+            m.contains("paradraft_requests_total{outcome=\"finished\"} 16"),
+            "{m}"
+        );
+        e.shutdown();
+    }
+}
+
+#[test]
+fn cancelled_requests_free_their_pages_and_the_cap_refuses() {
+    let cfg = EngineConfig {
+        ctx: 256,
+        max_running: 1,
+        max_queue: 1,
+        kv_pages: 16,
+        ..Default::default()
+    };
+    let e = start(Method::None, cfg);
+    let long = |tx| Request {
+        prompt: vec![TokenId(1), TokenId(2)],
+        params: GenerateParams {
+            max_new_tokens: 250,
+            sampling: Default::default(),
+            stop_strings: vec![],
+        },
+        events: tx,
+    };
+    let (tx1, rx1) = unbounded_channel();
+    let (tx2, rx2) = unbounded_channel();
+    let (tx3, _rx3) = unbounded_channel();
+    e.submit(long(tx1)).unwrap();
+    e.submit(long(tx2)).unwrap();
+    // Two in flight (one running, one queued): the third is refused.
+    assert!(matches!(e.submit(long(tx3)), Err(Rejected::Busy(2))));
+    // Dropping the receivers cancels both.
+    drop(rx1);
+    drop(rx2);
+    let t = std::time::Instant::now();
+    while e.in_flight() > 0 {
+        assert!(t.elapsed().as_secs() < 30, "cancelled requests linger");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let m = e.metrics().render();
+    assert!(
+        m.contains("paradraft_requests_total{outcome=\"cancelled\"} 2"),
+        "{m}"
+    );
+    // The pages are back: a new request runs.
+    let (tx, rx) = unbounded_channel();
+    e.submit(long(tx)).unwrap();
+    let (_, f) = collect(rx);
+    assert!(!f.token_ids.is_empty());
+}
+
+#[test]
+fn bad_engine_settings_are_refused() {
+    let path = fixtures().join("tiny").join("llama");
+    let lm = Arc::new(paradraft::model::load(&path).unwrap());
+    let d = DrafterConfig::default();
+    for cfg in [
+        EngineConfig {
+            max_running: 0,
+            ..Default::default()
+        },
+        EngineConfig {
+            ctx: 4096,
+            kv_pages: 10,
+            ..Default::default()
+        },
+    ] {
+        assert!(Engine::start(lm.clone(), path.clone(), d.clone(), cfg).is_err());
+    }
+    let bad = DrafterConfig {
+        method: Method::Dflash,
+        draft_model: Some(path.join("nope")),
+        ..Default::default()
+    };
+    let err = Engine::start(lm, path, bad, EngineConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("DFlash"), "{err}");
+}
