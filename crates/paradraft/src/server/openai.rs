@@ -217,23 +217,10 @@ impl Knobs<'_> {
                 Some(x) if !(-2.0..=2.0).contains(&x) => {
                     return Err(ApiError::invalid(
                         format!("{name} must be between -2 and 2, got {x}"),
-                        Some(if name == "frequency_penalty" {
-                            "frequency_penalty"
-                        } else {
-                            "presence_penalty"
-                        }),
+                        Some(name),
                     ))
                 }
-                Some(x) if x != 0.0 => {
-                    return Err(unsupported(
-                        "a non-zero penalty",
-                        if name == "frequency_penalty" {
-                            "frequency_penalty"
-                        } else {
-                            "presence_penalty"
-                        },
-                    ))
-                }
+                Some(x) if x != 0.0 => return Err(unsupported("a non-zero penalty", name)),
                 _ => {}
             }
         }
@@ -364,7 +351,7 @@ impl ChatRequest {
             (&self.web_search_options, "web_search_options"),
         ] {
             if !absent(v) {
-                return Err(unsupported(name, "tools").with_param(name));
+                return Err(unsupported(name, name));
             }
         }
         for (v, name) in [
@@ -372,7 +359,7 @@ impl ChatRequest {
             (&self.function_call, "function_call"),
         ] {
             if !absent(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
-                return Err(unsupported(name, "tool_choice").with_param(name));
+                return Err(unsupported(name, name));
             }
         }
         if let Some(rf) = &self.response_format {
@@ -422,13 +409,6 @@ fn stream_usage(stream: bool, o: &Option<StreamOptions>) -> Result<bool, ApiErro
         )),
         Some(o) => Ok(o.include_usage),
         None => Ok(false),
-    }
-}
-
-impl ApiError {
-    fn with_param(mut self, p: &'static str) -> Self {
-        self.param = Some(p);
-        self
     }
 }
 
