@@ -19,6 +19,7 @@ mod serve;
 mod speculative_args;
 mod train;
 mod train_dart;
+mod train_pard;
 
 #[derive(Parser)]
 #[command(

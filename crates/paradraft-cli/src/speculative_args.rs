@@ -13,15 +13,16 @@ pub struct MethodArg(pub Method);
 
 impl clap::ValueEnum for MethodArg {
     fn value_variants<'a>() -> &'a [Self] {
-        const ALL: [MethodArg; 7] = [
-            MethodArg(Method::None),
-            MethodArg(Method::Pld),
-            MethodArg(Method::DraftModel),
-            MethodArg(Method::Dflash),
-            MethodArg(Method::DflashSample),
-            MethodArg(Method::DflashTree),
-            MethodArg(Method::Dart),
-        ];
+        // Every library method, in its order.
+        const ALL: [MethodArg; Method::ALL.len()] = {
+            let mut out = [MethodArg(Method::None); Method::ALL.len()];
+            let mut i = 0;
+            while i < out.len() {
+                out[i] = MethodArg(Method::ALL[i].0);
+                i += 1;
+            }
+            out
+        };
         &ALL
     }
     fn to_possible_value(&self) -> Option<PossibleValue> {

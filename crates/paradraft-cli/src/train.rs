@@ -19,6 +19,9 @@ pub enum TrainCmd {
     Dflash(DflashArgs),
     /// Train a DART one-layer parallel drafter for the target (DART paper §3.4, App. B).
     Dart(crate::train_dart::DartArgs),
+    /// Train a PARD mask-token parallel draft model from the target's first layers (PARD
+    /// paper §3.2: conditional drop-token training; no target features).
+    Pard(crate::train_pard::PardArgs),
 }
 
 /// What every drafter trainer shares: the target, the working directory, self-distillation,
@@ -166,6 +169,7 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
     match cmd {
         TrainCmd::Dflash(a) => dflash(a),
         TrainCmd::Dart(a) => crate::train_dart::run(a),
+        TrainCmd::Pard(a) => crate::train_pard::run(a),
     }
 }
 
@@ -207,7 +211,8 @@ pub fn prepare(
             max_prompt_tokens: 1024,
             seqs: a.gen_seqs.max(1),
             // The drafter's features come with the generation (no second target pass).
-            capture: Some((stored.clone(), features::cache_path(&a.out, &stored))),
+            capture: (!stored.is_empty())
+                .then(|| (stored.clone(), features::cache_path(&a.out, &stored))),
         },
         |d, _| {
             first.get_or_insert(d);
@@ -293,6 +298,30 @@ pub fn prepare(
     )))
 }
 
+/// A frozen embedding row for mask slots: the lowest id the target never sees in this data
+/// and never emits to end a turn (SmolLM2: a rare special token).
+pub fn unused_token(
+    lm: &paradraft::model::Loaded,
+    samples: &[paradraft::train::data::Sample],
+) -> u32 {
+    let n = lm.model.config.vocab_size;
+    let mut seen = vec![false; n];
+    for t in lm
+        .tokenizer
+        .stop_tokens
+        .iter()
+        .chain(lm.tokenizer.bos.iter())
+    {
+        seen[t.idx()] = true;
+    }
+    for s in samples {
+        for t in &s.tokens {
+            seen[t.idx()] = true;
+        }
+    }
+    seen.iter().position(|&x| !x).unwrap_or(n - 1) as u32
+}
+
 /// The feature cache of `stored` taps for the prepared samples (computed where missing); its
 /// first `ctx_width` floats per row are the drafter's context.
 pub fn feature_cache(
@@ -367,24 +396,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
     let mask = match init.as_ref().map(|c| c.mask_token_id).or(a.mask_token_id) {
         Some(m) if (m as usize) < tc.vocab_size => m,
         Some(m) => bail!("--mask-token-id {m} is outside the vocabulary"),
-        None => {
-            // A frozen row the target never sees in this data and never emits to end a turn.
-            let mut seen = vec![false; tc.vocab_size];
-            for t in lm
-                .tokenizer
-                .stop_tokens
-                .iter()
-                .chain(lm.tokenizer.bos.iter())
-            {
-                seen[t.idx()] = true;
-            }
-            for s in samples {
-                for t in &s.tokens {
-                    seen[t.idx()] = true;
-                }
-            }
-            seen.iter().position(|&x| !x).unwrap_or(tc.vocab_size - 1) as u32
-        }
+        None => unused_token(lm, samples),
     };
     let mut layers = tc.clone();
     layers.arch = Arch::Qwen3;

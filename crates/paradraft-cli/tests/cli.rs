@@ -964,3 +964,124 @@ fn bench_and_train_options_at_their_extremes_never_panic() {
         ok_or_refused(&args, &format!("train {method} {extra:?}"));
     }
 }
+
+/// `train pard` end to end on a tiny model (data, COD training, export, held-out evaluation,
+/// re-evaluation of the export), then decoding with the exported drafter — chain, sampled and
+/// tree, K beyond the trained one — matches AR; K 0 is refused, and so is a target the trainer
+/// cannot adapt (RoPE scaling).
+#[test]
+fn train_pard_exports_a_drafter_that_decodes_losslessly() {
+    let m = tiny("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = four_prompts(dir.path());
+    let out = dir.path().join("run");
+    let base = |model: &str, out: &str| {
+        vec![
+            "train".to_string(),
+            "pard".into(),
+            "--model".into(),
+            model.into(),
+            "--out".into(),
+            out.into(),
+            "--prompts".into(),
+            prompts.to_str().unwrap().into(),
+            "--samples".into(),
+            "4".into(),
+            "--max-new-tokens".into(),
+            "12".into(),
+            "--draft-vocab".into(),
+            "100".into(),
+            "--draft-layers".into(),
+            "1".into(),
+            "--k".into(),
+            "4".into(),
+            "--batch-seqs".into(),
+            "2".into(),
+            "--max-steps".into(),
+            "2".into(),
+        ]
+    };
+    let args = base(&m, out.to_str().unwrap());
+    let r = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let drafter = out.join("pard-drafter");
+    for f in ["config.json", "model.safetensors"] {
+        assert!(drafter.join(f).exists(), "{f}");
+    }
+    assert!(out.join("pard/eval.json").exists() && out.join("pard/loss.svg").exists());
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(drafter.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (cfg["spd_type"].as_str(), cfg["pard_k"].as_u64()),
+        (Some("pard"), Some(4))
+    );
+    let d = drafter.to_str().unwrap();
+    let mut ev = args.clone();
+    ev.extend(["--evaluate".to_string(), d.to_string()]);
+    let r = run(&ev.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(json_of(&r)["expected_tau"].as_f64().unwrap() >= 1.0);
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "count to 3",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let ar = json_of(&gen(&[]));
+    for extra in [
+        &["--drafter", "pard", "--draft-model", d][..],
+        &[
+            "--drafter",
+            "pard",
+            "--draft-model",
+            d,
+            "--num-speculative-tokens",
+            "6",
+        ],
+        &["--drafter", "pard-tree", "--draft-model", d, "--no-ngram"],
+    ] {
+        let sp = gen(extra);
+        assert!(
+            sp.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sp.stderr)
+        );
+        assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"], "{extra:?}");
+    }
+    let sampled = |extra: &[&str]| {
+        let mut a = vec!["--temperature", "0.8", "--seed", "3"];
+        a.extend_from_slice(extra);
+        json_of(&gen(&a))["token_ids"].clone()
+    };
+    assert_eq!(
+        sampled(&["--drafter", "pard-sample", "--draft-model", d]),
+        sampled(&[])
+    );
+    assert_refused(
+        &gen(&[
+            "--drafter",
+            "pard",
+            "--draft-model",
+            d,
+            "--num-speculative-tokens",
+            "0",
+        ]),
+        "num_speculative_tokens",
+    );
+    let llama = tiny("llama");
+    let other = dir.path().join("llama-run");
+    let args = base(&llama, other.to_str().unwrap());
+    assert_refused(
+        &run(&args.iter().map(String::as_str).collect::<Vec<_>>()),
+        "RoPE scaling",
+    );
+}

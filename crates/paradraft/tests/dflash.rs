@@ -295,7 +295,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
         };
         let m = DflashModel::load(dir.path()).unwrap();
         let mut d = Dflash::new(m, &lm.model, 200, None, p.sampling).unwrap();
-        d.draft_sampling = mode;
+        d.drafting.sampling = mode;
         let sp = speculative_generate(
             &lm.model,
             &lm.tokenizer,

@@ -79,7 +79,7 @@ fn dflash_tree_is_token_identical_to_ar_on_the_tiny_model() {
                 let m = DflashModel::load(dir.path()).unwrap();
                 let mut d = Dflash::new(m, &lm.model, 200, None, params.sampling).unwrap();
                 let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-                d.tree = Some(TreeDrafting::new(
+                d.drafting.tree = Some(TreeDrafting::new(
                     TreeSearchParams::default(),
                     ng.clone(),
                     stop,
@@ -114,7 +114,7 @@ fn dflash_tree_on_smollm2_is_lossless_and_beats_the_chain() {
             let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling).unwrap();
             if with_tree {
                 let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-                d.tree = Some(TreeDrafting::new(
+                d.drafting.tree = Some(TreeDrafting::new(
                     TreeSearchParams::default(),
                     Some(trie.clone()),
                     stop,

@@ -227,6 +227,64 @@ impl Drafter for QChain {
     }
 }
 
+thread_local! {
+    /// The seed of the request `spec_ids` runs next (what `PerRequest` makes its drafter with).
+    static REQUEST_SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A drafter made afresh for each request with that request's sampling (its seed), as the
+/// engine makes them (`DrafterSet::create`): drafts sampled with the request's noise vary from
+/// seed to seed, so the χ² test sees the rule applied to drafts drawn from q, not to one fixed
+/// draft per context.
+struct PerRequest<'a> {
+    make: Box<dyn Fn(u64) -> Box<dyn Drafter + 'a> + 'a>,
+    inner: Box<dyn Drafter + 'a>,
+}
+
+impl<'a> PerRequest<'a> {
+    fn new(make: impl Fn(u64) -> Box<dyn Drafter + 'a> + 'a) -> Self {
+        let inner = make(0);
+        PerRequest {
+            make: Box::new(make),
+            inner,
+        }
+    }
+}
+
+impl Drafter for PerRequest<'_> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn taps(&self) -> &[usize] {
+        self.inner.taps()
+    }
+    fn begin(
+        &mut self,
+        prompt: &[TokenId],
+        hidden: paradraft::speculative::Hidden,
+    ) -> paradraft::error::Result<()> {
+        self.inner = (self.make)(REQUEST_SEED.with(|s| s.get()));
+        self.inner.begin(prompt, hidden)
+    }
+    fn propose(
+        &mut self,
+        committed: &[TokenId],
+        max: usize,
+    ) -> paradraft::error::Result<paradraft::speculative::DraftTree> {
+        self.inner.propose(committed, max)
+    }
+    fn observe(
+        &mut self,
+        o: &paradraft::speculative::Outcome,
+        hidden: paradraft::speculative::Hidden,
+    ) -> paradraft::error::Result<()> {
+        self.inner.observe(o, hidden)
+    }
+    fn node_confidence(&self) -> Option<&[f32]> {
+        self.inner.node_confidence()
+    }
+}
+
 /// Two-sample chi-square statistic over categories with enough mass; returns (χ², dof).
 fn chi_square(
     a: &std::collections::HashMap<u32, usize>,
@@ -367,11 +425,14 @@ fn sampling_matches_ar_distribution() {
     // the one-hot rule, sampled drafts by the known-q rule.
     let dflash_dir =
         common::tiny_dflash_dir(&lm, &common::tiny_dflash_config(&lm, 1, &[0, 2], 4), true);
+    let dflash_model = std::sync::Arc::new(DflashModel::load(dflash_dir.path()).unwrap());
     let dflash = |mode| -> Box<dyn Drafter + '_> {
-        let m = DflashModel::load(dflash_dir.path()).unwrap();
-        let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
-        d.draft_sampling = mode;
-        Box::new(d)
+        let (m, lm) = (dflash_model.clone(), &lm);
+        Box::new(PerRequest::new(move |seed| {
+            let mut d = Dflash::new(m.clone(), &lm.model, 128, None, sampling(seed)).unwrap();
+            d.drafting.sampling = mode;
+            Box::new(d)
+        }))
     };
     // DFlash-tree: deterministic searched trees (one-hot q over siblings), n-gram scored.
     let trie = {
@@ -386,7 +447,7 @@ fn sampling_matches_ar_distribution() {
     let dflash_tree = {
         let m = DflashModel::load(dflash_dir.path()).unwrap();
         let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
-        d.tree = Some(paradraft::speculative::tree_search::TreeDrafting::new(
+        d.drafting.tree = Some(paradraft::speculative::tree_search::TreeDrafting::new(
             Default::default(),
             Some(trie.clone()),
             lm.tokenizer.stop_tokens.iter().copied().collect(),
@@ -406,8 +467,34 @@ fn sampling_matches_ar_distribution() {
         let d = paradraft::drafters::dart::Dart::new(m, head, &lm.model, 128, None, td).unwrap();
         Box::new(d) as Box<dyn Drafter + '_>
     };
+    // PARD: an untrained drafter (the target's first layer, perturbed) over a reduced
+    // vocabulary; greedy drafts by the one-hot rule, sampled drafts by the known-q rule.
+    let pard_vocab = paradraft::drafters::vocab::DraftVocab::from_d2t(
+        (0..vocab).filter(|i| i % 4 != 1).collect(),
+        vocab as usize,
+    );
+    let (pard_dir, _) = common::tiny_pard_dir(&lm, 1, &pard_vocab, 5);
+    let pard_model = std::sync::Arc::new(
+        paradraft::drafters::pard::PardModel::load(
+            pard_dir.path(),
+            &common::fixtures().join("tiny/qwen3"),
+            &lm,
+        )
+        .unwrap(),
+    );
+    let pard = |mode| -> Box<dyn Drafter + '_> {
+        let m = pard_model.clone();
+        Box::new(PerRequest::new(move |seed| {
+            let mut d =
+                paradraft::drafters::pard::Pard::new(m.clone(), 128, 4, sampling(seed)).unwrap();
+            d.drafting.sampling = mode;
+            Box::new(d)
+        }))
+    };
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
         ("dart", dart),
+        ("pard, greedy drafts", pard(DraftSampling::Greedy)),
+        ("pard, sampled drafts", pard(DraftSampling::Sample)),
         ("dflash-tree", dflash_tree),
         ("dflash, greedy drafts", dflash(DraftSampling::Greedy)),
         ("dflash, sampled drafts", dflash(DraftSampling::Sample)),
@@ -438,6 +525,7 @@ fn sampling_matches_ar_distribution() {
         ),
     ];
     let mut spec_ids = |d: &mut dyn Drafter, seed: u64, rule: VerifyRule| {
+        REQUEST_SEED.with(|s| s.set(seed));
         let sp = Speculation {
             drafter: Box::new(d),
             max_draft: 6,

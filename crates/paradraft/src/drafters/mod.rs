@@ -4,6 +4,7 @@
 pub mod dart;
 pub mod dflash;
 pub mod draft_model;
+pub mod pard;
 pub mod parts;
 pub mod pld;
 pub mod replay;

@@ -206,3 +206,92 @@ impl DraftHead {
         }
     }
 }
+
+/// How a parallel drafter picks its draft from each slot's distribution at temperature > 0
+/// (both are lossless; they differ in acceptance).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftSampling {
+    /// Argmax of each slot (one-hot q, the reference codes' choice).
+    Greedy,
+    /// Each slot sampled from its own distribution, which is attached as q.
+    Sample,
+}
+
+/// What turns a parallel drafter's block — one row of draft-vocabulary logits per slot, all
+/// from one pass — into a draft, shared by DFlash and PARD: a searched tree (DART's
+/// continuity-aware search) when `tree` is set, else a chain of each slot's argmax or of
+/// samples drawn with the target's keyed noise (q attached).
+pub struct BlockDrafting {
+    pub sampler: crate::sample::Sampler,
+    pub sampling: DraftSampling,
+    pub tree: Option<crate::speculative::tree_search::TreeDrafting>,
+    /// Path probability of each node of the last searched tree (score order).
+    pub conf: Vec<f32>,
+}
+
+impl BlockDrafting {
+    pub fn new(sampling: crate::sample::SamplingParams) -> Result<Self> {
+        Ok(BlockDrafting {
+            // The target's seed: sampled drafts use the noise the target samples with.
+            sampler: crate::sample::Sampler::new(sampling)?,
+            sampling: DraftSampling::Greedy,
+            tree: None,
+            conf: vec![],
+        })
+    }
+
+    /// The same settings for another request sampled with `sampling`.
+    pub fn fork(&self, sampling: crate::sample::SamplingParams) -> Result<Self> {
+        Ok(BlockDrafting {
+            sampler: crate::sample::Sampler::new(sampling)?,
+            sampling: self.sampling,
+            tree: self
+                .tree
+                .as_ref()
+                .map(crate::speculative::tree_search::TreeDrafting::fork),
+            conf: vec![],
+        })
+    }
+
+    /// `logits`: `slots × v` rows, slot i predicting absolute position `first + i`, over the
+    /// draft vocabulary of `head`. `committed` ends with the root.
+    pub fn draft(
+        &mut self,
+        logits: &[f32],
+        v: usize,
+        head: &DraftHead,
+        committed: &[TokenId],
+        first: usize,
+        max_nodes: usize,
+    ) -> Result<crate::speculative::DraftTree> {
+        self.conf.clear();
+        if let Some(td) = &mut self.tree {
+            let searched = td.draft(logits, v, |i| head.target_id(i), committed, max_nodes)?;
+            self.conf = searched.path_prob;
+            return Ok(searched.tree);
+        }
+        let mut tree = crate::speculative::DraftTree::new();
+        let mut parent = None;
+        let sample = self.sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
+        let slots = (logits.len() / v.max(1)).min(max_nodes);
+        for i in 0..slots {
+            let row = &logits[i * v..(i + 1) * v];
+            let (tok, q) = if sample {
+                let mut q = self.sampler.dist(row);
+                for e in q.entries.iter_mut() {
+                    e.0 = head.target_id(e.0.idx());
+                }
+                (self.sampler.pick_at(&q, first + i), Some(q))
+            } else {
+                (head.target_id(ops::argmax(row).idx()), None)
+            };
+            parent = Some(tree.push(parent, tok, q)?);
+        }
+        Ok(tree)
+    }
+
+    /// [`crate::speculative::Drafter::node_confidence`] for the last draft.
+    pub fn node_confidence(&self) -> Option<&[f32]> {
+        self.tree.as_ref().map(|_| &self.conf[..])
+    }
+}

@@ -5,8 +5,10 @@
 //! [`DrafterConfig`].
 
 use super::dart::{Dart, DartModel};
-use super::dflash::{Dflash, DflashModel, DraftSampling};
+use super::dflash::{Dflash, DflashModel};
 use super::draft_model::DraftModel;
+use super::pard::{Pard, PardModel};
+use super::parts::DraftSampling;
 use super::pld::PromptLookup;
 use super::NoDraft;
 use crate::error::{Error, Result};
@@ -32,11 +34,14 @@ pub enum Method {
     DflashSample,
     DflashTree,
     Dart,
+    Pard,
+    PardSample,
+    PardTree,
 }
 
 impl Method {
     /// Every method with its name and a one-line description.
-    pub const ALL: [(Method, &'static str, &'static str); 7] = [
+    pub const ALL: [(Method, &'static str, &'static str); 10] = [
         (Method::None, "none", "no drafter: plain AR decoding"),
         (
             Method::Pld,
@@ -67,6 +72,21 @@ impl Method {
             Method::Dart,
             "dart",
             "DART: one-layer parallel drafter + n-gram-pruned tree search",
+        ),
+        (
+            Method::Pard,
+            "pard",
+            "PARD: target-independent mask-token draft model, K drafts in one pass (greedy chain)",
+        ),
+        (
+            Method::PardSample,
+            "pard-sample",
+            "PARD drafting by sampling each slot from its distribution (q known)",
+        ),
+        (
+            Method::PardTree,
+            "pard-tree",
+            "PARD's per-slot distributions searched into an n-gram-pruned tree (DART's search)",
         ),
     ];
 
@@ -169,6 +189,7 @@ pub fn default_drafter_dir(m: Method) -> Option<PathBuf> {
     let name = match m {
         Method::Dflash | Method::DflashSample | Method::DflashTree => "smollm2-135m-dflash",
         Method::Dart => "smollm2-135m-dart",
+        Method::Pard | Method::PardSample | Method::PardTree => "smollm2-135m-pard",
         _ => return None,
     };
     Some(crate::fetch::resource_path(&format!("drafters/{name}")))
@@ -197,12 +218,21 @@ impl DrafterConfig {
     pub fn check_used(&self, methods: &[Method]) -> Result<()> {
         use Method::*;
         let d = DrafterConfig::default();
-        let trees: &[Method] = &[DflashTree, Dart];
+        let trees: &[Method] = &[DflashTree, Dart, PardTree];
         let checks: [(bool, &str, &[Method]); 5] = [
             (
                 self.draft_model.is_some(),
                 "--draft-model (\"model\")",
-                &[DraftModel, Dflash, DflashSample, DflashTree, Dart],
+                &[
+                    DraftModel,
+                    Dflash,
+                    DflashSample,
+                    DflashTree,
+                    Dart,
+                    Pard,
+                    PardSample,
+                    PardTree,
+                ],
             ),
             (self.draft_layers.is_some(), "--draft-layers", &[DraftModel]),
             (
@@ -291,11 +321,11 @@ impl DrafterConfig {
                     .map_err(|e| e.context(format!("loading DFlash drafter {}", dir.display())))?;
                 let mut d = Dflash::new(m, &lm.model, ctx, self.block_size, Default::default())?;
                 if self.method == Method::DflashSample {
-                    d.draft_sampling = DraftSampling::Sample;
+                    d.drafting.sampling = DraftSampling::Sample;
                 }
                 let mut max = d.block_size - 1;
                 if self.method == Method::DflashTree {
-                    d.tree = Some(self.tree_drafting(lm, ctx)?);
+                    d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
                     max = self.tree_budget;
                 }
                 (Template::Dflash(Box::new(d)), max)
@@ -308,6 +338,21 @@ impl DrafterConfig {
                 let masks = self.block_size.map(|b| b.saturating_sub(1));
                 let d = Dart::new(m, head, &lm.model, ctx, masks, tree)?;
                 (Template::Dart(Box::new(d)), self.tree_budget)
+            }
+            Method::Pard | Method::PardSample | Method::PardTree => {
+                let dir = dir();
+                let m = PardModel::load(&dir, target_path, lm)
+                    .map_err(|e| e.context(format!("loading PARD drafter {}", dir.display())))?;
+                let mut d = Pard::new(m, ctx, k, Default::default())?;
+                if self.method == Method::PardSample {
+                    d.drafting.sampling = DraftSampling::Sample;
+                }
+                let mut max = k;
+                if self.method == Method::PardTree {
+                    d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
+                    max = self.tree_budget;
+                }
+                (Template::Pard(Box::new(d)), max)
             }
             Method::Pld => {
                 if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
@@ -373,6 +418,7 @@ enum Template<'t> {
     Dflash(Box<Dflash<'t>>),
     Dart(Box<Dart<'t>>),
     DraftModel(Box<DraftModel>),
+    Pard(Box<Pard>),
 }
 
 /// A loaded drafter: weights shared by every request, per-request state made by
@@ -401,6 +447,7 @@ impl<'t> DrafterSet<'t> {
             Template::Dflash(d) => Box::new(d.fork(self.ctx, sampling)?),
             Template::Dart(d) => Box::new(d.fork(self.ctx)),
             Template::DraftModel(d) => Box::new(d.fork(self.ctx, sampling)?),
+            Template::Pard(d) => Box::new(d.fork(self.ctx, sampling)?),
         })
     }
 

@@ -89,6 +89,18 @@ impl Model {
         self.layers.get(li).map(|l| l.weights_f32(&self.config))
     }
 
+    /// Every dense (f32/f16) matrix — layers, embedding, LM head — in Q8_0, so that a
+    /// checkpoint stored in f16 runs on the int8 kernels; quantized matrices stay as they are.
+    pub fn quantize_dense_q8_0(&mut self) {
+        for l in &mut self.layers {
+            l.matrices_mut().into_iter().for_each(|w| w.quantize_q8_0());
+        }
+        self.embed.quantize_q8_0();
+        if let Some(h) = &mut self.lm_head {
+            h.quantize_q8_0();
+        }
+    }
+
     /// Writes the input embedding of `id` into `dst` (length `hidden_size`).
     pub fn embed_row(&self, id: usize, dst: &mut [f32]) {
         self.embed.row_into(id, dst);

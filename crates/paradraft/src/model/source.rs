@@ -222,6 +222,25 @@ impl SafetensorsSource {
         })
     }
 
+    /// A float tensor by its HF name (as a checkpoint of ours names it), dequantized.
+    pub fn f32_by_hf_name(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entries.get(name).ok_or_else(|| Error::BadModelFile {
+            path: self.dir.clone(),
+            format: "safetensors",
+            reason: format!("tensor {name} is missing"),
+        })?;
+        if e.shape != shape {
+            return Err(Error::BadModelFile {
+                path: self.dir.clone(),
+                format: "safetensors",
+                reason: format!("tensor {name} has shape {:?}, expected {shape:?}", e.shape),
+            });
+        }
+        let mut v = vec![0f32; shape.iter().product()];
+        dequantize(e.ty, &self.maps[e.file][e.start..e.end], &mut v);
+        Ok(v)
+    }
+
     /// Maps a GGUF tensor name to its HF name.
     pub(crate) fn hf_name(name: &str) -> String {
         let fixed = match name {
@@ -278,4 +297,46 @@ impl TensorSource for SafetensorsSource {
             reason: format!("tensor {} is missing", Self::hf_name(name)),
         }
     }
+}
+
+/// Tensors from `top`, and the ones it lacks from `base`: a drafter checkpoint that keeps only
+/// its own layers and takes the rest (the embedding, a tied LM head) from its target.
+pub struct Overlay<'a> {
+    pub top: &'a dyn TensorSource,
+    pub base: &'a dyn TensorSource,
+}
+
+impl Overlay<'_> {
+    fn pick(&self, name: &str) -> &dyn TensorSource {
+        if self.top.has(name) {
+            self.top
+        } else {
+            self.base
+        }
+    }
+}
+
+impl TensorSource for Overlay<'_> {
+    fn describe(&self) -> String {
+        self.top.describe()
+    }
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.pick(name).shape(name)
+    }
+    fn raw(&self, name: &str) -> Option<(GgmlType, &[u8])> {
+        self.pick(name).raw(name)
+    }
+    fn missing(&self, name: &str) -> Error {
+        self.top.missing(name)
+    }
+}
+
+/// The tensors of a model file or HF directory, opened (memory-mapped) without building a
+/// model.
+pub fn open(path: &Path) -> Result<Box<dyn TensorSource>> {
+    Ok(if path.is_dir() {
+        Box::new(SafetensorsSource::open(path)?)
+    } else {
+        Box::new(GgufFile::open(path)?)
+    })
 }

@@ -5,9 +5,11 @@
 pub mod dart;
 pub mod data;
 pub mod dflash;
+pub mod export;
 pub mod features;
 pub mod fused;
 pub mod graph;
 pub mod optim;
+pub mod pard;
 pub mod plot;
 pub mod run;

@@ -203,3 +203,39 @@ pub fn assert_every_var_has_a_gradient(
         assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
     }
 }
+
+/// The target's first `layers` layers as a PARD drafter (weights perturbed by seeded noise so
+/// that tests do not pass on the target's own numbers), exported in the compact layout (K 4,
+/// mask `mask`) in f32, with its training network.
+pub fn tiny_pard_dir(
+    lm: &Loaded,
+    layers: usize,
+    vocab: &paradraft::drafters::vocab::DraftVocab,
+    mask: u32,
+) -> (tempfile::TempDir, paradraft::train::pard::net::Net) {
+    use paradraft::train::pard::{config_for, export, net::Net};
+    let net = Net::from_target(config_for(&lm.model, layers).unwrap(), &lm.model).unwrap();
+    let mut state = 0x2545_f491_u32;
+    for v in net.vars.values() {
+        let t = v.as_tensor();
+        let noise: Vec<f32> = (0..t.elem_count())
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((state >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.04
+            })
+            .collect();
+        let n = candle_core::Tensor::from_vec(noise, t.shape(), t.device()).unwrap();
+        v.set(&(t + n).unwrap()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    export(
+        &net,
+        TokenId(mask),
+        4,
+        vocab,
+        dir.path(),
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    (dir, net)
+}

@@ -19,24 +19,16 @@ pub mod model;
 pub use config::{default_target_layers, DflashConfig};
 pub use model::DflashModel;
 
-use crate::drafters::parts::DraftHead;
+use crate::drafters::parts::{BlockDrafting, DraftHead};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
-use crate::sample::{Sampler, SamplingParams};
-use crate::speculative::tree_search::TreeDrafting;
+use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 use std::sync::Arc;
 
-/// How drafts are chosen at temperature > 0 (both are lossless; they differ in acceptance).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DraftSampling {
-    /// Argmax of each slot (one-hot q, the reference code's choice).
-    Greedy,
-    /// Each slot sampled from its own distribution, which is attached as q.
-    Sample,
-}
+pub use crate::drafters::parts::DraftSampling;
 
 /// A DFlash drafter bound to its target (whose embedding and LM head it uses).
 pub struct Dflash<'t> {
@@ -49,13 +41,9 @@ pub struct Dflash<'t> {
     s: model::Scratch,
     /// Block size used at run time (≤ any value; the trained one is typical).
     pub block_size: usize,
-    sampler: Sampler,
-    pub draft_sampling: DraftSampling,
-    /// Draft a searched tree instead of the block's argmax chain (deterministic drafts, so
-    /// verified with one-hot q at any temperature).
-    pub tree: Option<TreeDrafting>,
-    /// Path probability of each node of the last searched tree (score order).
-    conf: Vec<f32>,
+    /// How the block becomes a draft: argmax or sampled chain, or a searched tree
+    /// (`drafting.tree`: deterministic drafts, verified with one-hot q at any temperature).
+    pub drafting: BlockDrafting,
     /// Target states of committed positions not yet injected: they enter the context when
     /// the next block is drafted, all in one pass (rounds that draft nothing cost nothing).
     pending: Vec<f32>,
@@ -91,11 +79,7 @@ impl<'t> Dflash<'t> {
             kv,
             s: model::Scratch::default(),
             block_size,
-            // The target's seed: sampled drafts use the noise the target samples with.
-            sampler: Sampler::new(sampling)?,
-            draft_sampling: DraftSampling::Greedy,
-            tree: None,
-            conf: vec![],
+            drafting: BlockDrafting::new(sampling)?,
             pending: vec![],
             x: vec![],
             hidden: vec![],
@@ -114,10 +98,7 @@ impl<'t> Dflash<'t> {
             kv: self.model.new_kv(ctx + self.block_size),
             s: model::Scratch::default(),
             block_size: self.block_size,
-            sampler: Sampler::new(sampling)?,
-            draft_sampling: self.draft_sampling,
-            tree: self.tree.as_ref().map(TreeDrafting::fork),
-            conf: vec![],
+            drafting: self.drafting.fork(sampling)?,
             pending: vec![],
             x: vec![],
             hidden: vec![],
@@ -142,7 +123,7 @@ impl<'t> Dflash<'t> {
 
 impl Drafter for Dflash<'_> {
     fn name(&self) -> &str {
-        if self.tree.is_some() {
+        if self.drafting.tree.is_some() {
             "dflash-tree"
         } else {
             "dflash"
@@ -169,7 +150,6 @@ impl Drafter for Dflash<'_> {
             )));
         }
         let room = self.kv.capacity().saturating_sub(s);
-        self.conf.clear();
         let b = self.block_size.min(max_nodes + 1).min(room);
         if b < 2 {
             return Ok(DraftTree::new());
@@ -202,35 +182,14 @@ impl Drafter for Dflash<'_> {
         let v = self
             .head
             .logits(self.target, &self.hidden[h..b * h], &mut self.logits);
-        if let Some(td) = &mut self.tree {
-            let head = &self.head;
-            let searched =
-                td.draft(&self.logits, v, |i| head.target_id(i), committed, max_nodes)?;
-            self.conf = searched.path_prob;
-            return Ok(searched.tree);
-        }
-        let mut tree = DraftTree::new();
-        let mut parent = None;
-        let sample =
-            self.draft_sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
-        for i in 0..b - 1 {
-            let row = &self.logits[i * v..(i + 1) * v];
-            let (tok, q) = if sample {
-                let mut q = self.sampler.dist(row);
-                for e in q.entries.iter_mut() {
-                    e.0 = self.head.target_id(e.0.idx());
-                }
-                // Row i predicts position s + 1 + i.
-                (self.sampler.pick_at(&q, s + 1 + i), Some(q))
-            } else {
-                (
-                    self.head.target_id(crate::runtime::ops::argmax(row).idx()),
-                    None,
-                )
-            };
-            parent = Some(tree.push(parent, tok, q)?);
-        }
-        Ok(tree)
+        self.drafting.draft(
+            &self.logits[..(b - 1) * v],
+            v,
+            &self.head,
+            committed,
+            s + 1,
+            max_nodes,
+        )
     }
 
     fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
@@ -239,6 +198,6 @@ impl Drafter for Dflash<'_> {
     }
 
     fn node_confidence(&self) -> Option<&[f32]> {
-        self.tree.as_ref().map(|_| &self.conf[..])
+        self.drafting.node_confidence()
     }
 }

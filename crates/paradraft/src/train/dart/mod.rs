@@ -376,69 +376,7 @@ pub fn evaluate(net: &Net, data: &Data, held_out: &[usize], anchors: usize) -> R
 /// Writes the drafter in the published layout: `config.json` + `model.safetensors` (weights
 /// in `dtype` — F16, BF16 or F32 — the `d2t` offsets as I64 and the `t2d` mask as BOOL).
 pub fn export(net: &Net, vocab: &DraftVocab, dir: &Path, dtype: DType) -> Result<()> {
-    use safetensors::Dtype as St;
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let st = match dtype {
-        DType::F16 => St::F16,
-        DType::BF16 => St::BF16,
-        DType::F32 => St::F32,
-        d => return Err(Error::BadRequest(format!("export dtype {d:?}"))),
-    };
-    let mut out: Vec<(String, Raw)> = vec![];
-    for (k, v) in &net.vars {
-        let x = v
-            .as_tensor()
-            .to_device(&Device::Cpu)
-            .and_then(|x| x.to_dtype(dtype))
-            .and_then(|x| x.flatten_all())
-            .map_err(cerr)?;
-        let data = match dtype {
-            DType::F16 => x
-                .to_vec1::<half::f16>()
-                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
-            DType::BF16 => x
-                .to_vec1::<half::bf16>()
-                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
-            _ => x
-                .to_vec1::<f32>()
-                .map(|v| bytes_of(&v, |a| a.to_le_bytes())),
-        }
-        .map_err(cerr)?;
-        out.push((k.clone(), Raw(st, v.dims().to_vec(), data)));
-    }
-    let d2t = bytes_of(&vocab.offsets(), |a| a.to_le_bytes());
-    out.push(("d2t".into(), Raw(St::I64, vec![vocab.len()], d2t)));
-    let t2d = (0..vocab.target_len())
-        .map(|t| vocab.draft_id(crate::types::TokenId(t as u32)).is_some() as u8)
-        .collect();
-    out.push(("t2d".into(), Raw(St::BOOL, vec![vocab.target_len()], t2d)));
-    let path = dir.join("model.safetensors");
-    safetensors::serialize_to_file(out, None, &path)
-        .map_err(|e| Error::BadRequest(format!("writing {}: {e}", path.display())))?;
-    let js = serde_json::to_string_pretty(&net.config.to_json()).expect("config serialises");
-    std::fs::write(dir.join("config.json"), js + "\n").map_err(|e| Error::io(dir, e))
-}
-
-fn bytes_of<T, const N: usize>(v: &[T], le: impl Fn(&T) -> [u8; N]) -> Vec<u8> {
-    v.iter().flat_map(le).collect()
-}
-
-/// A tensor's dtype, shape and little-endian bytes, for `safetensors`.
-struct Raw(safetensors::Dtype, Vec<usize>, Vec<u8>);
-
-impl safetensors::View for Raw {
-    fn dtype(&self) -> safetensors::Dtype {
-        self.0
-    }
-    fn shape(&self) -> &[usize] {
-        &self.1
-    }
-    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.2)
-    }
-    fn data_len(&self) -> usize {
-        self.2.len()
-    }
+    crate::train::export::write_drafter(&net.vars, Some(vocab), &net.config.to_json(), dir, dtype)
 }
 
 /// An exported (or published) DART drafter as a trainable network with its vocabulary.

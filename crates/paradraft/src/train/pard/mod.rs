@@ -1,0 +1,648 @@
+//! PARD drafter training (PARD §3.2, spec §5.3): mask-token subtasks with conditional
+//! drop-token (COD), one cross-entropy mean over every kept label, on target-independent data
+//! (token sequences; no target features). The shared loop (`train::run`) optimises it.
+//!
+//! The paper's layout packs K copies of a sequence (copy 0 the real tokens, copies 1..K−1 all
+//! masks, positions restarting per copy) under an attention pattern where copy c at position p
+//! sees the real tokens 0..=p−c and its chain of masks (copy c−1, p−1), …, (copy 1, p−c+1).
+//! Every kept mask is therefore the j-th mask after an anchor a = p − c, and COD keeps whole
+//! chain prefixes (a kept mask keeps all earlier masks of its chain). This module builds the
+//! same computation in anchor form — the real tokens once, then each kept chain as a block of
+//! masks at positions a+1..a+L — which holds exactly the copies' kept slots, with the same
+//! visibility, positions and labels ([`cod_chains`], [`build`]; a test checks it against the
+//! copies' definition).
+//!
+//! Deviations: labels outside the draft vocabulary are skipped (the drafter scores with the
+//! target's head rows of that vocabulary); end-of-turn tokens are trained (the reference
+//! code's collator never trains them); the mask token's embedding is the target's row, frozen.
+
+pub mod net;
+
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::model::{Arch, Config, Model};
+use crate::train::data::Sample;
+use crate::train::dflash::net::FrozenHead;
+use crate::train::fused::Ranges;
+use crate::train::optim::AdamW;
+use crate::train::run::{self, cerr, BatchLoss, Eval, LogLine, Schedule};
+use crate::types::TokenId;
+use candle_core::{DType, Device, Tensor, D};
+use net::{Batch, CResult, Net};
+use rand_chacha::ChaCha8Rng;
+use rand_core::SeedableRng;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// COD's settings (paper: K 8, r 0.7, r_min 0.2; r = 1 keeps every copy whole).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Cod {
+    /// Copies: the real tokens and K − 1 mask copies (subtasks 1..K).
+    pub k: usize,
+    pub r: f64,
+    pub r_min: f64,
+}
+
+impl Default for Cod {
+    fn default() -> Self {
+        Cod {
+            k: 8,
+            r: 0.7,
+            r_min: 0.2,
+        }
+    }
+}
+
+impl Cod {
+    /// Positions kept in mask copy i (1-based) of an S-token sequence: ⌊S · max(r^i, r_min)⌋.
+    pub fn kept(&self, s: usize, i: usize) -> usize {
+        (s as f64 * self.r.powi(i as i32).max(self.r_min)).floor() as usize
+    }
+}
+
+/// Hyper-parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PardParams {
+    pub cod: Cod,
+    /// Longest training sequence (tokens; longer samples are truncated).
+    pub max_seq: usize,
+    #[serde(flatten)]
+    pub schedule: Schedule,
+}
+
+impl Default for PardParams {
+    fn default() -> Self {
+        PardParams {
+            cod: Cod::default(),
+            max_seq: 512,
+            schedule: Schedule {
+                batch_seqs: 4,
+                epochs: 1,
+                max_steps: 0,
+                lr: 3e-4,
+                warmup_ratio: 0.02,
+                grad_clip: 1.0,
+                seed: 0,
+                save_every: 25,
+                pause_at: 0,
+            },
+        }
+    }
+}
+
+/// What training needs: the target (its embedding rows are the inputs, its head rows the
+/// output layer), the token sequences and the split, the draft vocabulary and the mask token.
+pub struct Data<'a> {
+    pub target: &'a Model,
+    pub samples: &'a [Sample],
+    pub train: Vec<usize>,
+    pub vocab: &'a DraftVocab,
+    pub mask: TokenId,
+    pub device: Device,
+}
+
+/// COD's keep sets in anchor form for an S-token sequence: `(a, L)` for every kept chain —
+/// anchor a (the last real position it sees, −1 ..= S − 2) and L kept masks at positions
+/// a+1..=a+L — sorted by anchor. Copy i keeps ⌊S·max(r^i, r_min)⌋ positions drawn uniformly
+/// from the successors `(q + 1) mod S` of copy i−1's kept positions (copy 0 keeps all); a copy
+/// that would keep none ends the copies. Wrapped successors (a < −1) only carry ignored labels
+/// and are dropped.
+pub fn cod_chains(s: usize, cod: &Cod, rng: &mut ChaCha8Rng) -> Vec<(i64, usize)> {
+    let mut kept: Vec<usize> = (0..s).collect();
+    let mut len = vec![0usize; s + 1]; // by anchor + 1
+    for i in 1..cod.k {
+        let n = cod.kept(s, i);
+        if n == 0 || s == 0 {
+            break;
+        }
+        let succ: Vec<usize> = kept.iter().map(|&q| (q + 1) % s).collect();
+        let pick = run::sample_sorted(0..succ.len(), n, rng);
+        kept = pick.into_iter().map(|j| succ[j]).collect();
+        kept.sort_unstable();
+        for &p in &kept {
+            let a = p as i64 - i as i64;
+            if a >= -1 {
+                len[(a + 1) as usize] = i;
+            }
+        }
+    }
+    len.iter()
+        .enumerate()
+        .filter(|(_, &l)| l > 0)
+        .map(|(a1, &l)| (a1 as i64 - 1, l))
+        .collect()
+}
+
+/// A sequence's layout with its labels.
+pub struct Labeled {
+    pub batch: Batch,
+    /// Draft id each `out` row must predict, and its subtask (1: the next token).
+    pub labels: Vec<u32>,
+    pub depth: Vec<u8>,
+}
+
+/// One sequence's slots in anchor form.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    pub tokens: Vec<TokenId>,
+    pub positions: Vec<u32>,
+    pub ranges: Vec<Ranges>,
+    /// Scored slots: (slot, draft-vocabulary label, subtask).
+    pub out: Vec<(u32, u32, u8)>,
+}
+
+/// The slots of `tokens` in anchor form: real slot i (position i, sees 0..=i, predicts
+/// x_{i+1}); then for each chain (a, L) masks j = 1..=L (position a + j, see the real tokens
+/// 0..=a and the chain's masks 1..=j, predict x_{a+j+1}). Only labels inside the sequence and
+/// the draft vocabulary are scored.
+pub fn layout(
+    tokens: &[TokenId],
+    chains: &[(i64, usize)],
+    mask: TokenId,
+    vocab: &DraftVocab,
+) -> Layout {
+    let s = tokens.len();
+    let (mut toks, mut pos, mut ranges, mut out) = (vec![], vec![], vec![], vec![]);
+    let mut label = |slot: usize, target: usize, depth: u8| {
+        if target < s {
+            if let Some(id) = vocab.draft_id(tokens[target]) {
+                out.push((slot as u32, id, depth));
+            }
+        }
+    };
+    for (i, &t) in tokens.iter().enumerate() {
+        toks.push(t);
+        pos.push(i as u32);
+        ranges.push([(0, i as u32 + 1), (0, 0)]);
+        label(i, i + 1, 1);
+    }
+    for &(a, l) in chains {
+        let b0 = toks.len() as u32;
+        let real = (a + 1) as u32;
+        for j in 1..=l {
+            let slot = toks.len();
+            toks.push(mask);
+            pos.push((a + j as i64) as u32);
+            ranges.push([(0, real), (b0, b0 + j as u32)]);
+            label(slot, (a + 1) as usize + j, j as u8 + 1);
+        }
+    }
+    Layout {
+        tokens: toks,
+        positions: pos,
+        ranges,
+        out,
+    }
+}
+
+/// [`layout`] with the slots embedded by the target's (frozen) embedding rows.
+pub fn build(
+    data: &Data,
+    si: usize,
+    chains: &[(i64, usize)],
+    max_seq: usize,
+) -> CResult<Option<Labeled>> {
+    let s = &data.samples[si];
+    let tokens = &s.tokens[..s.tokens.len().min(max_seq)];
+    if tokens.len() < 2 {
+        return Ok(None);
+    }
+    let Layout {
+        tokens: toks,
+        positions,
+        ranges,
+        out,
+    } = layout(tokens, chains, data.mask, data.vocab);
+    if out.is_empty() {
+        return Ok(None);
+    }
+    let h = data.target.config.hidden_size;
+    let mut x = vec![0f32; toks.len() * h];
+    for (t, row) in toks.iter().zip(x.chunks_exact_mut(h)) {
+        data.target.embed_row(t.idx(), row);
+    }
+    Ok(Some(Labeled {
+        batch: Batch {
+            x: Tensor::from_vec(x, (toks.len(), h), &Device::Cpu)?,
+            positions,
+            ranges,
+            out: out.iter().map(|o| o.0).collect(),
+        },
+        labels: out.iter().map(|o| o.1).collect(),
+        depth: out.iter().map(|o| o.2).collect(),
+    }))
+}
+
+/// Σ cross-entropy over a sequence's scored rows, their count, and subtask-1 hits / count.
+fn sequence_loss(
+    net: &Net,
+    head: &FrozenHead,
+    lb: &Labeled,
+) -> CResult<(Tensor, usize, usize, usize)> {
+    let logits = head.forward(&net.forward(&lb.batch)?)?;
+    let nll = crate::train::fused::cross_entropy_kl(&logits, &lb.labels, None, 0.0)?;
+    let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
+    let (mut hit, mut n1) = (0, 0);
+    for (r, &d) in lb.depth.iter().enumerate() {
+        if d == 1 {
+            n1 += 1;
+            hit += (am[r] == lb.labels[r]) as usize;
+        }
+    }
+    Ok((nll.sum_all()?, lb.labels.len(), hit, n1))
+}
+
+/// One mean over every kept label of the sequences `chunk` (the reference code's loss: subtask
+/// k weighs by its retention), and the subtask-1 accuracy.
+fn batch_loss(
+    net: &Net,
+    head: &FrozenHead,
+    data: &Data,
+    p: &PardParams,
+    epoch: usize,
+    chunk: &[usize],
+) -> Result<BatchLoss> {
+    let (mut total, mut count, mut hit, mut n1) = (None::<Tensor>, 0usize, 0usize, 0usize);
+    for &si in chunk {
+        let mut rng = ChaCha8Rng::seed_from_u64(
+            p.schedule.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
+        );
+        let len = data.samples[si].tokens.len().min(p.max_seq);
+        let chains = cod_chains(len, &p.cod, &mut rng);
+        let Some(lb) = build(data, si, &chains, p.max_seq).map_err(cerr)? else {
+            continue;
+        };
+        let (l, c, h1, c1) = sequence_loss(net, head, &lb).map_err(cerr)?;
+        total = Some(match total {
+            None => l,
+            Some(t) => (t + l).map_err(cerr)?,
+        });
+        count += c;
+        hit += h1;
+        n1 += c1;
+    }
+    Ok(match total {
+        Some(t) if count > 0 => Some((
+            (t / count as f64).map_err(cerr)?,
+            hit as f64 / n1.max(1) as f64,
+        )),
+        _ => None,
+    })
+}
+
+/// The drafter's shape for `target`: its first `layers` decoder layers in the HF layout.
+pub fn config_for(target: &Model, layers: usize) -> Result<Config> {
+    let tc = &target.config;
+    if layers == 0 || layers > tc.n_layers {
+        return Err(Error::BadRequest(format!(
+            "--draft-layers {layers}: between 1 and the target's {} layers",
+            tc.n_layers
+        )));
+    }
+    if tc.arch == Arch::Qwen2 {
+        return Err(Error::Unsupported(
+            "PARD training for targets with attention biases (Qwen2)".into(),
+        ));
+    }
+    if tc.rope_scaling != crate::model::config::RopeScaling::None {
+        return Err(Error::Unsupported(
+            "PARD training for targets with RoPE scaling".into(),
+        ));
+    }
+    let mut c = tc.clone();
+    c.n_layers = layers;
+    c.rope_style = crate::runtime::ops::RopeStyle::Half;
+    c.tie_embeddings = true;
+    Ok(c)
+}
+
+/// Trains (or resumes) in `dir`, starting from the target's first layers; `on_log` sees
+/// every step. Returns the trained net.
+pub fn train(
+    config: &Config,
+    data: &Data,
+    p: &PardParams,
+    dir: &Path,
+    on_log: impl FnMut(&LogLine),
+) -> Result<Net> {
+    check(config, data, &p.cod)?;
+    let ckpt = dir.join("checkpoint");
+    let (net, mut opt, step, elapsed) = match run::load_checkpoint(&ckpt)? {
+        Some(c) => {
+            let net = Net::from_tensors(config.clone(), &c.tensors)
+                .map_err(|e| run::broken_checkpoint(&ckpt, e))?
+                .to_device(&data.device)
+                .map_err(cerr)?;
+            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            opt.load_state(&c.tensors, c.step).map_err(cerr)?;
+            (net, opt, c.step, c.elapsed_s)
+        }
+        None => {
+            let net = Net::from_target(config.clone(), data.target)
+                .and_then(|n| n.to_device(&data.device))
+                .map_err(cerr)?;
+            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            (net, opt, 0, 0.0)
+        }
+    };
+    let head = crate::train::dflash::frozen_head(data.target, data.vocab)
+        .and_then(|h| h.to_device(&data.device))
+        .map_err(cerr)?;
+    run::train_loop(
+        &net.vars,
+        &mut opt,
+        step,
+        elapsed,
+        &data.train,
+        &p.schedule,
+        dir,
+        |chunk, epoch| batch_loss(&net, &head, data, p, epoch, chunk),
+        on_log,
+    )?;
+    Ok(net)
+}
+
+fn check(config: &Config, data: &Data, cod: &Cod) -> Result<()> {
+    let tc = &data.target.config;
+    if config.hidden_size != tc.hidden_size || config.vocab_size != tc.vocab_size {
+        return Err(Error::BadRequest(
+            "PARD training: the drafter must share the target's hidden size and vocabulary".into(),
+        ));
+    }
+    if data.mask.idx() >= tc.vocab_size {
+        return Err(Error::BadRequest(format!(
+            "mask token {} is outside the vocabulary ({})",
+            data.mask.0, tc.vocab_size
+        )));
+    }
+    if cod.k < 2
+        || cod.k > 64
+        || !(cod.r > 0.0 && cod.r <= 1.0)
+        || !(0.0..=1.0).contains(&cod.r_min)
+    {
+        return Err(Error::BadRequest(format!(
+            "COD needs 2 ≤ K ≤ 64, 0 < r ≤ 1 and 0 ≤ r_min ≤ 1 (got K {}, r {}, r_min {})",
+            cod.k, cod.r, cod.r_min
+        )));
+    }
+    Ok(())
+}
+
+/// Held-out chain acceptance at K = `k`: at up to `anchors` evenly spaced response positions
+/// per sample (with K tokens after them), the greedy drafts of one pass — the anchor's real
+/// slot and its K − 1 masks — against the sequence's tokens.
+pub fn evaluate(
+    net: &Net,
+    head: &FrozenHead,
+    data: &Data,
+    held_out: &[usize],
+    k: usize,
+    anchors: usize,
+    max_seq: usize,
+) -> Result<Eval> {
+    let (mut hits, mut blocks) = (vec![0usize; k], 0);
+    for &si in held_out {
+        let s = &data.samples[si];
+        let len = s.tokens.len().min(max_seq);
+        let resp = (s.prompt_len as usize).max(1);
+        let full: Vec<usize> = (resp - 1..len).filter(|&a| a + k < len).collect();
+        if full.is_empty() {
+            continue;
+        }
+        let step = full.len().div_ceil(anchors.max(1)).max(1);
+        let chosen: Vec<usize> = full.iter().copied().step_by(step).collect();
+        let chains: Vec<(i64, usize)> = chosen.iter().map(|&a| (a as i64, k - 1)).collect();
+        let Some(mut lb) = build(data, si, &chains, max_seq).map_err(cerr)? else {
+            continue;
+        };
+        // Score exactly the chain rows: real slot a, then its masks.
+        lb.batch.out = chosen
+            .iter()
+            .enumerate()
+            .flat_map(|(c, &a)| {
+                let b0 = len + c * (k - 1);
+                std::iter::once(a as u32).chain((0..k - 1).map(move |j| (b0 + j) as u32))
+            })
+            .collect();
+        let am: Vec<u32> = net
+            .forward(&lb.batch)
+            .and_then(|x| head.forward(&x))
+            .and_then(|l| l.argmax(D::Minus1))
+            .and_then(|a| a.to_vec1())
+            .map_err(cerr)?;
+        for (c, &a) in chosen.iter().enumerate() {
+            blocks += 1;
+            for j in 0..k {
+                if data.vocab.d2t[am[c * k + j] as usize] != s.tokens[a + 1 + j].0 {
+                    break;
+                }
+                hits[j] += 1;
+            }
+        }
+    }
+    Ok(Eval::from_hits(k, blocks, &hits))
+}
+
+/// The drafter's `config.json`: the HF causal-LM keys, `pard_token` and `spd_type` (PARD's),
+/// `pard_k` (K in training) and the draft vocabulary's size.
+pub fn config_json(c: &Config, mask: TokenId, k: usize, vocab: &DraftVocab) -> serde_json::Value {
+    let (mt, arch) = match c.arch {
+        Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+        Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+        Arch::Llama => ("llama", "LlamaForCausalLM"),
+    };
+    let mut v = crate::drafters::parts::drafter_layers_json(c, mt, arch);
+    v["tie_word_embeddings"] = true.into();
+    v["pard_token"] = mask.0.into();
+    v["spd_type"] = "pard".into();
+    v["pard_k"] = k.into();
+    if !vocab.is_full() {
+        v["draft_vocab_size"] = vocab.len().into();
+    }
+    v
+}
+
+/// Writes the drafter in the compact layout (its layers and final norm in `dtype`, the draft
+/// vocabulary's maps; the embedding and tied head come from the target at load time).
+pub fn export(
+    net: &Net,
+    mask: TokenId,
+    k: usize,
+    vocab: &DraftVocab,
+    dir: &Path,
+    dtype: DType,
+) -> Result<()> {
+    let js = config_json(&net.config, mask, k, vocab);
+    let v = (!vocab.is_full()).then_some(vocab);
+    crate::train::export::write_drafter(&net.vars, v, &js, dir, dtype)
+}
+
+/// An exported drafter (compact layout) as a trainable network with its mask token and
+/// vocabulary, for evaluation or fine-tuning.
+pub fn load_exported(dir: &Path, target: &Model) -> Result<(Net, TokenId, DraftVocab)> {
+    use crate::model::source::SafetensorsSource;
+    let (v, cp) = crate::model::read_config_json(dir, "PARD config.json")?;
+    let mut config = crate::model::hf_config(&v, &cp)?;
+    config.tie_embeddings = true;
+    let mask = crate::drafters::pard::mask_token_id(&v)
+        .map_err(Error::BadRequest)?
+        .ok_or_else(|| Error::BadRequest(format!("{}: no mask token id", cp.display())))?;
+    let src = SafetensorsSource::open(dir)?;
+    let size = v["draft_vocab_size"].as_u64().map(|n| n as usize);
+    let vocab = DraftVocab::load(&src, size, target.config.vocab_size, "PARD drafter")?;
+    let mut t = std::collections::HashMap::new();
+    for (name, shape) in Net::shapes(&config) {
+        let x = src.f32_by_hf_name(&name, &shape)?;
+        t.insert(
+            name,
+            Tensor::from_vec(x, shape, &Device::Cpu).map_err(cerr)?,
+        );
+    }
+    let net = Net::from_tensors(config, &t).map_err(cerr)?;
+    Ok((net, TokenId(mask), vocab))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn toks(v: &[u32]) -> Vec<TokenId> {
+        v.iter().map(|&t| TokenId(t)).collect()
+    }
+
+    /// A hand-worked example: 4 tokens, one chain of 2 masks after anchor 0.
+    #[test]
+    fn layout_of_a_hand_worked_example() {
+        let vocab = DraftVocab::full(32);
+        let Layout {
+            tokens: t,
+            positions: pos,
+            ranges,
+            out,
+        } = layout(&toks(&[10, 11, 12, 13]), &[(0, 2)], TokenId(3), &vocab);
+        assert_eq!(t, toks(&[10, 11, 12, 13, 3, 3]));
+        assert_eq!(pos, vec![0, 1, 2, 3, 1, 2]);
+        assert_eq!(
+            ranges,
+            vec![
+                [(0, 1), (0, 0)],
+                [(0, 2), (0, 0)],
+                [(0, 3), (0, 0)],
+                [(0, 4), (0, 0)],
+                // Mask 1 (copy 1, position 1): token 0 and itself.
+                [(0, 1), (4, 5)],
+                // Mask 2 (copy 2, position 2): token 0, mask 1 and itself.
+                [(0, 1), (4, 6)],
+            ]
+        );
+        // (slot, label, subtask): real slots predict the next token; mask j after anchor 0
+        // predicts token j + 1; the last real slot has no label.
+        assert_eq!(
+            out,
+            vec![(0, 11, 1), (1, 12, 1), (2, 13, 1), (4, 12, 2), (5, 13, 3)]
+        );
+    }
+
+    /// The anchor form holds exactly the paper's copies: for every slot, the (copy, position)
+    /// pairs it sees are those the copies' attention rule allows, and its label is the copy's.
+    #[test]
+    fn layout_equals_the_copies_definition() {
+        let s = 9;
+        let tokens: Vec<TokenId> = (0..s as u32).map(|i| TokenId(20 + i)).collect();
+        let vocab = DraftVocab::full(64);
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let cod = Cod {
+            k: 5,
+            r: 0.8,
+            r_min: 0.3,
+        };
+        let chains = cod_chains(s, &cod, &mut rng);
+        assert!(chains.iter().any(|c| c.1 >= 2), "{chains:?}");
+        let Layout {
+            positions: pos,
+            ranges,
+            out,
+            ..
+        } = layout(&tokens, &chains, TokenId(3), &vocab);
+        // (copy, position) of every slot.
+        let mut cp: Vec<(usize, usize)> = (0..s).map(|i| (0, i)).collect();
+        for &(a, l) in &chains {
+            for j in 1..=l {
+                cp.push((j, (a + j as i64) as usize));
+            }
+        }
+        for (slot, &(c, p)) in cp.iter().enumerate() {
+            assert_eq!(pos[slot] as usize, p);
+            let seen: BTreeSet<(usize, usize)> = ranges[slot]
+                .iter()
+                .flat_map(|&(a, b)| (a..b).map(|k| cp[k as usize]))
+                .collect();
+            let mut want: BTreeSet<(usize, usize)> = BTreeSet::new();
+            if c == 0 {
+                want.extend((0..=p).map(|q| (0, q)));
+            } else {
+                want.extend((0..(p + 1).saturating_sub(c)).map(|q| (0, q)));
+                want.extend((1..=c).map(|cc| (cc, p + cc - c)));
+            }
+            assert_eq!(seen, want, "slot {slot} = copy {c}, position {p}");
+            let label = out.iter().find(|o| o.0 as usize == slot);
+            if p + 1 < s {
+                assert_eq!(label, Some(&(slot as u32, 20 + p as u32 + 1, c as u8 + 1)));
+            } else {
+                assert_eq!(label, None);
+            }
+        }
+    }
+
+    /// Copy i keeps ⌊S·max(r^i, r_min)⌋ positions as chains (every kept mask keeps the masks
+    /// before it); with the paper's settings the layout holds ≈ 3.37 S slots; a copy that
+    /// would keep nothing ends them.
+    #[test]
+    fn cod_keeps_the_paper_counts_in_chains() {
+        let s = 400;
+        let cod = Cod::default();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let chains = cod_chains(s, &cod, &mut rng);
+        for i in 1..cod.k {
+            let n = chains.iter().filter(|c| c.1 >= i).count();
+            // Wrapped successors (anchors below −1) are dropped: at most i − 1 of them.
+            let want = cod.kept(s, i);
+            assert!(
+                n <= want && n + i > want,
+                "copy {i}: {n} chains, want {want}"
+            );
+        }
+        let kept: usize = (1..cod.k).map(|i| cod.kept(s, i)).sum();
+        assert_eq!(
+            (0..cod.k)
+                .map(|i| if i == 0 { s } else { cod.kept(s, i) })
+                .collect::<Vec<_>>(),
+            // 0.7² is 0.48999… in binary floating point, as in the reference's Python: 195.
+            vec![400, 280, 195, 137, 96, 80, 80, 80]
+        );
+        let frac = (s + kept) as f64 / s as f64;
+        assert!((frac - 3.37).abs() < 0.01, "{frac}");
+        assert!(cod_chains(
+            2,
+            &Cod {
+                k: 8,
+                r: 0.3,
+                r_min: 0.0
+            },
+            &mut rng
+        )
+        .is_empty());
+        // r = 1: every copy whole (all chains of K − 1 masks but the last anchors').
+        let all = cod_chains(
+            10,
+            &Cod {
+                k: 4,
+                r: 1.0,
+                r_min: 0.0,
+            },
+            &mut rng,
+        );
+        assert!(all.iter().filter(|c| c.0 <= 6).all(|c| c.1 == 3), "{all:?}");
+    }
+}

@@ -1,0 +1,259 @@
+//! PARD (spec §5): the runtime (one pass over [committed, MASK × (K − 1)], mask entries
+//! dropped from its cache) and the training graph give the same logits, also across rounds
+//! that reuse the cache; every trainable tensor gets a gradient; speculative decoding with PARD
+//! chains and trees is token-identical to AR greedy; bad drafters are refused with the reason
+//! and a failed export leaves a good drafter as it was.
+
+mod common;
+
+use common::{fixtures, load_tiny};
+use paradraft::drafters::pard::{Pard, PardModel};
+use paradraft::drafters::vocab::DraftVocab;
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::model::Loaded;
+use paradraft::speculative::tree_search::TreeDrafting;
+use paradraft::speculative::{speculative_generate, Drafter, Hidden, Speculation};
+use paradraft::train::data::Sample;
+use paradraft::train::pard::net::Net;
+use paradraft::train::pard::{build, cod_chains, config_for, export, Cod, Data};
+use paradraft::types::TokenId;
+use rand_core::SeedableRng;
+
+const MASK: u32 = 5;
+
+fn reduced(n: usize) -> DraftVocab {
+    DraftVocab::from_d2t((0..n as u32).filter(|i| i % 3 != 1).collect(), n)
+}
+
+fn drafter(lm: &Loaded, layers: usize, vocab: &DraftVocab) -> (tempfile::TempDir, Net) {
+    common::tiny_pard_dir(lm, layers, vocab, MASK)
+}
+
+fn prompt(lm: &Loaded, text: &str) -> Vec<TokenId> {
+    lm.tokenizer.encode(text).unwrap()
+}
+
+/// The block logits of the training graph for `tokens` with one chain of k − 1 masks after
+/// the last token.
+fn graph_block(
+    lm: &Loaded,
+    net: &Net,
+    vocab: &DraftVocab,
+    tokens: &[TokenId],
+    k: usize,
+) -> Vec<f32> {
+    let samples = vec![Sample {
+        prompt_index: 0,
+        prompt_len: 0,
+        tokens: tokens.to_vec(),
+    }];
+    let data = Data {
+        target: &lm.model,
+        samples: &samples,
+        train: vec![0],
+        vocab,
+        mask: TokenId(MASK),
+        device: candle_core::Device::Cpu,
+    };
+    let n = tokens.len();
+    let mut lb = build(&data, 0, &[(n as i64 - 1, k - 1)], 1 << 20)
+        .unwrap()
+        .unwrap();
+    lb.batch.out = std::iter::once(n as u32 - 1)
+        .chain((0..k as u32 - 1).map(|j| n as u32 + j))
+        .collect();
+    let head = paradraft::train::dflash::frozen_head(&lm.model, vocab).unwrap();
+    head.forward(&net.forward(&lb.batch).unwrap())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+#[test]
+fn runtime_matches_the_training_graph_across_rounds() {
+    let lm = load_tiny("qwen3");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, net) = drafter(&lm, 2, &vocab);
+    let m = PardModel::load_with(dir.path(), &fixtures().join("tiny/qwen3"), &lm, false).unwrap();
+    assert!(m.shares_target_embedding);
+    assert_eq!((m.mask, m.trained_k), (TokenId(MASK), Some(4)));
+    let k = 4;
+    let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
+    let mut toks = prompt(&lm, "The sea was calm and the ships sailed on");
+    d.begin(
+        &toks,
+        Hidden {
+            width: 0,
+            rows: &[],
+        },
+    )
+    .unwrap();
+    // Round 1; then two more tokens committed (the cache keeps the prefix, drops the masks).
+    for round in 0..3 {
+        let tree = d.propose(&toks, k).unwrap();
+        assert_eq!(tree.len(), k, "round {round}");
+        let (rt, v) = d.block_logits();
+        assert_eq!(v, vocab.len());
+        let want = graph_block(&lm, &net, &vocab, &toks, k);
+        let diff = common::max_abs_diff(rt, &want);
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(
+            scale > 0.1 && diff < 1e-4,
+            "round {round}: |Δ| {diff} at scale {scale}"
+        );
+        toks.extend([TokenId(40 + round as u32), TokenId(7)]);
+    }
+    // Proposals for a rewound history re-run what the cache no longer agrees on.
+    toks.truncate(toks.len() - 3);
+    d.propose(&toks, k).unwrap();
+    let want = graph_block(&lm, &net, &vocab, &toks, k);
+    assert!(common::max_abs_diff(d.block_logits().0, &want) < 1e-4);
+}
+
+#[test]
+fn every_trainable_tensor_gets_a_gradient() {
+    let lm = load_tiny("qwen3");
+    let vocab = DraftVocab::full(lm.model.config.vocab_size);
+    let net = Net::from_target(config_for(&lm.model, 2).unwrap(), &lm.model).unwrap();
+    let tokens = prompt(
+        &lm,
+        "A story about the sea and ships, told twice over the years.",
+    );
+    let samples = vec![Sample {
+        prompt_index: 0,
+        prompt_len: 2,
+        tokens,
+    }];
+    let data = Data {
+        target: &lm.model,
+        samples: &samples,
+        train: vec![0],
+        vocab: &vocab,
+        mask: TokenId(MASK),
+        device: candle_core::Device::Cpu,
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let chains = cod_chains(samples[0].tokens.len(), &Cod::default(), &mut rng);
+    let lb = build(&data, 0, &chains, 512).unwrap().unwrap();
+    let head = paradraft::train::dflash::frozen_head(&lm.model, &vocab).unwrap();
+    let logits = head.forward(&net.forward(&lb.batch).unwrap()).unwrap();
+    let loss = paradraft::train::fused::cross_entropy_kl(&logits, &lb.labels, None, 0.0)
+        .unwrap()
+        .mean_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    common::assert_every_var_has_a_gradient(&net.vars, &grads);
+}
+
+#[test]
+fn speculative_decoding_with_pard_is_lossless() {
+    let lm = load_tiny("qwen3");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter(&lm, 1, &vocab);
+    let target = fixtures().join("tiny/qwen3");
+    let params = GenerateParams {
+        max_new_tokens: 40,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    };
+    let stop = lm.tokenizer.stop_tokens.iter().copied().collect::<Vec<_>>();
+    for text in ["Tell me about the sea.", "1, 2, 3, 4,", "Once upon a time"] {
+        let p = prompt(&lm, text);
+        let mut kv = lm.model.new_kv(128);
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {})
+            .unwrap()
+            .token_ids;
+        for (k, tree) in [(1, false), (4, false), (7, false), (4, true)] {
+            let m = PardModel::load(dir.path(), &target, &lm).unwrap();
+            let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
+            let mut max = k;
+            if tree {
+                d.drafting.tree = Some(TreeDrafting::new(Default::default(), None, stop.clone()));
+                max = 10;
+            }
+            assert_eq!(d.name(), if tree { "pard-tree" } else { "pard" });
+            let sp = Speculation {
+                drafter: Box::new(d),
+                max_draft: max,
+                sizer: None,
+                rule: Default::default(),
+            };
+            let mut kv = lm.model.new_kv(128);
+            let got =
+                speculative_generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, sp, |_| {})
+                    .unwrap();
+            assert_eq!(got.out.token_ids, ar, "{text:?}, K {k}, tree {tree}");
+        }
+    }
+}
+
+#[test]
+fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
+    let lm = load_tiny("qwen3");
+    let target = fixtures().join("tiny/qwen3");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, net) = drafter(&lm, 1, &vocab);
+    let cfg_path = dir.path().join("config.json");
+    let good_cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    let err = |d: &std::path::Path| match PardModel::load(d, &target, &lm) {
+        Ok(_) => panic!("{} loads", d.display()),
+        Err(e) => e.to_string(),
+    };
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value = serde_json::from_str(&good_cfg).unwrap();
+        f(&mut v);
+        std::fs::write(&cfg_path, v.to_string()).unwrap();
+    };
+    with(&|v| {
+        v.as_object_mut().unwrap().remove("pard_token");
+    });
+    assert!(
+        err(dir.path()).contains("no mask token id"),
+        "{}",
+        err(dir.path())
+    );
+    with(&|v| v["pard_token"] = 100_000.into());
+    assert!(err(dir.path()).contains("outside the vocabulary"));
+    with(&|v| v["pard_token"] = "five".into());
+    assert!(err(dir.path()).contains("not a token id"));
+    // The engine-wide order: mask_token_id is read before pard_token.
+    with(&|v| v["mask_token_id"] = 9.into());
+    assert_eq!(
+        PardModel::load(dir.path(), &target, &lm).unwrap().mask,
+        TokenId(9)
+    );
+    with(&|v| v["vocab_size"] = 500.into());
+    assert!(err(dir.path()).contains("does not fit the target"));
+    with(&|v| v["hidden_size"] = 32.into());
+    assert!(!err(dir.path()).is_empty());
+    std::fs::write(&cfg_path, &good_cfg).unwrap();
+    assert!(PardModel::load(dir.path(), &target, &lm).is_ok());
+    // K = 0 or beyond the context.
+    let m = || PardModel::load(dir.path(), &target, &lm).unwrap();
+    assert!(Pard::new(m(), 64, 0, Default::default()).is_err());
+    assert!(Pard::new(m(), 64, 64, Default::default()).is_err());
+    // A failed export (an unsupported dtype) writes nothing over the good drafter.
+    let st = dir.path().join("model.safetensors");
+    let before = std::fs::read(&st).unwrap();
+    assert!(export(
+        &net,
+        TokenId(MASK),
+        4,
+        &vocab,
+        dir.path(),
+        candle_core::DType::U8
+    )
+    .is_err());
+    assert_eq!(std::fs::read(&st).unwrap(), before);
+    assert_eq!(std::fs::read_to_string(&cfg_path).unwrap(), good_cfg);
+    // A truncated weights file.
+    std::fs::write(&st, &before[..before.len() / 2]).unwrap();
+    assert!(!err(dir.path()).is_empty());
+    // Targets the trainer cannot make a drafter of say why.
+    let llama = load_tiny("llama");
+    let e = config_for(&llama.model, 1).unwrap_err().to_string();
+    assert!(e.contains("RoPE scaling"), "{e}");
+    assert!(config_for(&lm.model, 0).is_err() && config_for(&lm.model, 4).is_err());
+}
