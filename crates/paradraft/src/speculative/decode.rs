@@ -288,7 +288,9 @@ impl<'a> Session<'a> {
         let room = kv.capacity() - (base + 1);
         let mut stats = RoundStats::default();
         let trees = self.drafter.node_confidence().is_some();
+        let allowed = self.sizer.as_mut().is_none_or(|s| s.guard.allows_draft());
         let budget = match self.sizer.as_ref() {
+            Some(_) if !allowed => 0,
             Some(s) if trees => s.choose_tree(self.max_draft, batch),
             Some(s) => s.choose(self.max_draft, batch),
             None => self.max_draft,
@@ -482,6 +484,10 @@ impl<'a> Session<'a> {
         stats.drafted = outcome.drafted;
         stats.accepted = outcome.accepted.len();
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
+        if let Some(s) = self.sizer.as_mut() {
+            let ms = stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms;
+            s.guard.observe(stats.accepted + 1, ms, !tree.is_empty());
+        }
         self.rounds.push(stats);
         Ok(())
     }

@@ -188,6 +188,91 @@ pub struct Sizer {
     tree_gain: f64,
     /// Tree rounds, recent average: (accepted nodes, verified nodes, drafting ms).
     tree_recent: (f64, f64, f64),
+    /// The cost model checked against the clock.
+    pub guard: SpeedGuard,
+}
+
+/// Committed tokens and wall-clock ms of recent rounds (decayed sums).
+#[derive(Clone, Copy, Debug, Default)]
+struct Rate {
+    tokens: f64,
+    ms: f64,
+    n: u32,
+}
+
+impl Rate {
+    fn add(&mut self, tokens: f64, ms: f64) {
+        self.tokens = 0.9 * self.tokens + tokens;
+        self.ms = 0.9 * self.ms + ms;
+        self.n += 1;
+    }
+    fn per_ms(&self) -> f64 {
+        self.tokens / self.ms.max(1e-9)
+    }
+}
+
+/// The cost model checked against the clock: the measured committed tokens per ms of the rounds
+/// that drafted and of those that did not (each round timed from its draft to its commit, the
+/// target's forward included). When drafting measures slower than AR by more than `margin`,
+/// nothing is drafted for `hold` rounds (then drafting is measured afresh); while drafting, one
+/// round in `probe_every` runs without a draft so that AR's speed stays measured. Whatever the
+/// cost model misses on this machine (per-round overheads, a drafter's passes it undercounts),
+/// speculation then costs at most its probes when it does not pay.
+#[derive(Clone, Debug)]
+pub struct SpeedGuard {
+    draft: Rate,
+    ar: Rate,
+    round: u64,
+    off_until: u64,
+    pub probe_every: u64,
+    pub hold: u64,
+    pub margin: f64,
+}
+
+impl Default for SpeedGuard {
+    fn default() -> Self {
+        SpeedGuard {
+            draft: Rate::default(),
+            ar: Rate::default(),
+            round: 0,
+            off_until: 0,
+            probe_every: 16,
+            hold: 64,
+            margin: 0.02,
+        }
+    }
+}
+
+impl SpeedGuard {
+    /// Whether this round may draft (counts the round).
+    pub fn allows_draft(&mut self) -> bool {
+        self.round += 1;
+        self.round >= self.off_until && !self.round.is_multiple_of(self.probe_every)
+    }
+
+    /// A round committed `tokens` in `ms`, with or without verified draft nodes.
+    pub fn observe(&mut self, tokens: usize, ms: f64, drafted: bool) {
+        if !(ms.is_finite() && ms > 0.0) {
+            return;
+        }
+        if drafted {
+            self.draft.add(tokens as f64, ms);
+        } else {
+            self.ar.add(tokens as f64, ms);
+        }
+        if self.draft.n >= 8
+            && self.ar.n >= 3
+            && self.draft.per_ms() < self.ar.per_ms() * (1.0 - self.margin)
+        {
+            self.off_until = self.round + self.hold;
+            self.draft = Rate::default();
+        }
+    }
+
+    /// Whether drafting is switched off now.
+    pub fn is_off(&self) -> bool {
+        self.round < self.off_until
+    }
 }
 
 /// The batch a session's round is verified in: how many sessions decode in it (this one
@@ -212,6 +297,7 @@ impl Sizer {
             tree_predicted: 0.0,
             tree_gain: 1.0,
             tree_recent: (0.0, 0.0, 0.0),
+            guard: SpeedGuard::default(),
         }
     }
 
@@ -503,6 +589,38 @@ mod tests {
             prefill: 0,
         };
         assert_eq!(s.choose_tree(32, big), 0);
+    }
+
+    /// Drafting that measures slower than AR is switched off for a while and measured afresh
+    /// after; drafting that pays stays on, with one AR probe round in 16.
+    #[test]
+    fn the_guard_switches_off_drafting_that_measures_slower_than_ar() {
+        let mut g = SpeedGuard::default();
+        // AR: 1 token in 4 ms; drafting: 1.1 tokens in 5 ms (0.22 vs 0.25 tokens per ms).
+        let mut drafted = 0;
+        for _ in 0..1000 {
+            if g.allows_draft() {
+                drafted += 1;
+                g.observe(1, 4.0 * 1.25 / 1.1, true);
+            } else {
+                g.observe(1, 4.0, false);
+            }
+        }
+        // 45 rounds before AR is measured three times, then 8 of every ~71 rounds.
+        assert!(drafted < 200, "{drafted} of 1000 rounds drafted");
+        // Drafting 1.5× faster: every round but the probes.
+        let mut g = SpeedGuard::default();
+        let mut drafted = 0;
+        for _ in 0..1000 {
+            if g.allows_draft() {
+                drafted += 1;
+                g.observe(3, 8.0, true);
+            } else {
+                g.observe(1, 4.0, false);
+            }
+        }
+        assert_eq!(drafted, 1000 - 1000 / 16);
+        assert!(!g.is_off());
     }
 
     #[test]
