@@ -1,5 +1,5 @@
 //! `paradraft ngram`: build, convert and measure the n-gram tries that DART's tree search
-//! scores drafts with (spec §2.6).
+//! scores drafts with (spec §2.6), and build DiffuSpec's 3-gram back-off model (spec §4.4).
 
 use crate::{load, ModelArgs};
 use anyhow::{bail, Result};
@@ -19,6 +19,23 @@ pub enum NgramCmd {
     Convert(ConvertArgs),
     /// Query speed: microseconds to score 25 candidates after one context.
     Bench(BenchArgs),
+    /// Estimate an interpolated modified Kneser–Ney 3-gram over the target's tokens from JSON
+    /// Lines corpora and write it as ARPA (DiffuSpec's causal proxy); reports its query speed.
+    Arpa(ArpaArgs),
+}
+
+#[derive(Args)]
+pub struct ArpaArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Corpus files (repeatable).
+    #[arg(long = "corpus", required = true)]
+    corpus: Vec<PathBuf>,
+    #[arg(long)]
+    out: PathBuf,
+    /// Text whose tokens are the timing queries.
+    #[arg(long, default_value = "data/bench/mt_bench.jsonl")]
+    text: PathBuf,
 }
 
 #[derive(Args)]
@@ -63,6 +80,7 @@ pub fn run(cmd: NgramCmd) -> Result<()> {
         NgramCmd::Build(a) => build(a),
         NgramCmd::Convert(a) => convert(a),
         NgramCmd::Bench(a) => bench(a),
+        NgramCmd::Arpa(a) => arpa(a),
     }
 }
 
@@ -192,5 +210,51 @@ fn bench(a: BenchArgs) -> Result<()> {
             "tree search, {depths} depths × {v} logits, 60 nodes: {ms:.3} ms per round (top-25 selection {topk:.3} ms)"
         );
     }
+    Ok(())
+}
+
+fn arpa(a: ArpaArgs) -> Result<()> {
+    let (lm, _) = load(&a.m)?;
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "tokenizing {bar:40} {bytes}/{total_bytes} [{elapsed_precise} < {eta_precise}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    let threads = paradraft::runtime::default_threads();
+    let model = ngram::arpa_from_jsonl(&a.corpus, &lm.tokenizer, threads, |d, t| {
+        pb.set_length(t);
+        pb.set_position(d);
+    })?;
+    pb.finish();
+    let built = t0.elapsed().as_secs_f64();
+    model.write(&a.out)?;
+    let size = std::fs::metadata(&a.out)?.len();
+    let t0 = Instant::now();
+    let back = ngram::arpa::ArpaLm::read(&a.out)?;
+    let read_s = t0.elapsed().as_secs_f64();
+    // Query speed: every token of the text after its two predecessors, repeated.
+    let toks = lm.tokenizer.encode(&std::fs::read_to_string(&a.text)?)?;
+    if toks.len() < 3 {
+        bail!("{} has too little text", a.text.display());
+    }
+    let n = 1_000_000usize;
+    let mut sum = 0f64;
+    let t0 = Instant::now();
+    for q in 0..n {
+        let i = 2 + q % (toks.len() - 2);
+        sum += back.ln_token(&toks[i - 2..i], toks[i]) as f64;
+    }
+    let ns = t0.elapsed().as_secs_f64() * 1e9 / n as f64;
+    println!(
+        "{} words, order {}, {:.1} MB, built in {built:.1} s, read back in {read_s:.1} s: {}; {ns:.0} ns per query ({n} queries, mean ln p {:.3})",
+        back.vocab_len(),
+        back.order(),
+        size as f64 / 1e6,
+        a.out.display(),
+        sum / n as f64
+    );
     Ok(())
 }

@@ -1085,3 +1085,50 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
         "RoPE scaling",
     );
 }
+
+/// `ngram arpa` builds DiffuSpec's token-level 3-gram from a JSON Lines corpus, stamped with
+/// the tokenizer, and reads it back; a malformed corpus line is refused with its line number.
+#[test]
+fn ngram_arpa_builds_a_stamped_model() {
+    let m = tiny("llama");
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("c.jsonl");
+    let docs: Vec<String> = (0..30)
+        .map(|i| format!("{{\"text\": \"the ship {i} sails on the sea and the sea is calm {i}\"}}"))
+        .collect();
+    std::fs::write(&corpus, docs.join("\n")).unwrap();
+    let out = dir.path().join("lm.arpa");
+    let r = run(&[
+        "ngram",
+        "arpa",
+        "--model",
+        &m,
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--text",
+        corpus.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        text.starts_with("# paradraft tokenizer="),
+        "{}",
+        &text[..80]
+    );
+    assert!(text.contains("\\3-grams:") && text.trim_end().ends_with("\\end\\"));
+    assert!(String::from_utf8_lossy(&r.stdout).contains("ns per query"));
+    std::fs::write(&corpus, "{\"text\": \"fine\"}\n{\"txt\": 1}\n").unwrap();
+    let r = run(&[
+        "ngram",
+        "arpa",
+        "--model",
+        &m,
+        "--corpus",
+        corpus.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_refused(&r, "line 2");
+}

@@ -3,7 +3,10 @@
 //! - [`trie`]: DART's n-gram trie (DART §3.3, spec §2.6): windows counted per start position,
 //!   the unsmoothed longest-match MLE query, in a memory-mapped CSR file of our own.
 //! - [`dart`]: a reader of DART's published `.trie` files, converted to that layout.
+//! - [`arpa`]: DiffuSpec's causal proxy (spec §4.4): a token-level 3-gram back-off model, read
+//!   from ARPA files or estimated (interpolated modified Kneser–Ney) from a corpus.
 
+pub mod arpa;
 pub mod dart;
 pub mod trie;
 
@@ -46,12 +49,46 @@ pub fn build_from_jsonl(
     tok: &Tokenizer,
     order: usize,
     threads: usize,
-    mut on_progress: impl FnMut(u64, u64),
+    on_progress: impl FnMut(u64, u64),
 ) -> Result<NgramTrie> {
     let eos = tok.eos().ok_or_else(|| {
         Error::Unsupported("the tokenizer names no EOS token to end documents with".into())
     })?;
     let mut builder = TrieBuilder::new(order)?;
+    for_each_document(paths, tok, threads, on_progress, |doc| {
+        let mut d = doc;
+        d.push(eos);
+        builder.add_document(&d);
+    })?;
+    builder.finish(stamp_of(tok))
+}
+
+/// An interpolated modified Kneser–Ney 3-gram over the target's tokens of JSON Lines corpora
+/// (as [`build_from_jsonl`] reads them; each text is one `<s>` … `</s>` sentence).
+pub fn arpa_from_jsonl(
+    paths: &[PathBuf],
+    tok: &Tokenizer,
+    threads: usize,
+    on_progress: impl FnMut(u64, u64),
+) -> Result<arpa::ArpaLm> {
+    let mut builder = arpa::ArpaBuilder::new();
+    for_each_document(paths, tok, threads, on_progress, |doc| {
+        builder.add_document(&doc)
+    })?;
+    let mut lm = builder.finish()?;
+    lm.stamp = Some(stamp_of(tok));
+    Ok(lm)
+}
+
+/// Every text of JSON Lines corpora (`{"text": ...}` per line, `.gz` read compressed) encoded
+/// with `tok` as the model encodes a prompt, in file order (tokenized on `threads` threads).
+pub fn for_each_document(
+    paths: &[PathBuf],
+    tok: &Tokenizer,
+    threads: usize,
+    mut on_progress: impl FnMut(u64, u64),
+    mut each: impl FnMut(Vec<crate::types::TokenId>),
+) -> Result<()> {
     let total: u64 = paths
         .iter()
         .map(|p| {
@@ -90,15 +127,13 @@ pub fn build_from_jsonl(
                 break;
             }
             for doc in tokenize_all(tok, &texts, threads.max(1))? {
-                let mut d = doc;
-                d.push(eos);
-                builder.add_document(&d);
+                each(doc);
             }
             on_progress(done + n.load(std::sync::atomic::Ordering::Relaxed), total);
         }
         done += n.load(std::sync::atomic::Ordering::Relaxed);
     }
-    builder.finish(stamp_of(tok))
+    Ok(())
 }
 
 fn document_text(path: &Path, line_no: usize, line: &str) -> Result<String> {

@@ -1,0 +1,793 @@
+//! DiffuSpec's causal proxy (DiffuSpec §3.2, spec §4.4): a token-level 3-gram back-off language
+//! model in ARPA form.
+//!
+//! - [`ArpaLm::read`]: an ARPA reader (`\data\` counts, `\k-grams:` sections of `log10 p`, the
+//!   words and — below the top order — a `log10 backoff`, then `\end\`), order 1 to 3.
+//! - [`ArpaLm::log10_prob`]: KenLM's back-off query: a stored n-gram's value, else the context's
+//!   back-off (0 when the context is absent) plus the query one order down; unknown words are
+//!   `<unk>`. Mid-sequence queries use the real context (no `<s>`).
+//! - [`ArpaBuilder`]: the interpolated modified Kneser–Ney estimate KenLM's `lmplz` makes
+//!   (adjusted counts — continuation counts below the top order, raw counts for n-grams that
+//!   start with `<s>` — three discounts per order from counts of counts, the unigrams
+//!   interpolated with the uniform distribution), written as ARPA. On a corpus too small for
+//!   the discount formula (a count-of-counts of zero) an order falls back to D = 0.5, 1, 1.5.
+//!
+//! Token-level: the words are target token ids in decimal, so a corpus is tokenized with the
+//! target's tokenizer ([`crate::ngram::for_each_document`]) and drafts are scored by id.
+
+use crate::error::{Error, Result};
+use crate::types::TokenId;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// A multiplicative hasher for integer keys (the query's hot path).
+#[derive(Default)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64)
+    }
+}
+
+type Map<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+fn key2(u: u32, v: u32) -> u64 {
+    ((u as u64) << 32) | v as u64
+}
+
+/// log10 of a probability of zero in ARPA files (KenLM's value for `<s>`).
+pub const LOG10_ZERO: f32 = -99.0;
+
+/// A back-off n-gram model of order 1–3.
+pub struct ArpaLm {
+    order: usize,
+    words: Vec<String>,
+    index: HashMap<String, u32>,
+    unk: u32,
+    /// Per word: (log10 p, log10 back-off).
+    uni: Vec<(f32, f32)>,
+    bi: Map<u64, (f32, f32)>,
+    tri: Map<(u64, u32), f32>,
+    /// Word of each token id (words named by a decimal token id), `unk` for the others.
+    token_word: Vec<u32>,
+    /// The tokenizer the words are token ids of, when the file says (a comment line before
+    /// `\data\` that KenLM skips: `# paradraft tokenizer=HEX vocab=N`).
+    pub stamp: Option<crate::ngram::TrieStamp>,
+}
+
+impl ArpaLm {
+    /// Refuses a model whose stamp names another tokenizer than `want` (`what` names the
+    /// file); a model without a stamp (any ARPA file) is taken as it is.
+    pub fn check_stamp(&self, want: crate::ngram::TrieStamp, what: &Path) -> Result<()> {
+        match self.stamp {
+            Some(s) if s != want => Err(Error::BadRequest(format!(
+                "{} was built with another tokenizer (vocabulary {}, fingerprint {:016x}) than the target's (vocabulary {}, fingerprint {:016x})",
+                what.display(),
+                s.vocab_size,
+                s.fingerprint,
+                want.vocab_size,
+                want.fingerprint
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn order(&self) -> usize {
+        self.order
+    }
+
+    /// Words in the model (the unigrams).
+    pub fn vocab_len(&self) -> usize {
+        self.words.len()
+    }
+
+    pub fn word(&self, i: u32) -> &str {
+        &self.words[i as usize]
+    }
+
+    /// The index of `w`, `<unk>`'s for words the model does not know.
+    pub fn word_index(&self, w: &str) -> u32 {
+        self.index.get(w).copied().unwrap_or(self.unk)
+    }
+
+    /// The word of a target token.
+    pub fn token_word(&self, t: TokenId) -> u32 {
+        self.token_word.get(t.idx()).copied().unwrap_or(self.unk)
+    }
+
+    /// log10 P(w | context), with the context's last `order − 1` words used (KenLM's back-off
+    /// query).
+    pub fn log10_prob(&self, context: &[u32], w: u32) -> f32 {
+        let n = context.len().min(self.order - 1);
+        let ctx = &context[context.len() - n..];
+        match ctx {
+            [u, v] => {
+                if let Some(&p) = self.tri.get(&(key2(*u, *v), w)) {
+                    return p;
+                }
+                let bo = self.bi.get(&key2(*u, *v)).map_or(0.0, |e| e.1);
+                bo + self.log10_prob(&ctx[1..], w)
+            }
+            [v] => {
+                if let Some(&(p, _)) = self.bi.get(&key2(*v, w)) {
+                    return p;
+                }
+                self.uni[*v as usize].1 + self.uni[w as usize].0
+            }
+            _ => self.uni[w as usize].0,
+        }
+    }
+
+    /// log10 P(t | the last tokens of `context`) over target tokens.
+    pub fn log10_token(&self, context: &[TokenId], t: TokenId) -> f32 {
+        let n = context.len().min(self.order - 1);
+        let mut c = [0u32; 2];
+        for (i, &x) in context[context.len() - n..].iter().enumerate() {
+            c[i] = self.token_word(x);
+        }
+        self.log10_prob(&c[..n], self.token_word(t))
+    }
+
+    /// [`ArpaLm::log10_token`] in natural log (what DiffuSpec's path score mixes with the
+    /// drafter's natural-log probabilities).
+    pub fn ln_token(&self, context: &[TokenId], t: TokenId) -> f32 {
+        self.log10_token(context, t) * std::f32::consts::LN_10
+    }
+
+    /// Reads an ARPA file; errors name the line and what is wrong.
+    pub fn read(path: &Path) -> Result<Self> {
+        let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(std::io::BufReader::new(f), path)
+    }
+
+    /// Parses ARPA text from `r` (`path` names it in errors).
+    pub fn parse(r: impl BufRead, path: &Path) -> Result<Self> {
+        let bad = |line: usize, reason: String| Error::BadModelFile {
+            path: path.to_path_buf(),
+            format: "ARPA",
+            reason: if line > 0 {
+                format!("line {line}: {reason}")
+            } else {
+                reason
+            },
+        };
+        let mut lines = r.lines().enumerate().map(|(i, l)| (i + 1, l));
+        let mut next = || -> Result<Option<(usize, String)>> {
+            for (no, l) in lines.by_ref() {
+                let l = l.map_err(|e| Error::io(path, e))?;
+                let t = l.trim();
+                if !t.is_empty() {
+                    return Ok(Some((no, t.to_string())));
+                }
+            }
+            Ok(None)
+        };
+        // Header.
+        let mut counts: Vec<usize> = vec![];
+        let mut stamp = None;
+        loop {
+            match next()? {
+                None => return Err(bad(0, "no \\data\\ section".into())),
+                Some((_, l)) if l == "\\data\\" => break,
+                Some((_, l)) => {
+                    if let Some(rest) = l.strip_prefix("# paradraft ") {
+                        stamp = parse_stamp(rest);
+                    }
+                }
+            }
+        }
+        let mut pending;
+        loop {
+            let Some((no, l)) = next()? else {
+                return Err(bad(0, "the file ends in its \\data\\ header".into()));
+            };
+            if let Some(rest) = l.strip_prefix("ngram ") {
+                let (k, n) = rest
+                    .split_once('=')
+                    .ok_or_else(|| bad(no, format!("{l:?} is not `ngram k=count`")))?;
+                let (k, n): (usize, usize) = match (k.trim().parse(), n.trim().parse()) {
+                    (Ok(k), Ok(n)) => (k, n),
+                    _ => return Err(bad(no, format!("{l:?} is not `ngram k=count`"))),
+                };
+                if k != counts.len() + 1 {
+                    return Err(bad(no, format!("ngram {k} out of order")));
+                }
+                counts.push(n);
+            } else {
+                pending = Some((no, l));
+                break;
+            }
+        }
+        let order = counts.len();
+        if order == 0 || order > 3 {
+            return Err(bad(
+                0,
+                format!("order {order}: this reader takes orders 1 to 3"),
+            ));
+        }
+        let mut lm = ArpaLm {
+            order,
+            words: Vec::with_capacity(counts[0]),
+            index: HashMap::with_capacity(counts[0]),
+            unk: 0,
+            uni: Vec::with_capacity(counts[0]),
+            bi: Map::default(),
+            tri: Map::default(),
+            token_word: vec![],
+            stamp,
+        };
+        for k in 1..=order {
+            let (no, l) = match pending.take() {
+                Some(x) => x,
+                None => next()?.ok_or_else(|| bad(0, format!("no \\{k}-grams: section")))?,
+            };
+            if l != format!("\\{k}-grams:") {
+                return Err(bad(no, format!("expected \\{k}-grams:, found {l:?}")));
+            }
+            for i in 0..counts[k - 1] {
+                let Some((no, l)) = next()? else {
+                    return Err(bad(
+                        0,
+                        format!("\\{k}-grams: ends after {i} of {} entries", counts[k - 1]),
+                    ));
+                };
+                if l.starts_with('\\') {
+                    return Err(bad(
+                        no,
+                        format!(
+                            "\\{k}-grams: has {i} entries, the header says {}",
+                            counts[k - 1]
+                        ),
+                    ));
+                }
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let has_bo = k < order && f.len() == k + 2;
+                if f.len() != k + 1 && !has_bo {
+                    return Err(bad(no, format!("a {k}-gram line needs log10 p, {k} words and (below order {order}) an optional back-off: {l:?}")));
+                }
+                let num = |s: &str| -> Result<f32> {
+                    s.parse::<f32>()
+                        .ok()
+                        .filter(|x| x.is_finite() && *x <= 0.0)
+                        .ok_or_else(|| bad(no, format!("{s:?} is not a log10 probability")))
+                };
+                let p = num(f[0])?;
+                let bo = if has_bo {
+                    f[k + 1]
+                        .parse::<f32>()
+                        .ok()
+                        .filter(|x| x.is_finite())
+                        .ok_or_else(|| bad(no, format!("{:?} is not a log10 back-off", f[k + 1])))?
+                } else {
+                    0.0
+                };
+                if k == 1 {
+                    let w = f[1].to_string();
+                    if lm.index.contains_key(&w) {
+                        return Err(bad(no, format!("unigram {w:?} appears twice")));
+                    }
+                    lm.index.insert(w.clone(), lm.words.len() as u32);
+                    lm.words.push(w);
+                    lm.uni.push((p, bo));
+                    continue;
+                }
+                let mut ids = [0u32; 3];
+                for (j, w) in f[1..=k].iter().enumerate() {
+                    ids[j] = *lm
+                        .index
+                        .get(*w)
+                        .ok_or_else(|| bad(no, format!("word {w:?} has no unigram")))?;
+                }
+                if k == 2 {
+                    lm.bi.insert(key2(ids[0], ids[1]), (p, bo));
+                } else {
+                    lm.tri.insert((key2(ids[0], ids[1]), ids[2]), p);
+                }
+            }
+        }
+        match next()? {
+            Some((_, l)) if l == "\\end\\" => {}
+            Some((no, l)) => return Err(bad(no, format!("expected \\end\\, found {l:?}"))),
+            None => return Err(bad(0, "no \\end\\ (truncated?)".into())),
+        }
+        lm.unk = *lm
+            .index
+            .get("<unk>")
+            .ok_or_else(|| bad(0, "no <unk> unigram".into()))?;
+        lm.map_tokens();
+        Ok(lm)
+    }
+
+    fn map_tokens(&mut self) {
+        let ids: Vec<(usize, u32)> = self
+            .words
+            .iter()
+            .enumerate()
+            .filter_map(|(i, w)| w.parse::<u32>().ok().map(|t| (t as usize, i as u32)))
+            .collect();
+        let n = ids.iter().map(|x| x.0 + 1).max().unwrap_or(0);
+        self.token_word = vec![self.unk; n];
+        for (t, i) in ids {
+            self.token_word[t] = i;
+        }
+    }
+}
+
+fn parse_stamp(s: &str) -> Option<crate::ngram::TrieStamp> {
+    let mut fp = None;
+    let mut vocab = None;
+    for kv in s.split_whitespace() {
+        match kv.split_once('=') {
+            Some(("tokenizer", v)) => fp = u64::from_str_radix(v, 16).ok(),
+            Some(("vocab", v)) => vocab = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Some(crate::ngram::TrieStamp {
+        vocab_size: vocab?,
+        fingerprint: fp?,
+    })
+}
+
+/// Counts documents of token ids and estimates an interpolated modified Kneser–Ney model.
+#[derive(Default)]
+pub struct ArpaBuilder {
+    /// Raw trigram counts over `<s> doc </s>` (word indices: 0 `<unk>`, 1 `<s>`, 2 `</s>`,
+    /// then token id + 3).
+    tri: Map<(u64, u32), u32>,
+    /// Raw counts of the bigrams that start with `<s>` (every other bigram has a word before
+    /// it, so its continuation count comes from the trigrams).
+    start_bi: Map<u32, u32>,
+    max_word: u32,
+}
+
+const UNK: u32 = 0;
+const BOS: u32 = 1;
+const EOS: u32 = 2;
+
+/// (D1, D2, D3+) from counts of counts t1..t4 (Chen & Goodman), or 0.5, 1, 1.5 where a
+/// count-of-counts is zero or a discount falls outside (0, k).
+fn discounts(t: [u64; 4]) -> [f64; 3] {
+    let fallback = [0.5, 1.0, 1.5];
+    if t.contains(&0) {
+        return fallback;
+    }
+    let t: Vec<f64> = t.iter().map(|&x| x as f64).collect();
+    let y = t[0] / (t[0] + 2.0 * t[1]);
+    let d: Vec<f64> = (0..3)
+        .map(|k| (k + 1) as f64 - (k + 2) as f64 * y * t[k + 1] / t[k])
+        .collect();
+    if d.iter()
+        .enumerate()
+        .all(|(k, &x)| x > 0.0 && x < (k + 1) as f64)
+    {
+        [d[0], d[1], d[2]]
+    } else {
+        fallback
+    }
+}
+
+fn d_of(d: &[f64; 3], c: u32) -> f64 {
+    d[(c.min(3) - 1) as usize]
+}
+
+impl ArpaBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one document (it is wrapped in `<s>` … `</s>`).
+    pub fn add_document(&mut self, doc: &[TokenId]) {
+        let mut w: Vec<u32> = Vec::with_capacity(doc.len() + 2);
+        w.push(BOS);
+        w.extend(doc.iter().map(|t| t.0 + 3));
+        w.push(EOS);
+        self.max_word = self.max_word.max(w.iter().copied().max().unwrap_or(0));
+        *self.start_bi.entry(w[1]).or_default() += 1;
+        for g in w.windows(3) {
+            *self.tri.entry((key2(g[0], g[1]), g[2])).or_default() += 1;
+        }
+    }
+
+    /// The model (order 3).
+    pub fn finish(self) -> Result<ArpaLm> {
+        if self.start_bi.is_empty() {
+            return Err(Error::BadRequest("no n-grams: the corpus is empty".into()));
+        }
+        // Adjusted counts: trigrams raw; bigrams = distinct left extensions, raw after <s>;
+        // unigrams = distinct left extensions of bigrams.
+        let mut a2: Map<u64, u32> = Map::default();
+        for &(uv, w) in self.tri.keys() {
+            let v = uv as u32;
+            if v != BOS {
+                *a2.entry(key2(v, w)).or_default() += 1;
+            }
+        }
+        for (&w, &c) in &self.start_bi {
+            a2.insert(key2(BOS, w), c);
+        }
+        let nw = self.max_word as usize + 1;
+        let mut a1 = vec![0u32; nw];
+        for &k in a2.keys() {
+            a1[(k as u32) as usize] += 1;
+        }
+        let cc = |it: &mut dyn Iterator<Item = u32>| {
+            let mut t = [0u64; 4];
+            for c in it {
+                if (1..=4).contains(&c) {
+                    t[c as usize - 1] += 1;
+                }
+            }
+            discounts(t)
+        };
+        let d3 = cc(&mut self.tri.values().copied());
+        let d2 = cc(&mut a2.values().copied());
+        let d1 = cc(&mut a1.iter().copied().filter(|&c| c > 0));
+        // Unigrams: interpolated with the uniform distribution over the words that can be
+        // predicted (all but <s>, <unk> included).
+        let total1: f64 = a1.iter().map(|&c| c as f64).sum();
+        let present: Vec<u32> = (0..nw as u32)
+            .filter(|&w| w == UNK || w == EOS || (w >= 3 && a1[w as usize] > 0))
+            .collect();
+        let disc1: f64 = a1.iter().filter(|&&c| c > 0).map(|&c| d_of(&d1, c)).sum();
+        let gamma1 = disc1 / total1;
+        let uniform = 1.0 / present.len() as f64;
+        let mut p1 = vec![0f64; nw];
+        for &w in &present {
+            let c = a1[w as usize];
+            let own = if c > 0 {
+                (c as f64 - d_of(&d1, c)) / total1
+            } else {
+                0.0
+            };
+            p1[w as usize] = own + gamma1 * uniform;
+        }
+        // Bigram contexts: Σ counts and the discounted mass (γ numerators).
+        let mut ctx2: Map<u32, (f64, f64)> = Map::default();
+        for (&k, &c) in &a2 {
+            let e = ctx2.entry((k >> 32) as u32).or_default();
+            e.0 += c as f64;
+            e.1 += d_of(&d2, c);
+        }
+        let gamma2 = |v: u32| ctx2.get(&v).map(|e| e.1 / e.0);
+        let p2 = |v: u32, w: u32| -> f64 {
+            let lower = p1[w as usize];
+            match ctx2.get(&v) {
+                None => lower,
+                Some(&(tot, disc)) => {
+                    let c = a2.get(&key2(v, w)).copied().unwrap_or(0);
+                    let own = if c > 0 {
+                        (c as f64 - d_of(&d2, c)) / tot
+                    } else {
+                        0.0
+                    };
+                    own + disc / tot * lower
+                }
+            }
+        };
+        let mut ctx3: Map<u64, (f64, f64)> = Map::default();
+        for (&(uv, _), &c) in &self.tri {
+            let e = ctx3.entry(uv).or_default();
+            e.0 += c as f64;
+            e.1 += d_of(&d3, c);
+        }
+        let name = |w: u32| -> String {
+            match w {
+                UNK => "<unk>".into(),
+                BOS => "<s>".into(),
+                EOS => "</s>".into(),
+                t => (t - 3).to_string(),
+            }
+        };
+        let l10 = |p: f64| (p.log10()) as f32;
+        // The model, indexed by the same word numbers.
+        let mut words = vec![];
+        let mut uni = vec![];
+        let mut remap = vec![u32::MAX; nw];
+        for w in 0..nw as u32 {
+            let keep =
+                w == UNK || w == BOS || w == EOS || a1[w as usize] > 0 || ctx2.contains_key(&w);
+            if !keep {
+                continue;
+            }
+            remap[w as usize] = words.len() as u32;
+            words.push(name(w));
+            let p = if w == BOS {
+                LOG10_ZERO
+            } else {
+                l10(p1[w as usize])
+            };
+            let bo = gamma2(w).map_or(0.0, l10);
+            uni.push((p, bo));
+        }
+        let mut bi: Map<u64, (f32, f32)> = Map::default();
+        for &k in a2.keys() {
+            let (v, w) = ((k >> 32) as u32, k as u32);
+            let bo = ctx3.get(&k).map_or(0.0, |e| l10(e.1 / e.0));
+            bi.insert(
+                key2(remap[v as usize], remap[w as usize]),
+                (l10(p2(v, w)), bo),
+            );
+        }
+        let mut tri: Map<(u64, u32), f32> = Map::default();
+        for (&(uv, w), &c) in &self.tri {
+            let (tot, disc) = ctx3[&uv];
+            let v = uv as u32;
+            let p = (c as f64 - d_of(&d3, c)) / tot + disc / tot * p2(v, w);
+            let u = (uv >> 32) as u32;
+            tri.insert(
+                (
+                    key2(remap[u as usize], remap[v as usize]),
+                    remap[w as usize],
+                ),
+                l10(p),
+            );
+        }
+        let index = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.clone(), i as u32))
+            .collect();
+        let mut lm = ArpaLm {
+            order: 3,
+            words,
+            index,
+            unk: remap[UNK as usize],
+            uni,
+            bi,
+            tri,
+            token_word: vec![],
+            stamp: None,
+        };
+        lm.map_tokens();
+        Ok(lm)
+    }
+}
+
+impl ArpaLm {
+    /// Writes the model as ARPA text (entries in word order), atomically.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("arpa.tmp");
+        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let mut o = std::io::BufWriter::new(f);
+        let io = |e| Error::io(&tmp, e);
+        let mut bi: Vec<(&u64, &(f32, f32))> = self.bi.iter().collect();
+        bi.sort_unstable_by_key(|e| *e.0);
+        let mut tri: Vec<(&(u64, u32), &f32)> = self.tri.iter().collect();
+        tri.sort_unstable_by_key(|e| *e.0);
+        let counts = [self.uni.len(), bi.len(), tri.len()];
+        if let Some(st) = self.stamp {
+            writeln!(
+                o,
+                "# paradraft tokenizer={:016x} vocab={}",
+                st.fingerprint, st.vocab_size
+            )
+            .map_err(io)?;
+        }
+        writeln!(o, "\\data\\").map_err(io)?;
+        for (k, c) in counts.iter().enumerate().take(self.order) {
+            writeln!(o, "ngram {}={c}", k + 1).map_err(io)?;
+        }
+        let w = |i: u32| &self.words[i as usize];
+        writeln!(o, "\n\\1-grams:").map_err(io)?;
+        for (i, (p, bo)) in self.uni.iter().enumerate() {
+            if self.order > 1 {
+                writeln!(o, "{p}\t{}\t{bo}", w(i as u32)).map_err(io)?;
+            } else {
+                writeln!(o, "{p}\t{}", w(i as u32)).map_err(io)?;
+            }
+        }
+        if self.order > 1 {
+            writeln!(o, "\n\\2-grams:").map_err(io)?;
+            for (&k, &(p, bo)) in bi {
+                let (a, b) = (w((k >> 32) as u32), w(k as u32));
+                if self.order > 2 {
+                    writeln!(o, "{p}\t{a} {b}\t{bo}").map_err(io)?;
+                } else {
+                    writeln!(o, "{p}\t{a} {b}").map_err(io)?;
+                }
+            }
+        }
+        if self.order > 2 {
+            writeln!(o, "\n\\3-grams:").map_err(io)?;
+            for (&(uv, c), &p) in tri {
+                let (a, b) = (w((uv >> 32) as u32), w(uv as u32));
+                writeln!(o, "{p}\t{a} {b} {}", w(c)).map_err(io)?;
+            }
+        }
+        writeln!(o, "\n\\end\\").map_err(io)?;
+        o.flush().map_err(io)?;
+        drop(o);
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HAND: &str = "\\data\\
+ngram 1=5
+ngram 2=3
+ngram 3=1
+
+\\1-grams:
+-1.0\t<unk>\t0
+-99\t<s>\t-0.30103
+-0.5\ta\t-0.2
+-0.7\tb\t-0.1
+-0.6\t</s>
+
+\\2-grams:
+-0.2\t<s> a\t-0.05
+-0.3\ta b\t-0.4
+-0.25\tb </s>
+
+\\3-grams:
+-0.1\t<s> a b
+
+\\end\\
+";
+
+    fn parse(s: &str) -> Result<ArpaLm> {
+        ArpaLm::parse(std::io::Cursor::new(s.as_bytes()), Path::new("test.arpa"))
+    }
+
+    /// Back-off values worked out by hand from the file above.
+    #[test]
+    fn a_hand_worked_file_gives_the_hand_computed_back_off_values() {
+        let lm = parse(HAND).unwrap();
+        let w = |s: &str| lm.word_index(s);
+        let q = |ctx: &[&str], x: &str| {
+            let c: Vec<u32> = ctx.iter().map(|s| w(s)).collect();
+            lm.log10_prob(&c, w(x))
+        };
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-6;
+        assert!(close(q(&["<s>", "a"], "b"), -0.1), "stored trigram");
+        // bo(<s> a) + bo(a) + p(</s>) = -0.05 - 0.2 - 0.6
+        assert!(close(q(&["<s>", "a"], "</s>"), -0.85));
+        // bo(a b) + bo(b) + p(a) = -0.4 - 0.1 - 0.5
+        assert!(close(q(&["a", "b"], "a"), -1.0));
+        // No (b a) bigram: its back-off is 0, then the stored bigram (a b).
+        assert!(close(q(&["b", "a"], "b"), -0.3));
+        // Unknown words are <unk>: bo(a) + p(<unk>).
+        assert!(close(q(&["a"], "zebra"), -1.2));
+        assert!(close(q(&[], "a"), -0.5));
+        // Only the last two words of a longer context count.
+        assert!(close(q(&["b", "b", "<s>", "a"], "b"), -0.1));
+    }
+
+    #[test]
+    fn broken_files_are_refused_with_the_reason() {
+        let cases: [(String, &str); 7] = [
+            (HAND.replace("\\data\\", "\\dat\\"), "no \\data\\"),
+            (HAND.replace("ngram 1=5", "ngram 1=6"), "entries"),
+            (HAND.replace("-0.7\tb", "x\tb"), "not a log10 probability"),
+            (HAND.replace("\\end\\\n", ""), "no \\end\\"),
+            (HAND.replace("-0.3\ta b", "-0.3\ta c"), "has no unigram"),
+            (HAND.replace("-1.0\t<unk>\t0", "-1.0\tc\t0"), "no <unk>"),
+            (
+                HAND.replace("ngram 3=1", "ngram 3=1\nngram 4=0"),
+                "orders 1 to 3",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = parse(&text).err().expect(want).to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+
+    #[test]
+    fn discounts_follow_the_counts_of_counts() {
+        let d = discounts([10, 5, 3, 2]);
+        let want = [0.5, 1.1, 3.0 - 4.0 * 0.5 * 2.0 / 3.0];
+        for k in 0..3 {
+            assert!((d[k] - want[k]).abs() < 1e-12, "{d:?}");
+        }
+        assert_eq!(discounts([3, 0, 1, 1]), [0.5, 1.0, 1.5]);
+    }
+
+    fn toks(v: &[u32]) -> Vec<TokenId> {
+        v.iter().map(|&t| TokenId(t)).collect()
+    }
+
+    /// For any two-token context the model's probabilities over the words it can predict sum
+    /// to 1, and writing then reading the ARPA file changes no query.
+    #[test]
+    fn a_built_model_is_normalised_and_round_trips() {
+        let mut b = ArpaBuilder::new();
+        let mut x = 7u32;
+        for d in 0..40 {
+            let len = 3 + d % 17;
+            let doc: Vec<u32> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    // A skewed distribution over 30 tokens, repeating phrases.
+                    ((x >> 16) % 30).min((x >> 8) % 30)
+                })
+                .collect();
+            b.add_document(&toks(&doc));
+        }
+        b.add_document(&toks(&[1, 2, 3, 1, 2, 3, 1, 2, 4]));
+        b.add_document(&[]);
+        let lm = b.finish().unwrap();
+        let predictable: Vec<u32> = (0..lm.vocab_len() as u32)
+            .filter(|&i| lm.word(i) != "<s>")
+            .collect();
+        let sum = |ctx: &[u32]| -> f64 {
+            predictable
+                .iter()
+                .map(|&w| 10f64.powf(lm.log10_prob(ctx, w) as f64))
+                .sum()
+        };
+        let tw = |t: u32| lm.token_word(TokenId(t));
+        let s = lm.word_index("<s>");
+        let unk = lm.word_index("<unk>");
+        for ctx in [
+            vec![tw(1), tw(2)],
+            vec![tw(2), tw(3)],
+            vec![s, tw(1)],
+            vec![tw(29), tw(0)],
+            vec![unk, unk],
+            vec![tw(3)],
+            vec![],
+        ] {
+            let total = sum(&ctx);
+            assert!((total - 1.0).abs() < 1e-4, "context {ctx:?}: Σ p = {total}");
+        }
+        // A seen continuation is likelier than the back-off alone.
+        assert!(
+            lm.log10_token(&toks(&[1, 2]), TokenId(3))
+                > lm.log10_token(&toks(&[1, 2]), TokenId(29))
+        );
+        assert!(
+            (lm.ln_token(&toks(&[1]), TokenId(2)) / lm.log10_token(&toks(&[1]), TokenId(2))
+                - std::f32::consts::LN_10)
+                .abs()
+                < 1e-5
+        );
+        let dir = std::env::temp_dir().join(format!("arpa-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("lm.arpa");
+        lm.write(&p).unwrap();
+        let back = ArpaLm::read(&p).unwrap();
+        assert_eq!(back.stamp, None);
+        // A stamped model refuses another tokenizer.
+        let st = |f| crate::ngram::TrieStamp {
+            vocab_size: 32,
+            fingerprint: f,
+        };
+        let mut stamped = back;
+        stamped.stamp = Some(st(0xabc));
+        stamped.write(&p).unwrap();
+        let back = ArpaLm::read(&p).unwrap();
+        assert_eq!(back.stamp, Some(st(0xabc)));
+        assert!(back.check_stamp(st(0xabc), &p).is_ok());
+        let e = back.check_stamp(st(0xabd), &p).unwrap_err().to_string();
+        assert!(e.contains("another tokenizer"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+        for c in [[1u32, 2], [2, 3], [5, 6], [0, 0]] {
+            for t in 0..32 {
+                let (a, b) = (
+                    lm.log10_token(&toks(&c), TokenId(t)),
+                    back.log10_token(&toks(&c), TokenId(t)),
+                );
+                assert!((a - b).abs() < 1e-6, "{c:?} {t}: {a} vs {b}");
+            }
+        }
+    }
+}
