@@ -67,10 +67,17 @@ pub struct SpecArgs {
     /// Search trees on the drafter's distributions alone.
     #[arg(long)]
     pub(crate) no_ngram: bool,
+    /// Choose each chain by DiffuSpec's causal-consistency path search over the block's pruned
+    /// lattice (dflash, pard).
+    #[arg(long)]
+    pub(crate) cps: bool,
+    /// The 3-gram ARPA model (`paradraft ngram arpa`) that --cps scores drafts with.
+    #[arg(long)]
+    pub(crate) ngram_arpa: Option<PathBuf>,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// block_size, prompt_lookup_min, prompt_lookup_max, tree_budget, ngram, no_ngram,
-    /// fixed_draft.
+    /// fixed_draft, cps, ngram_arpa.
     #[arg(long)]
     pub(crate) speculative_config: Option<String>,
 }
@@ -90,6 +97,8 @@ impl SpecArgs {
             tree_budget: self.tree_budget,
             ngram: self.ngram.clone(),
             no_ngram: self.no_ngram,
+            cps: self.cps,
+            ngram_arpa: self.ngram_arpa.clone(),
         };
         Ok(match &self.speculative_config {
             Some(js) => c.with_json(js)?,

@@ -165,13 +165,35 @@ fn speculative_decoding_with_pard_is_lossless() {
         let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {})
             .unwrap()
             .token_ids;
-        for (k, tree) in [(1, false), (4, false), (7, false), (4, true)] {
+        // DiffuSpec's path search over PARD's block, with a 3-gram proxy from the prompt.
+        let arpa = {
+            let mut b = paradraft::ngram::arpa::ArpaBuilder::new();
+            b.add_document(&p);
+            std::sync::Arc::new(b.finish().unwrap())
+        };
+        for (k, mode) in [
+            (1, "chain"),
+            (4, "chain"),
+            (7, "chain"),
+            (4, "tree"),
+            (6, "cps"),
+        ] {
             let m = PardModel::load(dir.path(), &target, &lm).unwrap();
             let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
             let mut max = k;
+            let tree = mode == "tree";
             if tree {
                 d.drafting.tree = Some(TreeDrafting::new(Default::default(), None, stop.clone()));
                 max = 10;
+            }
+            if mode == "cps" {
+                d.drafting.cps = Some(paradraft::drafters::parts::CpsDrafting {
+                    lattice: Default::default(),
+                    cps: Default::default(),
+                    ngram: Some(arpa.clone()),
+                    stop: stop.clone(),
+                    last_raw: vec![],
+                });
             }
             assert_eq!(d.name(), if tree { "pard-tree" } else { "pard" });
             let sp = Speculation {
@@ -184,7 +206,7 @@ fn speculative_decoding_with_pard_is_lossless() {
             let got =
                 speculative_generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, sp, |_| {})
                     .unwrap();
-            assert_eq!(got.out.token_ids, ar, "{text:?}, K {k}, tree {tree}");
+            assert_eq!(got.out.token_ids, ar, "{text:?}, K {k}, {mode}");
         }
     }
 }

@@ -225,8 +225,22 @@ pub struct BlockDrafting {
     pub sampler: crate::sample::Sampler,
     pub sampling: DraftSampling,
     pub tree: Option<crate::speculative::tree_search::TreeDrafting>,
+    /// Or a chain chosen by DiffuSpec's causal-consistency path search.
+    pub cps: Option<CpsDrafting>,
     /// Path probability of each node of the last searched tree (score order).
     pub conf: Vec<f32>,
+}
+
+/// DiffuSpec's draft selection (`speculative::cps`) over a block: the pruned lattice, the
+/// beam search with an optional n-gram proxy, the stop tokens; the last raw argmax draft is
+/// kept (what adaptive draft length reads).
+#[derive(Clone)]
+pub struct CpsDrafting {
+    pub lattice: crate::speculative::cps::LatticeParams,
+    pub cps: crate::speculative::cps::Cps,
+    pub ngram: Option<Arc<crate::ngram::arpa::ArpaLm>>,
+    pub stop: Vec<TokenId>,
+    pub last_raw: Vec<TokenId>,
 }
 
 impl BlockDrafting {
@@ -236,6 +250,7 @@ impl BlockDrafting {
             sampler: crate::sample::Sampler::new(sampling)?,
             sampling: DraftSampling::Greedy,
             tree: None,
+            cps: None,
             conf: vec![],
         })
     }
@@ -249,6 +264,7 @@ impl BlockDrafting {
                 .tree
                 .as_ref()
                 .map(crate::speculative::tree_search::TreeDrafting::fork),
+            cps: self.cps.clone(),
             conf: vec![],
         })
     }
@@ -272,6 +288,22 @@ impl BlockDrafting {
         }
         let mut tree = crate::speculative::DraftTree::new();
         let mut parent = None;
+        if let Some(c) = &mut self.cps {
+            let lat = crate::speculative::cps::Lattice::from_logits(
+                logits,
+                v,
+                |i| head.target_id(i),
+                |t| head.vocab.draft_id(t).map(|d| d as usize),
+                &c.stop,
+                &c.lattice,
+            );
+            let path = c.cps.search(&lat, committed, c.ngram.as_deref(), &c.stop);
+            c.last_raw = lat.raw;
+            for &t in path.iter().take(max_nodes) {
+                parent = Some(tree.push(parent, t, None)?);
+            }
+            return Ok(tree);
+        }
         let sample = self.sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
         let slots = (logits.len() / v.max(1)).min(max_nodes);
         for i in 0..slots {

@@ -158,6 +158,12 @@ pub struct DrafterConfig {
     pub ngram: Option<PathBuf>,
     /// Search trees on the drafter's distributions alone.
     pub no_ngram: bool,
+    /// Choose the chain by DiffuSpec's causal-consistency path search over the block's
+    /// pruned lattice (dflash, pard).
+    pub cps: bool,
+    /// The 3-gram ARPA model CPS scores with (`paradraft ngram arpa`); none: the drafter's
+    /// scores alone.
+    pub ngram_arpa: Option<PathBuf>,
 }
 
 impl Default for DrafterConfig {
@@ -174,6 +180,8 @@ impl Default for DrafterConfig {
             tree_budget: 32,
             ngram: None,
             no_ngram: false,
+            cps: false,
+            ngram_arpa: None,
         }
     }
 }
@@ -219,7 +227,7 @@ impl DrafterConfig {
         use Method::*;
         let d = DrafterConfig::default();
         let trees: &[Method] = &[DflashTree, Dart, PardTree];
-        let checks: [(bool, &str, &[Method]); 5] = [
+        let checks: [(bool, &str, &[Method]); 7] = [
             (
                 self.draft_model.is_some(),
                 "--draft-model (\"model\")",
@@ -242,6 +250,8 @@ impl DrafterConfig {
             ),
             (self.ngram.is_some(), "--ngram", trees),
             (self.no_ngram != d.no_ngram, "--no-ngram", trees),
+            (self.cps, "--cps", &[Dflash, Pard]),
+            (self.ngram_arpa.is_some(), "--ngram-arpa", &[Dflash, Pard]),
         ];
         for (given, name, users) in checks {
             if given && !methods.iter().any(|m| users.contains(m)) {
@@ -285,6 +295,31 @@ impl DrafterConfig {
         Ok(TreeDrafting::new(TreeSearchParams::default(), ngram, stop))
     }
 
+    /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp checked).
+    fn cps_drafting(&self, lm: &Loaded) -> Result<Option<super::parts::CpsDrafting>> {
+        if !self.cps {
+            if self.ngram_arpa.is_some() {
+                return Err(Error::BadRequest("--ngram-arpa needs --cps".into()));
+            }
+            return Ok(None);
+        }
+        let ngram = match &self.ngram_arpa {
+            Some(p) => {
+                let m = crate::ngram::arpa::ArpaLm::read(p)?;
+                m.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), p)?;
+                Some(Arc::new(m))
+            }
+            None => None,
+        };
+        Ok(Some(super::parts::CpsDrafting {
+            lattice: Default::default(),
+            cps: Default::default(),
+            ngram,
+            stop: lm.tokenizer.stop_tokens.iter().copied().collect(),
+            last_raw: vec![],
+        }))
+    }
+
     /// Loads the drafter's weights once for a target (`target_path`, loaded as `lm`) whose
     /// requests hold up to `ctx` tokens.
     pub fn load<'t>(
@@ -324,6 +359,7 @@ impl DrafterConfig {
                     d.drafting.sampling = DraftSampling::Sample;
                 }
                 let mut max = d.block_size - 1;
+                d.drafting.cps = self.cps_drafting(lm)?;
                 if self.method == Method::DflashTree {
                     d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
                     max = self.tree_budget;
@@ -348,6 +384,7 @@ impl DrafterConfig {
                     d.drafting.sampling = DraftSampling::Sample;
                 }
                 let mut max = k;
+                d.drafting.cps = self.cps_drafting(lm)?;
                 if self.method == Method::PardTree {
                     d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
                     max = self.tree_budget;
@@ -406,6 +443,7 @@ impl DrafterConfig {
             ),
             (Method::DraftModel, None, Some(n)) => format!("self-draft-{n}L"),
             (Method::None, ..) => "ar".into(),
+            (m, ..) if self.cps => format!("{}-cps", m.name()),
             (m, ..) => m.name().into(),
         }
     }

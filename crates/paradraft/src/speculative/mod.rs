@@ -1,6 +1,7 @@
 //! The speculative-decoding core shared by every drafter (spec §1, §8): draft trees and their
 //! linearisation, verification rules, the decode loop and its telemetry.
 
+pub mod cps;
 pub mod decode;
 pub mod sizing;
 pub mod step;
