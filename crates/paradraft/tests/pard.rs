@@ -279,3 +279,62 @@ fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
     assert!(e.contains("RoPE scaling"), "{e}");
     assert!(config_for(&lm.model, 0).is_err() && config_for(&lm.model, 4).is_err());
 }
+
+/// A published PARD checkpoint is a plain HF causal-LM directory (its own embedding and head,
+/// tokenizer files) plus `pard_token`: it loads unchanged, uses its own embedding, and decodes
+/// losslessly; a drafter whose tokenizer differs from the target's is refused.
+#[test]
+fn a_published_layout_loads_unchanged() {
+    let lm = load_tiny("qwen3");
+    let src = fixtures().join("tiny/qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let cfg = dir.path().join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["pard_token"] = 7.into();
+    v["spd_type"] = "pard".into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let m = PardModel::load(dir.path(), &src, &lm).unwrap();
+    assert!(!m.shares_target_embedding);
+    assert_eq!(
+        (m.mask, m.vocab.len()),
+        (TokenId(7), lm.model.config.vocab_size)
+    );
+    let p = prompt(&lm, "Tell me about the sea.");
+    let params = GenerateParams {
+        max_new_tokens: 24,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    };
+    let mut kv = lm.model.new_kv(128);
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();
+    let sp = Speculation {
+        drafter: Box::new(Pard::new(m, 128, 5, Default::default()).unwrap()),
+        max_draft: 5,
+        sizer: None,
+        rule: Default::default(),
+    };
+    let mut kv = lm.model.new_kv(128);
+    let got =
+        speculative_generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, sp, |_| {}).unwrap();
+    assert_eq!(got.out.token_ids, ar.token_ids);
+    // The target itself as its own drafter: the masks aside, its drafts are the target's.
+    assert!(got.tau > 1.0, "τ {}", got.tau);
+    // Another tokenizer in the drafter directory: one token of the vocabulary renamed.
+    let tp = dir.path().join("tokenizer.json");
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tp).unwrap()).unwrap();
+    let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+    let id = vocab.remove("¤").unwrap();
+    vocab.insert("¤¤".into(), id);
+    std::fs::write(&tp, t.to_string()).unwrap();
+    let e = PardModel::load(dir.path(), &src, &lm)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("tokenizer"), "{e}");
+}
