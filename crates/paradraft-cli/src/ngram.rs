@@ -86,13 +86,7 @@ pub fn run(cmd: NgramCmd) -> Result<()> {
 
 fn build(a: BuildArgs) -> Result<()> {
     let (lm, _) = load(&a.m)?;
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "tokenizing {bar:40} {bytes}/{total_bytes} [{elapsed_precise} < {eta_precise}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let pb = tokenizing_bar();
     let t0 = Instant::now();
     let threads = paradraft::runtime::default_threads();
     let trie = ngram::build_from_jsonl(&a.corpus, &lm.tokenizer, a.order, threads, |d, t| {
@@ -215,13 +209,7 @@ fn bench(a: BenchArgs) -> Result<()> {
 
 fn arpa(a: ArpaArgs) -> Result<()> {
     let (lm, _) = load(&a.m)?;
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "tokenizing {bar:40} {bytes}/{total_bytes} [{elapsed_precise} < {eta_precise}]",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let pb = tokenizing_bar();
     let t0 = Instant::now();
     let threads = paradraft::runtime::default_threads();
     let model = ngram::arpa_from_jsonl(&a.corpus, &lm.tokenizer, threads, |d, t| {
@@ -257,4 +245,16 @@ fn arpa(a: ArpaArgs) -> Result<()> {
         sum / n as f64
     );
     Ok(())
+}
+
+/// A progress bar over the corpus bytes read.
+fn tokenizing_bar() -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "tokenizing {bar:40} {bytes}/{total_bytes} [{elapsed_precise} < {eta_precise}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
 }

@@ -141,6 +141,30 @@ pub fn load_checkpoint(dir: &Path) -> Result<Option<Saved>> {
     }))
 }
 
+/// What a run starts from: the network and optimiser of the checkpoint in `ckpt` when there is
+/// one (`restore` rebuilds the network from its tensors; a misfit is reported as a broken
+/// checkpoint), else `fresh()` with a new optimiser; with the step and training seconds so far.
+pub fn start<N>(
+    ckpt: &Path,
+    vars_of: impl Fn(&N) -> &Vars,
+    restore: impl FnOnce(&HashMap<String, Tensor>) -> candle_core::Result<N>,
+    fresh: impl FnOnce() -> Result<N>,
+) -> Result<(N, AdamW, usize, f64)> {
+    match load_checkpoint(ckpt)? {
+        Some(c) => {
+            let net = restore(&c.tensors).map_err(|e| broken_checkpoint(ckpt, e))?;
+            let mut opt = AdamW::new(vars_of(&net), 0.0).map_err(cerr)?;
+            opt.load_state(&c.tensors, c.step).map_err(cerr)?;
+            Ok((net, opt, c.step, c.elapsed_s))
+        }
+        None => {
+            let net = fresh()?;
+            let opt = AdamW::new(vars_of(&net), 0.0).map_err(cerr)?;
+            Ok((net, opt, 0, 0.0))
+        }
+    }
+}
+
 /// Explains a checkpoint that does not fit the network being trained.
 pub fn broken_checkpoint(dir: &Path, why: impl std::fmt::Display) -> Error {
     Error::BadModelFile {

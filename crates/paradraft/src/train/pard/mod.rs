@@ -24,7 +24,6 @@ use crate::model::{Arch, Config, Model};
 use crate::train::data::Sample;
 use crate::train::dflash::net::FrozenHead;
 use crate::train::fused::Ranges;
-use crate::train::optim::AdamW;
 use crate::train::run::{self, cerr, BatchLoss, Eval, LogLine, Schedule};
 use crate::types::TokenId;
 use candle_core::{DType, Device, Tensor, D};
@@ -327,24 +326,16 @@ pub fn train(
 ) -> Result<Net> {
     check(config, data, &p.cod)?;
     let ckpt = dir.join("checkpoint");
-    let (net, mut opt, step, elapsed) = match run::load_checkpoint(&ckpt)? {
-        Some(c) => {
-            let net = Net::from_tensors(config.clone(), &c.tensors)
-                .map_err(|e| run::broken_checkpoint(&ckpt, e))?
-                .to_device(&data.device)
-                .map_err(cerr)?;
-            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
-            opt.load_state(&c.tensors, c.step).map_err(cerr)?;
-            (net, opt, c.step, c.elapsed_s)
-        }
-        None => {
-            let net = Net::from_target(config.clone(), data.target)
+    let (net, mut opt, step, elapsed) = run::start(
+        &ckpt,
+        |n: &Net| &n.vars,
+        |t| Net::from_tensors(config.clone(), t)?.to_device(&data.device),
+        || {
+            Net::from_target(config.clone(), data.target)
                 .and_then(|n| n.to_device(&data.device))
-                .map_err(cerr)?;
-            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
-            (net, opt, 0, 0.0)
-        }
-    };
+                .map_err(cerr)
+        },
+    )?;
     let head = crate::train::dflash::frozen_head(data.target, data.vocab)
         .and_then(|h| h.to_device(&data.device))
         .map_err(cerr)?;
