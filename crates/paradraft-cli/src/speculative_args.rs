@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::builder::PossibleValue;
 use clap::Args;
-use paradraft::drafters::speculative_config::{DrafterConfig, Method};
+use paradraft::drafters::speculative_config::{DraftLength, DrafterConfig, Method};
 use std::path::PathBuf;
 
 /// `--drafter` values: the library's methods, with their descriptions in `--help`.
@@ -29,6 +29,14 @@ impl clap::ValueEnum for MethodArg {
         let (_, name, help) = Method::ALL.iter().find(|m| m.0 == self.0)?;
         Some(PossibleValue::new(*name).help(*help))
     }
+}
+
+/// `--draft-length` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DraftLengthArg {
+    Auto,
+    Fixed,
+    Adl,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -67,6 +75,10 @@ pub struct SpecArgs {
     /// Search trees on the drafter's distributions alone.
     #[arg(long)]
     pub(crate) no_ngram: bool,
+    /// How each round's draft size is chosen: auto (this machine's costs and the acceptance so
+    /// far), fixed (always the most; as --fixed-draft), adl (DiffuSpec's adaptive draft length).
+    #[arg(long, value_enum)]
+    pub(crate) draft_length: Option<DraftLengthArg>,
     /// Choose each chain by DiffuSpec's causal-consistency path search over the block's pruned
     /// lattice (dflash, pard).
     #[arg(long)]
@@ -77,7 +89,7 @@ pub struct SpecArgs {
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// block_size, prompt_lookup_min, prompt_lookup_max, tree_budget, ngram, no_ngram,
-    /// fixed_draft, cps, ngram_arpa.
+    /// fixed_draft, draft_length, cps, ngram_arpa.
     #[arg(long)]
     pub(crate) speculative_config: Option<String>,
 }
@@ -94,6 +106,11 @@ impl SpecArgs {
             prompt_lookup_min: self.prompt_lookup_min,
             prompt_lookup_max: self.prompt_lookup_max,
             fixed_draft: self.fixed_draft,
+            draft_length: match self.draft_length {
+                None | Some(DraftLengthArg::Auto) => DraftLength::Auto,
+                Some(DraftLengthArg::Fixed) => DraftLength::Fixed,
+                Some(DraftLengthArg::Adl) => DraftLength::Adl,
+            },
             tree_budget: self.tree_budget,
             ngram: self.ngram.clone(),
             no_ngram: self.no_ngram,

@@ -1048,6 +1048,15 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
             "6",
         ],
         &["--drafter", "pard-tree", "--draft-model", d, "--no-ngram"],
+        &[
+            "--drafter",
+            "pard",
+            "--draft-model",
+            d,
+            "--draft-length",
+            "adl",
+        ],
+        &["--drafter", "pard", "--draft-model", d, "--cps"],
     ] {
         let sp = gen(extra);
         assert!(
@@ -1077,6 +1086,19 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
         ]),
         "num_speculative_tokens",
     );
+    assert_refused(
+        &gen(&[
+            "--drafter",
+            "pard",
+            "--draft-model",
+            d,
+            "--fixed-draft",
+            "--draft-length",
+            "adl",
+        ]),
+        "exclude each other",
+    );
+    assert_refused(&gen(&["--drafter", "pld", "--cps"]), "--cps");
     let llama = tiny("llama");
     let other = dir.path().join("llama-run");
     let args = base(&llama, other.to_str().unwrap());

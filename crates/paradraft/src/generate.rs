@@ -131,6 +131,11 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Whether `t` ends the sequence (a stop token).
+    pub(crate) fn is_stop(&self, t: TokenId) -> bool {
+        self.tok.stop_tokens.contains(&t)
+    }
+
     /// Commits one token; returns why generation stops, if it does.
     pub(crate) fn push(
         &mut self,

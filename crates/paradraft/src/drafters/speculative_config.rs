@@ -16,6 +16,7 @@ use crate::model::Model;
 use crate::model::{self, Loaded};
 use crate::ngram::NgramTrie;
 use crate::sample::SamplingParams;
+use crate::speculative::cps::AdlParams;
 use crate::speculative::sizing::{CostCurve, Sizer};
 use crate::speculative::tree_search::{TreeDrafting, TreeSearchParams};
 use crate::speculative::{Drafter, Speculation, VerifyRule};
@@ -132,6 +133,19 @@ impl From<Method> for String {
     }
 }
 
+/// How each round's draft size is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftLength {
+    /// From this machine's measured costs and the acceptance so far (with the speed guard).
+    #[default]
+    Auto,
+    /// Always the most.
+    Fixed,
+    /// DiffuSpec's adaptive draft length (§4.5), scaled to the drafter's block.
+    Adl,
+}
+
 /// A drafter and its options. The JSON form is vLLM's `speculative_config` (`method`,
 /// `num_speculative_tokens`, `model`, `draft_layers`, `prompt_lookup_min/max`, ...).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -152,6 +166,8 @@ pub struct DrafterConfig {
     pub prompt_lookup_max: usize,
     /// Always draft the most; otherwise each round is sized from measured costs.
     pub fixed_draft: bool,
+    /// The sizing policy (`fixed_draft` is short for `Fixed`).
+    pub draft_length: DraftLength,
     /// Most nodes of a searched tree (dflash-tree, dart).
     pub tree_budget: usize,
     /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
@@ -177,6 +193,7 @@ impl Default for DrafterConfig {
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
             fixed_draft: false,
+            draft_length: DraftLength::Auto,
             tree_budget: 32,
             ngram: None,
             no_ngram: false,
@@ -293,6 +310,17 @@ impl DrafterConfig {
         };
         let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
         Ok(TreeDrafting::new(TreeSearchParams::default(), ngram, stop))
+    }
+
+    /// The sizing policy these options ask for.
+    pub fn sizing(&self) -> Result<DraftLength> {
+        match (self.fixed_draft, self.draft_length) {
+            (true, DraftLength::Adl) => Err(Error::BadRequest(
+                "--fixed-draft and --draft-length adl exclude each other".into(),
+            )),
+            (true, _) => Ok(DraftLength::Fixed),
+            (false, d) => Ok(d),
+        }
     }
 
     /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp checked).
@@ -421,13 +449,21 @@ impl DrafterConfig {
                 (Template::DraftModel(Box::new(d)), k)
             }
         };
+        let sizing = self.sizing()?;
         Ok(DrafterSet {
             template,
             max_draft,
             ctx,
             method: self.method,
             label: self.label(),
-            adaptive: !self.fixed_draft,
+            adaptive: sizing != DraftLength::Fixed,
+            adl: (sizing == DraftLength::Adl).then(|| {
+                if max_draft >= 30 {
+                    AdlParams::default()
+                } else {
+                    AdlParams::for_block(max_draft)
+                }
+            }),
             costs: None,
         })
     }
@@ -471,6 +507,8 @@ pub struct DrafterSet<'t> {
     pub label: String,
     /// Whether each round's draft is sized from measured costs ([`DrafterSet::measure_costs`]).
     pub adaptive: bool,
+    /// Sized by DiffuSpec's adaptive draft length instead (these settings).
+    pub adl: Option<AdlParams>,
     /// The target's verify-cost curve and the drafter's proposal-cost curve.
     costs: Option<(CostCurve, CostCurve)>,
 }
@@ -511,10 +549,13 @@ impl<'t> DrafterSet<'t> {
         Ok(Speculation {
             drafter: self.create(sampling)?,
             max_draft: self.max_draft,
-            sizer: self
-                .costs
-                .as_ref()
-                .map(|(t, d)| Sizer::new(t.clone()).with_draft_curve(Some(d.clone()))),
+            sizer: self.costs.as_ref().map(|(t, d)| {
+                let s = Sizer::new(t.clone()).with_draft_curve(Some(d.clone()));
+                match self.adl {
+                    Some(p) => s.with_adl(p),
+                    None => s,
+                }
+            }),
             rule,
         })
     }

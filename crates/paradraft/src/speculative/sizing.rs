@@ -190,6 +190,8 @@ pub struct Sizer {
     tree_recent: (f64, f64, f64),
     /// The cost model checked against the clock.
     pub guard: SpeedGuard,
+    /// DiffuSpec's adaptive draft length instead of the cost model (chains).
+    pub adl: Option<crate::speculative::cps::Adl>,
 }
 
 /// Committed tokens and wall-clock ms of recent rounds (decayed sums).
@@ -298,7 +300,15 @@ impl Sizer {
             tree_gain: 1.0,
             tree_recent: (0.0, 0.0, 0.0),
             guard: SpeedGuard::default(),
+            adl: None,
         }
+    }
+
+    /// Sizes chains by DiffuSpec's adaptive draft length (§4.5) instead of the cost model; the
+    /// speed guard stays out of it (the paper's policy as it is).
+    pub fn with_adl(mut self, p: crate::speculative::cps::AdlParams) -> Self {
+        self.adl = Some(crate::speculative::cps::Adl::new(p));
+        self
     }
 
     /// Prices proposals with the drafter's measured cost curve
@@ -350,6 +360,9 @@ impl Sizer {
     /// and commits B · E[n] tokens, so as the batch grows (the forward turns compute-bound and
     /// each draft runs on its own) the best size shrinks to 0.
     pub fn choose(&self, max: usize, b: BatchShape) -> usize {
+        if let Some(a) = &self.adl {
+            return a.k().min(max);
+        }
         let score =
             |n: usize| self.expected_tokens(n) / (self.share_ms(n + 1, b) + self.draft_ms(n));
         (0..=max)
@@ -621,6 +634,25 @@ mod tests {
         }
         assert_eq!(drafted, 1000 - 1000 / 16);
         assert!(!g.is_off());
+    }
+
+    /// With ADL the size is ADL's (capped by the round's most), whatever the costs say.
+    #[test]
+    fn adl_sizes_chains_instead_of_the_cost_model() {
+        let mut s = Sizer::new(curve()).with_adl(crate::speculative::cps::AdlParams::for_block(12));
+        for _ in 0..200 {
+            s.observe(8, 0, 40.0, 8); // nothing accepted, expensive: the cost model says 0
+        }
+        assert_eq!(s.choose(12, BatchShape::default()), 12);
+        assert_eq!(s.choose(5, BatchShape::default()), 5);
+        for _ in 0..10 {
+            s.adl.as_mut().unwrap().observe(Some(2), 0);
+        }
+        assert_eq!(
+            s.choose(12, BatchShape::default()),
+            8,
+            "ADL's floor, ⌈2/3 · 12⌉"
+        );
     }
 
     #[test]
