@@ -192,7 +192,6 @@ fn speculative_decoding_with_pard_is_lossless() {
                     cps: Default::default(),
                     ngram: Some(arpa.clone()),
                     stop: stop.clone(),
-                    last_raw: vec![],
                 });
             }
             assert_eq!(d.name(), if tree { "pard-tree" } else { "pard" });

@@ -212,10 +212,6 @@ impl Pard {
         Ok(p)
     }
 
-    pub fn model(&self) -> &PardModel {
-        &self.model
-    }
-
     /// The last proposal's block: one row of draft-vocabulary logits per slot (the root's, then
     /// each mask's), and the row width.
     pub fn block_logits(&self) -> (&[f32], usize) {

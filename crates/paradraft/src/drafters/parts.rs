@@ -232,15 +232,13 @@ pub struct BlockDrafting {
 }
 
 /// DiffuSpec's draft selection (`speculative::cps`) over a block: the pruned lattice, the
-/// beam search with an optional n-gram proxy, the stop tokens; the last raw argmax draft is
-/// kept (what adaptive draft length reads).
+/// beam search with an optional n-gram proxy, the stop tokens.
 #[derive(Clone)]
 pub struct CpsDrafting {
     pub lattice: crate::speculative::cps::LatticeParams,
     pub cps: crate::speculative::cps::Cps,
     pub ngram: Option<Arc<crate::ngram::arpa::ArpaLm>>,
     pub stop: Vec<TokenId>,
-    pub last_raw: Vec<TokenId>,
 }
 
 impl BlockDrafting {
@@ -298,7 +296,6 @@ impl BlockDrafting {
                 &c.lattice,
             );
             let path = c.cps.search(&lat, committed, c.ngram.as_deref(), &c.stop);
-            c.last_raw = lat.raw;
             for &t in path.iter().take(max_nodes) {
                 parent = Some(tree.push(parent, t, None)?);
             }

@@ -344,7 +344,6 @@ impl DrafterConfig {
             cps: Default::default(),
             ngram,
             stop: lm.tokenizer.stop_tokens.iter().copied().collect(),
-            last_raw: vec![],
         }))
     }
 

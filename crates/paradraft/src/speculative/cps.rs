@@ -11,8 +11,10 @@
 //!   per-token conditional given the two tokens before it; a beam that places a stop token is
 //!   finished and keeps its frozen score (raw-sum comparison with longer beams); the best beam
 //!   of the last step is the draft.
-//! - [`Adl`] (§4.5): adaptive draft length from EMAs of the raw draft's length before its first
-//!   EOS and of the accepted length.
+//! - [`Adl`] (§4.5): adaptive draft length from EMAs of the draft's length before its first
+//!   EOS and of the accepted length. As a sizing policy any drafter can use, it reads the draft
+//!   that was verified (for CPS, the chosen path; the paper reads the raw argmax draft, which
+//!   only block drafters have: [`Lattice::raw`]).
 
 use crate::ngram::arpa::ArpaLm;
 use crate::types::TokenId;

@@ -288,14 +288,8 @@ impl<'a> Session<'a> {
         let room = kv.capacity() - (base + 1);
         let mut stats = RoundStats::default();
         let trees = self.drafter.node_confidence().is_some();
-        let allowed = self
-            .sizer
-            .as_mut()
-            .is_none_or(|s| s.adl.is_some() || s.guard.allows_draft());
-        let budget = match self.sizer.as_ref() {
-            Some(_) if !allowed => 0,
-            Some(s) if trees => s.choose_tree(self.max_draft, batch),
-            Some(s) => s.choose(self.max_draft, batch),
+        let budget = match self.sizer.as_mut() {
+            Some(s) => s.budget(self.max_draft, batch, trees),
             None => self.max_draft,
         }
         .min(room);
@@ -489,15 +483,21 @@ impl<'a> Session<'a> {
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
         if let Some(s) = self.sizer.as_mut() {
             let ms = stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms;
-            s.guard.observe(stats.accepted + 1, ms, !tree.is_empty());
-            if let (Some(adl), false) = (s.adl.as_mut(), tree.is_empty()) {
-                // The draft's length before its first stop token (1-based index of it).
-                let eos = (0..tree.len() as u32)
+            let emitter = &self.emitter;
+            // The depth of the draft's first stop token (what adaptive draft length reads).
+            let eos = || {
+                (0..tree.len() as u32)
                     .map(NodeId)
-                    .find(|&n| self.emitter.is_stop(tree.token(n)))
-                    .map(|n| tree.depth(n) as usize);
-                adl.observe(eos, stats.accepted);
-            }
+                    .find(|&n| emitter.is_stop(tree.token(n)))
+                    .map(|n| tree.depth(n) as usize)
+            };
+            s.record_round(
+                stats.accepted + 1,
+                ms,
+                !tree.is_empty(),
+                stats.accepted,
+                eos,
+            );
         }
         self.rounds.push(stats);
         Ok(())

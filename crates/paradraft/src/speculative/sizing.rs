@@ -189,9 +189,9 @@ pub struct Sizer {
     /// Tree rounds, recent average: (accepted nodes, verified nodes, drafting ms).
     tree_recent: (f64, f64, f64),
     /// The cost model checked against the clock.
-    pub guard: SpeedGuard,
+    guard: SpeedGuard,
     /// DiffuSpec's adaptive draft length instead of the cost model (chains).
-    pub adl: Option<crate::speculative::cps::Adl>,
+    adl: Option<crate::speculative::cps::Adl>,
 }
 
 /// Committed tokens and wall-clock ms of recent rounds (decayed sums).
@@ -270,11 +270,6 @@ impl SpeedGuard {
             self.draft = Rate::default();
         }
     }
-
-    /// Whether drafting is switched off now.
-    pub fn is_off(&self) -> bool {
-        self.round < self.off_until
-    }
 }
 
 /// The batch a session's round is verified in: how many sessions decode in it (this one
@@ -316,6 +311,38 @@ impl Sizer {
     pub fn with_draft_curve(mut self, c: Option<CostCurve>) -> Self {
         self.draft_curve = c;
         self
+    }
+
+    /// This round's budget, before drafting: nothing while the speed guard holds drafting off
+    /// (cost-model sizing only), else the tree policy's ([`Sizer::choose_tree`]) or the chain
+    /// policy's ([`Sizer::choose`]: ADL's length or the cost model's choice).
+    pub fn budget(&mut self, max: usize, b: BatchShape, trees: bool) -> usize {
+        if self.adl.is_none() && !self.guard.allows_draft() {
+            return 0;
+        }
+        if trees {
+            self.choose_tree(max, b)
+        } else {
+            self.choose(max, b)
+        }
+    }
+
+    /// After a round that committed `tokens` in `ms` (draft to commit), with or without verified
+    /// draft nodes, `accepted` of them accepted: ADL's update (`eos`: the 1-based depth of the
+    /// draft's first stop token), or the speed guard's.
+    pub fn record_round(
+        &mut self,
+        tokens: usize,
+        ms: f64,
+        drafted: bool,
+        accepted: usize,
+        eos: impl FnOnce() -> Option<usize>,
+    ) {
+        match &mut self.adl {
+            Some(a) if drafted => a.observe(eos(), accepted),
+            Some(_) => {}
+            None => self.guard.observe(tokens, ms, drafted),
+        }
     }
 
     /// Expected ms of drafting n nodes.
@@ -633,7 +660,7 @@ mod tests {
             }
         }
         assert_eq!(drafted, 1000 - 1000 / 16);
-        assert!(!g.is_off());
+        assert!(g.round >= g.off_until, "drafting is on");
     }
 
     /// With ADL the size is ADL's (capped by the round's most), whatever the costs say.
@@ -646,7 +673,7 @@ mod tests {
         assert_eq!(s.choose(12, BatchShape::default()), 12);
         assert_eq!(s.choose(5, BatchShape::default()), 5);
         for _ in 0..10 {
-            s.adl.as_mut().unwrap().observe(Some(2), 0);
+            s.record_round(1, 4.0, true, 0, || Some(2));
         }
         assert_eq!(
             s.choose(12, BatchShape::default()),

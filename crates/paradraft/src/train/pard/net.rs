@@ -8,7 +8,7 @@ use crate::model::{Arch, Config};
 use crate::train::fused::{self, Ranges};
 use crate::train::graph::{cos_sin, expand_kv, linear, rms, rope, vars_from, vars_to};
 use crate::train::run::Vars;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 
 pub type CResult<T> = candle_core::Result<T>;
@@ -153,10 +153,5 @@ impl Net {
         }
         let idx = Tensor::from_vec(b.out.clone(), b.out.len(), dev)?;
         rms(&x.index_select(&idx, 0)?, self.w("model.norm.weight"), eps)
-    }
-
-    /// The trainable variables (for the optimiser and gradient checks).
-    pub fn var_list(&self) -> Vec<&Var> {
-        self.vars.values().collect()
     }
 }
