@@ -15,6 +15,7 @@
 //! Token-level: the words are target token ids in decimal, so a corpus is tokenized with the
 //! target's tokenizer ([`crate::ngram::for_each_document`]) and drafts are scored by id.
 
+use super::grams::Grams;
 use crate::error::{Error, Result};
 use crate::types::TokenId;
 use std::collections::HashMap;
@@ -49,6 +50,16 @@ fn key2(u: u32, v: u32) -> u64 {
     ((u as u64) << 32) | v as u64
 }
 
+/// A context looked up once ([`ArpaLm::resolve`]): its length in words (0–2), its last word,
+/// the bigram row of a two-word context and that bigram's back-off.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArpaContext {
+    n: usize,
+    v: u32,
+    uv: Option<usize>,
+    bo: f32,
+}
+
 /// log10 of a probability of zero in ARPA files (KenLM's value for `<s>`).
 pub const LOG10_ZERO: f32 = -99.0;
 
@@ -60,8 +71,8 @@ pub struct ArpaLm {
     unk: u32,
     /// Per word: (log10 p, log10 back-off).
     uni: Vec<(f32, f32)>,
-    bi: Map<u64, (f32, f32)>,
-    tri: Map<(u64, u32), f32>,
+    /// 2- and 3-grams in sorted rows (the query's hot path).
+    grams: Grams,
     /// Word of each token id (words named by a decimal token id), `unk` for the others.
     token_word: Vec<u32>,
     /// The tokenizer the words are token ids of, when the file says (a comment line before
@@ -112,38 +123,72 @@ impl ArpaLm {
     /// log10 P(w | context), with the context's last `order − 1` words used (KenLM's back-off
     /// query).
     pub fn log10_prob(&self, context: &[u32], w: u32) -> f32 {
+        self.log10_next(&self.resolve(context), w)
+    }
+
+    /// The context's last `order − 1` words looked up once, for queries of many next words
+    /// (a CPS beam's candidates).
+    pub fn resolve(&self, context: &[u32]) -> ArpaContext {
         let n = context.len().min(self.order - 1);
-        let ctx = &context[context.len() - n..];
-        match ctx {
+        match &context[context.len() - n..] {
             [u, v] => {
-                if let Some(&p) = self.tri.get(&(key2(*u, *v), w)) {
-                    return p;
+                let uv = self.grams.bigram(*u, *v);
+                ArpaContext {
+                    n: 2,
+                    v: *v,
+                    uv,
+                    bo: uv.map_or(0.0, |j| self.grams.bigram_entry(j).1),
                 }
-                let bo = self.bi.get(&key2(*u, *v)).map_or(0.0, |e| e.1);
-                bo + self.log10_prob(&ctx[1..], w)
             }
-            [v] => {
-                if let Some(&(p, _)) = self.bi.get(&key2(*v, w)) {
-                    return p;
-                }
-                self.uni[*v as usize].1 + self.uni[w as usize].0
-            }
-            _ => self.uni[w as usize].0,
+            [v] => ArpaContext {
+                n: 1,
+                v: *v,
+                uv: None,
+                bo: 0.0,
+            },
+            _ => ArpaContext::default(),
         }
     }
 
-    /// log10 P(t | the last tokens of `context`) over target tokens.
-    pub fn log10_token(&self, context: &[TokenId], t: TokenId) -> f32 {
+    /// log10 P(w | a resolved context): the stored trigram, else its context's back-off plus
+    /// the stored bigram (v, w), else v's back-off plus w's unigram.
+    pub fn log10_next(&self, c: &ArpaContext, w: u32) -> f32 {
+        if c.n == 2 {
+            if let Some(p) = c.uv.and_then(|j| self.grams.trigram(j, w)) {
+                return p;
+            }
+        }
+        if c.n == 0 {
+            return self.uni[w as usize].0;
+        }
+        c.bo + match self.grams.bigram(c.v, w) {
+            Some(j) => self.grams.bigram_entry(j).0,
+            None => self.uni[c.v as usize].1 + self.uni[w as usize].0,
+        }
+    }
+
+    /// [`ArpaLm::resolve`] over target tokens.
+    pub fn token_context(&self, context: &[TokenId]) -> ArpaContext {
         let n = context.len().min(self.order - 1);
         let mut c = [0u32; 2];
         for (i, &x) in context[context.len() - n..].iter().enumerate() {
             c[i] = self.token_word(x);
         }
-        self.log10_prob(&c[..n], self.token_word(t))
+        self.resolve(&c[..n])
     }
 
-    /// [`ArpaLm::log10_token`] in natural log (what DiffuSpec's path score mixes with the
-    /// drafter's natural-log probabilities).
+    /// ln P(t | a resolved context) over target tokens (what DiffuSpec's path score mixes with
+    /// the drafter's natural-log probabilities).
+    pub fn ln_next_token(&self, c: &ArpaContext, t: TokenId) -> f32 {
+        self.log10_next(c, self.token_word(t)) * std::f32::consts::LN_10
+    }
+
+    /// log10 P(t | the last tokens of `context`) over target tokens.
+    pub fn log10_token(&self, context: &[TokenId], t: TokenId) -> f32 {
+        self.log10_next(&self.token_context(context), self.token_word(t))
+    }
+
+    /// [`ArpaLm::log10_token`] in natural log.
     pub fn ln_token(&self, context: &[TokenId], t: TokenId) -> f32 {
         self.log10_token(context, t) * std::f32::consts::LN_10
     }
@@ -225,11 +270,11 @@ impl ArpaLm {
             index: HashMap::with_capacity(counts[0]),
             unk: 0,
             uni: Vec::with_capacity(counts[0]),
-            bi: Map::default(),
-            tri: Map::default(),
+            grams: Grams::default(),
             token_word: vec![],
             stamp,
         };
+        let (mut bi, mut tri) = (vec![], vec![]);
         for k in 1..=order {
             let (no, l) = match pending.take() {
                 Some(x) => x,
@@ -293,9 +338,9 @@ impl ArpaLm {
                         .ok_or_else(|| bad(no, format!("word {w:?} has no unigram")))?;
                 }
                 if k == 2 {
-                    lm.bi.insert(key2(ids[0], ids[1]), (p, bo));
+                    bi.push(((ids[0], ids[1]), (p, bo)));
                 } else {
-                    lm.tri.insert((key2(ids[0], ids[1]), ids[2]), p);
+                    tri.push(((ids[0], ids[1], ids[2]), p));
                 }
             }
         }
@@ -308,6 +353,8 @@ impl ArpaLm {
             .index
             .get("<unk>")
             .ok_or_else(|| bad(0, "no <unk> unigram".into()))?;
+        lm.grams = Grams::new(lm.uni.len(), bi, tri, |i| lm.words[i as usize].clone())
+            .map_err(|e| bad(0, e))?;
         lm.map_tokens();
         Ok(lm)
     }
@@ -514,29 +561,25 @@ impl ArpaBuilder {
             let bo = gamma2(w).map_or(0.0, l10);
             uni.push((p, bo));
         }
-        let mut bi: Map<u64, (f32, f32)> = Map::default();
+        let mut bi = Vec::with_capacity(a2.len());
         for &k in a2.keys() {
             let (v, w) = ((k >> 32) as u32, k as u32);
             let bo = ctx3.get(&k).map_or(0.0, |e| l10(e.1 / e.0));
-            bi.insert(
-                key2(remap[v as usize], remap[w as usize]),
-                (l10(p2(v, w)), bo),
-            );
+            bi.push(((remap[v as usize], remap[w as usize]), (l10(p2(v, w)), bo)));
         }
-        let mut tri: Map<(u64, u32), f32> = Map::default();
+        let mut tri = Vec::with_capacity(self.tri.len());
         for (&(uv, w), &c) in &self.tri {
             let (tot, disc) = ctx3[&uv];
             let v = uv as u32;
             let p = (c as f64 - d_of(&d3, c)) / tot + disc / tot * p2(v, w);
             let u = (uv >> 32) as u32;
-            tri.insert(
-                (
-                    key2(remap[u as usize], remap[v as usize]),
-                    remap[w as usize],
-                ),
+            tri.push((
+                (remap[u as usize], remap[v as usize], remap[w as usize]),
                 l10(p),
-            );
+            ));
         }
+        let grams = Grams::new(uni.len(), bi, tri, |i| words[i as usize].clone())
+            .map_err(Error::BadRequest)?;
         let index = words
             .iter()
             .enumerate()
@@ -548,8 +591,7 @@ impl ArpaBuilder {
             index,
             unk: remap[UNK as usize],
             uni,
-            bi,
-            tri,
+            grams,
             token_word: vec![],
             stamp: None,
         };
@@ -565,11 +607,7 @@ impl ArpaLm {
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let mut o = std::io::BufWriter::new(f);
         let io = |e| Error::io(&tmp, e);
-        let mut bi: Vec<(&u64, &(f32, f32))> = self.bi.iter().collect();
-        bi.sort_unstable_by_key(|e| *e.0);
-        let mut tri: Vec<(&(u64, u32), &f32)> = self.tri.iter().collect();
-        tri.sort_unstable_by_key(|e| *e.0);
-        let counts = [self.uni.len(), bi.len(), tri.len()];
+        let counts = [self.uni.len(), self.grams.bigrams(), self.grams.trigrams()];
         if let Some(st) = self.stamp {
             writeln!(
                 o,
@@ -593,8 +631,8 @@ impl ArpaLm {
         }
         if self.order > 1 {
             writeln!(o, "\n\\2-grams:").map_err(io)?;
-            for (&k, &(p, bo)) in bi {
-                let (a, b) = (w((k >> 32) as u32), w(k as u32));
+            for ((u, v), (p, bo)) in self.grams.iter_bigrams() {
+                let (a, b) = (w(u), w(v));
                 if self.order > 2 {
                     writeln!(o, "{p}\t{a} {b}\t{bo}").map_err(io)?;
                 } else {
@@ -604,9 +642,8 @@ impl ArpaLm {
         }
         if self.order > 2 {
             writeln!(o, "\n\\3-grams:").map_err(io)?;
-            for (&(uv, c), &p) in tri {
-                let (a, b) = (w((uv >> 32) as u32), w(uv as u32));
-                writeln!(o, "{p}\t{a} {b} {}", w(c)).map_err(io)?;
+            for ((u, v, c), p) in self.grams.iter_trigrams() {
+                writeln!(o, "{p}\t{} {} {}", w(u), w(v), w(c)).map_err(io)?;
             }
         }
         writeln!(o, "\n\\end\\").map_err(io)?;

@@ -8,6 +8,7 @@
 
 pub mod arpa;
 pub mod dart;
+pub mod grams;
 pub mod trie;
 
 pub use trie::{NgramTrie, TrieBuilder, TrieStamp};

@@ -125,9 +125,31 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// ln Σ e^x (−∞ for an empty slice), the exponentials in 16 lanes.
+    pub fn log_sum_exp(x: &[f32]) -> f32 {
+        let m = max_value(x);
+        if m == f32::NEG_INFINITY {
+            return m;
+        }
+        let mut lanes = [0f32; 16];
+        let mut ch = x.chunks_exact(16);
+        for c in &mut ch {
+            for l in 0..16 {
+                lanes[l] += fast_exp(c[l] - m);
+            }
+        }
+        let tail: f32 = ch.remainder().iter().map(|&v| fast_exp(v - m)).sum();
+        m + (lanes.iter().sum::<f32>() + tail).ln()
+    }
+}
+
 /// The `k` largest values, descending, ties broken by lower id first.
 pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
     let k = k.min(x.len());
+    if k > 0 && k <= 64 && x.len() > 8 * k {
+        return top_k_scan(x, k);
+    }
     let mut idx: Vec<u32> = (0..x.len() as u32).collect();
     let cmp = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
     if k < idx.len() && k > 0 {
@@ -138,6 +160,38 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
     idx.into_iter()
         .map(|i| (TokenId(i), x[i as usize]))
         .collect()
+}
+
+/// [`top_k`] for small k over long rows: one pass keeping the k best in order (a value enters
+/// only when it beats the k-th, so ties keep the lower index, as the sort does).
+fn top_k_scan(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+    use std::cmp::Ordering::{Greater, Less};
+    let mut best: Vec<(TokenId, f32)> = Vec::with_capacity(k + 1);
+    let offer = |best: &mut Vec<(TokenId, f32)>, i: usize, v: f32| {
+        if best.len() == k && v.total_cmp(&best[k - 1].1) != Greater {
+            return;
+        }
+        let pos = best.partition_point(|b| b.1.total_cmp(&v) != Less);
+        best.insert(pos, (TokenId(i as u32), v));
+        best.truncate(k);
+    };
+    for (c, chunk) in x.chunks(16).enumerate() {
+        // Once k are kept, a chunk none of whose values beats the k-th is skipped after one
+        // vector comparison (NaNs are offered one by one, as total_cmp orders them).
+        if best.len() == k {
+            let floor = best[k - 1].1;
+            if !chunk
+                .iter()
+                .fold(false, |a, &v| a | (v > floor) | v.is_nan())
+            {
+                continue;
+            }
+        }
+        for (l, &v) in chunk.iter().enumerate() {
+            offer(&mut best, c * 16 + l, v);
+        }
+    }
+    best
 }
 
 pub use super::attention::{AttnShape, Visibility, SLOT_CHUNK};
@@ -238,6 +292,46 @@ mod tests {
             indices_at_least(&x, cut, &mut got);
             let want: Vec<u32> = (0..70).filter(|&i| x[i as usize] >= cut).collect();
             assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn log_sum_exp_matches_the_definition() {
+        for n in [0usize, 1, 15, 16, 17, 1000] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 8.0).collect();
+            let want = x.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();
+            let got = log_sum_exp(&x) as f64;
+            if n == 0 {
+                assert_eq!(got, f64::NEG_INFINITY);
+            } else {
+                assert!(
+                    (got - want).abs() < 1e-5 * want.abs().max(1.0),
+                    "{n}: {got} {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_scan_equals_the_sort() {
+        let mut state = 7u32;
+        for len in [100, 1000, 8192] {
+            // Coarse values: many ties.
+            let x: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((state >> 20) % 97) as f32 * 0.25 - 10.0
+                })
+                .collect();
+            for k in [1, 3, 15, 25, 64] {
+                let mut idx: Vec<u32> = (0..len as u32).collect();
+                idx.sort_by(|a, b| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b)));
+                let want: Vec<(TokenId, f32)> = idx[..k]
+                    .iter()
+                    .map(|&i| (TokenId(i), x[i as usize]))
+                    .collect();
+                assert_eq!(top_k(&x, k), want, "len {len}, k {k}");
+            }
         }
     }
 

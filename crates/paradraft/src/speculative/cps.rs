@@ -57,8 +57,7 @@ impl Lattice {
     ) -> Lattice {
         let mut out = Lattice::default();
         for row in logits.chunks_exact(v.max(1)) {
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = max + row.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+            let lse = crate::runtime::ops::log_sum_exp(row);
             let top = crate::runtime::ops::top_k(row, p.m_max.max(1).min(v));
             let mut kept = vec![];
             let mut mass = 0f32;
@@ -138,30 +137,47 @@ impl Cps {
             if beams.iter().all(|b| b.done) {
                 break;
             }
-            let mut next: Vec<Beam> = vec![];
-            for b in &beams {
+            // Candidates as (score, beam, token): paths are built for the survivors only.
+            let mut cand: Vec<(f32, usize, Option<TokenId>)> = vec![];
+            for (bi, b) in beams.iter().enumerate() {
                 if b.done {
-                    next.push(b.clone());
+                    cand.push((b.score, bi, None));
                     continue;
                 }
                 ctx.clear();
                 let need = 2usize.saturating_sub(b.path.len());
                 ctx.extend_from_slice(&committed[committed.len().saturating_sub(need)..]);
                 ctx.extend_from_slice(&b.path[b.path.len().saturating_sub(2)..]);
+                let resolved = ngram.map(|m| m.token_context(&ctx));
                 for &(t, ld) in slot {
-                    let ng = ngram.map_or(0.0, |m| m.ln_token(&ctx, t));
-                    let mut path = b.path.clone();
-                    path.push(t);
-                    next.push(Beam {
-                        path,
-                        score: b.score + lambda * ld + (1.0 - lambda) * ng,
-                        done: stop.contains(&t),
-                    });
+                    let ng = match (ngram, &resolved) {
+                        (Some(m), Some(c)) => m.ln_next_token(c, t),
+                        _ => 0.0,
+                    };
+                    cand.push((b.score + lambda * ld + (1.0 - lambda) * ng, bi, Some(t)));
                 }
             }
-            next.sort_by(|a, b| b.score.total_cmp(&a.score));
-            next.truncate(self.params.beam.max(1));
-            beams = next;
+            // Stable: equal scores keep beam, then lattice order.
+            cand.sort_by(|a, b| b.0.total_cmp(&a.0));
+            cand.truncate(self.params.beam.max(1));
+            beams = cand
+                .into_iter()
+                .map(|(score, bi, t)| {
+                    let b = &beams[bi];
+                    match t {
+                        None => b.clone(),
+                        Some(t) => {
+                            let mut path = b.path.clone();
+                            path.push(t);
+                            Beam {
+                                path,
+                                score,
+                                done: stop.contains(&t),
+                            }
+                        }
+                    }
+                })
+                .collect();
         }
         beams
             .into_iter()

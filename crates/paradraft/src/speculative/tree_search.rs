@@ -67,31 +67,9 @@ impl Level {
         to_target: impl Fn(usize) -> TokenId,
         idx: &mut Vec<u32>,
     ) -> Level {
-        let k = k.min(row.len());
         // Higher logit first, ties to the lower id (a deterministic top-k).
-        let by_logit =
-            |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-        // One pass keeping the best k seen so far: an entry replaces the worst kept one only
-        // if its logit is strictly higher (scanning ids upwards, so ties keep the lower id).
         idx.clear();
-        if k > 0 {
-            idx.extend(0..k as u32);
-            let worst = |idx: &[u32]| {
-                (0..idx.len())
-                    .max_by(|&a, &b| by_logit(&idx[a], &idx[b]))
-                    .unwrap_or(0)
-            };
-            let mut w = worst(idx);
-            let mut floor = row[idx[w] as usize];
-            for (i, &x) in row.iter().enumerate().skip(k) {
-                if x > floor {
-                    idx[w] = i as u32;
-                    w = worst(idx);
-                    floor = row[idx[w] as usize];
-                }
-            }
-        }
-        idx.sort_by(by_logit);
+        idx.extend(crate::runtime::ops::top_k(row, k).iter().map(|e| e.0 .0));
         let max = idx.first().map_or(0.0, |&i| row[i as usize]);
         let mut probs: Vec<f32> = idx.iter().map(|&i| (row[i as usize] - max).exp()).collect();
         let z: f32 = probs.iter().sum();
