@@ -19,7 +19,7 @@ mod serve;
 mod speculative_args;
 mod train;
 mod train_dart;
-mod train_pard;
+mod train_mask;
 
 #[derive(Parser)]
 #[command(

@@ -83,13 +83,24 @@ pub struct SpecArgs {
     /// lattice (dflash, pard).
     #[arg(long)]
     pub(crate) cps: bool,
-    /// The 3-gram ARPA model (`paradraft ngram arpa`) that --cps scores drafts with.
+    /// The 3-gram ARPA model (`paradraft ngram arpa`) that CPS scores drafts with (diffuspec
+    /// default: data/ngram/smollm2-135m.arpa).
     #[arg(long)]
     pub(crate) ngram_arpa: Option<PathBuf>,
+    /// DiffuSpec without causal-consistency path search: the raw per-slot argmax chain.
+    #[arg(long)]
+    pub(crate) no_cps: bool,
+    /// DiffuSpec drafting mode: fast (prefix cached and causal, block bidirectional), faithful
+    /// (re-encode prefix and block with full attention each step), auto (as trained).
+    #[arg(long, default_value = "auto")]
+    pub(crate) dlm_mode: String,
+    /// DiffuSpec refinement steps S (1: one pass; S > 1 fixes the most confident slots first).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) dlm_steps: usize,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// block_size, prompt_lookup_min, prompt_lookup_max, tree_budget, ngram, no_ngram,
-    /// fixed_draft, draft_length, cps, ngram_arpa.
+    /// fixed_draft, draft_length, cps, ngram_arpa, no_cps, dlm_mode, dlm_steps.
     #[arg(long)]
     pub(crate) speculative_config: Option<String>,
 }
@@ -116,6 +127,9 @@ impl SpecArgs {
             no_ngram: self.no_ngram,
             cps: self.cps,
             ngram_arpa: self.ngram_arpa.clone(),
+            no_cps: self.no_cps,
+            dlm_mode: self.dlm_mode.parse()?,
+            dlm_steps: self.dlm_steps,
         };
         Ok(match &self.speculative_config {
             Some(js) => c.with_json(js)?,

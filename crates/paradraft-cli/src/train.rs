@@ -21,7 +21,10 @@ pub enum TrainCmd {
     Dart(crate::train_dart::DartArgs),
     /// Train a PARD mask-token parallel draft model from the target's first layers (PARD
     /// paper §3.2: conditional drop-token training; no target features).
-    Pard(crate::train_pard::PardArgs),
+    Pard(crate::train_mask::PardArgs),
+    /// Train a DiffuSpec diffusion-LM drafter from the target's first layers (DiffuSpec §4.1:
+    /// masked diffusion, eq. 3; Dream's shifted logits; block-bidirectional attention).
+    Dlm(crate::train_mask::DlmArgs),
 }
 
 /// What every drafter trainer shares: the target, the working directory, self-distillation,
@@ -169,7 +172,8 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
     match cmd {
         TrainCmd::Dflash(a) => dflash(a),
         TrainCmd::Dart(a) => crate::train_dart::run(a),
-        TrainCmd::Pard(a) => crate::train_pard::run(a),
+        TrainCmd::Pard(a) => crate::train_mask::run_pard(a),
+        TrainCmd::Dlm(a) => crate::train_mask::run_dlm(a),
     }
 }
 

@@ -965,6 +965,165 @@ fn bench_and_train_options_at_their_extremes_never_panic() {
     }
 }
 
+/// `train dlm` end to end on a tiny model, adapting a PARD drafter further (`--init`, its mask
+/// kept): masked-diffusion training, export (`dlm_attention: "block"`), held-out evaluation;
+/// then decoding with `--drafter diffuspec` — raw chain, CPS with a 3-gram model, faithful
+/// mode, S = 2, ADL — matches AR at T = 0 and under the coupled rule at T > 0; a PARD drafter
+/// is refused as a DLM, and `--ngram-arpa` without CPS is refused.
+#[test]
+fn train_dlm_exports_a_drafter_that_decodes_losslessly() {
+    let m = tiny("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = four_prompts(dir.path());
+    let out = dir.path().join("run");
+    let o = out.to_str().unwrap();
+    let p = prompts.to_str().unwrap();
+    let base = |method: &'static str| {
+        vec![
+            "train",
+            method,
+            "--model",
+            &m,
+            "--out",
+            o,
+            "--prompts",
+            p,
+            "--samples",
+            "4",
+            "--max-new-tokens",
+            "12",
+            "--draft-vocab",
+            "100",
+            "--draft-layers",
+            "1",
+            "--k",
+            "4",
+            "--batch-seqs",
+            "2",
+            "--max-steps",
+            "2",
+        ]
+    };
+    let r = run(&base("pard"));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let pard = out.join("pard-drafter");
+    let mut args = base("dlm");
+    args.extend(["--init", pard.to_str().unwrap(), "--eta-min", "0.2"]);
+    let r = run(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let drafter = out.join("dlm-drafter");
+    assert!(out.join("dlm/eval.json").exists() && out.join("dlm/loss.svg").exists());
+    let cfg = |d: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap()
+    };
+    let (c, cp) = (cfg(&drafter), cfg(&pard));
+    assert_eq!(
+        (c["dlm_attention"].as_str(), c["dlm_block_size"].as_u64()),
+        (Some("block"), Some(4))
+    );
+    assert_eq!(c["mask_token_id"], cp["pard_token"]);
+    let d = drafter.to_str().unwrap();
+    let mut ev = base("dlm");
+    ev.extend(["--evaluate", d]);
+    let r = run(&ev);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(json_of(&r)["expected_tau"].as_f64().unwrap() >= 1.0);
+    // A 3-gram model with the target's tokenizer.
+    let corpus = dir.path().join("c.jsonl");
+    let docs: Vec<String> = (0..20)
+        .map(|i| format!("{{\"text\": \"count to {i}: one two three and so on {i}\"}}"))
+        .collect();
+    std::fs::write(&corpus, docs.join("\n")).unwrap();
+    let arpa = dir.path().join("lm.arpa");
+    let c = corpus.to_str().unwrap();
+    let r = run(&[
+        "ngram",
+        "arpa",
+        "--model",
+        &m,
+        "--corpus",
+        c,
+        "--out",
+        arpa.to_str().unwrap(),
+        "--text",
+        c,
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let a = arpa.to_str().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "count to 3",
+            "--max-new-tokens",
+            "16",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let ar = json_of(&gen(&[]));
+    let ds = ["--drafter", "diffuspec", "--draft-model", d];
+    for extra in [
+        &["--no-cps"][..],
+        &["--ngram-arpa", a],
+        &[
+            "--ngram-arpa",
+            a,
+            "--dlm-steps",
+            "2",
+            "--draft-length",
+            "adl",
+        ],
+        &["--no-cps", "--dlm-mode", "faithful", "--fixed-draft"],
+    ] {
+        let mut args = ds.to_vec();
+        args.extend_from_slice(extra);
+        let sp = gen(&args);
+        assert!(
+            sp.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sp.stderr)
+        );
+        assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"], "{extra:?}");
+    }
+    let sampled = |extra: &[&str]| {
+        let mut a = vec!["--temperature", "0.8", "--seed", "3"];
+        a.extend_from_slice(extra);
+        json_of(&gen(&a))["token_ids"].clone()
+    };
+    let mut args = ds.to_vec();
+    args.extend(["--ngram-arpa", a]);
+    assert_eq!(sampled(&args), sampled(&[]));
+    assert_refused(
+        &gen(&[
+            "--drafter",
+            "diffuspec",
+            "--draft-model",
+            pard.to_str().unwrap(),
+            "--no-cps",
+        ]),
+        "not a diffusion drafter",
+    );
+    let mut args = ds.to_vec();
+    args.extend(["--no-cps", "--ngram-arpa", a]);
+    assert_refused(&gen(&args), "--no-cps");
+    assert_refused(&gen(&["--drafter", "pard", "--no-cps"]), "--no-cps");
+    assert_refused(
+        &gen(&[
+            "--drafter",
+            "diffuspec",
+            "--draft-model",
+            d,
+            "--dlm-mode",
+            "slow",
+        ]),
+        "DLM mode",
+    );
+}
+
 /// `train pard` end to end on a tiny model (data, COD training, export, held-out evaluation,
 /// re-evaluation of the export), then decoding with the exported drafter — chain, sampled and
 /// tree, K beyond the trained one — matches AR; K 0 is refused, and so is a target the trainer

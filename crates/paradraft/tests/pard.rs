@@ -7,7 +7,8 @@
 mod common;
 
 use common::{fixtures, load_tiny};
-use paradraft::drafters::pard::{Pard, PardModel};
+use paradraft::drafters::mask_lm::MaskLm;
+use paradraft::drafters::pard::Pard;
 use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
@@ -76,7 +77,14 @@ fn runtime_matches_the_training_graph_across_rounds() {
     let lm = load_tiny("qwen3");
     let vocab = reduced(lm.model.config.vocab_size);
     let (dir, net) = drafter(&lm, 2, &vocab);
-    let m = PardModel::load_with(dir.path(), &fixtures().join("tiny/qwen3"), &lm, false).unwrap();
+    let m = MaskLm::load_with(
+        dir.path(),
+        &fixtures().join("tiny/qwen3"),
+        &lm,
+        "PARD",
+        false,
+    )
+    .unwrap();
     assert!(m.shares_target_embedding);
     assert_eq!((m.mask, m.trained_k), (TokenId(MASK), Some(4)));
     let k = 4;
@@ -178,7 +186,7 @@ fn speculative_decoding_with_pard_is_lossless() {
             (4, "tree"),
             (6, "cps"),
         ] {
-            let m = PardModel::load(dir.path(), &target, &lm).unwrap();
+            let m = MaskLm::load(dir.path(), &target, &lm, "PARD").unwrap();
             let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
             let mut max = k;
             let tree = mode == "tree";
@@ -218,7 +226,7 @@ fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
     let (dir, net) = drafter(&lm, 1, &vocab);
     let cfg_path = dir.path().join("config.json");
     let good_cfg = std::fs::read_to_string(&cfg_path).unwrap();
-    let err = |d: &std::path::Path| match PardModel::load(d, &target, &lm) {
+    let err = |d: &std::path::Path| match MaskLm::load(d, &target, &lm, "PARD") {
         Ok(_) => panic!("{} loads", d.display()),
         Err(e) => e.to_string(),
     };
@@ -242,7 +250,7 @@ fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
     // The engine-wide order: mask_token_id is read before pard_token.
     with(&|v| v["mask_token_id"] = 9.into());
     assert_eq!(
-        PardModel::load(dir.path(), &target, &lm).unwrap().mask,
+        MaskLm::load(dir.path(), &target, &lm, "PARD").unwrap().mask,
         TokenId(9)
     );
     with(&|v| v["vocab_size"] = 500.into());
@@ -250,9 +258,9 @@ fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
     with(&|v| v["hidden_size"] = 32.into());
     assert!(!err(dir.path()).is_empty());
     std::fs::write(&cfg_path, &good_cfg).unwrap();
-    assert!(PardModel::load(dir.path(), &target, &lm).is_ok());
+    assert!(MaskLm::load(dir.path(), &target, &lm, "PARD").is_ok());
     // K = 0 or beyond the context.
-    let m = || PardModel::load(dir.path(), &target, &lm).unwrap();
+    let m = || MaskLm::load(dir.path(), &target, &lm, "PARD").unwrap();
     assert!(Pard::new(m(), 64, 0, Default::default()).is_err());
     assert!(Pard::new(m(), 64, 64, Default::default()).is_err());
     // A failed export (an unsupported dtype) writes nothing over the good drafter.
@@ -261,7 +269,10 @@ fn bad_drafters_are_refused_and_a_failed_export_keeps_the_good_one() {
     assert!(export(
         &net,
         TokenId(MASK),
-        4,
+        &Cod {
+            k: 4,
+            ..Cod::default()
+        },
         &vocab,
         dir.path(),
         candle_core::DType::U8
@@ -297,7 +308,7 @@ fn a_published_layout_loads_unchanged() {
     v["pard_token"] = 7.into();
     v["spd_type"] = "pard".into();
     std::fs::write(&cfg, v.to_string()).unwrap();
-    let m = PardModel::load(dir.path(), &src, &lm).unwrap();
+    let m = MaskLm::load(dir.path(), &src, &lm, "PARD").unwrap();
     assert!(!m.shares_target_embedding);
     assert_eq!(
         (m.mask, m.vocab.len()),
@@ -331,7 +342,7 @@ fn a_published_layout_loads_unchanged() {
     let id = vocab.remove("¤").unwrap();
     vocab.insert("¤¤".into(), id);
     std::fs::write(&tp, t.to_string()).unwrap();
-    let e = PardModel::load(dir.path(), &src, &lm)
+    let e = MaskLm::load(dir.path(), &src, &lm, "PARD")
         .err()
         .expect("refused")
         .to_string();

@@ -283,6 +283,9 @@ impl Drafter for PerRequest<'_> {
     fn node_confidence(&self) -> Option<&[f32]> {
         self.inner.node_confidence()
     }
+    fn selection_ms(&self) -> f64 {
+        self.inner.selection_ms()
+    }
 }
 
 /// Two-sample chi-square statistic over categories with enough mass; returns (χ², dof).
@@ -475,10 +478,11 @@ fn sampling_matches_ar_distribution() {
     );
     let (pard_dir, _) = common::tiny_pard_dir(&lm, 1, &pard_vocab, 5);
     let pard_model = std::sync::Arc::new(
-        paradraft::drafters::pard::PardModel::load(
+        paradraft::drafters::mask_lm::MaskLm::load(
             pard_dir.path(),
             &common::fixtures().join("tiny/qwen3"),
             &lm,
+            "PARD",
         )
         .unwrap(),
     );
@@ -491,7 +495,60 @@ fn sampling_matches_ar_distribution() {
             Box::new(d)
         }))
     };
+    // DiffuSpec: an untrained block-diffusion drafter, two refinement steps, the chain chosen
+    // by CPS with a 3-gram proxy — a deterministic draft verified with a one-hot q.
+    let (dlm_dir, _) = common::tiny_mask_dir(
+        &lm,
+        1,
+        &pard_vocab,
+        5,
+        &paradraft::train::dlm::Diffusion {
+            k: 4,
+            ..Default::default()
+        },
+    );
+    let dlm_model = std::sync::Arc::new(
+        paradraft::drafters::mask_lm::MaskLm::load(
+            dlm_dir.path(),
+            &common::fixtures().join("tiny/qwen3"),
+            &lm,
+            "DiffuSpec",
+        )
+        .unwrap(),
+    );
+    let arpa = {
+        let mut b = paradraft::ngram::arpa::ArpaBuilder::new();
+        b.add_document(&encode(
+            &lm,
+            "Tell me a story about the sea and the ships on it.",
+            64,
+        ));
+        std::sync::Arc::new(b.finish().unwrap())
+    };
+    let diffuspec: Box<dyn Drafter + '_> = Box::new(PerRequest::new({
+        let m = dlm_model.clone();
+        let stop: Vec<TokenId> = lm.tokenizer.stop_tokens.iter().copied().collect();
+        move |seed| {
+            let mut d = paradraft::drafters::diffuspec::DiffuSpec::new(
+                m.clone(),
+                128,
+                4,
+                2,
+                Default::default(),
+                sampling(seed),
+            )
+            .unwrap();
+            d.drafting.cps = Some(paradraft::drafters::parts::CpsDrafting {
+                lattice: Default::default(),
+                cps: Default::default(),
+                ngram: Some(arpa.clone()),
+                stop: stop.clone(),
+            });
+            Box::new(d)
+        }
+    }));
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
+        ("diffuspec, CPS chain (one-hot q)", diffuspec),
         ("dart", dart),
         ("pard, greedy drafts", pard(DraftSampling::Greedy)),
         ("pard, sampled drafts", pard(DraftSampling::Sample)),

@@ -145,6 +145,8 @@ pub struct Summary {
     pub draft_prefill_ms: f64,
     /// Mean per round.
     pub draft_ms: f64,
+    /// Of `draft_ms`: the draft's selection (CPS, tree search).
+    pub select_ms: f64,
     pub tree_ms: f64,
     pub verify_ms: f64,
     pub commit_ms: f64,
@@ -238,6 +240,7 @@ pub fn summarize(runs: &[Run], baseline: &str, identical: bool) -> Vec<Summary> 
                 prefill_ms: per_run(|r| r.prefill_ms),
                 draft_prefill_ms: per_run(|r| r.draft_prefill_ms),
                 draft_ms: mean(|r| r.draft_ms),
+                select_ms: mean(|r| r.select_ms),
                 tree_ms: mean(|r| r.tree_ms),
                 verify_ms: mean(|r| r.verify_ms),
                 commit_ms: mean(|r| r.commit_ms),

@@ -31,8 +31,8 @@ pub fn markdown(header: &Header, summaries: &[Summary]) -> String {
              (they must be token-identical here; see runs.jsonl).\n"
         );
     }
-    s.push_str("| dataset | method | runs | tokens | τ micro | τ macro | τ min / median / max | tok/s | speedup | speedup min / median / max | draft prefill ms | draft ms | tree ms | verify ms | commit ms | accepted ≥1 / ≥2 / ≥4 / ≥8 | = AR |\n");
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| dataset | method | runs | tokens | τ micro | τ macro | τ min / median / max | tok/s | speedup | speedup min / median / max | draft prefill ms | draft ms | of which select ms | tree ms | verify ms | commit ms | accepted ≥1 / ≥2 / ≥4 / ≥8 | = AR |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for x in summaries {
         let acc = |d: usize| x.accept_at_least.get(d - 1).copied().unwrap_or(0.0);
         let [t0, t1, t2] = x.tau_spread;
@@ -44,9 +44,9 @@ pub fn markdown(header: &Header, summaries: &[Summary]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} | {:.2} | {t0:.2} / {t1:.2} / {t2:.2} | {:.1} | {:.2}× | {s0:.2} / {s1:.2} / {s2:.2} | {:.1} | {:.2} | {:.3} | {:.2} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} | {same} |",
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {t0:.2} / {t1:.2} / {t2:.2} | {:.1} | {:.2}× | {s0:.2} / {s1:.2} / {s2:.2} | {:.1} | {:.2} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} | {same} |",
             x.dataset, x.method, x.runs, x.tokens, x.tau_micro, x.tau_macro, x.tok_s, x.speedup,
-            x.draft_prefill_ms, x.draft_ms, x.tree_ms, x.verify_ms, x.commit_ms, acc(1), acc(2), acc(4), acc(8)
+            x.draft_prefill_ms, x.draft_ms, x.select_ms, x.tree_ms, x.verify_ms, x.commit_ms, acc(1), acc(2), acc(4), acc(8)
         );
     }
     s

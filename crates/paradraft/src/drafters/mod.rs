@@ -3,7 +3,9 @@
 
 pub mod dart;
 pub mod dflash;
+pub mod diffuspec;
 pub mod draft_model;
+pub mod mask_lm;
 pub mod pard;
 pub mod parts;
 pub mod pld;

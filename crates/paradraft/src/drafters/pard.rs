@@ -2,10 +2,11 @@
 //! Adaptation"): a small causal LM of the target's family that drafts K tokens in ONE pass by
 //! appending K − 1 mask tokens to the committed text.
 //!
-//! - §3.1 / spec §5.1, §5.6 → [`PardModel`]: the drafter is an ordinary causal LM run by the
-//!   engine's own [`Model`] (the same forward code as every target, so it batches alike). The
-//!   published `amd/PARD-*` directories (a plain HF causal LM plus `pard_token`) load
-//!   unchanged; the mask id is resolved in the engine-wide order ([`mask_token_id`]). A compact
+//! - §3.1 / spec §5.1, §5.6 → [`MaskLm`] (shared with DiffuSpec's drafter): the drafter is an
+//!   ordinary causal LM run by the engine's own `Model` (the same forward code as every target,
+//!   so it batches alike). The published `amd/PARD-*` directories (a plain HF causal LM plus
+//!   `pard_token`) load unchanged; the mask id is resolved in the engine-wide order
+//!   (`mask_lm::mask_token_id`). A compact
 //!   layout of ours keeps only the decoder layers and the final norm (f16) and takes the
 //!   embedding and the tied LM head from the target (`Overlay`): the SmolLM2 drafter, whose
 //!   layers are the target's first N fine-tuned, ships in tens of MB instead of the 56 MB
@@ -20,144 +21,19 @@
 //! The block becomes a chain of argmaxes, a chain sampled from each slot's q (T > 0,
 //! `DraftSampling::Sample`), or a DART-searched tree — the same [`BlockDrafting`] DFlash uses.
 
+use crate::drafters::mask_lm::{reuse_prefix, MaskLm};
 use crate::drafters::parts::{BlockDrafting, DraftHead};
-use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::source::{self, Overlay, SafetensorsSource, TensorSource};
-use crate::model::{hf_config, read_config_json, Batch, Logits, Model, OutputSpec, Rows, Scratch};
-use crate::runtime::ops;
+use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch};
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
-use std::path::Path;
 use std::sync::Arc;
-
-/// The mask token id of a parallel drafter's `config.json`, in the engine-wide order
-/// `dflash_config.mask_token_id` → `mask_token_id` → `pard_token` → `ptd_token_id`; `None` when
-/// none is there, an error when one is not a non-negative integer.
-pub fn mask_token_id(v: &serde_json::Value) -> std::result::Result<Option<u32>, String> {
-    for (key, x) in [
-        (
-            "dflash_config.mask_token_id",
-            &v["dflash_config"]["mask_token_id"],
-        ),
-        ("mask_token_id", &v["mask_token_id"]),
-        ("pard_token", &v["pard_token"]),
-        ("ptd_token_id", &v["ptd_token_id"]),
-    ] {
-        if x.is_null() {
-            continue;
-        }
-        return match x.as_u64() {
-            Some(id) if id <= u32::MAX as u64 => Ok(Some(id as u32)),
-            _ => Err(format!("{key} is {x}, not a token id")),
-        };
-    }
-    Ok(None)
-}
-
-/// A PARD drafter's weights: shared by every request.
-pub struct PardModel {
-    pub model: Model,
-    pub mask: TokenId,
-    /// The vocabulary its head scores (the full one for published checkpoints).
-    pub vocab: DraftVocab,
-    /// K it was trained with (`pard_k`), when recorded.
-    pub trained_k: Option<usize>,
-    /// Whether the embedding and LM head are the target's (the compact layout).
-    pub shares_target_embedding: bool,
-}
-
-impl PardModel {
-    /// Loads the drafter in `dir` for the target `target` (loaded from `target_path`): a
-    /// published HF directory, or the compact layout whose missing embedding comes from the
-    /// target. Refused with the reason: no mask id, a mask id outside the vocabulary, another
-    /// vocabulary or tokenizer, broken files.
-    pub fn load(dir: &Path, target_path: &Path, target: &crate::model::Loaded) -> Result<Self> {
-        Self::load_with(dir, target_path, target, true)
-    }
-
-    /// [`PardModel::load`], with dense matrices kept as stored (`quantize` false: the f32
-    /// reference path) or converted to Q8_0 for the int8 kernels.
-    pub fn load_with(
-        dir: &Path,
-        target_path: &Path,
-        target: &crate::model::Loaded,
-        quantize: bool,
-    ) -> Result<Self> {
-        let (v, cp) = read_config_json(dir, "PARD config.json")?;
-        let bad = |reason: String| Error::BadModelFile {
-            path: cp.clone(),
-            format: "PARD config.json",
-            reason,
-        };
-        let mut config = hf_config(&v, &cp)?;
-        let tc = &target.model.config;
-        let mask = mask_token_id(&v)
-            .map_err(bad)?
-            .ok_or_else(|| bad("no mask token id (pard_token or mask_token_id)".into()))?;
-        if mask as usize >= config.vocab_size {
-            return Err(bad(format!(
-                "mask token {mask} is outside the vocabulary ({})",
-                config.vocab_size
-            )));
-        }
-        let misfit =
-            |m: String| Error::BadRequest(format!("PARD drafter does not fit the target: {m}"));
-        if config.vocab_size != tc.vocab_size {
-            return Err(misfit(format!(
-                "vocabulary {} ≠ the target's {}",
-                config.vocab_size, tc.vocab_size
-            )));
-        }
-        if dir.join("tokenizer.json").exists() {
-            let tok = crate::model::tokenizer::Tokenizer::from_hf_dir(dir, &v)?;
-            if tok.fingerprint() != target.tokenizer.fingerprint() {
-                return Err(misfit("its tokenizer differs from the target's".into()));
-            }
-        }
-        let own = SafetensorsSource::open(dir)?;
-        let shares = !own.has("token_embd.weight");
-        if shares && config.hidden_size != tc.hidden_size {
-            return Err(misfit(format!(
-                "it has no embedding of its own and its hidden size {} ≠ the target's {}",
-                config.hidden_size, tc.hidden_size
-            )));
-        }
-        let base = source::open(target_path)?;
-        let src = Overlay {
-            top: &own,
-            base: base.as_ref(),
-        };
-        // Without a head of its own the drafter scores with its (or the target's) embedding.
-        config.tie_embeddings = config.tie_embeddings || !own.has("output.weight");
-        if shares && !config.tie_embeddings {
-            return Err(bad(
-                "a drafter without an embedding must tie its LM head to it".into(),
-            ));
-        }
-        let mut model = Model::from_source(config, &src)?;
-        if quantize {
-            model.quantize_dense_q8_0();
-        } else {
-            model.set_exact(true);
-        }
-        let size = v["draft_vocab_size"].as_u64().map(|n| n as usize);
-        let vocab = DraftVocab::load(&own, size, tc.vocab_size, "PARD drafter")?;
-        Ok(PardModel {
-            model,
-            mask: TokenId(mask),
-            vocab,
-            trained_k: v["pard_k"].as_u64().map(|k| k as usize),
-            shares_target_embedding: shares,
-        })
-    }
-}
 
 /// One request's PARD drafter.
 pub struct Pard {
-    model: Arc<PardModel>,
+    model: Arc<MaskLm>,
     head: DraftHead,
     kv: KvCache,
     s: Scratch,
@@ -176,7 +52,7 @@ pub struct Pard {
 impl Pard {
     /// `ctx`: the target's KV capacity; `k`: drafts per round (≥ 1).
     pub fn new(
-        model: impl Into<Arc<PardModel>>,
+        model: impl Into<Arc<MaskLm>>,
         ctx: usize,
         k: usize,
         sampling: SamplingParams,
@@ -258,16 +134,7 @@ impl Drafter for Pard {
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         let n = committed.len();
-        // Keep the cache of the committed prefix it agrees on, minus the root, which runs again.
-        let keep = self
-            .done
-            .iter()
-            .zip(committed)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(n.saturating_sub(1));
-        self.kv.truncate(keep);
-        self.done.truncate(keep);
+        let keep = reuse_prefix(&mut self.done, &mut self.kv, committed);
         let room = self.kv.capacity().saturating_sub(n) + 1;
         let k = self.k.min(max_nodes).min(room);
         if k == 0 || n == 0 {
@@ -297,16 +164,11 @@ impl Drafter for Pard {
             .model
             .forward(&mut self.kv, &b, &spec, &mut self.s)?;
         // The last k rows (the root's and the masks') through the final norm and the head.
-        let c = &self.model.model.config;
-        let h = c.hidden_size;
+        let h = self.model.model.config.hidden_size;
         let rows = &out.hidden[(self.tokens.len() - k) * h..];
-        self.normed.resize(k * h, 0.0);
-        for (src, dst) in rows.chunks_exact(h).zip(self.normed.chunks_exact_mut(h)) {
-            ops::rms_norm(src, self.model.model.output_norm(), c.rms_eps, dst);
-        }
         let v = self
-            .head
-            .logits(&self.model.model, &self.normed, &mut self.logits);
+            .model
+            .score(&mut self.head, rows, &mut self.normed, &mut self.logits);
         // The mask entries leave the cache; the committed ones stay.
         self.kv.truncate(n);
         self.done.extend_from_slice(&committed[keep..]);
@@ -321,5 +183,9 @@ impl Drafter for Pard {
 
     fn node_confidence(&self) -> Option<&[f32]> {
         self.drafting.node_confidence()
+    }
+
+    fn selection_ms(&self) -> f64 {
+        self.drafting.last_ms
     }
 }

@@ -229,6 +229,8 @@ pub struct BlockDrafting {
     pub cps: Option<CpsDrafting>,
     /// Path probability of each node of the last searched tree (score order).
     pub conf: Vec<f32>,
+    /// Milliseconds the last [`BlockDrafting::draft`] took (the search, CPS or argmax).
+    pub last_ms: f64,
 }
 
 /// DiffuSpec's draft selection (`speculative::cps`) over a block: the pruned lattice, the
@@ -250,6 +252,7 @@ impl BlockDrafting {
             tree: None,
             cps: None,
             conf: vec![],
+            last_ms: 0.0,
         })
     }
 
@@ -264,12 +267,28 @@ impl BlockDrafting {
                 .map(crate::speculative::tree_search::TreeDrafting::fork),
             cps: self.cps.clone(),
             conf: vec![],
+            last_ms: 0.0,
         })
     }
 
     /// `logits`: `slots × v` rows, slot i predicting absolute position `first + i`, over the
     /// draft vocabulary of `head`. `committed` ends with the root.
     pub fn draft(
+        &mut self,
+        logits: &[f32],
+        v: usize,
+        head: &DraftHead,
+        committed: &[TokenId],
+        first: usize,
+        max_nodes: usize,
+    ) -> Result<crate::speculative::DraftTree> {
+        let t = std::time::Instant::now();
+        let r = self.select(logits, v, head, committed, first, max_nodes);
+        self.last_ms = t.elapsed().as_secs_f64() * 1e3;
+        r
+    }
+
+    fn select(
         &mut self,
         logits: &[f32],
         v: usize,

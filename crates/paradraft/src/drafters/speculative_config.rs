@@ -6,8 +6,10 @@
 
 use super::dart::{Dart, DartModel};
 use super::dflash::{Dflash, DflashModel};
+use super::diffuspec::{DiffuSpec, DlmMode};
 use super::draft_model::DraftModel;
-use super::pard::{Pard, PardModel};
+use super::mask_lm::MaskLm;
+use super::pard::Pard;
 use super::parts::DraftSampling;
 use super::pld::PromptLookup;
 use super::NoDraft;
@@ -38,11 +40,12 @@ pub enum Method {
     Pard,
     PardSample,
     PardTree,
+    Diffuspec,
 }
 
 impl Method {
     /// Every method with its name and a one-line description.
-    pub const ALL: [(Method, &'static str, &'static str); 10] = [
+    pub const ALL: [(Method, &'static str, &'static str); 11] = [
         (Method::None, "none", "no drafter: plain AR decoding"),
         (
             Method::Pld,
@@ -88,6 +91,11 @@ impl Method {
             Method::PardTree,
             "pard-tree",
             "PARD's per-slot distributions searched into an n-gram-pruned tree (DART's search)",
+        ),
+        (
+            Method::Diffuspec,
+            "diffuspec",
+            "DiffuSpec: diffusion-LM drafter + causal-consistency path search (3-gram proxy) + adaptive draft length",
         ),
     ];
 
@@ -178,8 +186,15 @@ pub struct DrafterConfig {
     /// pruned lattice (dflash, pard).
     pub cps: bool,
     /// The 3-gram ARPA model CPS scores with (`paradraft ngram arpa`); none: the drafter's
-    /// scores alone.
+    /// scores alone (diffuspec's default: data/ngram/smollm2-135m.arpa).
     pub ngram_arpa: Option<PathBuf>,
+    /// DiffuSpec without CPS: the raw per-slot argmax chain.
+    pub no_cps: bool,
+    /// DiffuSpec's drafting mode (fast: cached causal prefix, bidirectional block; faithful:
+    /// full re-encode each step; auto: the drafter's training attention).
+    pub dlm_mode: DlmMode,
+    /// DiffuSpec's refinement steps S.
+    pub dlm_steps: usize,
 }
 
 impl Default for DrafterConfig {
@@ -199,6 +214,9 @@ impl Default for DrafterConfig {
             no_ngram: false,
             cps: false,
             ngram_arpa: None,
+            no_cps: false,
+            dlm_mode: DlmMode::Auto,
+            dlm_steps: 1,
         }
     }
 }
@@ -208,6 +226,11 @@ pub fn default_ngram() -> PathBuf {
     crate::fetch::resource_path("data/ngram/smollm2-135m.trie")
 }
 
+/// Where `paradraft ngram arpa` puts the SmolLM2 3-gram model by default (see the README).
+pub fn default_arpa() -> PathBuf {
+    crate::fetch::resource_path("data/ngram/smollm2-135m.arpa")
+}
+
 /// The committed drafter of a method for SmolLM2-135M-Instruct (found in `$PARADRAFT_HOME`,
 /// beside the installed binary or in the source tree: `fetch::resource`).
 pub fn default_drafter_dir(m: Method) -> Option<PathBuf> {
@@ -215,6 +238,7 @@ pub fn default_drafter_dir(m: Method) -> Option<PathBuf> {
         Method::Dflash | Method::DflashSample | Method::DflashTree => "smollm2-135m-dflash",
         Method::Dart => "smollm2-135m-dart",
         Method::Pard | Method::PardSample | Method::PardTree => "smollm2-135m-pard",
+        Method::Diffuspec => "smollm2-135m-dlm",
         _ => return None,
     };
     Some(crate::fetch::resource_path(&format!("drafters/{name}")))
@@ -244,7 +268,7 @@ impl DrafterConfig {
         use Method::*;
         let d = DrafterConfig::default();
         let trees: &[Method] = &[DflashTree, Dart, PardTree];
-        let checks: [(bool, &str, &[Method]); 7] = [
+        let checks: [(bool, &str, &[Method]); 10] = [
             (
                 self.draft_model.is_some(),
                 "--draft-model (\"model\")",
@@ -257,6 +281,7 @@ impl DrafterConfig {
                     Pard,
                     PardSample,
                     PardTree,
+                    Diffuspec,
                 ],
             ),
             (self.draft_layers.is_some(), "--draft-layers", &[DraftModel]),
@@ -268,7 +293,14 @@ impl DrafterConfig {
             (self.ngram.is_some(), "--ngram", trees),
             (self.no_ngram != d.no_ngram, "--no-ngram", trees),
             (self.cps, "--cps", &[Dflash, Pard]),
-            (self.ngram_arpa.is_some(), "--ngram-arpa", &[Dflash, Pard]),
+            (
+                self.ngram_arpa.is_some(),
+                "--ngram-arpa",
+                &[Dflash, Pard, Diffuspec],
+            ),
+            (self.no_cps, "--no-cps", &[Diffuspec]),
+            (self.dlm_mode != d.dlm_mode, "--dlm-mode", &[Diffuspec]),
+            (self.dlm_steps != d.dlm_steps, "--dlm-steps", &[Diffuspec]),
         ];
         for (given, name, users) in checks {
             if given && !methods.iter().any(|m| users.contains(m)) {
@@ -323,15 +355,39 @@ impl DrafterConfig {
         }
     }
 
-    /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp checked).
+    /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp
+    /// checked): on with `--cps` (dflash, pard) and for diffuspec unless `--no-cps`, which
+    /// defaults to the committed path's model.
     fn cps_drafting(&self, lm: &Loaded) -> Result<Option<super::parts::CpsDrafting>> {
-        if !self.cps {
+        let diffuspec = self.method == Method::Diffuspec;
+        let on = if diffuspec { !self.no_cps } else { self.cps };
+        if !on {
             if self.ngram_arpa.is_some() {
-                return Err(Error::BadRequest("--ngram-arpa needs --cps".into()));
+                let why = if diffuspec {
+                    "is unused with --no-cps"
+                } else {
+                    "needs --cps"
+                };
+                return Err(Error::BadRequest(format!("--ngram-arpa {why}")));
             }
             return Ok(None);
         }
-        let ngram = match &self.ngram_arpa {
+        let arpa = match (&self.ngram_arpa, diffuspec) {
+            (Some(p), _) => Some(p.clone()),
+            (None, true) => {
+                let p = default_arpa();
+                if !p.exists() {
+                    return Err(Error::BadRequest(format!(
+                        "no 3-gram model at {}: build it with `paradraft ngram arpa --out {}` (see the README), pass --ngram-arpa PATH, or --no-cps",
+                        p.display(),
+                        p.display()
+                    )));
+                }
+                Some(p)
+            }
+            (None, false) => None,
+        };
+        let ngram = match &arpa {
             Some(p) => {
                 let m = crate::ngram::arpa::ArpaLm::read(p)?;
                 m.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), p)?;
@@ -404,7 +460,7 @@ impl DrafterConfig {
             }
             Method::Pard | Method::PardSample | Method::PardTree => {
                 let dir = dir();
-                let m = PardModel::load(&dir, target_path, lm)
+                let m = MaskLm::load(&dir, target_path, lm, "PARD")
                     .map_err(|e| e.context(format!("loading PARD drafter {}", dir.display())))?;
                 let mut d = Pard::new(m, ctx, k, Default::default())?;
                 if self.method == Method::PardSample {
@@ -417,6 +473,22 @@ impl DrafterConfig {
                     max = self.tree_budget;
                 }
                 (Template::Pard(Box::new(d)), max)
+            }
+            Method::Diffuspec => {
+                let dir = dir();
+                let m = MaskLm::load(&dir, target_path, lm, "DiffuSpec").map_err(|e| {
+                    e.context(format!("loading DiffuSpec drafter {}", dir.display()))
+                })?;
+                if m.diffusion.is_none() {
+                    return Err(Error::BadRequest(format!(
+                        "{} is not a diffusion drafter (no dlm_attention, not a Dream model): use --drafter pard for PARD drafters",
+                        dir.display()
+                    )));
+                }
+                let mut d =
+                    DiffuSpec::new(m, ctx, k, self.dlm_steps, self.dlm_mode, Default::default())?;
+                d.drafting.cps = self.cps_drafting(lm)?;
+                (Template::DiffuSpec(Box::new(d)), k)
             }
             Method::Pld => {
                 if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
@@ -478,6 +550,7 @@ impl DrafterConfig {
             ),
             (Method::DraftModel, None, Some(n)) => format!("self-draft-{n}L"),
             (Method::None, ..) => "ar".into(),
+            (Method::Diffuspec, ..) if self.no_cps => "diffuspec-raw".into(),
             (m, ..) if self.cps => format!("{}-cps", m.name()),
             (m, ..) => m.name().into(),
         }
@@ -492,6 +565,7 @@ enum Template<'t> {
     Dart(Box<Dart<'t>>),
     DraftModel(Box<DraftModel>),
     Pard(Box<Pard>),
+    DiffuSpec(Box<DiffuSpec>),
 }
 
 /// A loaded drafter: weights shared by every request, per-request state made by
@@ -523,6 +597,7 @@ impl<'t> DrafterSet<'t> {
             Template::Dart(d) => Box::new(d.fork(self.ctx)),
             Template::DraftModel(d) => Box::new(d.fork(self.ctx, sampling)?),
             Template::Pard(d) => Box::new(d.fork(self.ctx, sampling)?),
+            Template::DiffuSpec(d) => Box::new(d.fork(self.ctx, sampling)?),
         })
     }
 

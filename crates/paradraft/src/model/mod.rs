@@ -65,7 +65,7 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "qwen3" => Arch::Qwen3,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3)"
+                "architecture {other:?} (supported: llama, qwen2, qwen3, dream)"
             )))
         }
     };
@@ -163,14 +163,15 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         format: "config.json",
         reason,
     };
-    let model_type = v["model_type"].as_str().unwrap_or("");
-    let arch = match model_type {
+    let model_type = v["model_type"].as_str().unwrap_or("").to_ascii_lowercase();
+    let arch = match model_type.as_str() {
         "llama" | "mistral" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
+        // Dream (a diffusion LM adapted from Qwen2.5) keeps Qwen2's layers.
+        "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, qwen2, qwen3)"
+                "model_type {other:?} (supported: llama, qwen2, qwen3, dream)"
             )))
         }
     };

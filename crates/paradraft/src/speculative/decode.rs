@@ -24,6 +24,9 @@ pub struct RoundStats {
     pub drafted: usize,
     pub accepted: usize,
     pub draft_ms: f64,
+    /// Of `draft_ms`: choosing the draft from the drafter's distributions (path or tree
+    /// search).
+    pub select_ms: f64,
     /// Linearising the tree (positions, ancestor mask).
     pub tree_ms: f64,
     pub verify_ms: f64,
@@ -296,6 +299,12 @@ impl<'a> Session<'a> {
         let t = Instant::now();
         let mut tree = self.drafter.propose(&self.committed, budget)?;
         stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;
+        // A round that drafted nothing selected nothing (the drafter's figure is its last draft's).
+        stats.select_ms = if tree.is_empty() {
+            0.0
+        } else {
+            self.drafter.selection_ms()
+        };
         // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
         let mut predicted = 0.0;
         if let (Some(s), Some(conf)) = (self.sizer.as_ref(), self.drafter.node_confidence()) {

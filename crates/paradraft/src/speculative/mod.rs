@@ -60,6 +60,13 @@ pub trait Drafter {
     fn node_confidence(&self) -> Option<&[f32]> {
         None
     }
+
+    /// Milliseconds the last proposal spent choosing its draft from the drafter's
+    /// distributions (DiffuSpec's path search, a tree search) rather than in its network:
+    /// telemetry for reports.
+    fn selection_ms(&self) -> f64 {
+        0.0
+    }
 }
 
 /// A drafter kept by the caller, lent to a session.
@@ -81,5 +88,8 @@ impl<D: Drafter + ?Sized> Drafter for &mut D {
     }
     fn node_confidence(&self) -> Option<&[f32]> {
         (**self).node_confidence()
+    }
+    fn selection_ms(&self) -> f64 {
+        (**self).selection_ms()
     }
 }

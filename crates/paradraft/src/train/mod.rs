@@ -5,6 +5,7 @@
 pub mod dart;
 pub mod data;
 pub mod dflash;
+pub mod dlm;
 pub mod export;
 pub mod features;
 pub mod fused;

@@ -213,6 +213,22 @@ pub fn tiny_pard_dir(
     vocab: &paradraft::drafters::vocab::DraftVocab,
     mask: u32,
 ) -> (tempfile::TempDir, paradraft::train::pard::net::Net) {
+    let cod = paradraft::train::pard::Cod {
+        k: 4,
+        ..Default::default()
+    };
+    tiny_mask_dir(lm, layers, vocab, mask, &cod)
+}
+
+/// [`tiny_pard_dir`] for any mask-token objective (`obj` writes its config keys: a DiffuSpec
+/// drafter with `train::dlm::Diffusion`).
+pub fn tiny_mask_dir(
+    lm: &Loaded,
+    layers: usize,
+    vocab: &paradraft::drafters::vocab::DraftVocab,
+    mask: u32,
+    obj: &dyn paradraft::train::pard::Objective,
+) -> (tempfile::TempDir, paradraft::train::pard::net::Net) {
     use paradraft::train::pard::{config_for, export, net::Net};
     let net = Net::from_target(config_for(&lm.model, layers).unwrap(), &lm.model).unwrap();
     let mut state = 0x2545_f491_u32;
@@ -231,7 +247,7 @@ pub fn tiny_pard_dir(
     export(
         &net,
         TokenId(mask),
-        4,
+        obj,
         vocab,
         dir.path(),
         candle_core::DType::F32,

@@ -200,4 +200,8 @@ impl Drafter for Dflash<'_> {
     fn node_confidence(&self) -> Option<&[f32]> {
         self.drafting.node_confidence()
     }
+
+    fn selection_ms(&self) -> f64 {
+        self.drafting.last_ms
+    }
 }

@@ -59,6 +59,88 @@ impl Cod {
     }
 }
 
+/// How a mask-token drafter's training slots are laid out for one sequence, and how it is
+/// written out: PARD's COD ([`Cod`]) or DiffuSpec's masked diffusion (`train::dlm`). Both
+/// share the real-token stream of [`Layout::real`], this module's network, loss and loop.
+pub trait Objective: Sync {
+    /// Refuses settings the objective cannot train with.
+    fn check(&self) -> Result<()>;
+    /// One sequence's slots, drawn with `rng`.
+    fn layout(
+        &self,
+        tokens: &[TokenId],
+        mask: TokenId,
+        vocab: &DraftVocab,
+        rng: &mut ChaCha8Rng,
+    ) -> Layout;
+    /// The slots of one drafting pass of `k` after each anchor (the anchor's real slot and
+    /// what follows it), and for each anchor the `k` slots whose outputs predict
+    /// x_{a+1..=a+k} in order.
+    fn eval_layout(
+        &self,
+        tokens: &[TokenId],
+        anchors: &[usize],
+        k: usize,
+        mask: TokenId,
+        vocab: &DraftVocab,
+    ) -> (Layout, Vec<u32>);
+    /// The method's own `config.json` keys of an exported drafter.
+    fn stamp(&self, config: &mut serde_json::Value, mask: TokenId);
+}
+
+impl Objective for Cod {
+    fn check(&self) -> Result<()> {
+        if self.k < 2
+            || self.k > 64
+            || !(self.r > 0.0 && self.r <= 1.0)
+            || !(0.0..=1.0).contains(&self.r_min)
+        {
+            return Err(Error::BadRequest(format!(
+                "COD needs 2 ≤ K ≤ 64, 0 < r ≤ 1 and 0 ≤ r_min ≤ 1 (got K {}, r {}, r_min {})",
+                self.k, self.r, self.r_min
+            )));
+        }
+        Ok(())
+    }
+
+    fn layout(
+        &self,
+        tokens: &[TokenId],
+        mask: TokenId,
+        vocab: &DraftVocab,
+        rng: &mut ChaCha8Rng,
+    ) -> Layout {
+        layout(tokens, &cod_chains(tokens.len(), self, rng), mask, vocab)
+    }
+
+    fn eval_layout(
+        &self,
+        tokens: &[TokenId],
+        anchors: &[usize],
+        k: usize,
+        mask: TokenId,
+        vocab: &DraftVocab,
+    ) -> (Layout, Vec<u32>) {
+        let chains: Vec<(i64, usize)> = anchors.iter().map(|&a| (a as i64, k - 1)).collect();
+        let s = tokens.len();
+        let rows = anchors
+            .iter()
+            .enumerate()
+            .flat_map(|(c, &a)| {
+                let b0 = s + c * (k - 1);
+                std::iter::once(a as u32).chain((0..k - 1).map(move |j| (b0 + j) as u32))
+            })
+            .collect();
+        (layout(tokens, &chains, mask, vocab), rows)
+    }
+
+    fn stamp(&self, v: &mut serde_json::Value, mask: TokenId) {
+        v["pard_token"] = mask.0.into();
+        v["spd_type"] = "pard".into();
+        v["pard_k"] = self.k.into();
+    }
+}
+
 /// Hyper-parameters.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PardParams {
@@ -150,75 +232,96 @@ pub struct Layout {
     pub out: Vec<(u32, u32, u8)>,
 }
 
-/// The slots of `tokens` in anchor form: real slot i (position i, sees 0..=i, predicts
-/// x_{i+1}); then for each chain (a, L) masks j = 1..=L (position a + j, see the real tokens
-/// 0..=a and the chain's masks 1..=j, predict x_{a+j+1}). Only labels inside the sequence and
-/// the draft vocabulary are scored.
+impl Layout {
+    /// The real tokens once: slot i at position i sees 0..=i and predicts x_{i+1} (subtask 1)
+    /// when that is in the draft vocabulary.
+    pub fn real(tokens: &[TokenId], vocab: &DraftVocab) -> Layout {
+        let mut l = Layout::default();
+        for (i, &t) in tokens.iter().enumerate() {
+            l.tokens.push(t);
+            l.positions.push(i as u32);
+            l.ranges.push([(0, i as u32 + 1), (0, 0)]);
+            l.label(tokens, vocab, i, i + 1, 1);
+        }
+        l
+    }
+
+    /// Scores `slot` with x_`target` (subtask `depth`) when that is inside the sequence and the
+    /// draft vocabulary.
+    pub fn label(
+        &mut self,
+        tokens: &[TokenId],
+        vocab: &DraftVocab,
+        slot: usize,
+        target: usize,
+        depth: u8,
+    ) {
+        if let Some(id) = tokens.get(target).and_then(|&t| vocab.draft_id(t)) {
+            self.out.push((slot as u32, id, depth));
+        }
+    }
+}
+
+/// The slots of `tokens` in anchor form: the real stream ([`Layout::real`]); then for each
+/// chain (a, L) masks j = 1..=L (position a + j, see the real tokens 0..=a and the chain's
+/// masks 1..=j, predict x_{a+j+1}). Only labels inside the sequence and the draft vocabulary
+/// are scored.
 pub fn layout(
     tokens: &[TokenId],
     chains: &[(i64, usize)],
     mask: TokenId,
     vocab: &DraftVocab,
 ) -> Layout {
-    let s = tokens.len();
-    let (mut toks, mut pos, mut ranges, mut out) = (vec![], vec![], vec![], vec![]);
-    let mut label = |slot: usize, target: usize, depth: u8| {
-        if target < s {
-            if let Some(id) = vocab.draft_id(tokens[target]) {
-                out.push((slot as u32, id, depth));
-            }
-        }
-    };
-    for (i, &t) in tokens.iter().enumerate() {
-        toks.push(t);
-        pos.push(i as u32);
-        ranges.push([(0, i as u32 + 1), (0, 0)]);
-        label(i, i + 1, 1);
-    }
-    for &(a, l) in chains {
-        let b0 = toks.len() as u32;
+    let mut l = Layout::real(tokens, vocab);
+    for &(a, len) in chains {
+        let b0 = l.tokens.len() as u32;
         let real = (a + 1) as u32;
-        for j in 1..=l {
-            let slot = toks.len();
-            toks.push(mask);
-            pos.push((a + j as i64) as u32);
-            ranges.push([(0, real), (b0, b0 + j as u32)]);
-            label(slot, (a + 1) as usize + j, j as u8 + 1);
+        for j in 1..=len {
+            let slot = l.tokens.len();
+            l.tokens.push(mask);
+            l.positions.push((a + j as i64) as u32);
+            l.ranges.push([(0, real), (b0, b0 + j as u32)]);
+            l.label(tokens, vocab, slot, (a + 1) as usize + j, j as u8 + 1);
         }
     }
-    Layout {
-        tokens: toks,
-        positions: pos,
-        ranges,
-        out,
-    }
+    l
 }
 
-/// [`layout`] with the slots embedded by the target's (frozen) embedding rows.
+/// [`layout`] of sample `si` (truncated to `max_seq`) embedded ([`embed`]).
 pub fn build(
     data: &Data,
     si: usize,
     chains: &[(i64, usize)],
     max_seq: usize,
 ) -> CResult<Option<Labeled>> {
-    let s = &data.samples[si];
-    let tokens = &s.tokens[..s.tokens.len().min(max_seq)];
+    let tokens = truncated(data, si, max_seq);
     if tokens.len() < 2 {
         return Ok(None);
     }
+    embed(data.target, layout(tokens, chains, data.mask, data.vocab))
+}
+
+fn truncated<'a>(data: &'a Data, si: usize, max_seq: usize) -> &'a [TokenId] {
+    let s = &data.samples[si];
+    &s.tokens[..s.tokens.len().min(max_seq)]
+}
+
+/// A layout's slots embedded by the target's (frozen) embedding rows, with its labels; `None`
+/// when nothing is scored.
+pub fn embed(target: &Model, l: Layout) -> CResult<Option<Labeled>> {
     let Layout {
         tokens: toks,
         positions,
         ranges,
         out,
-    } = layout(tokens, chains, data.mask, data.vocab);
+    } = l;
     if out.is_empty() {
         return Ok(None);
     }
-    let h = data.target.config.hidden_size;
+    let h = target.config.hidden_size;
     let mut x = vec![0f32; toks.len() * h];
     for (t, row) in toks.iter().zip(x.chunks_exact_mut(h)) {
-        data.target.embed_row(t.idx(), row);
+        target.embed_row(t.idx(), row);
     }
     Ok(Some(Labeled {
         batch: Batch {
@@ -251,24 +354,31 @@ fn sequence_loss(
     Ok((nll.sum_all()?, lb.labels.len(), hit, n1))
 }
 
-/// One mean over every kept label of the sequences `chunk` (the reference code's loss: subtask
-/// k weighs by its retention), and the subtask-1 accuracy.
+/// One mean over every scored label of the sequences `chunk` (PARD's reference loss: subtask
+/// k weighs by its retention; DiffuSpec's eq. 3: the corrupted slots), and the subtask-1
+/// accuracy.
+#[allow(clippy::too_many_arguments)]
 fn batch_loss(
     net: &Net,
     head: &FrozenHead,
     data: &Data,
-    p: &PardParams,
+    obj: &dyn Objective,
+    max_seq: usize,
+    seed: u64,
     epoch: usize,
     chunk: &[usize],
 ) -> Result<BatchLoss> {
     let (mut total, mut count, mut hit, mut n1) = (None::<Tensor>, 0usize, 0usize, 0usize);
     for &si in chunk {
         let mut rng = ChaCha8Rng::seed_from_u64(
-            p.schedule.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
+            seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
         );
-        let len = data.samples[si].tokens.len().min(p.max_seq);
-        let chains = cod_chains(len, &p.cod, &mut rng);
-        let Some(lb) = build(data, si, &chains, p.max_seq).map_err(cerr)? else {
+        let tokens = truncated(data, si, max_seq);
+        if tokens.len() < 2 {
+            continue;
+        }
+        let l = obj.layout(tokens, data.mask, data.vocab, &mut rng);
+        let Some(lb) = embed(data.target, l).map_err(cerr)? else {
             continue;
         };
         let (l, c, h1, c1) = sequence_loss(net, head, &lb).map_err(cerr)?;
@@ -315,25 +425,35 @@ pub fn config_for(target: &Model, layers: usize) -> Result<Config> {
     Ok(c)
 }
 
-/// Trains (or resumes) in `dir`, starting from the target's first layers; `on_log` sees
-/// every step. Returns the trained net.
+/// Trains (or resumes) in `dir` with `obj`, starting from `init` (a drafter to adapt further)
+/// or else the target's first layers; `on_log` sees every step. Returns the trained net.
+#[allow(clippy::too_many_arguments)]
 pub fn train(
     config: &Config,
     data: &Data,
-    p: &PardParams,
+    obj: &dyn Objective,
+    max_seq: usize,
+    schedule: &Schedule,
+    init: Option<Net>,
     dir: &Path,
     on_log: impl FnMut(&LogLine),
 ) -> Result<Net> {
-    check(config, data, &p.cod)?;
+    check(config, data)?;
+    obj.check()?;
     let ckpt = dir.join("checkpoint");
     let (net, mut opt, step, elapsed) = run::start(
         &ckpt,
         |n: &Net| &n.vars,
         |t| Net::from_tensors(config.clone(), t)?.to_device(&data.device),
-        || {
-            Net::from_target(config.clone(), data.target)
+        || match init {
+            Some(n) if n.config.n_layers != config.n_layers => Err(Error::BadRequest(format!(
+                "the initial drafter has {} layers, the run {}",
+                n.config.n_layers, config.n_layers
+            ))),
+            Some(n) => n.to_device(&data.device).map_err(cerr),
+            None => Net::from_target(config.clone(), data.target)
                 .and_then(|n| n.to_device(&data.device))
-                .map_err(cerr)
+                .map_err(cerr),
         },
     )?;
     let head = crate::train::dflash::frozen_head(data.target, data.vocab)
@@ -345,19 +465,19 @@ pub fn train(
         step,
         elapsed,
         &data.train,
-        &p.schedule,
+        schedule,
         dir,
-        |chunk, epoch| batch_loss(&net, &head, data, p, epoch, chunk),
+        |chunk, epoch| batch_loss(&net, &head, data, obj, max_seq, schedule.seed, epoch, chunk),
         on_log,
     )?;
     Ok(net)
 }
 
-fn check(config: &Config, data: &Data, cod: &Cod) -> Result<()> {
+fn check(config: &Config, data: &Data) -> Result<()> {
     let tc = &data.target.config;
     if config.hidden_size != tc.hidden_size || config.vocab_size != tc.vocab_size {
         return Err(Error::BadRequest(
-            "PARD training: the drafter must share the target's hidden size and vocabulary".into(),
+            "mask-token drafter training: the drafter must share the target's hidden size and vocabulary".into(),
         ));
     }
     if data.mask.idx() >= tc.vocab_size {
@@ -366,26 +486,19 @@ fn check(config: &Config, data: &Data, cod: &Cod) -> Result<()> {
             data.mask.0, tc.vocab_size
         )));
     }
-    if cod.k < 2
-        || cod.k > 64
-        || !(cod.r > 0.0 && cod.r <= 1.0)
-        || !(0.0..=1.0).contains(&cod.r_min)
-    {
-        return Err(Error::BadRequest(format!(
-            "COD needs 2 ≤ K ≤ 64, 0 < r ≤ 1 and 0 ≤ r_min ≤ 1 (got K {}, r {}, r_min {})",
-            cod.k, cod.r, cod.r_min
-        )));
-    }
     Ok(())
 }
 
 /// Held-out chain acceptance at K = `k`: at up to `anchors` evenly spaced response positions
-/// per sample (with K tokens after them), the greedy drafts of one pass — the anchor's real
-/// slot and its K − 1 masks — against the sequence's tokens.
+/// per sample (with K tokens after them), the greedy drafts of one pass (`obj`'s drafting
+/// layout: PARD's anchor slot and K − 1 masks, DiffuSpec's anchor and block) against the
+/// sequence's tokens.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     net: &Net,
     head: &FrozenHead,
     data: &Data,
+    obj: &dyn Objective,
     held_out: &[usize],
     k: usize,
     anchors: usize,
@@ -402,19 +515,12 @@ pub fn evaluate(
         }
         let step = full.len().div_ceil(anchors.max(1)).max(1);
         let chosen: Vec<usize> = full.iter().copied().step_by(step).collect();
-        let chains: Vec<(i64, usize)> = chosen.iter().map(|&a| (a as i64, k - 1)).collect();
-        let Some(mut lb) = build(data, si, &chains, max_seq).map_err(cerr)? else {
+        let (l, rows) = obj.eval_layout(&s.tokens[..len], &chosen, k, data.mask, data.vocab);
+        let Some(mut lb) = embed(data.target, l).map_err(cerr)? else {
             continue;
         };
-        // Score exactly the chain rows: real slot a, then its masks.
-        lb.batch.out = chosen
-            .iter()
-            .enumerate()
-            .flat_map(|(c, &a)| {
-                let b0 = len + c * (k - 1);
-                std::iter::once(a as u32).chain((0..k - 1).map(move |j| (b0 + j) as u32))
-            })
-            .collect();
+        // Score exactly the drafting rows.
+        lb.batch.out = rows;
         let am: Vec<u32> = net
             .forward(&lb.batch)
             .and_then(|x| head.forward(&x))
@@ -434,9 +540,14 @@ pub fn evaluate(
     Ok(Eval::from_hits(k, blocks, &hits))
 }
 
-/// The drafter's `config.json`: the HF causal-LM keys, `pard_token` and `spd_type` (PARD's),
-/// `pard_k` (K in training) and the draft vocabulary's size.
-pub fn config_json(c: &Config, mask: TokenId, k: usize, vocab: &DraftVocab) -> serde_json::Value {
+/// The drafter's `config.json`: the HF causal-LM keys, the objective's own keys (PARD:
+/// `pard_token`, `spd_type`, `pard_k`) and the draft vocabulary's size.
+pub fn config_json(
+    c: &Config,
+    mask: TokenId,
+    obj: &dyn Objective,
+    vocab: &DraftVocab,
+) -> serde_json::Value {
     let (mt, arch) = match c.arch {
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
@@ -444,9 +555,7 @@ pub fn config_json(c: &Config, mask: TokenId, k: usize, vocab: &DraftVocab) -> s
     };
     let mut v = crate::drafters::parts::drafter_layers_json(c, mt, arch);
     v["tie_word_embeddings"] = true.into();
-    v["pard_token"] = mask.0.into();
-    v["spd_type"] = "pard".into();
-    v["pard_k"] = k.into();
+    obj.stamp(&mut v, mask);
     if !vocab.is_full() {
         v["draft_vocab_size"] = vocab.len().into();
     }
@@ -458,12 +567,12 @@ pub fn config_json(c: &Config, mask: TokenId, k: usize, vocab: &DraftVocab) -> s
 pub fn export(
     net: &Net,
     mask: TokenId,
-    k: usize,
+    obj: &dyn Objective,
     vocab: &DraftVocab,
     dir: &Path,
     dtype: DType,
 ) -> Result<()> {
-    let js = config_json(&net.config, mask, k, vocab);
+    let js = config_json(&net.config, mask, obj, vocab);
     let v = (!vocab.is_full()).then_some(vocab);
     crate::train::export::write_drafter(&net.vars, v, &js, dir, dtype)
 }
@@ -472,15 +581,15 @@ pub fn export(
 /// vocabulary, for evaluation or fine-tuning.
 pub fn load_exported(dir: &Path, target: &Model) -> Result<(Net, TokenId, DraftVocab)> {
     use crate::model::source::SafetensorsSource;
-    let (v, cp) = crate::model::read_config_json(dir, "PARD config.json")?;
+    let (v, cp) = crate::model::read_config_json(dir, "mask-token drafter config.json")?;
     let mut config = crate::model::hf_config(&v, &cp)?;
     config.tie_embeddings = true;
-    let mask = crate::drafters::pard::mask_token_id(&v)
+    let mask = crate::drafters::mask_lm::mask_token_id(&v)
         .map_err(Error::BadRequest)?
         .ok_or_else(|| Error::BadRequest(format!("{}: no mask token id", cp.display())))?;
     let src = SafetensorsSource::open(dir)?;
     let size = v["draft_vocab_size"].as_u64().map(|n| n as usize);
-    let vocab = DraftVocab::load(&src, size, target.config.vocab_size, "PARD drafter")?;
+    let vocab = DraftVocab::load(&src, size, target.config.vocab_size, "mask-token drafter")?;
     let mut t = std::collections::HashMap::new();
     for (name, shape) in Net::shapes(&config) {
         let x = src.f32_by_hf_name(&name, &shape)?;

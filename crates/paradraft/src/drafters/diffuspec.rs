@@ -1,0 +1,331 @@
+//! DiffuSpec (Li et al., "DiffuSpec: Unlocking Diffusion Language Models for Speculative
+//! Decoding"): a diffusion LM drafts a whole block of k tokens by denoising `prefix ⧺ MASK^k`,
+//! causal-consistency path search (CPS) picks the chain the verifier is likeliest to accept,
+//! and adaptive draft length (ADL) sizes each round.
+//!
+//! - §4.1 / spec §4.1 drafter → [`DiffuSpec`] over a [`MaskLm`]: the mask-token LM shared with
+//!   PARD (the engine's own `Model`), Dream's shifted logits (the output at position p − 1
+//!   predicts slot p: the root predicts slot 1, block row j slot j + 2). S refinement steps,
+//!   each fixing the most confident ⌈|Ω|/(S − s + 1)⌉ open slots to their argmax (eq. 4; S = 1
+//!   by default, one pass). Two modes ([`DlmMode`]):
+//!   - *faithful*: every step re-encodes `prefix ⧺ y` with full attention (Dream's inference;
+//!     nothing cached, a step costs a pass over the whole prefix);
+//!   - *fast* (block diffusion): the prefix causal and KV-cached, the block bidirectional over
+//!     itself and the prefix, so a step costs one pass over the new tokens and the block (the
+//!     attention `paradraft train dlm` trains).
+//! - §4.2–4.3 lattice and CPS → `crate::speculative::cps` through [`BlockDrafting`]'s
+//!   `cps` (the per-slot logits of the final step; a slot fixed at an earlier step keeps that
+//!   step's logits). Without CPS the draft is the raw per-slot argmax chain.
+//! - §4.4 the 3-gram proxy → `crate::ngram::arpa`; §4.5 ADL → `crate::speculative::sizing`.
+//! - §4.6 verification: greedy chain verification (lossless by token identity); at T > 0 the
+//!   CPS path is a deterministic function of the context, verified with a one-hot q — the
+//!   paper's L2R proxy q (eq. 5) is not a distribution the CPS path is drawn from, so it is not
+//!   used (`docs/diffuspec.md`).
+
+use crate::drafters::mask_lm::{reuse_prefix, MaskLm};
+use crate::drafters::parts::{BlockDrafting, DraftHead};
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch, TreeMask};
+use crate::runtime::ops;
+use crate::sample::SamplingParams;
+use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
+use crate::types::{Pos, TokenId};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// How a drafting step attends over the prefix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DlmMode {
+    /// The drafter's own training attention: block drafters (`dlm_attention: "block"`) run
+    /// fast, full-attention ones (Dream) faithful.
+    #[default]
+    Auto,
+    /// Prefix causal and cached; the block bidirectional.
+    Fast,
+    /// Re-encode `prefix ⧺ block` with full attention every step.
+    Faithful,
+}
+
+impl std::str::FromStr for DlmMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DlmMode::Auto),
+            "fast" => Ok(DlmMode::Fast),
+            "faithful" => Ok(DlmMode::Faithful),
+            o => Err(Error::BadRequest(format!(
+                "DLM mode {o:?} (known: auto, fast, faithful)"
+            ))),
+        }
+    }
+}
+
+/// One request's DiffuSpec drafter.
+pub struct DiffuSpec {
+    model: Arc<MaskLm>,
+    head: DraftHead,
+    kv: KvCache,
+    s: Scratch,
+    /// Block length k: slots denoised per round (the draft is at most k long).
+    pub k: usize,
+    /// Refinement steps S (1 ..= k).
+    pub steps: usize,
+    /// Fast or faithful (never `Auto`: resolved at construction).
+    pub mode: DlmMode,
+    /// CPS, or the raw argmax chain when `cps` is `None`.
+    pub drafting: BlockDrafting,
+    /// Committed tokens whose K/V are in `kv` (fast mode).
+    done: Vec<TokenId>,
+    tokens: Vec<TokenId>,
+    positions: Vec<Pos>,
+    normed: Vec<f32>,
+    step_logits: Vec<f32>,
+    /// The final per-slot logits (`k × vocab`).
+    logits: Vec<f32>,
+}
+
+impl DiffuSpec {
+    /// `ctx`: the target's KV capacity; `k`: block length; `steps`: S.
+    pub fn new(
+        model: impl Into<Arc<MaskLm>>,
+        ctx: usize,
+        k: usize,
+        steps: usize,
+        mode: DlmMode,
+        sampling: SamplingParams,
+    ) -> Result<Self> {
+        let model = model.into();
+        if k == 0 || k >= ctx {
+            return Err(Error::BadRequest(format!(
+                "DiffuSpec block length ({k}) must be between 1 and the context ({ctx} tokens) minus one"
+            )));
+        }
+        if steps == 0 || steps > k {
+            return Err(Error::BadRequest(format!(
+                "DiffuSpec refinement steps ({steps}) must be between 1 and the block length ({k})"
+            )));
+        }
+        let mode = match (mode, model.diffusion) {
+            (DlmMode::Auto, Some((crate::drafters::mask_lm::DlmAttention::Full, _))) => {
+                DlmMode::Faithful
+            }
+            (DlmMode::Auto, _) => DlmMode::Fast,
+            (m, _) => m,
+        };
+        let head = DraftHead::of_target(&model.model, model.vocab.clone());
+        let kv = model.model.new_kv(ctx + k);
+        Ok(DiffuSpec {
+            head,
+            kv,
+            s: Scratch::default(),
+            k,
+            steps,
+            mode,
+            drafting: BlockDrafting::new(sampling)?,
+            done: vec![],
+            tokens: vec![],
+            positions: vec![],
+            normed: vec![],
+            step_logits: vec![],
+            logits: vec![],
+            model,
+        })
+    }
+
+    /// A drafter for another request: the same weights and settings, its own cache and
+    /// sampling.
+    pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
+        let mut d = DiffuSpec::new(
+            self.model.clone(),
+            ctx,
+            self.k,
+            self.steps,
+            self.mode,
+            sampling,
+        )?;
+        d.drafting = self.drafting.fork(sampling)?;
+        Ok(d)
+    }
+
+    /// The last proposal's final block: one row of draft-vocabulary logits per slot, and the
+    /// row width.
+    pub fn block_logits(&self) -> (&[f32], usize) {
+        (&self.logits, self.head.vocab.len())
+    }
+
+    /// One denoising pass over `committed[from..] ⧺ block` (positions from `from`; `from` real
+    /// tokens are in the cache), the real tokens causal (or, `full`, everything sees
+    /// everything); `rows` of the outputs are scored into `step_logits`. Returns the vocabulary
+    /// size.
+    fn pass(
+        &mut self,
+        committed: &[TokenId],
+        from: usize,
+        block: &[TokenId],
+        full: bool,
+        rows: std::ops::Range<usize>,
+    ) -> Result<usize> {
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&committed[from..]);
+        self.tokens.extend_from_slice(block);
+        let m = self.tokens.len();
+        let r = m - block.len();
+        self.positions.clear();
+        self.positions
+            .extend((from..from + m).map(|p| Pos(p as u32)));
+        let bits = (0..m * m)
+            .map(|ij| {
+                let (i, j) = (ij / m, ij % m);
+                full || j <= i || (i >= r && j >= r)
+            })
+            .collect();
+        let mask = TreeMask::from_bits(m, bits)?;
+        let last = self.model.model.config.n_layers - 1;
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![last],
+        };
+        let b = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            mask: Some(&mask),
+        };
+        let out = self
+            .model
+            .model
+            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
+        let h = self.model.model.config.hidden_size;
+        let hidden = &out.hidden[rows.start * h..rows.end * h];
+        Ok(self.model.score(
+            &mut self.head,
+            hidden,
+            &mut self.normed,
+            &mut self.step_logits,
+        ))
+    }
+
+    /// Denoises the k slots after `committed` in S steps; the final per-slot logits land in
+    /// `logits`. Returns the vocabulary size.
+    fn denoise(&mut self, committed: &[TokenId], k: usize) -> Result<usize> {
+        let n = committed.len();
+        let mut y = vec![self.model.mask; k];
+        let mut open: Vec<usize> = (0..k).collect();
+        let mut v = 0;
+        let mut root_row = vec![];
+        for s in 0..self.steps {
+            let faithful = self.mode == DlmMode::Faithful;
+            // Outputs at positions n−1 ..= n+k−2 predict slots 1..=k.
+            if faithful {
+                self.kv.clear();
+                self.done.clear();
+                v = self.pass(committed, 0, &y, true, n - 1..n - 1 + k)?;
+                self.kv.clear();
+            } else if s == 0 {
+                let keep = reuse_prefix(&mut self.done, &mut self.kv, committed);
+                let r = n - keep;
+                v = self.pass(committed, keep, &y, false, r - 1..r - 1 + k)?;
+                self.kv.truncate(n);
+                self.done.extend_from_slice(&committed[keep..]);
+            } else {
+                // The root is cached and causal: slot 1's row stays; the block reruns.
+                v = self.pass(committed, n, &y, false, 0..k - 1)?;
+                self.kv.truncate(n);
+                let rest = std::mem::take(&mut self.step_logits);
+                self.step_logits = root_row.clone();
+                self.step_logits.extend_from_slice(&rest);
+            }
+            if s == 0 {
+                self.logits.resize(k * v, 0.0);
+                if self.steps > 1 && !faithful {
+                    root_row = self.step_logits[..v].to_vec();
+                }
+            }
+            if s + 1 == self.steps {
+                // The last step fixes every open slot with this step's logits.
+                for &i in &open {
+                    self.logits[i * v..(i + 1) * v]
+                        .copy_from_slice(&self.step_logits[i * v..(i + 1) * v]);
+                }
+                break;
+            }
+            // Fix the most confident ⌈|Ω| / (S − s)⌉ open slots to their argmax.
+            let fix = open.len().div_ceil(self.steps - s);
+            let conf = |i: usize, l: &[f32]| {
+                let row = &l[i * v..(i + 1) * v];
+                let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                1.0 / row.iter().map(|&x| (x - m).exp()).sum::<f32>()
+            };
+            let mut order: Vec<(f32, usize)> = open
+                .iter()
+                .map(|&i| (conf(i, &self.step_logits), i))
+                .collect();
+            order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, i) in order.iter().take(fix) {
+                let row = &self.step_logits[i * v..(i + 1) * v];
+                y[i] = self.head.target_id(ops::argmax(row).idx());
+                self.logits[i * v..(i + 1) * v].copy_from_slice(row);
+            }
+            let fixed: Vec<usize> = order.iter().take(fix).map(|o| o.1).collect();
+            open.retain(|i| !fixed.contains(i));
+        }
+        Ok(v)
+    }
+}
+
+impl Drafter for DiffuSpec {
+    fn name(&self) -> &str {
+        "diffuspec"
+    }
+
+    /// Fast mode's prefill: every prompt token but the last (which each round re-runs, its
+    /// output predicting slot 1). Faithful mode keeps nothing.
+    fn begin(&mut self, prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
+        self.kv.clear();
+        self.done.clear();
+        let n = prompt.len().saturating_sub(1);
+        if n == 0 || self.mode == DlmMode::Faithful {
+            return Ok(());
+        }
+        self.positions.clear();
+        self.positions.extend((0..n as u32).map(Pos));
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![],
+        };
+        let b = Batch {
+            tokens: &prompt[..n],
+            positions: &self.positions,
+            mask: None,
+        };
+        self.model
+            .model
+            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
+        self.done.extend_from_slice(&prompt[..n]);
+        Ok(())
+    }
+
+    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
+        let n = committed.len();
+        let room = self.kv.capacity().saturating_sub(n) + 1;
+        let k = self.k.min(room);
+        if k == 0 || n == 0 || max_nodes == 0 {
+            return Ok(DraftTree::new());
+        }
+        let v = self.denoise(committed, k)?;
+        self.drafting
+            .draft(&self.logits, v, &self.head, committed, n, max_nodes)
+    }
+
+    fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {
+        // `propose` reconciles the cache with the committed tokens it is given next round.
+        Ok(())
+    }
+
+    fn selection_ms(&self) -> f64 {
+        self.drafting.last_ms
+    }
+}

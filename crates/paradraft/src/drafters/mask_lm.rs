@@ -1,0 +1,235 @@
+//! The mask-token draft LM shared by PARD (§3.1, spec §5.1) and DiffuSpec's diffusion-LM
+//! drafter (§4.1, spec §4.1): a decoder of the target's family run by the engine's own
+//! [`Model`], a mask token, and a draft vocabulary. Published HF directories load unchanged
+//! (PARD's `pard_token`, Dream's `model_type: "Dream"` with the mask id in
+//! `generation_config.json`); the compact layout of ours keeps only the decoder layers and the
+//! final norm (f16) and takes the embedding and the tied LM head from the target (`Overlay`).
+
+use crate::drafters::parts::DraftHead;
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::source::{self, Overlay, SafetensorsSource, TensorSource};
+use crate::model::{hf_config, read_config_json, Model};
+use crate::runtime::ops;
+use crate::types::TokenId;
+use std::path::Path;
+
+/// The mask token id of a parallel drafter's `config.json`, in the engine-wide order
+/// `dflash_config.mask_token_id` → `mask_token_id` → `pard_token` → `ptd_token_id`; `None` when
+/// none is there, an error when one is not a non-negative integer.
+pub fn mask_token_id(v: &serde_json::Value) -> std::result::Result<Option<u32>, String> {
+    for (key, x) in [
+        (
+            "dflash_config.mask_token_id",
+            &v["dflash_config"]["mask_token_id"],
+        ),
+        ("mask_token_id", &v["mask_token_id"]),
+        ("pard_token", &v["pard_token"]),
+        ("ptd_token_id", &v["ptd_token_id"]),
+    ] {
+        if x.is_null() {
+            continue;
+        }
+        return match x.as_u64() {
+            Some(id) if id <= u32::MAX as u64 => Ok(Some(id as u32)),
+            _ => Err(format!("{key} is {x}, not a token id")),
+        };
+    }
+    Ok(None)
+}
+
+/// [`mask_token_id`] of `dir`'s `config.json` (`v`), else the `mask_token_id` of its
+/// `generation_config.json` (where Dream keeps it).
+pub fn mask_token_id_in(
+    dir: &Path,
+    v: &serde_json::Value,
+) -> std::result::Result<Option<u32>, String> {
+    if let Some(id) = mask_token_id(v)? {
+        return Ok(Some(id));
+    }
+    let gp = dir.join("generation_config.json");
+    let Ok(text) = std::fs::read_to_string(&gp) else {
+        return Ok(None);
+    };
+    let g: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", gp.display()))?;
+    match &g["mask_token_id"] {
+        serde_json::Value::Null => Ok(None),
+        x => match x.as_u64() {
+            Some(id) if id <= u32::MAX as u64 => Ok(Some(id as u32)),
+            _ => Err(format!(
+                "{}: mask_token_id is {x}, not a token id",
+                gp.display()
+            )),
+        },
+    }
+}
+
+/// How a diffusion drafter's mask block attends (`dlm_attention` in its `config.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DlmAttention {
+    /// Causal prefix, the block bidirectional over itself and the prefix (trained by
+    /// `paradraft train dlm`).
+    Block,
+    /// Every position sees every other (Dream, DiffuLLaMA).
+    Full,
+}
+
+/// A mask-token draft LM's weights: shared by every request.
+pub struct MaskLm {
+    pub model: Model,
+    pub mask: TokenId,
+    /// The vocabulary its head scores (the full one for published checkpoints).
+    pub vocab: DraftVocab,
+    /// K it was trained with (`pard_k`), when recorded.
+    pub trained_k: Option<usize>,
+    /// Whether the embedding and LM head are the target's (the compact layout).
+    pub shares_target_embedding: bool,
+    /// A diffusion drafter's attention and block length in training (`dlm_attention`,
+    /// `dlm_block_size`; Dream: full attention); `None` for a causal (PARD) drafter.
+    pub diffusion: Option<(DlmAttention, Option<usize>)>,
+}
+
+impl MaskLm {
+    /// Loads the drafter (`what` names it in errors) in `dir` for the target `target`
+    /// (loaded from `target_path`): a published HF directory, or the compact layout whose
+    /// missing embedding comes from the target. Refused with the reason: no mask id, a mask id
+    /// outside the vocabulary, another vocabulary or tokenizer, broken files.
+    pub fn load(
+        dir: &Path,
+        target_path: &Path,
+        target: &crate::model::Loaded,
+        what: &'static str,
+    ) -> Result<Self> {
+        Self::load_with(dir, target_path, target, what, true)
+    }
+
+    /// [`MaskLm::load`], with dense matrices kept as stored (`quantize` false: the f32
+    /// reference path) or converted to Q8_0 for the int8 kernels.
+    pub fn load_with(
+        dir: &Path,
+        target_path: &Path,
+        target: &crate::model::Loaded,
+        what: &'static str,
+        quantize: bool,
+    ) -> Result<Self> {
+        let format = "drafter config.json";
+        let (v, cp) = read_config_json(dir, format)?;
+        let bad = |reason: String| Error::BadModelFile {
+            path: cp.clone(),
+            format,
+            reason,
+        };
+        let mut config = hf_config(&v, &cp)?;
+        let tc = &target.model.config;
+        let mask = mask_token_id_in(dir, &v).map_err(bad)?.ok_or_else(|| {
+            bad(format!(
+                "{what}: no mask token id (pard_token or mask_token_id, here or in generation_config.json)"
+            ))
+        })?;
+        if mask as usize >= config.vocab_size {
+            return Err(bad(format!(
+                "mask token {mask} is outside the vocabulary ({})",
+                config.vocab_size
+            )));
+        }
+        let misfit =
+            |m: String| Error::BadRequest(format!("{what} drafter does not fit the target: {m}"));
+        if config.vocab_size != tc.vocab_size {
+            return Err(misfit(format!(
+                "vocabulary {} ≠ the target's {}",
+                config.vocab_size, tc.vocab_size
+            )));
+        }
+        if dir.join("tokenizer.json").exists() {
+            let tok = crate::model::tokenizer::Tokenizer::from_hf_dir(dir, &v)?;
+            if tok.fingerprint() != target.tokenizer.fingerprint() {
+                return Err(misfit("its tokenizer differs from the target's".into()));
+            }
+        }
+        let own = SafetensorsSource::open(dir)?;
+        let shares = !own.has("token_embd.weight");
+        if shares && config.hidden_size != tc.hidden_size {
+            return Err(misfit(format!(
+                "it has no embedding of its own and its hidden size {} ≠ the target's {}",
+                config.hidden_size, tc.hidden_size
+            )));
+        }
+        let base = source::open(target_path)?;
+        let src = Overlay {
+            top: &own,
+            base: base.as_ref(),
+        };
+        // Without a head of its own the drafter scores with its (or the target's) embedding.
+        config.tie_embeddings = config.tie_embeddings || !own.has("output.weight");
+        if shares && !config.tie_embeddings {
+            return Err(bad(
+                "a drafter without an embedding must tie its LM head to it".into(),
+            ));
+        }
+        let mut model = Model::from_source(config, &src)?;
+        if quantize {
+            model.quantize_dense_q8_0();
+        } else {
+            model.set_exact(true);
+        }
+        let size = v["draft_vocab_size"].as_u64().map(|n| n as usize);
+        let vocab = DraftVocab::load(&own, size, tc.vocab_size, what)?;
+        let dream = v["model_type"].as_str().map(str::to_ascii_lowercase) == Some("dream".into());
+        let diffusion = match (v["dlm_attention"].as_str(), dream) {
+            (Some("block"), _) => Some(DlmAttention::Block),
+            (Some("full"), _) | (None, true) => Some(DlmAttention::Full),
+            (None, false) => None,
+            (Some(o), _) => {
+                return Err(bad(format!(
+                    "dlm_attention {o:?} (known: \"block\", \"full\")"
+                )))
+            }
+        };
+        let block = v["dlm_block_size"].as_u64().map(|k| k as usize);
+        Ok(MaskLm {
+            model,
+            mask: TokenId(mask),
+            vocab,
+            trained_k: v["pard_k"].as_u64().map(|k| k as usize).or(block),
+            shares_target_embedding: shares,
+            diffusion: diffusion.map(|a| (a, block)),
+        })
+    }
+}
+
+impl MaskLm {
+    /// Final-normed rows of the last decoder layer's outputs `rows` (`n × hidden`) scored by
+    /// `head` into `logits` (`n × vocab`); `normed` is scratch. Returns the vocabulary size.
+    pub fn score(
+        &self,
+        head: &mut DraftHead,
+        rows: &[f32],
+        normed: &mut Vec<f32>,
+        logits: &mut Vec<f32>,
+    ) -> usize {
+        let c = &self.model.config;
+        let h = c.hidden_size;
+        normed.resize(rows.len(), 0.0);
+        for (src, dst) in rows.chunks_exact(h).zip(normed.chunks_exact_mut(h)) {
+            ops::rms_norm(src, self.model.output_norm(), c.rms_eps, dst);
+        }
+        head.logits(&self.model, normed, logits)
+    }
+}
+
+/// Keeps the cached prefix of `done` that `committed` agrees on, minus `committed`'s last
+/// token (the root, which each round runs again): truncates `kv` and `done` to it and returns
+/// its length.
+pub fn reuse_prefix(done: &mut Vec<TokenId>, kv: &mut KvCache, committed: &[TokenId]) -> usize {
+    let keep = done
+        .iter()
+        .zip(committed)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(committed.len().saturating_sub(1));
+    kv.truncate(keep);
+    done.truncate(keep);
+    keep
+}
