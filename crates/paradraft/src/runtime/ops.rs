@@ -162,36 +162,44 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
         .collect()
 }
 
-/// [`top_k`] for small k over long rows: one pass keeping the k best in order (a value enters
-/// only when it beats the k-th, so ties keep the lower index, as the sort does).
-fn top_k_scan(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
-    use std::cmp::Ordering::{Greater, Less};
-    let mut best: Vec<(TokenId, f32)> = Vec::with_capacity(k + 1);
-    let offer = |best: &mut Vec<(TokenId, f32)>, i: usize, v: f32| {
-        if best.len() == k && v.total_cmp(&best[k - 1].1) != Greater {
-            return;
-        }
-        let pos = best.partition_point(|b| b.1.total_cmp(&v) != Less);
-        best.insert(pos, (TokenId(i as u32), v));
-        best.truncate(k);
-    };
-    for (c, chunk) in x.chunks(16).enumerate() {
-        // Once k are kept, a chunk none of whose values beats the k-th is skipped after one
-        // vector comparison (NaNs are offered one by one, as total_cmp orders them).
-        if best.len() == k {
-            let floor = best[k - 1].1;
-            if !chunk
-                .iter()
-                .fold(false, |a, &v| a | (v > floor) | v.is_nan())
-            {
-                continue;
+multiversion! {
+    /// [`top_k`] for small k over long rows: one pass keeping the k best in order (a value
+    /// enters only when it beats the k-th, so ties keep the lower index, as the sort does).
+    fn top_k_scan(x: &[f32], k: usize) -> Vec<(TokenId, f32)> {
+        use std::cmp::Ordering::{Greater, Less};
+        let mut best: Vec<(TokenId, f32)> = Vec::with_capacity(k + 1);
+        let offer = |best: &mut Vec<(TokenId, f32)>, i: usize, v: f32| {
+            if best.len() == k && v.total_cmp(&best[k - 1].1) != Greater {
+                return;
+            }
+            let pos = best.partition_point(|b| b.1.total_cmp(&v) != Less);
+            best.insert(pos, (TokenId(i as u32), v));
+            best.truncate(k);
+        };
+        let mut ch = x.chunks_exact(16);
+        for (c, chunk) in (&mut ch).enumerate() {
+            // Once k are kept, a chunk none of whose values beats the k-th is skipped after one
+            // vector comparison (NaNs are offered one by one, as total_cmp orders them).
+            if best.len() == k {
+                let floor = best[k - 1].1;
+                let mut hit = false;
+                for &v in chunk {
+                    hit |= (v > floor) | v.is_nan();
+                }
+                if !hit {
+                    continue;
+                }
+            }
+            for (l, &v) in chunk.iter().enumerate() {
+                offer(&mut best, c * 16 + l, v);
             }
         }
-        for (l, &v) in chunk.iter().enumerate() {
-            offer(&mut best, c * 16 + l, v);
+        let base = x.len() - ch.remainder().len();
+        for (l, &v) in ch.remainder().iter().enumerate() {
+            offer(&mut best, base + l, v);
         }
+        best
     }
-    best
 }
 
 pub use super::attention::{AttnShape, Visibility, SLOT_CHUNK};
@@ -201,15 +209,20 @@ pub use super::attention::{AttnShape, Visibility, SLOT_CHUNK};
 /// Relative error below 1e-6 on [-87, 88]; inputs below −87 (and −∞) give exactly 0.
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer in the mantissa
     let xc = x.clamp(-87.0, 88.0);
-    let n = (xc * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let k = xc * std::f32::consts::LOG2_E + SHIFT;
+    let n = k - SHIFT;
     let r = xc - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67
                     + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_888_9)))));
-    let e = p * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n as an integer from k's bits (same exponent as SHIFT, so they differ by n); Rust's
+    // saturating `as i32` would not vectorise and costs 4× here.
+    let n_int = k.to_bits().wrapping_sub(SHIFT.to_bits());
+    let e = p * f32::from_bits(n_int.wrapping_add(127) << 23);
     if x < -87.0 {
         0.0
     } else {
@@ -315,14 +328,23 @@ mod tests {
     #[test]
     fn top_k_scan_equals_the_sort() {
         let mut state = 7u32;
-        for len in [100, 1000, 8192] {
+        for len in [100, 1000, 1003, 8192] {
             // Coarse values: many ties.
-            let x: Vec<f32> = (0..len)
+            let mut x: Vec<f32> = (0..len)
                 .map(|_| {
                     state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
                     ((state >> 20) % 97) as f32 * 0.25 - 10.0
                 })
                 .collect();
+            if len == 1003 {
+                // NaNs (total_cmp puts +NaN first, −NaN last) and infinities, one of each in
+                // the 16-wide chunks and in the remainder.
+                x[37] = f32::NAN;
+                x[1001] = f32::NAN;
+                x[500] = -f32::NAN;
+                x[998] = f32::INFINITY;
+                x[1002] = f32::NEG_INFINITY;
+            }
             for k in [1, 3, 15, 25, 64] {
                 let mut idx: Vec<u32> = (0..len as u32).collect();
                 idx.sort_by(|a, b| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b)));
@@ -330,7 +352,10 @@ mod tests {
                     .iter()
                     .map(|&i| (TokenId(i), x[i as usize]))
                     .collect();
-                assert_eq!(top_k(&x, k), want, "len {len}, k {k}");
+                let bits = |v: Vec<(TokenId, f32)>| -> Vec<(TokenId, u32)> {
+                    v.into_iter().map(|(t, x)| (t, x.to_bits())).collect()
+                };
+                assert_eq!(bits(top_k(&x, k)), bits(want), "len {len}, k {k}");
             }
         }
     }
