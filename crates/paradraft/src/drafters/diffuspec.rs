@@ -22,15 +22,13 @@
 //!   paper's L2R proxy q (eq. 5) is not a distribution the CPS path is drawn from, so it is not
 //!   used (`docs/diffuspec.md`).
 
-use crate::drafters::mask_lm::{reuse_prefix, MaskLm};
-use crate::drafters::parts::{BlockDrafting, DraftHead};
+use crate::drafters::mask_lm::{Attend, DlmAttention, MaskLm, MaskLmRun};
+use crate::drafters::parts::BlockDrafting;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
-use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch, TreeMask};
 use crate::runtime::ops;
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
-use crate::types::{Pos, TokenId};
+use crate::types::TokenId;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -64,10 +62,7 @@ impl std::str::FromStr for DlmMode {
 
 /// One request's DiffuSpec drafter.
 pub struct DiffuSpec {
-    model: Arc<MaskLm>,
-    head: DraftHead,
-    kv: KvCache,
-    s: Scratch,
+    run: MaskLmRun,
     /// Block length k: slots denoised per round (the draft is at most k long).
     pub k: usize,
     /// Refinement steps S (1 ..= k).
@@ -76,11 +71,6 @@ pub struct DiffuSpec {
     pub mode: DlmMode,
     /// CPS, or the raw argmax chain when `cps` is `None`.
     pub drafting: BlockDrafting,
-    /// Committed tokens whose K/V are in `kv` (fast mode).
-    done: Vec<TokenId>,
-    tokens: Vec<TokenId>,
-    positions: Vec<Pos>,
-    normed: Vec<f32>,
     step_logits: Vec<f32>,
     /// The final per-slot logits (`k × vocab`).
     logits: Vec<f32>,
@@ -108,29 +98,18 @@ impl DiffuSpec {
             )));
         }
         let mode = match (mode, model.diffusion) {
-            (DlmMode::Auto, Some((crate::drafters::mask_lm::DlmAttention::Full, _))) => {
-                DlmMode::Faithful
-            }
+            (DlmMode::Auto, Some((DlmAttention::Full, _))) => DlmMode::Faithful,
             (DlmMode::Auto, _) => DlmMode::Fast,
             (m, _) => m,
         };
-        let head = DraftHead::of_target(&model.model, model.vocab.clone());
-        let kv = model.model.new_kv(ctx + k);
         Ok(DiffuSpec {
-            head,
-            kv,
-            s: Scratch::default(),
+            run: MaskLmRun::new(model, ctx, k),
             k,
             steps,
             mode,
             drafting: BlockDrafting::new(sampling)?,
-            done: vec![],
-            tokens: vec![],
-            positions: vec![],
-            normed: vec![],
             step_logits: vec![],
             logits: vec![],
-            model,
         })
     }
 
@@ -138,7 +117,7 @@ impl DiffuSpec {
     /// sampling.
     pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
         let mut d = DiffuSpec::new(
-            self.model.clone(),
+            self.run.model.clone(),
             ctx,
             self.k,
             self.steps,
@@ -152,90 +131,40 @@ impl DiffuSpec {
     /// The last proposal's final block: one row of draft-vocabulary logits per slot, and the
     /// row width.
     pub fn block_logits(&self) -> (&[f32], usize) {
-        (&self.logits, self.head.vocab.len())
-    }
-
-    /// One denoising pass over `committed[from..] ⧺ block` (positions from `from`; `from` real
-    /// tokens are in the cache), the real tokens causal (or, `full`, everything sees
-    /// everything); `rows` of the outputs are scored into `step_logits`. Returns the vocabulary
-    /// size.
-    fn pass(
-        &mut self,
-        committed: &[TokenId],
-        from: usize,
-        block: &[TokenId],
-        full: bool,
-        rows: std::ops::Range<usize>,
-    ) -> Result<usize> {
-        self.tokens.clear();
-        self.tokens.extend_from_slice(&committed[from..]);
-        self.tokens.extend_from_slice(block);
-        let m = self.tokens.len();
-        let r = m - block.len();
-        self.positions.clear();
-        self.positions
-            .extend((from..from + m).map(|p| Pos(p as u32)));
-        let bits = (0..m * m)
-            .map(|ij| {
-                let (i, j) = (ij / m, ij % m);
-                full || j <= i || (i >= r && j >= r)
-            })
-            .collect();
-        let mask = TreeMask::from_bits(m, bits)?;
-        let last = self.model.model.config.n_layers - 1;
-        let spec = OutputSpec {
-            rows: Rows::Last,
-            logits: Logits::None,
-            taps: vec![last],
-        };
-        let b = Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            mask: Some(&mask),
-        };
-        let out = self
-            .model
-            .model
-            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
-        let h = self.model.model.config.hidden_size;
-        let hidden = &out.hidden[rows.start * h..rows.end * h];
-        Ok(self.model.score(
-            &mut self.head,
-            hidden,
-            &mut self.normed,
-            &mut self.step_logits,
-        ))
+        (&self.logits, self.run.head.vocab.len())
     }
 
     /// Denoises the k slots after `committed` in S steps; the final per-slot logits land in
     /// `logits`. Returns the vocabulary size.
     fn denoise(&mut self, committed: &[TokenId], k: usize) -> Result<usize> {
         let n = committed.len();
-        let mut y = vec![self.model.mask; k];
+        let mut y = vec![self.run.model.mask; k];
         let mut open: Vec<usize> = (0..k).collect();
         let mut v = 0;
         let mut root_row = vec![];
+        let faithful = self.mode == DlmMode::Faithful;
         for s in 0..self.steps {
-            let faithful = self.mode == DlmMode::Faithful;
             // Outputs at positions n−1 ..= n+k−2 predict slots 1..=k.
+            let out = &mut self.step_logits;
             if faithful {
-                self.kv.clear();
-                self.done.clear();
-                v = self.pass(committed, 0, &y, true, n - 1..n - 1 + k)?;
-                self.kv.clear();
+                // Nothing is cached: a full-attention prefix is no causal one to reuse.
+                self.run.clear();
+                v = self
+                    .run
+                    .pass(committed, 0, &y, Attend::Full, n - 1..n - 1 + k, out)?;
+                self.run.clear();
             } else if s == 0 {
-                let keep = reuse_prefix(&mut self.done, &mut self.kv, committed);
+                let keep = self.run.reuse(committed);
                 let r = n - keep;
-                v = self.pass(committed, keep, &y, false, r - 1..r - 1 + k)?;
-                self.kv.truncate(n);
-                self.done.extend_from_slice(&committed[keep..]);
+                v = self
+                    .run
+                    .pass(committed, keep, &y, Attend::Block, r - 1..r - 1 + k, out)?;
             } else {
                 // The root is cached and causal: slot 1's row stays; the block reruns.
-                v = self.pass(committed, n, &y, false, 0..k - 1)?;
-                self.kv.truncate(n);
-                let rest = std::mem::take(&mut self.step_logits);
-                self.step_logits = root_row.clone();
-                self.step_logits.extend_from_slice(&rest);
+                v = self
+                    .run
+                    .pass(committed, n, &y, Attend::Block, 0..k - 1, out)?;
+                out.splice(0..0, root_row.iter().copied());
             }
             if s == 0 {
                 self.logits.resize(k * v, 0.0);
@@ -253,10 +182,10 @@ impl DiffuSpec {
             }
             // Fix the most confident ⌈|Ω| / (S − s)⌉ open slots to their argmax.
             let fix = open.len().div_ceil(self.steps - s);
+            // A slot's confidence: its argmax's probability.
             let conf = |i: usize, l: &[f32]| {
                 let row = &l[i * v..(i + 1) * v];
-                let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                1.0 / row.iter().map(|&x| (x - m).exp()).sum::<f32>()
+                (ops::max_value(row) - ops::log_sum_exp(row)).exp()
             };
             let mut order: Vec<(f32, usize)> = open
                 .iter()
@@ -265,7 +194,7 @@ impl DiffuSpec {
             order.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             for &(_, i) in order.iter().take(fix) {
                 let row = &self.step_logits[i * v..(i + 1) * v];
-                y[i] = self.head.target_id(ops::argmax(row).idx());
+                y[i] = self.run.head.target_id(ops::argmax(row).idx());
                 self.logits[i * v..(i + 1) * v].copy_from_slice(row);
             }
             let fixed: Vec<usize> = order.iter().take(fix).map(|o| o.1).collect();
@@ -283,41 +212,24 @@ impl Drafter for DiffuSpec {
     /// Fast mode's prefill: every prompt token but the last (which each round re-runs, its
     /// output predicting slot 1). Faithful mode keeps nothing.
     fn begin(&mut self, prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
-        self.kv.clear();
-        self.done.clear();
-        let n = prompt.len().saturating_sub(1);
-        if n == 0 || self.mode == DlmMode::Faithful {
-            return Ok(());
+        match self.mode {
+            DlmMode::Faithful => {
+                self.run.clear();
+                Ok(())
+            }
+            _ => self.run.begin(prompt),
         }
-        self.positions.clear();
-        self.positions.extend((0..n as u32).map(Pos));
-        let spec = OutputSpec {
-            rows: Rows::Last,
-            logits: Logits::None,
-            taps: vec![],
-        };
-        let b = Batch {
-            tokens: &prompt[..n],
-            positions: &self.positions,
-            mask: None,
-        };
-        self.model
-            .model
-            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
-        self.done.extend_from_slice(&prompt[..n]);
-        Ok(())
     }
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         let n = committed.len();
-        let room = self.kv.capacity().saturating_sub(n) + 1;
-        let k = self.k.min(room);
+        let k = self.k.min(self.run.room(n));
         if k == 0 || n == 0 || max_nodes == 0 {
             return Ok(DraftTree::new());
         }
         let v = self.denoise(committed, k)?;
         self.drafting
-            .draft(&self.logits, v, &self.head, committed, n, max_nodes)
+            .draft(&self.logits, v, &self.run.head, committed, n, max_nodes)
     }
 
     fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {

@@ -11,9 +11,11 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::source::{self, Overlay, SafetensorsSource, TensorSource};
 use crate::model::{hf_config, read_config_json, Model};
+use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch, TreeMask};
 use crate::runtime::ops;
-use crate::types::TokenId;
+use crate::types::{Pos, TokenId};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The mask token id of a parallel drafter's `config.json`, in the engine-wide order
 /// `dflash_config.mask_token_id` → `mask_token_id` → `pard_token` → `ptd_token_id`; `None` when
@@ -199,6 +201,161 @@ impl MaskLm {
     }
 }
 
+/// How one pass of a [`MaskLmRun`] attends: the committed tokens are always causal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attend {
+    /// Everything causal (PARD's masks, each seeing the ones before it).
+    Causal,
+    /// The trailing block bidirectional over itself and the prefix (block diffusion).
+    Block,
+    /// Every position sees every other (Dream's full attention).
+    Full,
+}
+
+/// One request's run of a [`MaskLm`]: its KV cache of committed tokens (all but the root,
+/// which each round runs again, its output predicting the first draft) and scratch — what
+/// PARD's and DiffuSpec's drafters share.
+pub struct MaskLmRun {
+    pub model: Arc<MaskLm>,
+    pub head: DraftHead,
+    kv: KvCache,
+    s: Scratch,
+    /// Committed tokens whose K/V are in `kv`.
+    done: Vec<TokenId>,
+    tokens: Vec<TokenId>,
+    positions: Vec<Pos>,
+    normed: Vec<f32>,
+}
+
+impl MaskLmRun {
+    /// A cache for `ctx` target positions and a block of up to `block` slots beyond them.
+    pub fn new(model: Arc<MaskLm>, ctx: usize, block: usize) -> Self {
+        MaskLmRun {
+            head: DraftHead::of_target(&model.model, model.vocab.clone()),
+            kv: model.model.new_kv(ctx + block),
+            s: Scratch::default(),
+            done: vec![],
+            tokens: vec![],
+            positions: vec![],
+            normed: vec![],
+            model,
+        }
+    }
+
+    /// Slots a block after `n` committed tokens may hold.
+    pub fn room(&self, n: usize) -> usize {
+        self.kv.capacity().saturating_sub(n) + 1
+    }
+
+    /// Forgets every cached token.
+    pub fn clear(&mut self) {
+        self.kv.clear();
+        self.done.clear();
+    }
+
+    /// The prompt pass: every prompt token but the last into the cache.
+    pub fn begin(&mut self, prompt: &[TokenId]) -> Result<()> {
+        self.clear();
+        let n = prompt.len().saturating_sub(1);
+        if n == 0 {
+            return Ok(());
+        }
+        self.positions.clear();
+        self.positions.extend((0..n as u32).map(Pos));
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![],
+        };
+        let b = Batch {
+            tokens: &prompt[..n],
+            positions: &self.positions,
+            mask: None,
+        };
+        self.model
+            .model
+            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
+        self.done.extend_from_slice(&prompt[..n]);
+        Ok(())
+    }
+
+    /// Keeps the cached prefix `committed` agrees on, minus its last token (the root): where
+    /// the next [`MaskLmRun::pass`] starts.
+    pub fn reuse(&mut self, committed: &[TokenId]) -> usize {
+        let keep = self
+            .done
+            .iter()
+            .zip(committed)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(committed.len().saturating_sub(1));
+        self.kv.truncate(keep);
+        self.done.truncate(keep);
+        keep
+    }
+
+    /// One pass over `committed[from..] ⧺ block` at positions `from..` (the cache holding
+    /// `committed[..from]`), attending as `attend`; the pass's output `rows` go through the
+    /// final norm and the head into `logits` (`rows × vocab`). Afterwards the cache holds
+    /// `committed` and none of the block. Returns the vocabulary size.
+    pub fn pass(
+        &mut self,
+        committed: &[TokenId],
+        from: usize,
+        block: &[TokenId],
+        attend: Attend,
+        rows: std::ops::Range<usize>,
+        logits: &mut Vec<f32>,
+    ) -> Result<usize> {
+        debug_assert_eq!(self.done.len(), from);
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&committed[from..]);
+        self.tokens.extend_from_slice(block);
+        let m = self.tokens.len();
+        let r = m - block.len();
+        self.positions.clear();
+        self.positions
+            .extend((from..from + m).map(|p| Pos(p as u32)));
+        let mask = match attend {
+            Attend::Causal => None,
+            Attend::Block | Attend::Full => {
+                let full = attend == Attend::Full;
+                let bits = (0..m * m)
+                    .map(|ij| {
+                        let (i, j) = (ij / m, ij % m);
+                        full || j <= i || (i >= r && j >= r)
+                    })
+                    .collect();
+                Some(TreeMask::from_bits(m, bits)?)
+            }
+        };
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: vec![self.model.model.config.n_layers - 1],
+        };
+        let b = Batch {
+            tokens: &self.tokens,
+            positions: &self.positions,
+            mask: mask.as_ref(),
+        };
+        let out = self
+            .model
+            .model
+            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
+        let h = self.model.model.config.hidden_size;
+        let v = self.model.score(
+            &mut self.head,
+            &out.hidden[rows.start * h..rows.end * h],
+            &mut self.normed,
+            logits,
+        );
+        self.kv.truncate(committed.len());
+        self.done.extend_from_slice(&committed[from..]);
+        Ok(v)
+    }
+}
+
 impl MaskLm {
     /// Final-normed rows of the last decoder layer's outputs `rows` (`n × hidden`) scored by
     /// `head` into `logits` (`n × vocab`); `normed` is scratch. Returns the vocabulary size.
@@ -217,19 +374,4 @@ impl MaskLm {
         }
         head.logits(&self.model, normed, logits)
     }
-}
-
-/// Keeps the cached prefix of `done` that `committed` agrees on, minus `committed`'s last
-/// token (the root, which each round runs again): truncates `kv` and `done` to it and returns
-/// its length.
-pub fn reuse_prefix(done: &mut Vec<TokenId>, kv: &mut KvCache, committed: &[TokenId]) -> usize {
-    let keep = done
-        .iter()
-        .zip(committed)
-        .take_while(|(a, b)| a == b)
-        .count()
-        .min(committed.len().saturating_sub(1));
-    kv.truncate(keep);
-    done.truncate(keep);
-    keep
 }

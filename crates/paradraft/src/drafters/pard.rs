@@ -21,31 +21,22 @@
 //! The block becomes a chain of argmaxes, a chain sampled from each slot's q (T > 0,
 //! `DraftSampling::Sample`), or a DART-searched tree — the same [`BlockDrafting`] DFlash uses.
 
-use crate::drafters::mask_lm::{reuse_prefix, MaskLm};
-use crate::drafters::parts::{BlockDrafting, DraftHead};
+use crate::drafters::mask_lm::{Attend, MaskLm, MaskLmRun};
+use crate::drafters::parts::BlockDrafting;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
-use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch};
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
-use crate::types::{Pos, TokenId};
+use crate::types::TokenId;
 use std::sync::Arc;
 
 /// One request's PARD drafter.
 pub struct Pard {
-    model: Arc<MaskLm>,
-    head: DraftHead,
-    kv: KvCache,
-    s: Scratch,
+    run: MaskLmRun,
     /// Draft tokens per round (K at run time).
     pub k: usize,
     /// Chain (argmax or sampled) or searched tree.
     pub drafting: BlockDrafting,
-    /// Committed tokens whose K/V are in `kv`.
-    done: Vec<TokenId>,
-    tokens: Vec<TokenId>,
-    positions: Vec<Pos>,
-    normed: Vec<f32>,
+    masks: Vec<TokenId>,
     logits: Vec<f32>,
 }
 
@@ -63,27 +54,19 @@ impl Pard {
                 "PARD drafts per round ({k}) must be between 1 and the context ({ctx} tokens) minus one"
             )));
         }
-        let head = DraftHead::of_target(&model.model, model.vocab.clone());
-        let kv = model.model.new_kv(ctx + k);
         Ok(Pard {
-            head,
-            kv,
-            s: Scratch::default(),
+            run: MaskLmRun::new(model, ctx, k),
             k,
             drafting: BlockDrafting::new(sampling)?,
-            done: vec![],
-            tokens: vec![],
-            positions: vec![],
-            normed: vec![],
+            masks: vec![],
             logits: vec![],
-            model,
         })
     }
 
     /// A drafter for another request: the same weights and settings, its own cache (`ctx`
     /// target positions) and sampling.
     pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
-        let mut p = Pard::new(self.model.clone(), ctx, self.k, sampling)?;
+        let mut p = Pard::new(self.run.model.clone(), ctx, self.k, sampling)?;
         p.drafting = self.drafting.fork(sampling)?;
         Ok(p)
     }
@@ -91,7 +74,7 @@ impl Pard {
     /// The last proposal's block: one row of draft-vocabulary logits per slot (the root's, then
     /// each mask's), and the row width.
     pub fn block_logits(&self) -> (&[f32], usize) {
-        (&self.logits, self.head.vocab.len())
+        (&self.logits, self.run.head.vocab.len())
     }
 }
 
@@ -107,73 +90,32 @@ impl Drafter for Pard {
     /// The drafter's prefill: every prompt token but the last (which each round re-runs, its
     /// output predicting the first draft).
     fn begin(&mut self, prompt: &[TokenId], _hidden: Hidden) -> Result<()> {
-        self.kv.clear();
-        self.done.clear();
-        let n = prompt.len().saturating_sub(1);
-        if n == 0 {
-            return Ok(());
-        }
-        self.positions.clear();
-        self.positions.extend((0..n as u32).map(Pos));
-        let spec = OutputSpec {
-            rows: Rows::Last,
-            logits: Logits::None,
-            taps: vec![],
-        };
-        let b = Batch {
-            tokens: &prompt[..n],
-            positions: &self.positions,
-            mask: None,
-        };
-        self.model
-            .model
-            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
-        self.done.extend_from_slice(&prompt[..n]);
-        Ok(())
+        self.run.begin(prompt)
     }
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         let n = committed.len();
-        let keep = reuse_prefix(&mut self.done, &mut self.kv, committed);
-        let room = self.kv.capacity().saturating_sub(n) + 1;
-        let k = self.k.min(max_nodes).min(room);
+        let k = self.k.min(max_nodes).min(self.run.room(n));
         if k == 0 || n == 0 {
             return Ok(DraftTree::new());
         }
-        // [new committed tokens, MASK × (k − 1)] at consecutive positions.
-        self.tokens.clear();
-        self.tokens.extend_from_slice(&committed[keep..]);
-        self.tokens
-            .extend(std::iter::repeat_n(self.model.mask, k - 1));
-        self.positions.clear();
-        self.positions
-            .extend((keep..keep + self.tokens.len()).map(|p| Pos(p as u32)));
-        let last = self.model.model.config.n_layers - 1;
-        let spec = OutputSpec {
-            rows: Rows::Last,
-            logits: Logits::None,
-            taps: vec![last],
-        };
-        let b = Batch {
-            tokens: &self.tokens,
-            positions: &self.positions,
-            mask: None,
-        };
-        let out = self
-            .model
-            .model
-            .forward(&mut self.kv, &b, &spec, &mut self.s)?;
-        // The last k rows (the root's and the masks') through the final norm and the head.
-        let h = self.model.model.config.hidden_size;
-        let rows = &out.hidden[(self.tokens.len() - k) * h..];
-        let v = self
-            .model
-            .score(&mut self.head, rows, &mut self.normed, &mut self.logits);
-        // The mask entries leave the cache; the committed ones stay.
-        self.kv.truncate(n);
-        self.done.extend_from_slice(&committed[keep..]);
+        // [new committed tokens, MASK × (k − 1)] at consecutive positions, causal; the last k
+        // rows (the root's and the masks') are the block. The masks leave the cache.
+        let keep = self.run.reuse(committed);
+        self.masks.clear();
+        self.masks
+            .extend(std::iter::repeat_n(self.run.model.mask, k - 1));
+        let m = n - keep + k - 1;
+        let v = self.run.pass(
+            committed,
+            keep,
+            &self.masks,
+            Attend::Causal,
+            m - k..m,
+            &mut self.logits,
+        )?;
         self.drafting
-            .draft(&self.logits, v, &self.head, committed, n, max_nodes)
+            .draft(&self.logits, v, &self.run.head, committed, n, max_nodes)
     }
 
     fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {
