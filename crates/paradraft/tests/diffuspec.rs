@@ -16,7 +16,7 @@ use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
 use paradraft::ngram::arpa::ArpaBuilder;
-use paradraft::speculative::{speculative_generate, Drafter, Hidden, Speculation};
+use paradraft::speculative::{Drafter, Hidden};
 use paradraft::train::dlm::Diffusion;
 use paradraft::train::pard::net::Net;
 use paradraft::train::pard::{embed, Objective};
@@ -61,17 +61,7 @@ fn graph_block(
     tokens: &[TokenId],
     k: usize,
 ) -> Vec<f32> {
-    let n = tokens.len();
-    let (l, rows) = objective(k).eval_layout(tokens, &[n - 1], k, TokenId(MASK), vocab);
-    let mut lb = embed(&lm.model, l).unwrap().unwrap();
-    lb.batch.out = rows;
-    let head = paradraft::train::dflash::frozen_head(&lm.model, vocab).unwrap();
-    head.forward(&net.forward(&lb.batch).unwrap())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    common::mask_graph_block(lm, net, vocab, &objective(k), tokens, k, MASK)
 }
 
 fn load(dir: &std::path::Path, lm: &Loaded, exact: bool) -> MaskLm {
@@ -89,27 +79,14 @@ fn fast_mode_matches_the_training_graph_across_rounds() {
     assert_eq!(m.mask, TokenId(MASK));
     let mut d = DiffuSpec::new(m, 128, k, 1, DlmMode::Auto, Default::default()).unwrap();
     assert_eq!(d.mode, DlmMode::Fast);
-    let mut toks = prompt(&lm, "The sea was calm and the ships sailed on");
-    d.begin(&toks, no_hidden()).unwrap();
-    for round in 0..3 {
-        let tree = d.propose(&toks, k).unwrap();
-        assert_eq!(tree.len(), k, "round {round}");
-        let (rt, v) = d.block_logits();
-        assert_eq!(v, vocab.len());
-        let want = graph_block(&lm, &net, &vocab, &toks, k);
-        let diff = common::max_abs_diff(rt, &want);
-        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(
-            scale > 0.1 && diff < 1e-4,
-            "round {round}: |Δ| {diff} at scale {scale}"
-        );
-        toks.extend([TokenId(40 + round as u32), TokenId(7)]);
-    }
-    // A rewound history re-runs what the cache no longer agrees on.
-    toks.truncate(toks.len() - 3);
-    d.propose(&toks, k).unwrap();
-    let want = graph_block(&lm, &net, &vocab, &toks, k);
-    assert!(common::max_abs_diff(d.block_logits().0, &want) < 1e-4);
+    let (toks, want) = common::assert_rounds_match_graph(
+        &mut d,
+        DiffuSpec::block_logits,
+        |t| graph_block(&lm, &net, &vocab, t, k),
+        prompt(&lm, "The sea was calm and the ships sailed on"),
+        k,
+        vocab.len(),
+    );
     // The block is bidirectional: the graph's first mask row changes when a later slot holds
     // a clean token instead of the mask (a causal block would not see it).
     let n = toks.len();
@@ -124,16 +101,7 @@ fn fast_mode_matches_the_training_graph_across_rounds() {
         TokenId(MASK),
         &vocab,
     );
-    let mut lb = embed(&lm.model, l).unwrap().unwrap();
-    lb.batch.out = vec![n as u32];
-    let head = paradraft::train::dflash::frozen_head(&lm.model, &vocab).unwrap();
-    let with_clean: Vec<f32> = head
-        .forward(&net.forward(&lb.batch).unwrap())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let with_clean = common::graph_logits(&lm, &net, &vocab, l, vec![n as u32]);
     let v = vocab.len();
     assert!(common::max_abs_diff(&with_clean, &want[v..2 * v]) > 1e-3);
 }
@@ -208,21 +176,7 @@ fn greedy_decoding_is_token_identical_in_every_mode() {
                 let mut d =
                     DiffuSpec::new(model.clone(), 256, 4, steps, mode, Default::default()).unwrap();
                 d.drafting.cps = with_cps.map(|ng| cps(&lm, ng));
-                let sp = speculative_generate(
-                    &lm.model,
-                    &lm.tokenizer,
-                    &mut kv,
-                    &p,
-                    &params,
-                    Speculation {
-                        drafter: Box::new(d),
-                        max_draft: 4,
-                        sizer: None,
-                        rule: Default::default(),
-                    },
-                    |_| {},
-                )
-                .unwrap();
+                let sp = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), 4);
                 assert_eq!(
                     sp.out.token_ids, ar.token_ids,
                     "{mode:?}, S {steps}, CPS {with_cps:?}"
@@ -288,20 +242,18 @@ fn dream_checkpoints_load_and_decode_losslessly() {
     cfg["architectures"] = serde_json::json!(["DreamModel"]);
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
     let target = src.clone();
-    let err = MaskLm::load(dir.path(), &target, &lm, "DiffuSpec")
-        .err()
-        .unwrap()
-        .to_string();
+    let load_err = || match MaskLm::load(dir.path(), &target, &lm, "DiffuSpec") {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    let err = load_err();
     assert!(err.contains("no mask token id"), "{err}");
     std::fs::write(
         dir.path().join("generation_config.json"),
         r#"{"mask_token_id": "x"}"#,
     )
     .unwrap();
-    let err = MaskLm::load(dir.path(), &target, &lm, "DiffuSpec")
-        .err()
-        .unwrap()
-        .to_string();
+    let err = load_err();
     assert!(err.contains("not a token id"), "{err}");
     std::fs::write(
         dir.path().join("generation_config.json"),
@@ -322,21 +274,7 @@ fn dream_checkpoints_load_and_decode_losslessly() {
     };
     let mut kv = lm.model.new_kv(p.len() + 60);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();
-    let sp = speculative_generate(
-        &lm.model,
-        &lm.tokenizer,
-        &mut kv,
-        &p,
-        &params,
-        Speculation {
-            drafter: Box::new(d),
-            max_draft: 5,
-            sizer: None,
-            rule: Default::default(),
-        },
-        |_| {},
-    )
-    .unwrap();
+    let sp = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), 5);
     assert_eq!(sp.out.token_ids, ar.token_ids);
 }
 

@@ -13,7 +13,7 @@ use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
 use paradraft::speculative::tree_search::TreeDrafting;
-use paradraft::speculative::{speculative_generate, Drafter, Hidden, Speculation};
+use paradraft::speculative::Drafter;
 use paradraft::train::data::Sample;
 use paradraft::train::pard::net::Net;
 use paradraft::train::pard::{build, cod_chains, config_for, export, Cod, Data};
@@ -43,33 +43,11 @@ fn graph_block(
     tokens: &[TokenId],
     k: usize,
 ) -> Vec<f32> {
-    let samples = vec![Sample {
-        prompt_index: 0,
-        prompt_len: 0,
-        tokens: tokens.to_vec(),
-    }];
-    let data = Data {
-        target: &lm.model,
-        samples: &samples,
-        train: vec![0],
-        vocab,
-        mask: TokenId(MASK),
-        device: candle_core::Device::Cpu,
+    let cod = Cod {
+        k,
+        ..Cod::default()
     };
-    let n = tokens.len();
-    let mut lb = build(&data, 0, &[(n as i64 - 1, k - 1)], 1 << 20)
-        .unwrap()
-        .unwrap();
-    lb.batch.out = std::iter::once(n as u32 - 1)
-        .chain((0..k as u32 - 1).map(|j| n as u32 + j))
-        .collect();
-    let head = paradraft::train::dflash::frozen_head(&lm.model, vocab).unwrap();
-    head.forward(&net.forward(&lb.batch).unwrap())
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap()
+    common::mask_graph_block(lm, net, vocab, &cod, tokens, k, MASK)
 }
 
 #[test]
@@ -89,35 +67,15 @@ fn runtime_matches_the_training_graph_across_rounds() {
     assert_eq!((m.mask, m.trained_k), (TokenId(MASK), Some(4)));
     let k = 4;
     let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
-    let mut toks = prompt(&lm, "The sea was calm and the ships sailed on");
-    d.begin(
-        &toks,
-        Hidden {
-            width: 0,
-            rows: &[],
-        },
-    )
-    .unwrap();
     // Round 1; then two more tokens committed (the cache keeps the prefix, drops the masks).
-    for round in 0..3 {
-        let tree = d.propose(&toks, k).unwrap();
-        assert_eq!(tree.len(), k, "round {round}");
-        let (rt, v) = d.block_logits();
-        assert_eq!(v, vocab.len());
-        let want = graph_block(&lm, &net, &vocab, &toks, k);
-        let diff = common::max_abs_diff(rt, &want);
-        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-        assert!(
-            scale > 0.1 && diff < 1e-4,
-            "round {round}: |Δ| {diff} at scale {scale}"
-        );
-        toks.extend([TokenId(40 + round as u32), TokenId(7)]);
-    }
-    // Proposals for a rewound history re-run what the cache no longer agrees on.
-    toks.truncate(toks.len() - 3);
-    d.propose(&toks, k).unwrap();
-    let want = graph_block(&lm, &net, &vocab, &toks, k);
-    assert!(common::max_abs_diff(d.block_logits().0, &want) < 1e-4);
+    common::assert_rounds_match_graph(
+        &mut d,
+        Pard::block_logits,
+        |t| graph_block(&lm, &net, &vocab, t, k),
+        prompt(&lm, "The sea was calm and the ships sailed on"),
+        k,
+        vocab.len(),
+    );
 }
 
 #[test]
@@ -203,16 +161,8 @@ fn speculative_decoding_with_pard_is_lossless() {
                 });
             }
             assert_eq!(d.name(), if tree { "pard-tree" } else { "pard" });
-            let sp = Speculation {
-                drafter: Box::new(d),
-                max_draft: max,
-                sizer: None,
-                rule: Default::default(),
-            };
             let mut kv = lm.model.new_kv(128);
-            let got =
-                speculative_generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, sp, |_| {})
-                    .unwrap();
+            let got = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), max);
             assert_eq!(got.out.token_ids, ar, "{text:?}, K {k}, {mode}");
         }
     }
@@ -322,15 +272,9 @@ fn a_published_layout_loads_unchanged() {
     };
     let mut kv = lm.model.new_kv(128);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();
-    let sp = Speculation {
-        drafter: Box::new(Pard::new(m, 128, 5, Default::default()).unwrap()),
-        max_draft: 5,
-        sizer: None,
-        rule: Default::default(),
-    };
+    let d = Pard::new(m, 128, 5, Default::default()).unwrap();
     let mut kv = lm.model.new_kv(128);
-    let got =
-        speculative_generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, sp, |_| {}).unwrap();
+    let got = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), 5);
     assert_eq!(got.out.token_ids, ar.token_ids);
     // The target itself as its own drafter: the masks aside, its drafts are the target's.
     assert!(got.tau > 1.0, "τ {}", got.tau);

@@ -255,3 +255,105 @@ pub fn tiny_mask_dir(
     .unwrap();
     (dir, net)
 }
+
+/// Speculative decoding of `prompt` with `drafter` (at most `max_draft` per round, no sizer,
+/// the default verify rule).
+pub fn speculate<'a>(
+    lm: &'a Loaded,
+    kv: &mut paradraft::kv::KvCache,
+    prompt: &[TokenId],
+    params: &paradraft::generate::GenerateParams,
+    drafter: Box<dyn paradraft::speculative::Drafter + 'a>,
+    max_draft: usize,
+) -> paradraft::speculative::SpecGeneration {
+    let sp = paradraft::speculative::Speculation {
+        drafter,
+        max_draft,
+        sizer: None,
+        rule: Default::default(),
+    };
+    paradraft::speculative::speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        kv,
+        prompt,
+        params,
+        sp,
+        |_| {},
+    )
+    .unwrap()
+}
+
+/// A mask-token drafter's training-graph logits over the draft vocabulary at `rows` of
+/// layout `l`, flattened.
+pub fn graph_logits(
+    lm: &Loaded,
+    net: &paradraft::train::pard::net::Net,
+    vocab: &paradraft::drafters::vocab::DraftVocab,
+    l: paradraft::train::pard::Layout,
+    rows: Vec<u32>,
+) -> Vec<f32> {
+    let mut lb = paradraft::train::pard::embed(&lm.model, l)
+        .unwrap()
+        .unwrap();
+    lb.batch.out = rows;
+    let head = paradraft::train::dflash::frozen_head(&lm.model, vocab).unwrap();
+    head.forward(&net.forward(&lb.batch).unwrap())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The training graph's block for one drafting pass of `k` after the last of `tokens`
+/// (`obj`'s evaluation layout: the root's row, then the block's).
+pub fn mask_graph_block(
+    lm: &Loaded,
+    net: &paradraft::train::pard::net::Net,
+    vocab: &paradraft::drafters::vocab::DraftVocab,
+    obj: &dyn paradraft::train::pard::Objective,
+    tokens: &[TokenId],
+    k: usize,
+    mask: u32,
+) -> Vec<f32> {
+    let (l, rows) = obj.eval_layout(tokens, &[tokens.len() - 1], k, TokenId(mask), vocab);
+    graph_logits(lm, net, vocab, l, rows)
+}
+
+/// A drafter's block (`block`: its logits and row width) equals `graph`'s to 1e-4 over three
+/// rounds with two tokens committed between them, and after a rewind of three tokens (the
+/// cache re-runs what it no longer agrees on). Returns the rewound tokens and their block.
+pub fn assert_rounds_match_graph<D: paradraft::speculative::Drafter>(
+    d: &mut D,
+    block: fn(&D) -> (&[f32], usize),
+    graph: impl Fn(&[TokenId]) -> Vec<f32>,
+    mut toks: Vec<TokenId>,
+    k: usize,
+    vocab_len: usize,
+) -> (Vec<TokenId>, Vec<f32>) {
+    let hidden = paradraft::speculative::Hidden {
+        width: 0,
+        rows: &[],
+    };
+    d.begin(&toks, hidden).unwrap();
+    for round in 0..3 {
+        let tree = d.propose(&toks, k).unwrap();
+        assert_eq!(tree.len(), k, "round {round}");
+        let (rt, v) = block(d);
+        assert_eq!(v, vocab_len);
+        let want = graph(&toks);
+        let diff = max_abs_diff(rt, &want);
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(
+            scale > 0.1 && diff < 1e-4,
+            "round {round}: |Δ| {diff} at scale {scale}"
+        );
+        toks.extend([TokenId(40 + round as u32), TokenId(7)]);
+    }
+    toks.truncate(toks.len() - 3);
+    d.propose(&toks, k).unwrap();
+    let want = graph(&toks);
+    assert!(max_abs_diff(block(d).0, &want) < 1e-4);
+    (toks, want)
+}
