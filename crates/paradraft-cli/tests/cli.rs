@@ -16,6 +16,11 @@ fn run(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// [`run`] with owned arguments.
+fn run_owned(args: &[String]) -> Output {
+    run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 fn json_of(out: &Output) -> Value {
     assert!(
         out.status.success(),
@@ -374,6 +379,74 @@ fn train(m: &str, out: &std::path::Path, extra: &[&str]) -> Output {
     run(&args)
 }
 
+/// `paradraft generate --model M --prompt "count to 3" --max-new-tokens 16 --json EXTRA…`.
+fn gen16(m: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "count to 3",
+        "--max-new-tokens",
+        "16",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+/// Each of `extras` decodes successfully to AR's tokens ([`gen16`]).
+fn assert_each_matches_ar(m: &str, extras: &[&[&str]]) {
+    let ar = json_of(&gen16(m, &[]));
+    for extra in extras {
+        let sp = gen16(m, extra);
+        assert!(
+            sp.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sp.stderr)
+        );
+        assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"], "{extra:?}");
+    }
+}
+
+/// [`gen16`]'s tokens at T 0.8, seed 3.
+fn sampled16(m: &str, extra: &[&str]) -> Value {
+    let mut a = vec!["--temperature", "0.8", "--seed", "3"];
+    a.extend_from_slice(extra);
+    json_of(&gen16(m, &a))["token_ids"].clone()
+}
+
+/// `train pard|dlm` on a tiny model: 4 samples, a 100-token draft vocabulary, 1 layer, K 4,
+/// 2 steps of 2 sequences.
+fn mask_train_args(method: &str, model: &str, out: &str, prompts: &str) -> Vec<String> {
+    [
+        "train",
+        method,
+        "--model",
+        model,
+        "--out",
+        out,
+        "--prompts",
+        prompts,
+        "--samples",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "--draft-vocab",
+        "100",
+        "--draft-layers",
+        "1",
+        "--k",
+        "4",
+        "--batch-seqs",
+        "2",
+        "--max-steps",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// A prompt file of four short training prompts in `dir`.
 fn four_prompts(dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("p.jsonl");
@@ -537,20 +610,7 @@ fn train_dart_exports_a_drafter_that_decodes_losslessly() {
         assert!(drafter.join(f).exists(), "{f}");
     }
     assert!(out.join("dart/eval.json").exists() && out.join("dart/loss.svg").exists());
-    let gen = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            &m,
-            "--prompt",
-            "count to 3",
-            "--max-new-tokens",
-            "16",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        run(&args)
-    };
+    let gen = |extra: &[&str]| gen16(&m, extra);
     let ar = json_of(&gen(&[]));
     let d = drafter.to_str().unwrap();
     let sp = gen(&["--drafter", "dart", "--draft-model", d, "--no-ngram"]);
@@ -978,38 +1038,13 @@ fn train_dlm_exports_a_drafter_that_decodes_losslessly() {
     let out = dir.path().join("run");
     let o = out.to_str().unwrap();
     let p = prompts.to_str().unwrap();
-    let base = |method: &'static str| {
-        vec![
-            "train",
-            method,
-            "--model",
-            &m,
-            "--out",
-            o,
-            "--prompts",
-            p,
-            "--samples",
-            "4",
-            "--max-new-tokens",
-            "12",
-            "--draft-vocab",
-            "100",
-            "--draft-layers",
-            "1",
-            "--k",
-            "4",
-            "--batch-seqs",
-            "2",
-            "--max-steps",
-            "2",
-        ]
-    };
-    let r = run(&base("pard"));
+    let base = |method: &str| mask_train_args(method, &m, o, p);
+    let r = run_owned(&base("pard"));
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let pard = out.join("pard-drafter");
     let mut args = base("dlm");
-    args.extend(["--init", pard.to_str().unwrap(), "--eta-min", "0.2"]);
-    let r = run(&args);
+    args.extend(["--init", pard.to_str().unwrap(), "--eta-min", "0.2"].map(String::from));
+    let r = run_owned(&args);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let drafter = out.join("dlm-drafter");
     assert!(out.join("dlm/eval.json").exists() && out.join("dlm/loss.svg").exists());
@@ -1024,8 +1059,8 @@ fn train_dlm_exports_a_drafter_that_decodes_losslessly() {
     assert_eq!(c["mask_token_id"], cp["pard_token"]);
     let d = drafter.to_str().unwrap();
     let mut ev = base("dlm");
-    ev.extend(["--evaluate", d]);
-    let r = run(&ev);
+    ev.extend(["--evaluate", d].map(String::from));
+    let r = run_owned(&ev);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(json_of(&r)["expected_tau"].as_f64().unwrap() >= 1.0);
     // A 3-gram model with the target's tokenizer.
@@ -1050,53 +1085,37 @@ fn train_dlm_exports_a_drafter_that_decodes_losslessly() {
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let a = arpa.to_str().unwrap();
-    let gen = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            &m,
-            "--prompt",
-            "count to 3",
-            "--max-new-tokens",
-            "16",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        run(&args)
-    };
-    let ar = json_of(&gen(&[]));
+    let gen = |extra: &[&str]| gen16(&m, extra);
     let ds = ["--drafter", "diffuspec", "--draft-model", d];
-    for extra in [
-        &["--no-cps"][..],
-        &["--ngram-arpa", a],
-        &[
-            "--ngram-arpa",
-            a,
-            "--dlm-steps",
-            "2",
-            "--draft-length",
-            "adl",
-        ],
-        &["--no-cps", "--dlm-mode", "faithful", "--fixed-draft"],
-    ] {
-        let mut args = ds.to_vec();
-        args.extend_from_slice(extra);
-        let sp = gen(&args);
-        assert!(
-            sp.status.success(),
-            "{}",
-            String::from_utf8_lossy(&sp.stderr)
-        );
-        assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"], "{extra:?}");
+    fn cat<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+        [a, b].concat()
     }
-    let sampled = |extra: &[&str]| {
-        let mut a = vec!["--temperature", "0.8", "--seed", "3"];
-        a.extend_from_slice(extra);
-        json_of(&gen(&a))["token_ids"].clone()
-    };
-    let mut args = ds.to_vec();
-    args.extend(["--ngram-arpa", a]);
-    assert_eq!(sampled(&args), sampled(&[]));
+    assert_each_matches_ar(
+        &m,
+        &[
+            &cat(&ds, &["--no-cps"]),
+            &cat(&ds, &["--ngram-arpa", a]),
+            &cat(
+                &ds,
+                &[
+                    "--ngram-arpa",
+                    a,
+                    "--dlm-steps",
+                    "2",
+                    "--draft-length",
+                    "adl",
+                ],
+            ),
+            &cat(
+                &ds,
+                &["--no-cps", "--dlm-mode", "faithful", "--fixed-draft"],
+            ),
+        ],
+    );
+    assert_eq!(
+        sampled16(&m, &cat(&ds, &["--ngram-arpa", a])),
+        sampled16(&m, &[])
+    );
     assert_refused(
         &gen(&[
             "--drafter",
@@ -1134,34 +1153,10 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
     let dir = tempfile::tempdir().unwrap();
     let prompts = four_prompts(dir.path());
     let out = dir.path().join("run");
-    let base = |model: &str, out: &str| {
-        vec![
-            "train".to_string(),
-            "pard".into(),
-            "--model".into(),
-            model.into(),
-            "--out".into(),
-            out.into(),
-            "--prompts".into(),
-            prompts.to_str().unwrap().into(),
-            "--samples".into(),
-            "4".into(),
-            "--max-new-tokens".into(),
-            "12".into(),
-            "--draft-vocab".into(),
-            "100".into(),
-            "--draft-layers".into(),
-            "1".into(),
-            "--k".into(),
-            "4".into(),
-            "--batch-seqs".into(),
-            "2".into(),
-            "--max-steps".into(),
-            "2".into(),
-        ]
-    };
+    let base =
+        |model: &str, out: &str| mask_train_args("pard", model, out, prompts.to_str().unwrap());
     let args = base(&m, out.to_str().unwrap());
-    let r = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let r = run_owned(&args);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let drafter = out.join("pard-drafter");
     for f in ["config.json", "model.safetensors"] {
@@ -1178,61 +1173,37 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
     let d = drafter.to_str().unwrap();
     let mut ev = args.clone();
     ev.extend(["--evaluate".to_string(), d.to_string()]);
-    let r = run(&ev.iter().map(String::as_str).collect::<Vec<_>>());
+    let r = run_owned(&ev);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(json_of(&r)["expected_tau"].as_f64().unwrap() >= 1.0);
-    let gen = |extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--model",
-            &m,
-            "--prompt",
-            "count to 3",
-            "--max-new-tokens",
-            "16",
-            "--json",
-        ];
-        args.extend_from_slice(extra);
-        run(&args)
-    };
-    let ar = json_of(&gen(&[]));
-    for extra in [
-        &["--drafter", "pard", "--draft-model", d][..],
+    let gen = |extra: &[&str]| gen16(&m, extra);
+    assert_each_matches_ar(
+        &m,
         &[
-            "--drafter",
-            "pard",
-            "--draft-model",
-            d,
-            "--num-speculative-tokens",
-            "6",
+            &["--drafter", "pard", "--draft-model", d][..],
+            &[
+                "--drafter",
+                "pard",
+                "--draft-model",
+                d,
+                "--num-speculative-tokens",
+                "6",
+            ],
+            &["--drafter", "pard-tree", "--draft-model", d, "--no-ngram"],
+            &[
+                "--drafter",
+                "pard",
+                "--draft-model",
+                d,
+                "--draft-length",
+                "adl",
+            ],
+            &["--drafter", "pard", "--draft-model", d, "--cps"],
         ],
-        &["--drafter", "pard-tree", "--draft-model", d, "--no-ngram"],
-        &[
-            "--drafter",
-            "pard",
-            "--draft-model",
-            d,
-            "--draft-length",
-            "adl",
-        ],
-        &["--drafter", "pard", "--draft-model", d, "--cps"],
-    ] {
-        let sp = gen(extra);
-        assert!(
-            sp.status.success(),
-            "{}",
-            String::from_utf8_lossy(&sp.stderr)
-        );
-        assert_eq!(json_of(&sp)["token_ids"], ar["token_ids"], "{extra:?}");
-    }
-    let sampled = |extra: &[&str]| {
-        let mut a = vec!["--temperature", "0.8", "--seed", "3"];
-        a.extend_from_slice(extra);
-        json_of(&gen(&a))["token_ids"].clone()
-    };
+    );
     assert_eq!(
-        sampled(&["--drafter", "pard-sample", "--draft-model", d]),
-        sampled(&[])
+        sampled16(&m, &["--drafter", "pard-sample", "--draft-model", d]),
+        sampled16(&m, &[])
     );
     assert_refused(
         &gen(&[
@@ -1261,10 +1232,7 @@ fn train_pard_exports_a_drafter_that_decodes_losslessly() {
     let llama = tiny("llama");
     let other = dir.path().join("llama-run");
     let args = base(&llama, other.to_str().unwrap());
-    assert_refused(
-        &run(&args.iter().map(String::as_str).collect::<Vec<_>>()),
-        "RoPE scaling",
-    );
+    assert_refused(&run_owned(&args), "RoPE scaling");
 }
 
 /// `ngram arpa` builds DiffuSpec's token-level 3-gram from a JSON Lines corpus, stamped with
