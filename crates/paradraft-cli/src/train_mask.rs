@@ -176,6 +176,7 @@ fn run(
         vocab,
         mask: TokenId(mask),
         device: device.clone(),
+        max_seq: a.max_seq,
     };
     let head = paradraft::train::dflash::frozen_head(target, vocab)?;
     if let Some(dir) = &a.evaluate {
@@ -186,7 +187,7 @@ fn run(
             mask,
             ..data
         };
-        let e = evaluate(&net, &head, &data, obj, eval_idx, k, 32, a.max_seq)?;
+        let e = evaluate(&net, &head, &data, obj, eval_idx, k, 32)?;
         eprintln!("{} on held-out: {e}", dir.display());
         println!("{}", serde_json::to_string_pretty(&e)?);
         return Ok(());
@@ -198,7 +199,7 @@ fn run(
         lr: a.lr,
         seed: a.d.seed,
         save_every: a.save_every,
-        ..paradraft::train::pard::PardParams::default().schedule
+        ..paradraft::train::pard::default_schedule()
     };
     std::fs::write(
         a.d.out.join(format!("{name}_params.json")),
@@ -214,9 +215,7 @@ fn run(
     let dir = a.d.out.join(name);
     std::fs::create_dir_all(&dir)?;
     let init = init.map(|(n, _)| n);
-    let net: Net = train(
-        &config, &data, obj, a.max_seq, &schedule, init, &dir, print_step,
-    )?;
+    let net: Net = train(&config, &data, obj, &schedule, init, &dir, print_step)?;
     let log = paradraft::train::plot::read_log(&dir.join("train_log.jsonl"))?;
     paradraft::train::plot::loss_svg(
         &log,
@@ -244,7 +243,7 @@ fn run(
     if a.d.until == Some(Stage::Train) {
         return Ok(());
     }
-    let e = evaluate(&net, &head, &data, obj, eval_idx, k, 32, a.max_seq)?;
+    let e = evaluate(&net, &head, &data, obj, eval_idx, k, 32)?;
     eprintln!("drafter on held-out: {e}");
     std::fs::write(dir.join("eval.json"), serde_json::to_string_pretty(&e)?)?;
     Ok(())

@@ -123,14 +123,7 @@ fn every_trainable_tensor_gets_a_gradient() {
     let l = Diffusion::default().layout(&tokens, TokenId(MASK), &vocab, &mut rng);
     assert!(l.out.iter().any(|o| o.2 > 1), "block labels present");
     let lb = embed(&lm.model, l).unwrap().unwrap();
-    let head = paradraft::train::dflash::frozen_head(&lm.model, &vocab).unwrap();
-    let logits = head.forward(&net.forward(&lb.batch).unwrap()).unwrap();
-    let loss = paradraft::train::fused::cross_entropy_kl(&logits, &lb.labels, None, 0.0)
-        .unwrap()
-        .mean_all()
-        .unwrap();
-    let grads = loss.backward().unwrap();
-    common::assert_every_var_has_a_gradient(&net.vars, &grads);
+    common::assert_mask_loss_reaches_every_var(&lm, &net, &vocab, &lb);
 }
 
 /// A 3-gram model of the prompt text, stamped with the tiny tokenizer.

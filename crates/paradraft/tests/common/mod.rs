@@ -357,3 +357,21 @@ pub fn assert_rounds_match_graph<D: paradraft::speculative::Drafter>(
     assert!(max_abs_diff(block(d).0, &want) < 1e-4);
     (toks, want)
 }
+
+/// The mask-token objective's loss (one cross-entropy mean over `lb`'s labels, scored with the
+/// target's frozen head) gives every trainable tensor of `net` a gradient.
+pub fn assert_mask_loss_reaches_every_var(
+    lm: &Loaded,
+    net: &paradraft::train::pard::net::Net,
+    vocab: &paradraft::drafters::vocab::DraftVocab,
+    lb: &paradraft::train::pard::Labeled,
+) {
+    let head = paradraft::train::dflash::frozen_head(&lm.model, vocab).unwrap();
+    let logits = head.forward(&net.forward(&lb.batch).unwrap()).unwrap();
+    let loss = paradraft::train::fused::cross_entropy_kl(&logits, &lb.labels, None, 0.0)
+        .unwrap()
+        .mean_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    assert_every_var_has_a_gradient(&net.vars, &grads);
+}

@@ -141,33 +141,19 @@ impl Objective for Cod {
     }
 }
 
-/// Hyper-parameters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct PardParams {
-    pub cod: Cod,
-    /// Longest training sequence (tokens; longer samples are truncated).
-    pub max_seq: usize,
-    #[serde(flatten)]
-    pub schedule: Schedule,
-}
-
-impl Default for PardParams {
-    fn default() -> Self {
-        PardParams {
-            cod: Cod::default(),
-            max_seq: 512,
-            schedule: Schedule {
-                batch_seqs: 4,
-                epochs: 1,
-                max_steps: 0,
-                lr: 3e-4,
-                warmup_ratio: 0.02,
-                grad_clip: 1.0,
-                seed: 0,
-                save_every: 25,
-                pause_at: 0,
-            },
-        }
+/// The mask-token trainers' default schedule (batches of 4 sequences, one epoch, lr 3e-4,
+/// 2 % warm-up, clipping at 1, a checkpoint every 25 steps).
+pub fn default_schedule() -> Schedule {
+    Schedule {
+        batch_seqs: 4,
+        epochs: 1,
+        max_steps: 0,
+        lr: 3e-4,
+        warmup_ratio: 0.02,
+        grad_clip: 1.0,
+        seed: 0,
+        save_every: 25,
+        pause_at: 0,
     }
 }
 
@@ -180,6 +166,8 @@ pub struct Data<'a> {
     pub vocab: &'a DraftVocab,
     pub mask: TokenId,
     pub device: Device,
+    /// Longest sequence trained or evaluated on (longer samples are truncated).
+    pub max_seq: usize,
 }
 
 /// COD's keep sets in anchor form for an S-token sequence: `(a, L)` for every kept chain —
@@ -287,23 +275,18 @@ pub fn layout(
     l
 }
 
-/// [`layout`] of sample `si` (truncated to `max_seq`) embedded ([`embed`]).
-pub fn build(
-    data: &Data,
-    si: usize,
-    chains: &[(i64, usize)],
-    max_seq: usize,
-) -> CResult<Option<Labeled>> {
-    let tokens = truncated(data, si, max_seq);
+/// [`layout`] of sample `si` (truncated to `data.max_seq`) embedded ([`embed`]).
+pub fn build(data: &Data, si: usize, chains: &[(i64, usize)]) -> CResult<Option<Labeled>> {
+    let tokens = truncated(data, si);
     if tokens.len() < 2 {
         return Ok(None);
     }
     embed(data.target, layout(tokens, chains, data.mask, data.vocab))
 }
 
-fn truncated<'a>(data: &'a Data, si: usize, max_seq: usize) -> &'a [TokenId] {
+fn truncated<'a>(data: &'a Data, si: usize) -> &'a [TokenId] {
     let s = &data.samples[si];
-    &s.tokens[..s.tokens.len().min(max_seq)]
+    &s.tokens[..s.tokens.len().min(data.max_seq)]
 }
 
 /// A layout's slots embedded by the target's (frozen) embedding rows, with its labels; `None`
@@ -357,13 +340,11 @@ fn sequence_loss(
 /// One mean over every scored label of the sequences `chunk` (PARD's reference loss: subtask
 /// k weighs by its retention; DiffuSpec's eq. 3: the corrupted slots), and the subtask-1
 /// accuracy.
-#[allow(clippy::too_many_arguments)]
 fn batch_loss(
     net: &Net,
     head: &FrozenHead,
     data: &Data,
     obj: &dyn Objective,
-    max_seq: usize,
     seed: u64,
     epoch: usize,
     chunk: &[usize],
@@ -373,7 +354,7 @@ fn batch_loss(
         let mut rng = ChaCha8Rng::seed_from_u64(
             seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
         );
-        let tokens = truncated(data, si, max_seq);
+        let tokens = truncated(data, si);
         if tokens.len() < 2 {
             continue;
         }
@@ -427,12 +408,10 @@ pub fn config_for(target: &Model, layers: usize) -> Result<Config> {
 
 /// Trains (or resumes) in `dir` with `obj`, starting from `init` (a drafter to adapt further)
 /// or else the target's first layers; `on_log` sees every step. Returns the trained net.
-#[allow(clippy::too_many_arguments)]
 pub fn train(
     config: &Config,
     data: &Data,
     obj: &dyn Objective,
-    max_seq: usize,
     schedule: &Schedule,
     init: Option<Net>,
     dir: &Path,
@@ -467,7 +446,7 @@ pub fn train(
         &data.train,
         schedule,
         dir,
-        |chunk, epoch| batch_loss(&net, &head, data, obj, max_seq, schedule.seed, epoch, chunk),
+        |chunk, epoch| batch_loss(&net, &head, data, obj, schedule.seed, epoch, chunk),
         on_log,
     )?;
     Ok(net)
@@ -493,7 +472,6 @@ fn check(config: &Config, data: &Data) -> Result<()> {
 /// per sample (with K tokens after them), the greedy drafts of one pass (`obj`'s drafting
 /// layout: PARD's anchor slot and K − 1 masks, DiffuSpec's anchor and block) against the
 /// sequence's tokens.
-#[allow(clippy::too_many_arguments)]
 pub fn evaluate(
     net: &Net,
     head: &FrozenHead,
@@ -502,12 +480,11 @@ pub fn evaluate(
     held_out: &[usize],
     k: usize,
     anchors: usize,
-    max_seq: usize,
 ) -> Result<Eval> {
     let (mut hits, mut blocks) = (vec![0usize; k], 0);
     for &si in held_out {
         let s = &data.samples[si];
-        let len = s.tokens.len().min(max_seq);
+        let len = s.tokens.len().min(data.max_seq);
         let resp = (s.prompt_len as usize).max(1);
         let full: Vec<usize> = (resp - 1..len).filter(|&a| a + k < len).collect();
         if full.is_empty() {
