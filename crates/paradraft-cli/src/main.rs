@@ -18,6 +18,7 @@ mod ngram;
 mod serve;
 mod speculative_args;
 mod train;
+mod train_campaign;
 mod train_dart;
 mod train_mask;
 

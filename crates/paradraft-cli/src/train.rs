@@ -25,6 +25,10 @@ pub enum TrainCmd {
     /// Train a DiffuSpec diffusion-LM drafter from the target's first layers (DiffuSpec §4.1:
     /// masked diffusion, eq. 3; Dream's shifted logits; block-bidirectional attention).
     Dlm(crate::train_mask::DlmArgs),
+    /// Start or resume the DART training campaign that accrues across sessions: online teacher
+    /// forcing on self-distilled samples and corpus text, checkpoints under
+    /// $HOME/.cache/paradraft/campaign, a held-out curve (safe to kill at any moment).
+    Campaign(crate::train_campaign::CampaignArgs),
 }
 
 /// What every drafter trainer shares: the target, the working directory, self-distillation,
@@ -174,6 +178,7 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
         TrainCmd::Dart(a) => crate::train_dart::run(a),
         TrainCmd::Pard(a) => crate::train_mask::run_pard(a),
         TrainCmd::Dlm(a) => crate::train_mask::run_dlm(a),
+        TrainCmd::Campaign(a) => crate::train_campaign::run(a),
     }
 }
 
@@ -333,7 +338,7 @@ pub fn feature_cache(
     prep: &Prepared,
     stored: &[usize],
     ctx_width: usize,
-) -> Result<features::FeatureCache> {
+) -> Result<features::TapSource> {
     let fpath = features::cache_path(&a.out, stored);
     let pb = bar(prep.samples.len(), "target features");
     let feats = features::build(&prep.lm.model, &prep.samples, stored, &fpath, |d, _| {
@@ -341,7 +346,7 @@ pub fn feature_cache(
     })?
     .with_context_width(ctx_width);
     pb.finish();
-    Ok(feats)
+    Ok(feats.into())
 }
 
 fn dflash(a: DflashArgs) -> Result<()> {
@@ -433,6 +438,7 @@ fn dflash(a: DflashArgs) -> Result<()> {
         train: train_idx.clone(),
         vocab,
         device,
+        teacher_from: samples.len(),
     };
     let p = TrainParams {
         block_size,

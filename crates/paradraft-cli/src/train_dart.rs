@@ -87,6 +87,7 @@ pub fn run(a: DartArgs) -> Result<()> {
         train: train_idx.clone(),
         vocab,
         device,
+        teacher_from: samples.len(),
     };
     let held = |net: &paradraft::train::dart::net::Net,
                 data: &Data,

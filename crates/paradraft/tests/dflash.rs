@@ -394,7 +394,7 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
     let lb = build(
         &lm.model,
         &samples,
-        &fc,
+        &fc.into(),
         &[(0, vec![10, 26])],
         BLOCK,
         TokenId(5),
@@ -443,7 +443,9 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let p = features::cache_path(dir.path(), &TAPS);
-    let fc = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {}).unwrap();
+    let fc: features::TapSource = features::build(&lm.model, &samples, &TAPS, &p, |_, _| {})
+        .unwrap()
+        .into();
     let vocab = DraftVocab::most_frequent(&samples, n, 100);
     let data = Data {
         target: &lm.model,
@@ -452,6 +454,7 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
         train: (0..6).collect(),
         vocab: &vocab,
         device: Device::Cpu,
+        teacher_from: samples.len(),
     };
     let cfg = config(&lm, 1);
     let params = TrainParams {
@@ -624,7 +627,8 @@ fn distillation_loss_matches_the_targets_distribution() {
     let h = lm.model.config.hidden_size;
     let fc = features::build(&lm.model, &samples, &stored, &p, |_, _| {})
         .unwrap()
-        .with_context_width(TAPS.len() * h);
+        .with_context_width(TAPS.len() * h)
+        .into();
     // A reduced vocabulary: the distribution is renormalised over it.
     let vocab = DraftVocab::from_d2t((0..n as u32).filter(|i| i % 4 != 3).collect(), n);
     let anchors = vec![9, 17];

@@ -4,6 +4,9 @@
 //!
 //! File layout (`features-<taps>.f16`): the samples' rows back to back, `width` f16 per token
 //! (`width` = taps × hidden), no header; the sample token counts locate each sample.
+//!
+//! Trainers read a sample's rows through [`TapSource`]: from such a cache, or computed online
+//! by the target's own forward inside the training step (no store, so no cap on the data).
 
 use super::data::Sample;
 use crate::error::{Error, Result};
@@ -13,6 +16,7 @@ use half::f16;
 use memmap2::Mmap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 pub struct FeatureCache {
     map: Mmap,
@@ -220,4 +224,147 @@ fn widen(bytes: &[u8], dst: &mut Vec<f32>) {
             .chunks_exact(2)
             .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
     );
+}
+
+/// One sample's tap rows as f32, `width` per token: the drafter's context columns (`ctx`)
+/// first, then the tail (the target's last layer, when kept).
+pub struct SampleTaps {
+    rows: Vec<f32>,
+    width: usize,
+    ctx: usize,
+}
+
+impl SampleTaps {
+    /// Rows held (one per token of the sample).
+    pub fn len(&self) -> usize {
+        self.rows.len() / self.width.max(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Appends the context columns of the first `n` rows to `dst`.
+    pub fn rows_into(&self, n: usize, dst: &mut Vec<f32>) {
+        dst.reserve(n * self.ctx);
+        for r in self.rows.chunks_exact(self.width).take(n) {
+            dst.extend_from_slice(&r[..self.ctx]);
+        }
+    }
+
+    /// Appends the tail columns of rows `rows` to `dst`.
+    pub fn tail_rows_into(&self, rows: &[usize], dst: &mut Vec<f32>) {
+        dst.reserve(rows.len() * (self.width - self.ctx));
+        for &r in rows {
+            dst.extend_from_slice(&self.rows[r * self.width + self.ctx..(r + 1) * self.width]);
+        }
+    }
+}
+
+/// Where a trainer gets the target's taps: a stored cache, or the target's forward run on each
+/// sample as the step needs it (online teacher forcing).
+pub enum TapSource {
+    Cached(FeatureCache),
+    Online(OnlineTaps),
+}
+
+impl From<FeatureCache> for TapSource {
+    fn from(c: FeatureCache) -> Self {
+        TapSource::Cached(c)
+    }
+}
+
+impl TapSource {
+    /// f32 per row (context then tail).
+    pub fn width(&self) -> usize {
+        match self {
+            TapSource::Cached(c) => c.width,
+            TapSource::Online(o) => o.width,
+        }
+    }
+
+    /// The leading columns that are the drafter's context features.
+    pub fn ctx(&self) -> usize {
+        match self {
+            TapSource::Cached(c) => c.ctx,
+            TapSource::Online(o) => o.ctx,
+        }
+    }
+
+    /// Every row of sample `si` (`s`, a sample of the data this source was made for).
+    pub fn sample(&self, target: &Model, si: usize, s: &Sample) -> Result<SampleTaps> {
+        let (width, ctx) = (self.width(), self.ctx());
+        let rows = match self {
+            TapSource::Cached(c) => {
+                if si >= c.offsets.len() {
+                    return Err(Error::BadRequest(format!(
+                        "feature cache: sample {si} of {}",
+                        c.offsets.len()
+                    )));
+                }
+                let mut v = Vec::with_capacity(s.tokens.len() * width);
+                for r in 0..s.tokens.len() {
+                    widen(c.row(si, r), &mut v);
+                }
+                v
+            }
+            TapSource::Online(o) => o.compute(target, &s.tokens)?,
+        };
+        Ok(SampleTaps { rows, width, ctx })
+    }
+}
+
+/// The target's taps computed on demand: one prefill of the sample with the engine's forward
+/// (its quantised kernels), every row kept. The K/V cache and scratch are reused across calls.
+pub struct OnlineTaps {
+    taps: Vec<usize>,
+    width: usize,
+    ctx: usize,
+    state: Mutex<Box<(Option<crate::kv::KvCache>, Scratch)>>,
+}
+
+impl OnlineTaps {
+    /// Taps `taps` of `target`, the first `ctx` columns of each row being the context.
+    pub fn new(target: &Model, taps: &[usize], ctx: usize) -> Result<Self> {
+        let n = target.config.n_layers;
+        if let Some(t) = taps.iter().find(|&&t| t >= n) {
+            return Err(Error::BadRequest(format!(
+                "tap of target layer {t}: the target has {n} layers"
+            )));
+        }
+        let width = taps.len() * target.config.hidden_size;
+        Ok(OnlineTaps {
+            taps: taps.to_vec(),
+            width,
+            ctx: ctx.min(width),
+            state: Mutex::new(Box::new((None, Scratch::default()))),
+        })
+    }
+
+    fn compute(&self, target: &Model, tokens: &[crate::types::TokenId]) -> Result<Vec<f32>> {
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (kv, scratch) = &mut **guard;
+        let kv = match kv {
+            Some(k) if k.capacity() >= tokens.len() => k,
+            _ => kv.insert(target.new_kv(tokens.len().max(512))),
+        };
+        kv.clear();
+        let pos: Vec<Pos> = (0..tokens.len() as u32).map(Pos).collect();
+        let spec = OutputSpec {
+            rows: Rows::Last,
+            logits: Logits::None,
+            taps: self.taps.clone(),
+        };
+        let out = target.forward(
+            kv,
+            &Batch {
+                tokens,
+                positions: &pos,
+                mask: None,
+            },
+            &spec,
+            scratch,
+        )?;
+        Ok(out.hidden.clone())
+    }
 }

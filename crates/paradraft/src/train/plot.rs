@@ -80,3 +80,72 @@ pub fn loss_svg(log: &[LogLine], title: &str, path: &Path) -> Result<()> {
         .map_err(err)?;
     root.present().map_err(err)
 }
+
+/// A campaign's held-out curve: α₁ (left axis, with the goal line) and expected chain τ (right
+/// axis) against CPU-hours; `points` are (CPU-hours, millions of trained positions, α₁, τ).
+pub fn curve_svg(
+    points: &[(f64, f64, f64, f64)],
+    goal: f64,
+    title: &str,
+    path: &Path,
+) -> Result<()> {
+    let x_max = points.iter().map(|p| p.0).fold(0.1, f64::max) * 1.05;
+    let tau_max = points.iter().map(|p| p.3).fold(2.0, f64::max).ceil() + 0.5;
+    let root = SVGBackend::new(path, (900, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut ch = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .right_y_label_area_size(56)
+        .build_cartesian_2d(0.0..x_max, 0.0..1.0)
+        .map_err(err)?
+        .set_secondary_coord(0.0..x_max, 1.0..tau_max);
+    ch.configure_mesh()
+        .x_desc("CPU-hours of campaign (training + evaluation + self-distillation)")
+        .y_desc("held-out α1")
+        .draw()
+        .map_err(err)?;
+    ch.configure_secondary_axes()
+        .y_desc("expected chain τ (8 drafts)")
+        .draw()
+        .map_err(err)?;
+    ch.draw_series(LineSeries::new(
+        vec![(0.0, goal), (x_max, goal)],
+        BLACK.mix(0.4),
+    ))
+    .map_err(err)?
+    .label(format!("goal α1 {goal}"))
+    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
+    let a: Vec<(f64, f64)> = points.iter().map(|p| (p.0, p.2)).collect();
+    ch.draw_series(LineSeries::new(a.clone(), &BLUE))
+        .map_err(err)?
+        .label("held-out α1")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
+    ch.draw_series(a.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
+        .map_err(err)?;
+    let t: Vec<(f64, f64)> = points.iter().map(|p| (p.0, p.3)).collect();
+    ch.draw_secondary_series(LineSeries::new(t.clone(), &RED))
+        .map_err(err)?
+        .label("expected chain τ")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
+    ch.draw_secondary_series(t.iter().map(|&p| Circle::new(p, 3, RED.filled())))
+        .map_err(err)?;
+    if let Some(last) = points.last() {
+        let note = format!("{:.1} M trained positions at the last point", last.1);
+        ch.draw_series(std::iter::once(Text::new(
+            note,
+            (x_max * 0.02, 0.05),
+            ("sans-serif", 13),
+        )))
+        .map_err(err)?;
+    }
+    ch.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}

@@ -21,12 +21,17 @@ pub(crate) fn cerr(e: candle_core::Error) -> Error {
 pub struct Data<'a> {
     pub target: &'a crate::model::Model,
     pub samples: &'a [crate::train::data::Sample],
-    /// The drafter's taps (the context columns), then the target's last layer when kept.
-    pub features: &'a crate::train::features::FeatureCache,
+    /// The drafter's taps (the context columns), then the target's last layer when kept:
+    /// stored, or computed by the target as each step needs them.
+    pub features: &'a crate::train::features::TapSource,
     pub train: Vec<usize>,
     pub vocab: &'a crate::drafters::vocab::DraftVocab,
     /// Where the drafter's tensors live (batches are built on the CPU and copied there).
     pub device: Device,
+    /// Samples from this index on are teacher-forced text (corpus), not the target's own
+    /// answers: a trainer labels them with the target's argmax and distribution (`samples.len()`
+    /// when there are none).
+    pub teacher_from: usize,
 }
 
 /// Up to `n` distinct items of `range` (all of them when `n` is 0), uniformly without

@@ -149,7 +149,7 @@ pub fn tiny_dart_dir(lm: &Loaded, masks: usize, seed: u64) -> tempfile::TempDir 
 /// Benchmark prompts as (item id, chat-templated token ids).
 pub type Prompts = Vec<(String, Vec<TokenId>)>;
 
-/// SmolLM2 (fetched on first use), the order-3 trie of the shared permissive corpus (no
+/// SmolLM2 (fetched on first use), the order-3 trie of the vendored permissive corpus (no
 /// benchmark answers in it), and chat-templated prompts of 2 GSM8K and 1 HumanEval items.
 pub fn smollm2_with_trie_and_prompts(
 ) -> (Loaded, std::sync::Arc<paradraft::ngram::NgramTrie>, Prompts) {
@@ -157,7 +157,7 @@ pub fn smollm2_with_trie_and_prompts(
     let path = paradraft::fetch::ensure_default_model().unwrap();
     let lm = model::load(&path).unwrap();
     let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/corpus/corpus_permissive.jsonl.gz");
+        .join("../../data/corpus/corpus_permissive.jsonl.gz");
     let trie = std::sync::Arc::new(
         paradraft::ngram::build_from_jsonl(&[corpus], &lm.tokenizer, 3, 2, |_, _| {}).unwrap(),
     );

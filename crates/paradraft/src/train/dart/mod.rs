@@ -71,6 +71,9 @@ pub struct Labeled {
     pub depth: Vec<u8>,
     /// `[out, hidden]`: the target's last-layer output before each label.
     pub target_hidden: Option<Tensor>,
+    /// Teacher-forced text: `labels` are placeholders, replaced by the target's argmax over the
+    /// draft vocabulary (from `target_hidden`) when the loss is formed.
+    pub teacher: bool,
 }
 
 /// Prefixes `g` whose depth-1 token `x_{g+2}` is a response token.
@@ -96,13 +99,17 @@ pub fn build(
     let clean = t - 1;
     let h = data.target.config.hidden_size;
     let f = data.features;
-    let mut features = Vec::with_capacity(clean * f.ctx);
-    f.rows_into(si, clean, &mut features);
+    let taps = f
+        .sample(data.target, si, s)
+        .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+    let mut features = Vec::with_capacity(clean * f.ctx());
+    taps.rows_into(clean, &mut features);
     let mut next_emb = vec![0f32; clean * h];
     for i in 0..clean {
         data.target
             .embed_row(s.tokens[i + 1].idx(), &mut next_emb[i * h..(i + 1) * h]);
     }
+    let teacher = si >= data.teacher_from;
     let n_valid = valid_prefixes(s).len().max(1);
     let clean_w = (anchors.len() as f32 / n_valid as f32).min(1.0);
     let (mut positions, mut ranges): (Vec<u32>, Vec<Ranges>) = (vec![], vec![]);
@@ -110,7 +117,12 @@ pub fn build(
         (vec![], vec![], vec![], vec![], vec![]);
     let mut label = |slot: usize, p: usize, w: f32, d: u8| {
         if p < t && p >= resp {
-            if let Some(id) = data.vocab.draft_id(s.tokens[p]) {
+            let id = if teacher {
+                Some(0)
+            } else {
+                data.vocab.draft_id(s.tokens[p])
+            };
+            if let Some(id) = id {
                 out.push(slot as u32);
                 labels.push(id);
                 weights.push(w);
@@ -141,16 +153,16 @@ pub fn build(
         return Ok(None);
     }
     let dev = &Device::Cpu;
-    let target_hidden = (f.width - f.ctx == h)
+    let target_hidden = (f.width() - f.ctx() == h)
         .then(|| {
             let mut th = Vec::with_capacity(rows.len() * h);
-            f.tail_rows_into(si, &rows, &mut th);
+            taps.tail_rows_into(&rows, &mut th);
             Tensor::from_vec(th, (rows.len(), h), dev)
         })
         .transpose()?;
     Ok(Some(Labeled {
         batch: Batch {
-            features: Tensor::from_vec(features, (clean, f.ctx), dev)?,
+            features: Tensor::from_vec(features, (clean, f.ctx()), dev)?,
             next_emb: Tensor::from_vec(next_emb, (clean, h), dev)?,
             masks: anchors.len() * masks,
             positions,
@@ -161,6 +173,7 @@ pub fn build(
         weights,
         depth,
         target_hidden,
+        teacher,
     }))
 }
 
@@ -207,7 +220,7 @@ fn batch_loss(
 }
 
 /// Σ weight · loss over one sequence's scored rows, Σ weight, and depth-1 hits / count.
-fn sequence_loss(
+pub fn sequence_loss(
     net: &Net,
     head: &FrozenHead,
     lb: &Labeled,
@@ -215,11 +228,22 @@ fn sequence_loss(
 ) -> CResult<(Tensor, f32, usize, usize)> {
     let logits = net.forward(&lb.batch)?;
     let dev = logits.device();
-    let target = match (kl > 0.0, &lb.target_hidden) {
+    let target = match (kl > 0.0 || lb.teacher, &lb.target_hidden) {
         (true, Some(th)) => Some(head.target_logits(&th.to_device(dev)?)?),
+        (true, None) if lb.teacher => {
+            candle_core::bail!("teacher-forced text needs the target's last layer in the taps")
+        }
         _ => None,
     };
-    let nll = crate::train::fused::cross_entropy_kl(&logits, &lb.labels, target.as_ref(), kl)?;
+    let teacher_labels;
+    let labels = match (&target, lb.teacher) {
+        (Some(t), true) => {
+            teacher_labels = t.argmax(D::Minus1)?.to_vec1::<u32>()?;
+            &teacher_labels
+        }
+        _ => &lb.labels,
+    };
+    let nll = crate::train::fused::cross_entropy_kl(&logits, labels, target.as_ref(), kl)?;
     let wsum: f32 = lb.weights.iter().sum();
     let wt = Tensor::from_vec(lb.weights.clone(), lb.weights.len(), dev)?;
     let loss = (nll * wt)?.sum_all()?;
@@ -228,7 +252,7 @@ fn sequence_loss(
     for (r, &d) in lb.depth.iter().enumerate() {
         if d == 1 {
             n += 1;
-            hit += (am[r] == lb.labels[r]) as usize;
+            hit += (am[r] == labels[r]) as usize;
         }
     }
     Ok((loss, wsum, hit, n))
@@ -303,11 +327,11 @@ pub fn train(
 
 fn check_data(config: &DartConfig, data: &Data) -> Result<()> {
     let want = 3 * config.target_hidden_size;
-    if data.features.ctx != want || config.draft_vocab_size != data.vocab.len() {
+    if data.features.ctx() != want || config.draft_vocab_size != data.vocab.len() {
         return Err(Error::BadRequest(format!(
             "DART training: features of width {} and a vocabulary of {} for a drafter of taps \
              width {want} and vocabulary {}",
-            data.features.ctx,
+            data.features.ctx(),
             data.vocab.len(),
             config.draft_vocab_size
         )));

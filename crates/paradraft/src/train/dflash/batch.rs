@@ -6,7 +6,7 @@ use super::net::{Batch, CResult};
 use crate::drafters::vocab::DraftVocab;
 use crate::model::Model;
 use crate::train::data::Sample;
-use crate::train::features::FeatureCache;
+use crate::train::features::TapSource;
 use crate::types::TokenId;
 use candle_core::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
@@ -41,7 +41,7 @@ pub struct Labeled {
 pub fn build(
     target: &Model,
     samples: &[Sample],
-    feats: &FeatureCache,
+    feats: &TapSource,
     items: &[(usize, Vec<usize>)],
     block: usize,
     mask_id: TokenId,
@@ -53,7 +53,7 @@ pub fn build(
     target.embed_row(mask_id.idx(), &mut mask_row);
     let mut row = vec![0f32; h];
     let (mut batches, mut labels, mut weights) = (vec![], vec![], vec![]);
-    let tail = feats.width - feats.ctx;
+    let (ctx, tail) = (feats.ctx(), feats.width() - feats.ctx());
     let with_target = tail == h;
     let mut target_hidden = vec![];
     let mut rows = vec![];
@@ -64,8 +64,11 @@ pub fn build(
             continue;
         };
         // Context: positions 0..last (the latest anchor sees those before it).
-        let mut features = Vec::with_capacity(last * feats.ctx);
-        feats.rows_into(*si, last, &mut features);
+        let taps = feats
+            .sample(target, *si, s)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        let mut features = Vec::with_capacity(last * ctx);
+        taps.rows_into(last, &mut features);
         let resp = s.prompt_len as usize;
         let mut block_x = Vec::with_capacity(anchors.len() * block * h);
         let mut block_pos = Vec::with_capacity(anchors.len() * block);
@@ -95,12 +98,12 @@ pub fn build(
             }
         }
         if with_target {
-            feats.tail_rows_into(*si, &rows, &mut target_hidden);
+            taps.tail_rows_into(&rows, &mut target_hidden);
             rows.clear();
         }
         let n = anchors.len() * block;
         batches.push(Batch {
-            features: Tensor::from_vec(features, (last, feats.ctx), dev)?,
+            features: Tensor::from_vec(features, (last, ctx), dev)?,
             ctx_pos: (0..last as u32).collect(),
             block_x: Tensor::from_vec(block_x, (n, h), dev)?,
             block_pos,

@@ -1,0 +1,176 @@
+//! `paradraft train campaign`: start or resume THE DART training campaign (see
+//! `paradraft::train::campaign`): argument mapping only.
+
+use crate::{load, ModelArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use paradraft::fetch::resource_path;
+use paradraft::train::campaign::{self, Event, Params, Setup, Sources, Stamp};
+use paradraft::train::dart::load_exported;
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct CampaignArgs {
+    #[command(flatten)]
+    pub m: ModelArgs,
+    /// The campaign's directory (default: $HOME/.cache/paradraft/campaign/dart).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The drafter a campaign without a checkpoint starts from (its shape and draft vocabulary
+    /// fix the campaign's).
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Self-distilled samples the data starts from; their last 5 % are held out.
+    #[arg(long, default_value = "data/distill/smollm2-135m-samples.bin.gz")]
+    pub seed_samples: PathBuf,
+    /// Prompts of the samples, and of the samples the campaign distils.
+    #[arg(long, default_value = "data/train/distill_prompts.jsonl.gz")]
+    pub prompts: PathBuf,
+    /// Corpus text for teacher forcing ({"id", "text"} JSON Lines); repeatable.
+    #[arg(long, default_values = ["data/corpus/corpus_permissive.jsonl.gz"])]
+    pub corpus: Vec<PathBuf>,
+    #[arg(long, default_value_t = 512)]
+    pub corpus_max_len: usize,
+    #[arg(long, default_value_t = Params::default().lr)]
+    pub lr: f64,
+    #[arg(long, default_value_t = Params::default().batch_seqs)]
+    pub batch_seqs: usize,
+    #[arg(long, default_value_t = Params::default().anchors)]
+    pub anchors: usize,
+    #[arg(long, default_value_t = Params::default().kl_weight)]
+    pub kl_weight: f64,
+    /// Share of sequences drawn from the corpus.
+    #[arg(long, default_value_t = Params::default().corpus_share)]
+    pub corpus_share: f64,
+    /// Share of the time spent self-distilling new samples.
+    #[arg(long, default_value_t = Params::default().distill_share)]
+    pub distill_share: f64,
+    /// Steps between held-out evaluations.
+    #[arg(long, default_value_t = Params::default().eval_every)]
+    pub eval_every: usize,
+    /// Minutes of training between checkpoints.
+    #[arg(long, default_value_t = Params::default().round_s / 60.0)]
+    pub save_every_min: f64,
+    /// Stop (after a checkpoint) after this many hours of wall time (0: run until killed).
+    #[arg(long, default_value_t = 0.0)]
+    pub hours: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Measure training throughput over this many steps (nothing saved) and exit.
+    #[arg(long)]
+    pub bench: Option<usize>,
+    /// Draw the held-out curve (α1 and expected τ against CPU-hours) as an SVG here and exit.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn run(a: CampaignArgs) -> Result<()> {
+    let p = Params {
+        lr: a.lr,
+        batch_seqs: a.batch_seqs,
+        anchors: a.anchors,
+        kl_weight: a.kl_weight,
+        corpus_share: a.corpus_share,
+        distill_share: a.distill_share,
+        eval_every: a.eval_every,
+        round_s: a.save_every_min * 60.0,
+        seed: a.seed,
+        ..Params::default()
+    };
+    p.validate()?;
+    if a.hours < 0.0 {
+        bail!("--hours {}: must be at least 0", a.hours);
+    }
+    let dir = a.dir.clone().unwrap_or_else(campaign::default_dir);
+    if let Some(out) = &a.plot {
+        let pts: Vec<(f64, f64, f64, f64)> = campaign::read_curve(&dir)?
+            .iter()
+            .map(|c| {
+                let p = &c.progress;
+                let a1 = c.eval.alpha.first().copied().unwrap_or(0.0);
+                (
+                    p.cpu_s / 3600.0,
+                    p.positions as f64 / 1e6,
+                    a1,
+                    c.eval.expected_tau,
+                )
+            })
+            .collect();
+        if pts.is_empty() {
+            bail!(
+                "{} has no held-out evaluations yet",
+                dir.join("curve.jsonl").display()
+            );
+        }
+        paradraft::train::plot::curve_svg(
+            &pts,
+            0.7,
+            "DART campaign for SmolLM2-135M-Instruct: held-out",
+            out,
+        )?;
+        eprintln!("curve written to {}", out.display());
+        return Ok(());
+    }
+    let from = a
+        .from
+        .clone()
+        .unwrap_or_else(|| resource_path("drafters/smollm2-135m-dart"));
+    let (lm, _) = load(&a.m)?;
+    let (net, vocab) = load_exported(&from)?;
+    let config = net.config.clone();
+    let stamp = Stamp::new(&lm, &config, &vocab);
+    campaign::check_stamp(&dir, &stamp, &p)?;
+    let src = Sources {
+        seed: a.seed_samples.clone(),
+        prompts: a.prompts.clone(),
+        corpus: a.corpus.clone(),
+        corpus_max_len: a.corpus_max_len,
+    };
+    let prep = campaign::prepare(&dir, &lm, &src, |n| eprintln!("{n}"))?;
+    let start = move || Ok(load_exported(&from)?.0);
+    let setup = Setup {
+        dir: &dir,
+        lm: &lm,
+        vocab: &vocab,
+        config: &config,
+        held_out: prep.held_out,
+        corpus: prep.corpus,
+        prompts: &prep.prompts,
+        start: &start,
+    };
+    if let Some(steps) = a.bench {
+        let (pos_s, s_step) = campaign::bench(&setup, &p, steps)?;
+        println!("campaign bench: {steps} steps, {s_step:.3} s/step, {pos_s:.0} positions/s");
+        return Ok(());
+    }
+    eprintln!("campaign in {}", dir.display());
+    let t0 = std::time::Instant::now();
+    let hours = a.hours;
+    let pr = campaign::run(
+        &setup,
+        &p,
+        |_| hours > 0.0 && t0.elapsed().as_secs_f64() > hours * 3600.0,
+        |e| match e {
+            Event::Note(n) => eprintln!("{n}"),
+            Event::Step(l) if l.step.is_multiple_of(25) => eprintln!(
+                "step {} loss {:.4} acc1 {:.3} lr {:.1e} |g| {:.2} {} positions {:.2}s",
+                l.step, l.loss, l.acc1, l.lr, l.grad_norm, l.positions, l.secs
+            ),
+            Event::Step(_) => {}
+            Event::Eval(c) => eprintln!(
+                "held-out at step {} ({} positions, {:.2} CPU-hours): {}",
+                c.progress.step,
+                c.progress.positions,
+                c.progress.cpu_s / 3600.0,
+                c.eval
+            ),
+        },
+    )?;
+    eprintln!(
+        "stopped at step {} ({} positions, {:.2} CPU-hours)",
+        pr.step,
+        pr.positions,
+        pr.cpu_s / 3600.0
+    );
+    Ok(())
+}

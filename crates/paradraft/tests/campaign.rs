@@ -1,0 +1,413 @@
+//! The DART training campaign (issue #23): online taps equal the stored feature cache; corpus
+//! text is labelled by the target (on the target's own greedy text the teacher-forced loss
+//! equals the distilled one); a campaign resumes where its last good checkpoint left it, skips
+//! a broken one, keeps its log and curve consistent, grows its data by self-distillation and
+//! refuses a directory made for another target or a corpus that is not JSON Lines.
+
+mod common;
+
+use common::{load_tiny, tiny_dart_dir};
+use paradraft::generate::{generate, GenerateParams};
+use paradraft::model::{Loaded, Message};
+use paradraft::sample::SamplingParams;
+use paradraft::train::campaign::{self, Event, Params, Setup, Sources, Stamp};
+use paradraft::train::dart::{self, load_exported, net::Net};
+use paradraft::train::data::{read_samples, Sample, SampleWriter};
+use paradraft::train::features::{self, OnlineTaps, TapSource};
+use paradraft::train::run::Data;
+use std::io::Write;
+use std::path::Path;
+
+/// Greedy answers of the tiny target to `n` short prompts, as samples (prompt index i).
+fn greedy_samples(lm: &Loaded, n: usize, new_tokens: usize) -> Vec<Sample> {
+    let mut kv = lm.model.new_kv(256);
+    (0..n)
+        .map(|i| {
+            let prompt = lm
+                .tokenizer
+                .encode_chat(&[Message::new("user", &prompt_text(i))], true)
+                .unwrap();
+            let params = GenerateParams {
+                max_new_tokens: new_tokens,
+                sampling: SamplingParams::default(),
+                stop_strings: vec![],
+            };
+            let out =
+                generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+            let mut tokens = prompt.clone();
+            tokens.extend_from_slice(&out.token_ids);
+            Sample {
+                prompt_index: i as u32,
+                prompt_len: prompt.len() as u32,
+                tokens,
+            }
+        })
+        .collect()
+}
+
+fn prompt_text(i: usize) -> String {
+    format!("question number {i}: tell me about the number {}", i * 7)
+}
+
+#[test]
+fn online_taps_equal_the_stored_cache() {
+    let lm = load_tiny("llama");
+    let samples = greedy_samples(&lm, 3, 12);
+    let taps = dart::stored_taps(&lm.model).unwrap();
+    let h = lm.model.config.hidden_size;
+    let dir = tempfile::tempdir().unwrap();
+    let path = features::cache_path(dir.path(), &taps);
+    let cached: TapSource = features::build(&lm.model, &samples, &taps, &path, |_, _| {})
+        .unwrap()
+        .with_context_width(3 * h)
+        .into();
+    let online = TapSource::Online(OnlineTaps::new(&lm.model, &taps, 3 * h).unwrap());
+    assert_eq!(
+        (cached.width(), cached.ctx()),
+        (online.width(), online.ctx())
+    );
+    // Twice in a different order: the reused cache and scratch leave nothing behind.
+    for si in [2, 0, 1, 2] {
+        let s = &samples[si];
+        let (a, b) = (
+            cached.sample(&lm.model, si, s).unwrap(),
+            online.sample(&lm.model, si, s).unwrap(),
+        );
+        assert_eq!(a.len(), s.tokens.len());
+        assert_eq!(b.len(), s.tokens.len());
+        let (mut x, mut y) = (vec![], vec![]);
+        a.rows_into(s.tokens.len(), &mut x);
+        b.rows_into(s.tokens.len(), &mut y);
+        let rows: Vec<usize> = (0..s.tokens.len()).collect();
+        a.tail_rows_into(&rows, &mut x);
+        b.tail_rows_into(&rows, &mut y);
+        assert_eq!(x.len(), y.len());
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            // The cache holds f16: its rounding is the only difference.
+            assert!(
+                (p - q).abs() <= 1e-3 * q.abs().max(1.0),
+                "sample {si} value {i}: cached {p} online {q}"
+            );
+        }
+    }
+    assert!(OnlineTaps::new(&lm.model, &[lm.model.config.n_layers], h).is_err());
+}
+
+#[test]
+fn teacher_labels_on_the_targets_own_greedy_text_give_the_distilled_loss() {
+    let lm = load_tiny("llama");
+    let samples = greedy_samples(&lm, 2, 24);
+    let n = lm.model.config.vocab_size;
+    let vocab = paradraft::drafters::vocab::DraftVocab::full(n);
+    let mut c = dart::config_for(&lm.model, 3, n);
+    c.layer.n_heads = 4;
+    c.layer.n_kv_heads = 2;
+    c.layer.head_dim = 16;
+    c.layer.intermediate_size = 96;
+    let net = Net::init(c, 5, None).unwrap();
+    let taps = dart::stored_taps(&lm.model).unwrap();
+    let h = lm.model.config.hidden_size;
+    let source = TapSource::Online(OnlineTaps::new(&lm.model, &taps, 3 * h).unwrap());
+    let head = paradraft::train::dflash::frozen_head(&lm.model, &vocab).unwrap();
+    let data = |teacher_from| Data {
+        target: &lm.model,
+        samples: &samples,
+        features: &source,
+        train: vec![0, 1],
+        vocab: &vocab,
+        device: candle_core::Device::Cpu,
+        teacher_from,
+    };
+    let (distilled, teacher) = (data(2), data(0));
+    for (si, sample) in samples.iter().enumerate() {
+        let anchors: Vec<usize> = dart::valid_prefixes(sample).step_by(3).collect();
+        let a = dart::build(&distilled, si, &anchors, 3, 0.6)
+            .unwrap()
+            .unwrap();
+        let b = dart::build(&teacher, si, &anchors, 3, 0.6)
+            .unwrap()
+            .unwrap();
+        assert!(!a.teacher && b.teacher);
+        assert_eq!(a.batch.out, b.batch.out, "same rows scored");
+        let (la, wa, ha, ca) = dart::sequence_loss(&net, &head, &a, 1.0).unwrap();
+        let (lb, wb, hb, cb) = dart::sequence_loss(&net, &head, &b, 1.0).unwrap();
+        let (la, lb) = (
+            la.to_scalar::<f32>().unwrap(),
+            lb.to_scalar::<f32>().unwrap(),
+        );
+        assert!((la - lb).abs() <= 1e-4 * la.abs(), "{la} vs {lb}");
+        assert_eq!((wa, ha, ca), (wb, hb, cb));
+        // Text that is not the target's greedy answer is labelled by the target, not by it.
+        let mut other = sample.clone();
+        let p = other.prompt_len as usize;
+        for t in &mut other.tokens[p + 1..] {
+            *t = paradraft::types::TokenId((t.0 + 1) % n as u32);
+        }
+        let all = [other.clone()];
+        let d = Data {
+            samples: &all,
+            teacher_from: 0,
+            ..data(0)
+        };
+        let c = dart::build(&d, 0, &anchors, 3, 0.6).unwrap().unwrap();
+        assert_eq!(c.batch.out, a.batch.out);
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    drafter: tempfile::TempDir,
+    seed: std::path::PathBuf,
+    prompts: std::path::PathBuf,
+    corpus: std::path::PathBuf,
+}
+
+fn fixture(lm: &Loaded) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let seed = data.path().join("seed.bin");
+    let (mut w, _) = SampleWriter::open(&seed).unwrap();
+    for s in greedy_samples(lm, 20, 10) {
+        w.append(&s).unwrap();
+    }
+    drop(w);
+    let prompts = data.path().join("prompts.jsonl");
+    let mut f = std::fs::File::create(&prompts).unwrap();
+    for i in 0..40 {
+        let v = serde_json::json!({"id": format!("p/{i}"), "prompt": prompt_text(i)});
+        writeln!(f, "{v}").unwrap();
+    }
+    let corpus = data.path().join("corpus.jsonl");
+    let mut f = std::fs::File::create(&corpus).unwrap();
+    // p/19 is held out (the last 5 % of 20 samples): its answer must not be trained on.
+    for (id, text) in [
+        (
+            "p/3",
+            "the answer to question three is a long one with many words in it",
+        ),
+        (
+            "p/19",
+            "held out answer text that must never be seen by the trainer at all",
+        ),
+        (
+            "doc/1",
+            "plain document text with no prompt, cut into pieces of some tokens each one",
+        ),
+    ] {
+        writeln!(f, "{}", serde_json::json!({"id": id, "text": text})).unwrap();
+    }
+    let drafter = tiny_dart_dir(lm, 3, 9);
+    std::mem::forget(data);
+    Fixture {
+        dir,
+        drafter,
+        seed,
+        prompts,
+        corpus,
+    }
+}
+
+fn params() -> Params {
+    Params {
+        batch_seqs: 2,
+        anchors: 4,
+        eval_every: 2,
+        round_s: 1e9,
+        distill_share: 0.0,
+        gen_seqs: 4,
+        max_new_tokens: 6,
+        corpus_share: 0.5,
+        ..Params::default()
+    }
+}
+
+/// Runs the campaign in `fx` until step `until`; returns its notes.
+fn run_until(
+    lm: &Loaded,
+    fx: &Fixture,
+    p: &Params,
+    until: usize,
+) -> (campaign::Progress, Vec<String>) {
+    let (net0, vocab) = load_exported(fx.drafter.path()).unwrap();
+    let cfg = net0.config.clone();
+    campaign::check_stamp(fx.dir.path(), &Stamp::new(lm, &cfg, &vocab), p).unwrap();
+    let src = Sources {
+        seed: fx.seed.clone(),
+        prompts: fx.prompts.clone(),
+        corpus: vec![fx.corpus.clone()],
+        corpus_max_len: 8,
+    };
+    let mut notes = vec![];
+    let prep = campaign::prepare(fx.dir.path(), lm, &src, |n| notes.push(n)).unwrap();
+    let from = fx.drafter.path().to_path_buf();
+    let start = move || Ok(load_exported(&from)?.0);
+    let setup = Setup {
+        dir: fx.dir.path(),
+        lm,
+        vocab: &vocab,
+        config: &cfg,
+        held_out: prep.held_out.clone(),
+        corpus: prep.corpus.clone(),
+        prompts: &prep.prompts,
+        start: &start,
+    };
+    assert_eq!(prep.held_out, vec![19]);
+    let pr = campaign::run(
+        &setup,
+        p,
+        |pr| pr.step >= until,
+        |e| {
+            if let Event::Note(n) = e {
+                notes.push(n)
+            }
+        },
+    )
+    .unwrap();
+    (pr, notes)
+}
+
+fn steps_logged(dir: &Path, file: &str) -> Vec<u64> {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_campaign_resumes_from_its_last_good_checkpoint() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm);
+    let p = params();
+    let (pr, notes) = run_until(&lm, &fx, &p, 3);
+    assert_eq!(pr.step, 3);
+    assert!(pr.positions > 0 && pr.cpu_s > 0.0);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("starting from the drafter")),
+        "{notes:?}"
+    );
+    let d = fx.dir.path();
+    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
+    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
+    assert!(d.join("best/model.safetensors").exists());
+    assert!(d.join("latest/eval.json").exists());
+    // The corpus left the held-out prompt's answer out.
+    let cache = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("corpus-"))
+        .unwrap()
+        .path();
+    let (corpus, _) = read_samples(&cache).unwrap();
+    assert!(
+        corpus.iter().any(|s| s.prompt_len > 0),
+        "p/3 is templated as an answer"
+    );
+    assert!(
+        corpus.iter().any(|s| s.prompt_len == 0),
+        "doc/1 is raw text"
+    );
+    assert!(
+        corpus.iter().all(|s| s.prompt_index != 1),
+        "p/19 (record 1) is held out"
+    );
+
+    let (pr, notes) = run_until(&lm, &fx, &p, 5);
+    assert_eq!(pr.step, 5);
+    assert!(
+        notes.iter().any(|n| n.contains("resumed at step 3")),
+        "{notes:?}"
+    );
+    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3, 4, 5]);
+    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2, 4]);
+
+    // A broken newest checkpoint is skipped, the older one used; the log and curve are cut
+    // back to it.
+    let newest = d.join("ckpt/step-00000005/state.safetensors");
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (pr, notes) = run_until(&lm, &fx, &p, 4);
+    assert!(
+        notes.iter().any(|n| n.contains("skipping checkpoint")),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|n| n.contains("resumed at step 3")),
+        "{notes:?}"
+    );
+    assert_eq!(pr.step, 4);
+    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3, 4]);
+    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2, 4]);
+}
+
+#[test]
+fn a_campaign_grows_its_data_by_self_distillation() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm);
+    let p = Params {
+        round_s: 0.0,
+        distill_share: 0.5,
+        eval_every: 1000,
+        ..params()
+    };
+    let (pr, notes) = run_until(&lm, &fx, &p, 2);
+    assert_eq!(pr.step, 2);
+    let (samples, _) = read_samples(&fx.dir.path().join("samples.bin")).unwrap();
+    assert!(samples.len() > 20, "{notes:?}");
+    let (seed, _) = read_samples(&fx.seed).unwrap();
+    assert_eq!(samples[..20], seed[..]);
+    let mut seen: Vec<u32> = samples.iter().map(|s| s.prompt_index).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), samples.len(), "each prompt answered once");
+}
+
+#[test]
+fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm);
+    let (net, vocab) = load_exported(fx.drafter.path()).unwrap();
+    let p = params();
+    let stamp = Stamp::new(&lm, &net.config, &vocab);
+    campaign::check_stamp(fx.dir.path(), &stamp, &p).unwrap();
+    campaign::check_stamp(fx.dir.path(), &stamp, &p).unwrap();
+    let mut other = stamp.clone();
+    other.tokenizer_fingerprint = "0123456789abcdef".into();
+    let e = campaign::check_stamp(fx.dir.path(), &other, &p)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("another target, tokenizer or drafter"), "{e}");
+    let bad = fx.dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"id\": \"x\", \"text\": \"fine\"}\nnot json\n").unwrap();
+    let e = campaign::corpus_samples(&lm, &bad, &[], &Default::default(), 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 2"), "{e}");
+    // A samples file that no longer starts with the seed is refused, not overwritten.
+    let src = Sources {
+        seed: fx.seed.clone(),
+        prompts: fx.prompts.clone(),
+        corpus: vec![],
+        corpus_max_len: 8,
+    };
+    campaign::prepare(fx.dir.path(), &lm, &src, |_| {}).unwrap();
+    let sp = fx.dir.path().join("samples.bin");
+    std::fs::write(&sp, b"PDTK0001").unwrap();
+    let e = campaign::prepare(fx.dir.path(), &lm, &src, |_| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("does not start with"), "{e}");
+    assert_eq!(std::fs::read(&sp).unwrap(), b"PDTK0001");
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Start (or resume) THE DART training campaign in the background, nice'd, from a copy of the
+# release binary (so rebuilding the tree does not touch the running job). State, log and curve
+# live in $HOME/.cache/paradraft/campaign/dart; it resumes from its newest checkpoint, or from
+# drafters/smollm2-135m-dart when there is none.
+#
+#   scripts/campaign.sh            start it (no-op when it already runs)
+#   scripts/campaign.sh pause      SIGSTOP it (before timing anything)
+#   scripts/campaign.sh resume     SIGCONT it
+#   scripts/campaign.sh stop       SIGTERM it (it loses at most one round since its checkpoint)
+#   scripts/campaign.sh status     pid, last log lines, last curve point
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
+PIDF="$DIR/pid"
+mkdir -p "$DIR"
+running() { [[ -f "$PIDF" ]] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
+case "${1:-start}" in
+  start)
+    if running; then echo "campaign already running (pid $(cat "$PIDF"))"; exit 0; fi
+    cargo build --release --locked -q
+    mkdir -p "$DIR/bin"
+    cp target/release/paradraft "$DIR/bin/paradraft"
+    shift || true
+    nohup nice -n 19 "$DIR/bin/paradraft" train campaign --dir "$DIR" "$@" >>"$DIR/run.log" 2>&1 &
+    echo $! >"$PIDF"
+    echo "campaign started (pid $!), log $DIR/run.log"
+    ;;
+  pause) running && kill -STOP "$(cat "$PIDF")" && echo paused ;;
+  resume) running && kill -CONT "$(cat "$PIDF")" && echo resumed ;;
+  stop) running && kill -TERM "$(cat "$PIDF")" && echo stopped ;;
+  status)
+    if running; then echo "running (pid $(cat "$PIDF"))"; else echo "not running"; fi
+    tail -n 3 "$DIR/run.log" 2>/dev/null || true
+    tail -n 1 "$DIR/curve.jsonl" 2>/dev/null || true
+    ;;
+  *) echo "usage: $0 [start|pause|resume|stop|status] [train campaign options]" >&2; exit 2 ;;
+esac
