@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
-    FetchModel,
+    FetchModel(FetchArgs),
     /// Generate a reply to a prompt (chat template applied).
     Generate(GenerateArgs),
     /// Teacher-forced logits at every position of a prompt or token list.
@@ -51,9 +51,33 @@ enum Cmd {
     /// Serve the OpenAI-compatible API (chat and text completions, streaming) with continuous
     /// batching and the chosen drafter.
     Serve(serve::ServeArgs),
-    /// Build, convert and measure n-gram tries (DART's tree pruning).
+    /// Build, convert and measure n-gram tries (DART's tree pruning) and 3-gram ARPA models
+    /// (DiffuSpec's causal proxy). The defaults are built on first use (`fetch-model --ngram`).
     #[command(subcommand)]
     Ngram(ngram::NgramCmd),
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// Also build the default n-gram trie and 3-gram ARPA model for the default model's
+    /// tokenizer from the shipped corpus (otherwise built on first use).
+    #[arg(long)]
+    ngram: bool,
+}
+
+fn cmd_fetch(a: FetchArgs) -> Result<()> {
+    let p = paradraft::fetch::verify_default_model()?;
+    if a.ngram {
+        let lm = model::load(&p)?;
+        for path in [
+            paradraft::ngram::defaults::trie(&lm.tokenizer)?.0,
+            paradraft::ngram::defaults::arpa(&lm.tokenizer)?.0,
+        ] {
+            eprintln!("{}", path.display());
+        }
+    }
+    println!("{}", p.display());
+    Ok(())
 }
 
 #[derive(Args)]
@@ -661,9 +685,7 @@ fn check_env() -> Result<()> {
 fn main() {
     let cli = Cli::parse();
     let r = check_env().and_then(|()| match cli.cmd {
-        Cmd::FetchModel => paradraft::fetch::verify_default_model()
-            .map(|p| println!("{}", p.display()))
-            .map_err(Into::into),
+        Cmd::FetchModel(a) => cmd_fetch(a),
         Cmd::Generate(a) => cmd_generate(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::BenchKernels(a) => cmd_bench_kernels(a),

@@ -85,6 +85,7 @@ pub fn run(cmd: NgramCmd) -> Result<()> {
 }
 
 fn build(a: BuildArgs) -> Result<()> {
+    ngram::defaults::check_writable(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let pb = tokenizing_bar();
     let t0 = Instant::now();
@@ -109,6 +110,7 @@ fn build(a: BuildArgs) -> Result<()> {
 }
 
 fn convert(a: ConvertArgs) -> Result<()> {
+    ngram::defaults::check_writable(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let t0 = Instant::now();
     let trie = ngram::dart::convert(&a.dart, ngram::stamp_of(&lm.tokenizer))?;
@@ -208,6 +210,7 @@ fn bench(a: BenchArgs) -> Result<()> {
 }
 
 fn arpa(a: ArpaArgs) -> Result<()> {
+    ngram::defaults::check_writable(&a.out)?;
     let (lm, _) = load(&a.m)?;
     let pb = tokenizing_bar();
     let t0 = Instant::now();

@@ -1281,3 +1281,62 @@ fn ngram_arpa_builds_a_stamped_model() {
     ]);
     assert_refused(&r, "line 2");
 }
+
+/// A user's first minutes (issue #27): every `--drafter` of the README, from a clean
+/// `$PARADRAFT_HOME` (no n-gram models anywhere, no `../shared` read), generates AR's tokens
+/// at T = 0 on SmolLM2 with its committed drafter; the first tree drafter builds the default
+/// trie with a notice, the first `diffuspec` the ARPA model, and later runs reuse them.
+#[test]
+fn every_readme_drafter_matches_ar_from_a_clean_cache() {
+    let model = paradraft::fetch::ensure_default_model().unwrap();
+    let m = model.to_str().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "What is 12 times 7? Answer briefly.",
+            "--max-new-tokens",
+            "24",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_paradraft"))
+            .args(&args)
+            .env("PARADRAFT_HOME", home.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (json_of(&out)["token_ids"].clone(), err)
+    };
+    let (ar, _) = gen(&[]);
+    let mut built = vec![];
+    for d in [
+        "pld",
+        "draft-model",
+        "dflash",
+        "dflash-sample",
+        "dflash-tree",
+        "dart",
+        "pard",
+        "pard-sample",
+        "pard-tree",
+        "diffuspec",
+    ] {
+        let mut extra = vec!["--drafter", d, "--draft-length", "fixed"];
+        if d == "draft-model" {
+            extra.extend(["--draft-layers", "6", "--num-speculative-tokens", "3"]);
+        }
+        let (ids, err) = gen(&extra);
+        assert_eq!(ids, ar, "--drafter {d}: {err}");
+        if err.contains("paradraft: building the default") {
+            built.push((d, err));
+        }
+    }
+    let which: Vec<&str> = built.iter().map(|b| b.0).collect();
+    assert_eq!(which, ["dflash-tree", "diffuspec"], "{built:?}");
+    assert!(built[0].1.contains("n-gram trie") && built[1].1.contains("3-gram ARPA model"));
+    assert!(home.path().join("ngram").read_dir().unwrap().count() == 2);
+}

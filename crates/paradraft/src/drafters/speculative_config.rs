@@ -221,16 +221,6 @@ impl Default for DrafterConfig {
     }
 }
 
-/// Where `paradraft ngram build` puts the SmolLM2 trie by default (see the README).
-pub fn default_ngram() -> PathBuf {
-    crate::fetch::resource_path("data/ngram/smollm2-135m.trie")
-}
-
-/// Where `paradraft ngram arpa` puts the SmolLM2 3-gram model by default (see the README).
-pub fn default_arpa() -> PathBuf {
-    crate::fetch::resource_path("data/ngram/smollm2-135m.arpa")
-}
-
 /// The committed drafter of a method for SmolLM2-135M-Instruct (found in `$PARADRAFT_HOME`,
 /// beside the installed binary or in the source tree: `fetch::resource`).
 pub fn default_drafter_dir(m: Method) -> Option<PathBuf> {
@@ -328,16 +318,15 @@ impl DrafterConfig {
         let ngram = if self.no_ngram {
             None
         } else {
-            let path = self.ngram.clone().unwrap_or_else(default_ngram);
-            if !path.exists() && self.ngram.is_none() {
-                return Err(Error::BadRequest(format!(
-                    "no n-gram trie at {}: build it with `paradraft ngram build --corpus FILE.jsonl.gz --out {}` (see the README), or pass --no-ngram",
-                    path.display(),
-                    path.display()
-                )));
-            }
-            let t = NgramTrie::open(&path)?;
-            t.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), &path)?;
+            let t = match &self.ngram {
+                Some(path) => {
+                    let t = NgramTrie::open(path)?;
+                    t.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), path)?;
+                    t
+                }
+                // The default trie, built from the shipped corpus on first use.
+                None => crate::ngram::defaults::trie(&lm.tokenizer)?.1,
+            };
             Some(Arc::new(t))
         };
         let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
@@ -357,7 +346,7 @@ impl DrafterConfig {
 
     /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp
     /// checked): on with `--cps` (dflash, pard) and for diffuspec unless `--no-cps`, which
-    /// defaults to the committed path's model.
+    /// defaults to the default model (`ngram::defaults`, built on first use).
     fn cps_drafting(&self, lm: &Loaded) -> Result<Option<super::parts::CpsDrafting>> {
         let diffuspec = self.method == Method::Diffuspec;
         let on = if diffuspec { !self.no_cps } else { self.cps };
@@ -372,28 +361,15 @@ impl DrafterConfig {
             }
             return Ok(None);
         }
-        let arpa = match (&self.ngram_arpa, diffuspec) {
-            (Some(p), _) => Some(p.clone()),
-            (None, true) => {
-                let p = default_arpa();
-                if !p.exists() {
-                    return Err(Error::BadRequest(format!(
-                        "no 3-gram model at {}: build it with `paradraft ngram arpa --out {}` (see the README), pass --ngram-arpa PATH, or --no-cps",
-                        p.display(),
-                        p.display()
-                    )));
-                }
-                Some(p)
-            }
-            (None, false) => None,
-        };
-        let ngram = match &arpa {
-            Some(p) => {
+        let ngram = match (&self.ngram_arpa, diffuspec) {
+            (Some(p), _) => {
                 let m = crate::ngram::arpa::ArpaLm::read(p)?;
                 m.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), p)?;
                 Some(Arc::new(m))
             }
-            None => None,
+            // The default 3-gram model, built from the shipped corpus on first use.
+            (None, true) => Some(Arc::new(crate::ngram::defaults::arpa(&lm.tokenizer)?.1)),
+            (None, false) => None,
         };
         Ok(Some(super::parts::CpsDrafting {
             lattice: Default::default(),

@@ -8,6 +8,7 @@
 
 pub mod arpa;
 pub mod dart;
+pub mod defaults;
 pub mod grams;
 pub mod trie;
 

@@ -1,0 +1,63 @@
+//! The default n-gram models on first use (issue #27): built from the shipped corpus into the
+//! cache, reused afterwards, rebuilt with a message when the cached file is damaged; a hand-built
+//! file for another tokenizer is passed over; an unwritable home is named in the error.
+
+use paradraft::ngram::defaults::{self, Kind};
+use paradraft::ngram::stamp_of;
+
+#[test]
+fn default_ngram_models_are_built_once_and_rebuilt_when_damaged() {
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = paradraft::model::load(&path).unwrap();
+    let tok = &lm.tokenizer;
+    let home = tempfile::tempdir().unwrap();
+
+    let (p, t) = defaults::trie_in(tok, home.path(), None).unwrap();
+    assert_eq!(p, defaults::cache_path(home.path(), tok, Kind::Trie));
+    assert!(t.count(&[]) > 1_000_000, "{} windows", t.count(&[]));
+    t.check_stamp(stamp_of(tok), &p).unwrap();
+    let len = std::fs::metadata(&p).unwrap().len();
+    let mtime = std::fs::metadata(&p).unwrap().modified().unwrap();
+
+    // Cached: the same file, not rebuilt.
+    let (p2, t2) = defaults::trie_in(tok, home.path(), None).unwrap();
+    assert_eq!(p2, p);
+    let windows = t.count(&[]);
+    assert_eq!(t2.count(&[]), windows);
+    assert_eq!(std::fs::metadata(&p).unwrap().modified().unwrap(), mtime);
+    // (The tries map the file: let go of them before damaging it in place.)
+    drop((t, t2));
+
+    // Truncated: detected on use and rebuilt to the same content.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    let (_, t3) = defaults::trie_in(tok, home.path(), None).unwrap();
+    assert_eq!(t3.count(&[]), windows);
+    assert_eq!(std::fs::metadata(&p).unwrap().len(), len);
+
+    // A hand-built file that does not fit (here: garbage) is passed over for the cache.
+    let foreign = home.path().join("foreign.trie");
+    std::fs::write(&foreign, b"not a trie").unwrap();
+    let (p4, _) = defaults::trie_in(tok, home.path(), Some(foreign)).unwrap();
+    assert_eq!(p4, p);
+
+    // The ARPA model: built once, stamped with the tokenizer.
+    let (a, m) = defaults::arpa_in(tok, home.path(), None).unwrap();
+    assert_eq!(a, defaults::cache_path(home.path(), tok, Kind::Arpa));
+    m.check_stamp(stamp_of(tok), &a).unwrap();
+    let ids = tok.encode("The answer is").unwrap();
+    assert!(m.ln_token(&ids[..2], ids[2]).is_finite());
+
+    // A home that cannot hold files: a clear error naming the path, before any work.
+    let file = home.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let e = defaults::trie_in(tok, &file, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("a-file") && e.contains("PARADRAFT_HOME"), "{e}");
+}
