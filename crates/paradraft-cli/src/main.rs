@@ -3,9 +3,10 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use paradraft::drafters::speculative_config::{DrafterConfig, Method};
-use paradraft::generate::{generate, GenerateParams};
+use paradraft::generate::generate;
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
+use paradraft::server::openai::{ApiError, Knobs, Stop};
 use paradraft::speculative::sizing::CostCurve;
 use paradraft::speculative::{speculative_generate, RoundStats, VerifyRule};
 use paradraft::types::{Pos, TokenId};
@@ -158,13 +159,15 @@ pub(crate) struct ModelArgs {
 /// The sampler: temperature → top-k → top-p, seeded (temperature 0 is greedy).
 #[derive(Args, Clone, Copy)]
 struct SamplingArgs {
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
+    /// 0 (greedy) to 2.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f64,
+    /// 0 or -1 disables top-k.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    top_k: i64,
+    /// In (0, 1].
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    top_p: f64,
     /// Every random draw is a function of (seed, position): the same seed gives the same
     /// tokens, with or without a drafter (under the coupled rule).
     #[arg(long, default_value_t = 0)]
@@ -177,16 +180,43 @@ struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    fn params(self) -> Result<SamplingParams> {
-        let p = SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
-        };
-        p.validate()?;
-        Ok(p)
+    /// The request knobs the server validates, so the CLI accepts exactly what it accepts.
+    fn knobs<'a>(&self, max_tokens: i64, stop: &'a Option<Stop>) -> Knobs<'a> {
+        Knobs {
+            max_tokens: Some(max_tokens),
+            temperature: Some(self.temperature),
+            top_p: Some(self.top_p),
+            top_k: Some(self.top_k),
+            seed: Some(self.seed as i64),
+            stop,
+            n: None,
+            frequency_penalty: None,
+            presence_penalty: None,
+            logit_bias: &None,
+        }
     }
+
+    /// The sampler alone (no prompt yet), validated as the server validates it.
+    fn params(&self) -> Result<SamplingParams> {
+        Ok(self
+            .knobs(1, &None)
+            .params(1, 2, || self.seed)
+            .map_err(cli_error)?
+            .sampling)
+    }
+}
+
+/// A request refused by the server's validation, worded for the command line (its flag).
+fn cli_error(e: ApiError) -> anyhow::Error {
+    let flag = match e.param {
+        Some("max_tokens") => "--max-new-tokens",
+        Some("temperature") => "--temperature",
+        Some("top_p") => "--top-p",
+        Some("top_k") => "--top-k",
+        Some("stop") => "--stop",
+        _ => "--prompt",
+    };
+    anyhow::anyhow!("{flag}: {}", e.message)
 }
 
 #[derive(Args)]
@@ -199,17 +229,20 @@ struct GenerateArgs {
     /// Read the prompt from this file (long prompts exceed the command-line limit).
     #[arg(long, conflicts_with = "prompt")]
     prompt_file: Option<PathBuf>,
-    #[arg(long)]
+    /// A system message before the prompt (chat template only).
+    #[arg(long, conflicts_with = "raw")]
     system: Option<String>,
     /// Send the prompt as raw text, without the chat template; special-token strings in it
     /// (`<|im_start|>`) become control tokens. Without it they are encoded as plain text.
     #[arg(long)]
     raw: bool,
-    #[arg(long, default_value_t = 256)]
-    max_new_tokens: usize,
+    /// At least 1; the prompt and these must fit the context (default: 256, or what room
+    /// the context leaves).
+    #[arg(long, allow_negative_numbers = true)]
+    max_new_tokens: Option<i64>,
     #[command(flatten)]
     sampling: SamplingArgs,
-    /// Extra stop strings (repeatable).
+    /// Extra stop strings (repeatable, at most 4, none empty).
     #[arg(long = "stop")]
     stop: Vec<String>,
     /// Print one JSON object instead of streaming text.
@@ -319,6 +352,9 @@ pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
     let user = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?.unwrap_or_default();
+    if user.is_empty() {
+        bail!("--prompt: the prompt is empty");
+    }
     let (lm, ctx) = load(&a.m)?;
     let tok = &lm.tokenizer;
     // --raw: the text as given, special-token strings included; otherwise the chat template,
@@ -333,12 +369,17 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         msgs.push(Message::new("user", &user));
         tok.encode_chat(&msgs, true)?
     };
+    let stop = Some(Stop::Many(a.stop.clone()));
+    let params = a
+        .sampling
+        .knobs(
+            a.max_new_tokens
+                .unwrap_or_else(|| 256.min(ctx.saturating_sub(prompt.len())).max(1) as i64),
+            &stop,
+        )
+        .params(prompt.len(), ctx, || sampling.seed)
+        .map_err(cli_error)?;
     let mut kv = lm.model.new_kv(ctx);
-    let params = GenerateParams {
-        max_new_tokens: a.max_new_tokens,
-        sampling,
-        stop_strings: a.stop.clone(),
-    };
     let stream = !a.json;
     let print = |piece: &str| {
         if stream {
@@ -584,7 +625,8 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         a.m.model
             .clone()
             .unwrap_or_else(paradraft::fetch::default_model_path);
-    let curve = if base.fixed_draft {
+    let sizing = base.sizing()?;
+    let curve = if sizing == paradraft::drafters::speculative_config::DraftLength::Fixed {
         None
     } else {
         Some(CostCurve::measure(&lm.model, 64, 2)?)
@@ -639,7 +681,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
             model: &target_path,
             threads: paradraft::runtime::current_threads(),
             rule: a.sampling.verify_rule,
-            fixed_draft: a.spec.fixed_draft,
+            sizing,
             max_new_tokens: a.max_new_tokens,
             prompts_per_dataset: a.num_prompts,
             commit: env!("PARADRAFT_COMMIT"),

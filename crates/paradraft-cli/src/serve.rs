@@ -78,8 +78,17 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         rule: a.verify_rule,
     };
-    eprintln!("loading drafter {} and measuring costs…", cfg.label());
+    let t0 = std::time::Instant::now();
+    if cfg.method == paradraft::drafters::speculative_config::Method::None {
+        eprintln!("starting the engine (no drafter: AR decoding)…");
+    } else {
+        eprintln!(
+            "loading drafter {} and timing this machine's forward for k = 1…64 rows and batch              sizes (the verify-cost curve draft sizing prices drafts with; a few seconds on a              quiet machine, a minute or two when other work shares the cores)…",
+            cfg.label()
+        );
+    }
     let engine = Engine::start(Arc::new(lm), target_path, cfg, ecfg)?;
+    eprintln!("engine ready in {:.1} s", t0.elapsed().as_secs_f64());
     let state = Arc::new(AppState::new(engine, name.clone(), a.api_key.clone()));
     // The HTTP side is light: one thread (this one), so it takes as little as possible from
     // the compute threads of the forward.

@@ -54,6 +54,9 @@ pub struct CampaignArgs {
     /// Stop (after a checkpoint) after this many hours of wall time (0: run until killed).
     #[arg(long, default_value_t = 0.0)]
     pub hours: f64,
+    /// Stop (after a checkpoint) at this step (0: no limit); for fixed-length experiments.
+    #[arg(long, default_value_t = 0)]
+    pub max_steps: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Measure training throughput over this many steps (nothing saved) and exit.
@@ -145,11 +148,14 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     }
     eprintln!("campaign in {}", dir.display());
     let t0 = std::time::Instant::now();
-    let hours = a.hours;
+    let (hours, max_steps) = (a.hours, a.max_steps);
     let pr = campaign::run(
         &setup,
         &p,
-        |_| hours > 0.0 && t0.elapsed().as_secs_f64() > hours * 3600.0,
+        |pr| {
+            (hours > 0.0 && t0.elapsed().as_secs_f64() > hours * 3600.0)
+                || (max_steps > 0 && pr.step >= max_steps)
+        },
         |e| match e {
             Event::Note(n) => eprintln!("{n}"),
             Event::Step(l) if l.step.is_multiple_of(25) => eprintln!(

@@ -1340,3 +1340,63 @@ fn every_readme_drafter_matches_ar_from_a_clean_cache() {
     assert!(built[0].1.contains("n-gram trie") && built[1].1.contains("3-gram ARPA model"));
     assert!(home.path().join("ngram").read_dir().unwrap().count() == 2);
 }
+
+/// `generate` refuses what the server refuses, through the same validation, naming the flag
+/// and its range; negative numbers reach that validation instead of clap's "unexpected
+/// argument"; library errors carry no doubled or misleading "invalid request" prefix (#27).
+#[test]
+fn generate_refuses_what_the_server_refuses_naming_the_flag() {
+    let m = tiny("llama");
+    for (extra, want) in [
+        (
+            &["--stop", ""][..],
+            "--stop: stop sequences must not be empty",
+        ),
+        (
+            &["--max-new-tokens", "0"],
+            "--max-new-tokens: max_tokens must be at least 1, got 0",
+        ),
+        (
+            &["--max-new-tokens", "-1"],
+            "--max-new-tokens: max_tokens must be at least 1, got -1",
+        ),
+        (
+            &["--temperature", "5"],
+            "--temperature: temperature must be between 0 and 2, got 5",
+        ),
+        (
+            &["--temperature", "-1"],
+            "--temperature: temperature must be between 0 and 2, got -1",
+        ),
+        (
+            &["--top-k", "-3"],
+            "--top-k: top_k must be -1, 0 (off) or positive, got -3",
+        ),
+        (&["--top-p", "0"], "--top-p: top_p must be in (0, 1], got 0"),
+        (
+            &[
+                "--stop", "a", "--stop", "b", "--stop", "c", "--stop", "d", "--stop", "e",
+            ],
+            "--stop: at most 4 stop sequences, got 5",
+        ),
+        (
+            &["--speculative-config", r#"{"method": "foo"}"#],
+            "error: speculative config: unknown drafter \"foo\"",
+        ),
+    ] {
+        let mut args = vec!["generate", "--model", &m, "--prompt", "count to 3"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} was accepted");
+        assert!(err.contains(want), "{extra:?}: {err}");
+        assert!(!err.contains("invalid request"), "{extra:?}: {err}");
+    }
+    let out = run(&["generate", "--model", &m, "--prompt", ""]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--prompt: the prompt is empty"), "{err}");
+    // In range: accepted (top-k -1 is "off", as in the API).
+    assert!(gen16(&m, &["--top-k", "-1", "--temperature", "2"])
+        .status
+        .success());
+}

@@ -454,7 +454,13 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     assert_eq!(v["choices"][0]["finish_reason"], json!("length"));
     let (st, v) = http(port, "GET", "/v1/models", &auth[1..], "");
     assert_eq!(st, 200, "{v}");
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(v["data"][0]["drafter"], json!("pld"));
     assert!(metric(port, "paradraft_requests_total{outcome=\"finished\"}") >= 1.0);
+    // Refused requests are counted too: the bad bodies above and the wrong key.
+    let invalid = metric(port, "paradraft_requests_total{outcome=\"invalid\"}");
+    assert!(invalid >= (cases.len() - 1) as f64, "{invalid}");
+    assert!(metric(port, "paradraft_requests_total{outcome=\"unauthorized\"}") >= 2.0);
 }
 
 /// A streaming request read for a few chunks and then abandoned.

@@ -24,7 +24,9 @@ pub enum Error {
     BadSampling(String),
     #[error("context overflow: {needed} tokens needed but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
-    #[error("invalid request: {0}")]
+    /// Bad input (a request, an option, a setting): the message says what and why; the server
+    /// answers it with HTTP 400, the CLI prints it as it is.
+    #[error("{0}")]
     BadRequest(String),
     #[error("fetching the model failed: {0}")]
     Fetch(String),

@@ -172,6 +172,10 @@ fn bad_engine_settings_are_refused() {
     ] {
         assert!(Engine::start(lm.clone(), path.clone(), d.clone(), cfg).is_err());
     }
+    // `--drafter none` is called so (not "ar") in the log and /v1/models.
+    let e = Engine::start(lm.clone(), path.clone(), d, EngineConfig::default()).unwrap();
+    assert_eq!(e.drafter(), "none");
+    drop(e);
     let bad = DrafterConfig {
         method: Method::Dflash,
         draft_model: Some(path.join("nope")),

@@ -1,6 +1,7 @@
 //! What a benchmark ran on and with: the header of every report, so that two reports can be
 //! compared (or not) at a glance.
 
+use crate::drafters::speculative_config::DraftLength;
 use crate::sample::SamplingParams;
 use crate::speculative::VerifyRule;
 use serde::Serialize;
@@ -16,7 +17,9 @@ pub struct Header {
     pub top_p: f32,
     pub seed: u64,
     pub verify_rule: VerifyRule,
-    /// Fixed draft sizes (`--fixed-draft`) or sized from measured costs.
+    /// The sizing policy really used (`--draft-length auto|fixed|adl`, `--fixed-draft`).
+    pub sizing: DraftLength,
+    /// `sizing` is `fixed` (kept for scripts that read it).
     pub fixed_draft: bool,
     pub max_new_tokens: usize,
     pub prompts_per_dataset: usize,
@@ -32,7 +35,7 @@ pub struct Setup<'a> {
     pub model: &'a Path,
     pub threads: usize,
     pub rule: VerifyRule,
-    pub fixed_draft: bool,
+    pub sizing: DraftLength,
     pub max_new_tokens: usize,
     pub prompts_per_dataset: usize,
     pub commit: &'a str,
@@ -49,7 +52,8 @@ impl Header {
             top_p: sampling.top_p,
             seed: sampling.seed,
             verify_rule: s.rule,
-            fixed_draft: s.fixed_draft,
+            sizing: s.sizing,
+            fixed_draft: s.sizing == DraftLength::Fixed,
             max_new_tokens: s.max_new_tokens,
             prompts_per_dataset: s.prompts_per_dataset,
             cpu: cpu_model(),
@@ -74,7 +78,11 @@ impl Header {
                 VerifyRule::Coupled => "coupled",
                 VerifyRule::Rejection => "rejection",
             },
-            if self.fixed_draft { "fixed" } else { "sized" },
+            match self.sizing {
+                DraftLength::Fixed => "fixed",
+                DraftLength::Auto => "cost-sized",
+                DraftLength::Adl => "ADL-sized",
+            },
             self.max_new_tokens,
             self.prompts_per_dataset,
             self.cpu,

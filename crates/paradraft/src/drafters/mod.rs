@@ -23,7 +23,7 @@ pub struct NoDraft;
 
 impl Drafter for NoDraft {
     fn name(&self) -> &str {
-        "ar"
+        "none"
     }
     fn begin(&mut self, _: &[TokenId], _: Hidden) -> Result<()> {
         Ok(())

@@ -525,7 +525,7 @@ impl DrafterConfig {
                     .unwrap_or_default()
             ),
             (Method::DraftModel, None, Some(n)) => format!("self-draft-{n}L"),
-            (Method::None, ..) => "ar".into(),
+            (Method::None, ..) => "none".into(),
             (Method::Diffuspec, ..) if self.no_cps => "diffuspec-raw".into(),
             (m, ..) if self.cps => format!("{}-cps", m.name()),
             (m, ..) => m.name().into(),

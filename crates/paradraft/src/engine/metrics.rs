@@ -8,7 +8,8 @@ use prometheus::{
 /// Every metric, registered in one registry.
 pub struct Metrics {
     registry: Registry,
-    /// Requests by outcome: finished, cancelled, rejected (queue full), error.
+    /// Requests by outcome: finished, cancelled, rejected (queue full), invalid (refused by
+    /// validation: 4xx before the queue), error.
     pub requests: IntCounterVec,
     pub prompt_tokens: IntCounter,
     pub generation_tokens: IntCounter,

@@ -201,7 +201,7 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
     };
     match run() {
         Ok(v) => respond(st.clone(), v, Kind::Chat).await,
-        Err(e) => e.into_response(),
+        Err(e) => refused(&st, e),
     }
 }
 
@@ -218,8 +218,23 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
     };
     match run() {
         Ok(v) => respond(st.clone(), v, Kind::Completion).await,
-        Err(e) => e.into_response(),
+        Err(e) => refused(&st, e),
     }
+}
+
+/// A request refused before the queue (authorisation, parsing, validation), counted.
+fn refused(st: &AppState, e: ApiError) -> Response {
+    let outcome = if e.status == 401 {
+        "unauthorized"
+    } else {
+        "invalid"
+    };
+    st.engine
+        .metrics()
+        .requests
+        .with_label_values(&[outcome])
+        .inc();
+    e.into_response()
 }
 
 /// Submits a validated request and answers with JSON or an event stream.

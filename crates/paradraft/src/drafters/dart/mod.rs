@@ -47,6 +47,8 @@ pub struct Dart<'t> {
     logits: Vec<f32>,
     /// Path probability of each node of the last proposal (score order).
     conf: Vec<f32>,
+    /// Milliseconds of the last tree search.
+    select_ms: f64,
 }
 
 impl<'t> Dart<'t> {
@@ -82,6 +84,7 @@ impl<'t> Dart<'t> {
             hidden: vec![],
             logits: vec![],
             conf: vec![],
+            select_ms: 0.0,
         })
     }
 
@@ -101,6 +104,7 @@ impl<'t> Dart<'t> {
             hidden: vec![],
             logits: vec![],
             conf: vec![],
+            select_ms: 0.0,
         }
     }
 
@@ -178,9 +182,11 @@ impl Drafter for Dart<'_> {
             .head
             .logits(self.target, &self.hidden, &mut self.logits);
         let head = &self.head;
+        let t0 = std::time::Instant::now();
         let searched =
             self.tree
                 .draft(&self.logits, v, |i| head.target_id(i), committed, max_nodes)?;
+        self.select_ms = t0.elapsed().as_secs_f64() * 1e3;
         self.conf = searched.path_prob;
         Ok(searched.tree)
     }
@@ -192,5 +198,10 @@ impl Drafter for Dart<'_> {
 
     fn node_confidence(&self) -> Option<&[f32]> {
         Some(&self.conf)
+    }
+
+    /// The tree search's time in the last proposal (the drafter's forward is draft time).
+    fn selection_ms(&self) -> f64 {
+        self.select_ms
     }
 }
