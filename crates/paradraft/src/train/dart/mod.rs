@@ -191,17 +191,36 @@ fn batch_loss(
     epoch: usize,
     chunk: &[usize],
 ) -> Result<BatchLoss> {
+    let items: Vec<(usize, Vec<usize>)> = chunk
+        .iter()
+        .map(|&si| {
+            let mut rng = ChaCha8Rng::seed_from_u64(
+                p.schedule.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
+            );
+            (si, sample_prefixes(&data.samples[si], p.anchors, &mut rng))
+        })
+        .collect();
+    Ok(sequences_loss(net, head, data, &items, p.gamma, p.kl_weight)?.map(|(l, acc, _)| (l, acc)))
+}
+
+/// The weighted mean loss of sequences `items` (sample index, its sorted prefixes), the
+/// depth-1 accuracy and the rows scored; `None` when nothing is labelled.
+pub fn sequences_loss(
+    net: &Net,
+    head: &FrozenHead,
+    data: &Data,
+    items: &[(usize, Vec<usize>)],
+    gamma: f32,
+    kl: f64,
+) -> Result<Option<(Tensor, f64, usize)>> {
     let masks = net.config.draft_length;
-    let (mut total, mut wsum, mut hit, mut n1) = (None::<Tensor>, 0f32, 0usize, 0usize);
-    for &si in chunk {
-        let mut rng = ChaCha8Rng::seed_from_u64(
-            p.schedule.seed ^ ((epoch as u64) << 32) ^ (si as u64).wrapping_mul(0x9e37_79b1),
-        );
-        let anchors = sample_prefixes(&data.samples[si], p.anchors, &mut rng);
-        let Some(lb) = build(data, si, &anchors, masks, p.gamma).map_err(cerr)? else {
+    let (mut total, mut wsum, mut hit, mut n1, mut rows) = (None::<Tensor>, 0f32, 0, 0, 0);
+    for (si, anchors) in items {
+        let Some(lb) = build(data, *si, anchors, masks, gamma).map_err(cerr)? else {
             continue;
         };
-        let (l, w, h1, c1) = sequence_loss(net, head, &lb, p.kl_weight).map_err(cerr)?;
+        rows += lb.labels.len();
+        let (l, w, h1, c1) = sequence_loss(net, head, &lb, kl).map_err(cerr)?;
         total = Some(match total {
             None => l,
             Some(t) => (t + l).map_err(cerr)?,
@@ -214,6 +233,7 @@ fn batch_loss(
         Some(t) if wsum > 0.0 => Some((
             (t / wsum as f64).map_err(cerr)?,
             hit as f64 / n1.max(1) as f64,
+            rows,
         )),
         _ => None,
     })

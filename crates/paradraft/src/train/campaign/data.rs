@@ -1,0 +1,222 @@
+//! A campaign's data: the committed self-distilled samples it starts from (their held-out
+//! split) and corpus text, tokenised once into the campaign's directory.
+
+use super::store::{bad, write_atomic};
+use crate::error::{Error, Result};
+use crate::model::{Loaded, Message};
+use crate::train::data::{read_samples, Prompt, Sample};
+use serde::Deserialize;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Corpus text as training sequences: each record (`{"id", "text"}` JSON Lines, `.gz` read
+/// compressed) whose id is a training prompt's becomes that prompt's chat-templated answer (the
+/// loss covers the answer); others are raw text cut into pieces of at most `max_len` tokens.
+/// Records whose id is in `exclude` (held-out prompts) are left out.
+pub fn corpus_samples(
+    lm: &Loaded,
+    path: &Path,
+    prompts: &[Prompt],
+    exclude: &HashSet<String>,
+    max_len: usize,
+) -> Result<Vec<Sample>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(f).read_to_string(&mut text)
+    } else {
+        std::io::BufReader::new(f).read_to_string(&mut text)
+    }
+    .map_err(|e| Error::io(path, e))?;
+    let by_id: HashMap<&str, &str> = prompts
+        .iter()
+        .map(|p| (p.id.as_str(), p.prompt.as_str()))
+        .collect();
+    #[derive(Deserialize)]
+    struct Rec {
+        id: String,
+        text: String,
+    }
+    let tok = &lm.tokenizer;
+    let mut out = vec![];
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Rec = serde_json::from_str(line).map_err(|e| {
+            bad(
+                path,
+                format!("line {}: {e} (want {{\"id\", \"text\"}})", i + 1),
+            )
+        })?;
+        if exclude.contains(&r.id) || r.text.trim().is_empty() {
+            continue;
+        }
+        match by_id.get(r.id.as_str()) {
+            Some(prompt) => {
+                let p = tok.encode_chat(&[Message::new("user", prompt)], true)?;
+                let full = tok.encode_chat(
+                    &[
+                        Message::new("user", prompt),
+                        Message::new("assistant", &r.text),
+                    ],
+                    false,
+                )?;
+                if full.len() > p.len() + 1 && full.starts_with(&p) {
+                    let mut tokens = full;
+                    tokens.truncate(max_len.max(p.len() + 2));
+                    out.push(Sample {
+                        prompt_index: i as u32,
+                        prompt_len: p.len() as u32,
+                        tokens,
+                    });
+                }
+            }
+            None => {
+                let ids = tok.encode(&r.text)?;
+                for piece in ids.chunks(max_len.max(3)) {
+                    if piece.len() >= 16.min(max_len.max(3)) {
+                        out.push(Sample {
+                            prompt_index: i as u32,
+                            prompt_len: 0,
+                            tokens: piece.to_vec(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Where a campaign's data comes from.
+pub struct Sources {
+    /// The committed self-distilled samples (`samples.bin` format, `.gz` read compressed): the
+    /// campaign's data starts as them, and their last 5 % are its held-out set (the split the
+    /// published drafter was evaluated on).
+    pub seed: PathBuf,
+    /// The prompts their `prompt_index` refers to (and new samples are distilled from).
+    pub prompts: PathBuf,
+    /// Corpus files (`{"id", "text"}` JSON Lines) for teacher-forced text.
+    pub corpus: Vec<PathBuf>,
+    /// Longest corpus sequence in tokens.
+    pub corpus_max_len: usize,
+}
+
+/// A campaign's data, ready for [`Setup`].
+pub struct Prepared {
+    pub prompts: Vec<Prompt>,
+    pub held_out: Vec<usize>,
+    pub corpus: Vec<Sample>,
+}
+
+/// Seeds `DIR/samples.bin` from the committed samples on first use (and checks it still starts
+/// with them afterwards), fixes the held-out split, and tokenises the corpus once into
+/// `DIR/corpus-*.bin`, leaving out records whose id is a held-out prompt.
+pub fn prepare(
+    dir: &Path,
+    lm: &Loaded,
+    src: &Sources,
+    mut note: impl FnMut(String),
+) -> Result<Prepared> {
+    use crate::train::data::SampleWriter;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let seed_copy = dir.join("seed.bin");
+    if !seed_copy.exists() {
+        let mut bytes = vec![];
+        let f = std::fs::File::open(&src.seed).map_err(|e| Error::io(&src.seed, e))?;
+        use std::io::Read;
+        if src.seed.extension().is_some_and(|e| e == "gz") {
+            flate2::read::GzDecoder::new(f).read_to_end(&mut bytes)
+        } else {
+            std::io::BufReader::new(f).read_to_end(&mut bytes)
+        }
+        .map_err(|e| Error::io(&src.seed, e))?;
+        write_atomic(&seed_copy, &bytes)?;
+    }
+    let (seed, _) = read_samples(&seed_copy)?;
+    if seed.len() < 20 {
+        return Err(bad(
+            &src.seed,
+            format!("{} samples: need at least 20", seed.len()),
+        ));
+    }
+    let samples_path = dir.join("samples.bin");
+    if !samples_path.exists() {
+        std::fs::copy(&seed_copy, &samples_path).map_err(|e| Error::io(&samples_path, e))?;
+    }
+    let (have, _) = read_samples(&samples_path)?;
+    if have.len() < seed.len() || have[..seed.len()] != seed[..] {
+        return Err(bad(
+            &samples_path,
+            format!(
+                "does not start with the {} seed samples of {}: move it away to start afresh",
+                seed.len(),
+                src.seed.display()
+            ),
+        ));
+    }
+    let prompts = crate::train::data::read_prompts(&src.prompts)?;
+    if let Some(s) = have
+        .iter()
+        .find(|s| s.prompt_index as usize >= prompts.len())
+    {
+        return Err(bad(
+            &src.prompts,
+            format!(
+                "a sample refers to prompt {} of {}",
+                s.prompt_index,
+                prompts.len()
+            ),
+        ));
+    }
+    let n = seed.len();
+    let held_out: Vec<usize> = (n - n / 20..n).collect();
+    let exclude: HashSet<String> = held_out
+        .iter()
+        .map(|&i| prompts[seed[i].prompt_index as usize].id.clone())
+        .collect();
+    let mut corpus = vec![];
+    for path in &src.corpus {
+        let len = std::fs::metadata(path)
+            .map_err(|e| Error::io(path, e))?
+            .len();
+        let stem = path
+            .file_name()
+            .map_or("corpus".into(), |f| f.to_string_lossy().replace('.', "_"));
+        let cache = dir.join(format!("corpus-{stem}-{len}-{}.bin", src.corpus_max_len));
+        if !cache.exists() {
+            let t0 = Instant::now();
+            let got = corpus_samples(lm, path, &prompts, &exclude, src.corpus_max_len)?;
+            let tmp = cache.with_extension("tmp");
+            let _ = std::fs::remove_file(&tmp);
+            let (mut w, _) = SampleWriter::open(&tmp)?;
+            for s in &got {
+                w.append(s)?;
+            }
+            drop(w);
+            std::fs::rename(&tmp, &cache).map_err(|e| Error::io(&cache, e))?;
+            note(format!(
+                "tokenised {} into {} sequences in {:.0} s",
+                path.display(),
+                got.len(),
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        corpus.extend(read_samples(&cache)?.0);
+    }
+    let toks: usize = corpus.iter().map(|s| s.tokens.len()).sum();
+    note(format!(
+        "{} self-distilled samples ({} held out), {} corpus sequences ({toks} tokens)",
+        have.len(),
+        held_out.len(),
+        corpus.len()
+    ));
+    Ok(Prepared {
+        prompts,
+        held_out,
+        corpus,
+    })
+}

@@ -1,0 +1,435 @@
+//! A DART training campaign that accrues across sessions: one directory (by default
+//! `$HOME/.cache/paradraft/campaign/dart`) holds THE run: its stamp, its growing self-distilled
+//! data, rotating checkpoints (weights + AdamW moments + progress), the step log and the
+//! held-out curve. Every start resumes from the newest checkpoint that loads, or from a
+//! published drafter when there is none; the process can be killed at any moment.
+//!
+//! Online teacher forcing: the target's taps and its distribution over the draft vocabulary are
+//! computed inside each step from token sequences ([`TapSource::Online`]), so the data is only
+//! tokens: the self-distilled samples (greedy answers; their own tokens are the labels) and
+//! corpus text (the target's argmax and soft distribution are the labels; see
+//! [`crate::train::dart::build`]). Training runs in rounds: train for `round_s` seconds, save,
+//! self-distil more samples for a `distill_share` of the time, evaluate every `eval_every` steps.
+
+mod data;
+mod store;
+
+pub use data::{corpus_samples, prepare, Prepared, Sources};
+pub use store::{
+    check_stamp, default_dir, process_cpu_s, read_curve, resume, save, CurvePoint, Progress, Stamp,
+    StepLog,
+};
+
+use crate::drafters::dart::DartConfig;
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::model::Loaded;
+use crate::train::dart::{self, net::Net};
+use crate::train::data::{distill, read_samples, DistillParams, Prompt, Sample};
+use crate::train::dflash::net::FrozenHead;
+use crate::train::features::{OnlineTaps, TapSource};
+use crate::train::optim::AdamW;
+use crate::train::run::{self, cerr};
+use candle_core::Device;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Instant;
+use store::{append_line, cut_log, write_atomic};
+
+/// The campaign's settings (stored in `campaign.json`; a resumed run uses the caller's).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Params {
+    pub batch_seqs: usize,
+    /// Prefixes per sequence given a block of mask slots.
+    pub anchors: usize,
+    pub gamma: f32,
+    pub kl_weight: f64,
+    /// Constant learning rate after a linear warm-up of `warmup_steps` (from each start: the
+    /// moments are restored, the warm-up only guards a start without them).
+    pub lr: f64,
+    pub warmup_steps: usize,
+    pub grad_clip: f64,
+    /// Share of sequences drawn from the corpus (the rest: self-distilled samples).
+    pub corpus_share: f64,
+    /// Steps between held-out evaluations.
+    pub eval_every: usize,
+    /// Seconds of training between checkpoints (a round).
+    pub round_s: f64,
+    /// Share of the wall time spent self-distilling new samples (0: none).
+    pub distill_share: f64,
+    /// Sequences self-distilled at once.
+    pub gen_seqs: usize,
+    pub max_new_tokens: usize,
+    pub seed: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            batch_seqs: 4,
+            anchors: 48,
+            gamma: 0.6,
+            kl_weight: 1.0,
+            lr: 3e-4,
+            warmup_steps: 50,
+            grad_clip: 0.5,
+            corpus_share: 0.25,
+            eval_every: 600,
+            round_s: 600.0,
+            distill_share: 0.2,
+            gen_seqs: 16,
+            max_new_tokens: 256,
+            seed: 0,
+        }
+    }
+}
+
+impl Params {
+    /// Refuses settings the campaign cannot run with, naming the setting and its range.
+    pub fn validate(&self) -> Result<()> {
+        let checks = [
+            (self.lr > 0.0 && self.lr.is_finite(), "lr must be > 0"),
+            (self.kl_weight >= 0.0, "kl weight must be ≥ 0"),
+            (
+                self.batch_seqs > 0 && self.anchors > 0,
+                "batch seqs and anchors must be ≥ 1",
+            ),
+            (
+                self.gamma > 0.0 && self.gamma <= 1.0,
+                "gamma must be in (0, 1]",
+            ),
+            (self.round_s >= 0.0, "the round (save every) must be ≥ 0"),
+            (
+                (0.0..=1.0).contains(&self.corpus_share),
+                "corpus share must be in [0, 1]",
+            ),
+            (
+                (0.0..0.95).contains(&self.distill_share),
+                "distill share must be in [0, 0.95)",
+            ),
+            (
+                self.eval_every > 0 && self.gen_seqs > 0,
+                "eval every and gen seqs must be ≥ 1",
+            ),
+        ];
+        match checks.iter().find(|c| !c.0) {
+            Some((_, why)) => Err(Error::BadRequest(format!("campaign settings: {why}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Everything a campaign trains and evaluates on. `samples` = the self-distilled samples (the
+/// file grows as the campaign distils), `held_out` their indices never trained on; `corpus`
+/// follows them in the training data with target labels.
+pub struct Setup<'a> {
+    pub dir: &'a Path,
+    pub lm: &'a Loaded,
+    pub vocab: &'a DraftVocab,
+    pub config: &'a DartConfig,
+    pub held_out: Vec<usize>,
+    pub corpus: Vec<Sample>,
+    /// Prompts for self-distillation (indices are the samples' `prompt_index`).
+    pub prompts: &'a [Prompt],
+    /// The drafter a campaign without a checkpoint starts from.
+    pub start: &'a dyn Fn() -> Result<Net>,
+}
+
+/// Something the campaign reports while it runs.
+pub enum Event<'a> {
+    Note(String),
+    Step(&'a StepLog),
+    Eval(&'a CurvePoint),
+}
+
+/// Runs the campaign until `stop()` says so (checked between steps; a checkpoint is written
+/// before returning) or the process is killed.
+pub fn run(
+    s: &Setup,
+    p: &Params,
+    mut stop: impl FnMut(&Progress) -> bool,
+    mut on: impl FnMut(Event),
+) -> Result<Progress> {
+    p.validate()?;
+    let target = &s.lm.model;
+    let teacher = Teacher::new(s)?;
+    let head = &teacher.head;
+    let samples_path = s.dir.join("samples.bin");
+    let (net, mut opt, mut pr) = match resume(s.dir, s.config, |w| on(Event::Note(w))) {
+        Some((net, tensors, pr)) => {
+            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            opt.load_state(&tensors, pr.step).map_err(cerr)?;
+            on(Event::Note(format!(
+                "resumed at step {} ({} positions, {:.2} CPU-hours)",
+                pr.step,
+                pr.positions,
+                pr.cpu_s / 3600.0
+            )));
+            (net, opt, pr)
+        }
+        None => {
+            let net = (s.start)()?;
+            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            on(Event::Note(
+                "no checkpoint: starting from the drafter".into(),
+            ));
+            (net, opt, Progress::default())
+        }
+    };
+    cut_log(&s.dir.join("train_log.jsonl"), pr.step)?;
+    cut_log(&s.dir.join("curve.jsonl"), pr.step)?;
+    let (cpu0, wall0) = (process_cpu_s(), Instant::now());
+    let base = pr.clone();
+    let now = |pr: &mut Progress| {
+        pr.cpu_s = base.cpu_s + process_cpu_s() - cpu0;
+        pr.wall_s = base.wall_s + wall0.elapsed().as_secs_f64();
+    };
+    let mut distill_rate = 0.0f64; // samples per second, measured
+    let mut prompts_left = true;
+    loop {
+        let snap = Snapshot::read(s)?;
+        let (data, n_distilled) = (snap.data(s, &teacher), snap.n_distilled);
+        if pr.step == 0 && read_curve(s.dir)?.is_empty() {
+            evaluate(s, &data, &net, &mut pr, &now, &mut on)?;
+        }
+        // A round: at least one step, then until `round_s` has passed.
+        let t_round = Instant::now();
+        loop {
+            if stop(&pr) {
+                now(&mut pr);
+                save(s.dir, &net, &opt, &pr)?;
+                return Ok(pr);
+            }
+            let log = step(&net, head, &data, n_distilled, p, &mut opt, &mut pr)?;
+            append_line(&s.dir.join("train_log.jsonl"), &log)?;
+            on(Event::Step(&log));
+            if pr.step.is_multiple_of(p.eval_every.max(1)) {
+                evaluate(s, &data, &net, &mut pr, &now, &mut on)?;
+            }
+            if t_round.elapsed().as_secs_f64() >= p.round_s {
+                break;
+            }
+        }
+        now(&mut pr);
+        save(s.dir, &net, &opt, &pr)?;
+        drop(data);
+        if p.distill_share > 0.0 && prompts_left {
+            let secs = p.round_s * p.distill_share / (1.0 - p.distill_share).max(0.05);
+            let want = if distill_rate > 0.0 {
+                (secs * distill_rate).round().max(1.0) as usize
+            } else {
+                p.gen_seqs.max(1) * 2
+            };
+            let t0 = Instant::now();
+            let before = n_distilled;
+            let got = distill(
+                target,
+                &s.lm.tokenizer,
+                s.prompts,
+                &samples_path,
+                &DistillParams {
+                    samples: before + want,
+                    max_new_tokens: p.max_new_tokens,
+                    max_prompt_tokens: 1024,
+                    seqs: p.gen_seqs.max(1),
+                    capture: None,
+                },
+                |_, _| {},
+            )?;
+            let dt = t0.elapsed().as_secs_f64();
+            let added = got.len() - before;
+            if added > 0 {
+                distill_rate = added as f64 / dt.max(1e-3);
+            } else {
+                prompts_left = false;
+            }
+            on(Event::Note(format!(
+                "self-distilled {added} samples in {dt:.0} s ({} in all)",
+                got.len()
+            )));
+        }
+    }
+}
+
+/// One optimiser step over `batch_seqs` sequences drawn (seeded by the step) from the
+/// distilled training samples or, with probability `corpus_share`, the corpus.
+fn step(
+    net: &Net,
+    head: &FrozenHead,
+    data: &run::Data,
+    n_distilled: usize,
+    p: &Params,
+    opt: &mut AdamW,
+    pr: &mut Progress,
+) -> Result<StepLog> {
+    let t0 = Instant::now();
+    let train = &data.train;
+    let mut rng = ChaCha8Rng::seed_from_u64(p.seed ^ (pr.step as u64).wrapping_mul(0x9e37_79b9));
+    let n_corpus = data.samples.len() - n_distilled;
+    let mut chunk = vec![];
+    for _ in 0..p.batch_seqs.max(1) {
+        let corpus = n_corpus > 0 && (rng.next_u64() as f64 / u64::MAX as f64) < p.corpus_share;
+        chunk.push(if corpus || train.is_empty() {
+            n_distilled + (rng.next_u64() % n_corpus.max(1) as u64) as usize
+        } else {
+            train[(rng.next_u64() % train.len() as u64) as usize]
+        });
+    }
+    let items: Vec<(usize, Vec<usize>)> = chunk
+        .iter()
+        .map(|&si| {
+            (
+                si,
+                dart::sample_prefixes(&data.samples[si], p.anchors, &mut rng),
+            )
+        })
+        .collect();
+    let warm = ((pr.step + 1) as f64 / p.warmup_steps.max(1) as f64).min(1.0);
+    let lr = p.lr * warm;
+    let (loss, gn, acc1, rows) =
+        match dart::sequences_loss(net, head, data, &items, p.gamma, p.kl_weight)? {
+            Some((l, acc1, rows)) => {
+                let (loss, gn) = run::optimise(&net.vars, opt, &l, lr, p.grad_clip)?;
+                (loss, gn, acc1, rows)
+            }
+            None => (0.0, 0.0, 0.0, 0),
+        };
+    pr.step += 1;
+    pr.positions += rows as u64;
+    Ok(StepLog {
+        step: pr.step,
+        loss,
+        acc1,
+        lr,
+        grad_norm: gn,
+        positions: rows,
+        secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn evaluate(
+    s: &Setup,
+    data: &run::Data,
+    net: &Net,
+    pr: &mut Progress,
+    now: &impl Fn(&mut Progress),
+    on: &mut impl FnMut(Event),
+) -> Result<()> {
+    let t0 = Instant::now();
+    let e = dart::evaluate(net, data, &s.held_out, 32)?;
+    now(pr);
+    let point = CurvePoint {
+        progress: pr.clone(),
+        samples: data.teacher_from,
+        eval: e,
+    };
+    append_line(&s.dir.join("curve.jsonl"), &point)?;
+    on(Event::Note(format!(
+        "held-out evaluation took {:.0} s",
+        t0.elapsed().as_secs_f64()
+    )));
+    on(Event::Eval(&point));
+    // The latest weights as a drafter, and the best so far by held-out α1.
+    let best = read_curve(s.dir)?
+        .iter()
+        .map(|c| c.eval.alpha.first().copied().unwrap_or(0.0))
+        .fold(0.0, f64::max);
+    let a1 = point.eval.alpha.first().copied().unwrap_or(0.0);
+    let mut dirs = vec![s.dir.join("latest")];
+    if a1 >= best {
+        dirs.push(s.dir.join("best"));
+    }
+    for d in dirs {
+        let tmp = d.with_extension("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        dart::export(net, s.vocab, &tmp, candle_core::DType::F16)?;
+        write_atomic(
+            &tmp.join("eval.json"),
+            serde_json::to_string_pretty(&point)
+                .expect("json")
+                .as_bytes(),
+        )?;
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::rename(&tmp, &d).map_err(|e| Error::io(&d, e))?;
+    }
+    Ok(())
+}
+
+/// The target's part of every step: its online taps and its frozen head over the draft
+/// vocabulary (for its distribution).
+struct Teacher {
+    source: TapSource,
+    head: FrozenHead,
+}
+
+impl Teacher {
+    fn new(s: &Setup) -> Result<Self> {
+        let target = &s.lm.model;
+        let taps = dart::stored_taps(target)?;
+        let ctx = 3 * target.config.hidden_size;
+        Ok(Teacher {
+            source: TapSource::Online(OnlineTaps::new(target, &taps, ctx)?),
+            head: crate::train::dflash::frozen_head(target, s.vocab).map_err(cerr)?,
+        })
+    }
+}
+
+/// The campaign's data as it stands: the self-distilled samples on disk, then the corpus.
+struct Snapshot {
+    samples: Vec<Sample>,
+    n_distilled: usize,
+}
+
+impl Snapshot {
+    fn read(s: &Setup) -> Result<Self> {
+        let (mut samples, _) = read_samples(&s.dir.join("samples.bin"))?;
+        let n_distilled = samples.len();
+        samples.extend(s.corpus.iter().cloned());
+        Ok(Snapshot {
+            samples,
+            n_distilled,
+        })
+    }
+
+    /// The trainer's view: the distilled samples minus the held-out ones are the training
+    /// split; the corpus is teacher-forced.
+    fn data<'a>(&'a self, s: &'a Setup, t: &'a Teacher) -> run::Data<'a> {
+        let held: HashSet<usize> = s.held_out.iter().copied().collect();
+        run::Data {
+            target: &s.lm.model,
+            samples: &self.samples,
+            features: &t.source,
+            train: (0..self.n_distilled)
+                .filter(|i| !held.contains(i))
+                .collect(),
+            vocab: s.vocab,
+            device: Device::Cpu,
+            teacher_from: self.n_distilled,
+        }
+    }
+}
+
+/// Training throughput: `steps` steps from the start drafter (nothing saved), in scored
+/// positions per second and seconds per step, after one warm-up step.
+pub fn bench(s: &Setup, p: &Params, steps: usize) -> Result<(f64, f64)> {
+    let teacher = Teacher::new(s)?;
+    let snap = Snapshot::read(s)?;
+    let (data, n) = (snap.data(s, &teacher), snap.n_distilled);
+    let head = &teacher.head;
+    let net = (s.start)()?;
+    let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+    let mut pr = Progress::default();
+    step(&net, head, &data, n, p, &mut opt, &mut pr)?;
+    let (t0, pos0) = (Instant::now(), pr.positions);
+    for _ in 0..steps.max(1) {
+        step(&net, head, &data, n, p, &mut opt, &mut pr)?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((
+        (pr.positions - pos0) as f64 / secs,
+        secs / steps.max(1) as f64,
+    ))
+}
