@@ -7,7 +7,7 @@ use paradraft::generate::generate;
 use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
 use paradraft::sample::SamplingParams;
 use paradraft::server::openai::{ApiError, Knobs, Stop};
-use paradraft::speculative::sizing::CostCurve;
+use paradraft::speculative::sizing::{CostCurve, UndraftedCounts};
 use paradraft::speculative::{speculative_generate, RoundStats, VerifyRule};
 use paradraft::types::{Pos, TokenId};
 use serde_json::json;
@@ -403,9 +403,13 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             String::new(),
         )
     } else {
-        if set.adaptive {
-            set.measure_costs(&lm.model, &CostCurve::measure(&lm.model, 64, 2)?)?;
-        }
+        let curve = if set.adaptive {
+            let c = CostCurve::measure(&lm.model, 64, 2)?;
+            set.measure_costs(&lm.model, &c)?;
+            Some(c)
+        } else {
+            None
+        };
         let sp = set.speculation(sampling, a.sampling.verify_rule)?;
         let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
         let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
@@ -417,13 +421,22 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         st["tree_ms"] = json!(sum(|r| r.tree_ms));
         st["verify_ms"] = json!(sum(|r| r.verify_ms));
         st["commit_ms"] = json!(sum(|r| r.commit_ms));
+        let off = UndraftedCounts::of(g.rounds.iter().map(|r| r.undrafted));
+        let why = off.explain(g.rounds.len(), curve.as_ref());
+        st["undrafted"] = json!(off);
+        st["undrafted_reason"] = json!(why);
         v["rounds_detail"] = v["rounds"].take();
         v.as_object_mut().map(|o| o.remove("rounds"));
         let extra = format!(
-            " | drafter prefill {:.0} ms, {} rounds, tau {:.2}",
+            " | drafter prefill {:.0} ms, {} rounds, tau {:.2}{}",
             g.out.stats.draft_prefill_ms,
             g.rounds.len(),
-            g.tau
+            g.tau,
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({why})")
+            }
         );
         (v, g.out.stats, g.out.stop_reason, extra)
     };

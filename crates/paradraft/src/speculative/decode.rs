@@ -31,6 +31,9 @@ pub struct RoundStats {
     pub tree_ms: f64,
     pub verify_ms: f64,
     pub commit_ms: f64,
+    /// Why a sized round verified no draft (absent when it did, or when nothing sizes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undrafted: Option<super::sizing::Undrafted>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -313,6 +316,11 @@ impl<'a> Session<'a> {
             tree.truncate(keep);
         }
         tree.truncate(budget);
+        if let Some(s) = self.sizer.as_ref() {
+            stats.undrafted = s.undrafted().or_else(|| {
+                (tree.is_empty() && budget > 0).then_some(super::sizing::Undrafted::CostModel)
+            });
+        }
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -192,6 +192,85 @@ pub struct Sizer {
     guard: SpeedGuard,
     /// DiffuSpec's adaptive draft length instead of the cost model (chains).
     adl: Option<crate::speculative::cps::Adl>,
+    /// Why the last [`Sizer::budget`] was 0 (`None`: it was not).
+    undrafted: Option<Undrafted>,
+}
+
+/// Why a sized round drafted nothing (reported in its [`crate::speculative::RoundStats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Undrafted {
+    /// The speed guard holds drafting off: drafting measured slower than AR on this machine.
+    SpeedGuard,
+    /// One round in `probe_every` runs without a draft so that AR's speed stays measured.
+    Probe,
+    /// The cost model found no draft worth its verify rows here (c(k) against acceptance).
+    CostModel,
+}
+
+/// How many rounds of a run drafted nothing, by reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct UndraftedCounts {
+    pub speed_guard: usize,
+    pub probe: usize,
+    pub cost_model: usize,
+}
+
+impl UndraftedCounts {
+    pub fn of<'r>(reasons: impl IntoIterator<Item = Option<Undrafted>>) -> Self {
+        let mut c = UndraftedCounts::default();
+        for r in reasons.into_iter().flatten() {
+            match r {
+                Undrafted::SpeedGuard => c.speed_guard += 1,
+                Undrafted::Probe => c.probe += 1,
+                Undrafted::CostModel => c.cost_model += 1,
+            }
+        }
+        c
+    }
+
+    pub fn total(&self) -> usize {
+        self.speed_guard + self.probe + self.cost_model
+    }
+
+    /// One line for people: why rounds went undrafted, with this machine's verify cost
+    /// `c(k)/c(1)` for k = 8 and 16 when a cost curve is known.
+    pub fn explain(&self, rounds: usize, curve: Option<&CostCurve>) -> String {
+        if self.total() == 0 {
+            return String::new();
+        }
+        let mut why = vec![];
+        if self.speed_guard > 0 {
+            why.push(format!(
+                "{} held off by the speed guard (drafting measured slower than AR)",
+                self.speed_guard
+            ));
+        }
+        if self.cost_model > 0 {
+            why.push(format!(
+                "{} where no draft was worth its verify rows",
+                self.cost_model
+            ));
+        }
+        if self.probe > 0 {
+            why.push(format!("{} AR probes", self.probe));
+        }
+        let cost = curve
+            .map(|c| {
+                let c1 = c.ms(1).max(1e-9);
+                format!(
+                    "; verifying 8 rows costs {:.1}, 16 rows {:.1} decode steps here",
+                    c.ms(8) / c1,
+                    c.ms(16) / c1
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "drafting off in {} of {rounds} rounds: {}{cost}",
+            self.total(),
+            why.join(", ")
+        )
+    }
 }
 
 /// Committed tokens and wall-clock ms of recent rounds (decayed sums).
@@ -248,8 +327,19 @@ impl Default for SpeedGuard {
 impl SpeedGuard {
     /// Whether this round may draft (counts the round).
     pub fn allows_draft(&mut self) -> bool {
+        self.why_not().is_none()
+    }
+
+    /// Counts the round; why it may not draft, if it may not.
+    pub fn why_not(&mut self) -> Option<Undrafted> {
         self.round += 1;
-        self.round >= self.off_until && !self.round.is_multiple_of(self.probe_every)
+        if self.round < self.off_until {
+            Some(Undrafted::SpeedGuard)
+        } else if self.round.is_multiple_of(self.probe_every) {
+            Some(Undrafted::Probe)
+        } else {
+            None
+        }
     }
 
     /// A round committed `tokens` in `ms`, with or without verified draft nodes.
@@ -296,6 +386,7 @@ impl Sizer {
             tree_recent: (0.0, 0.0, 0.0),
             guard: SpeedGuard::default(),
             adl: None,
+            undrafted: None,
         }
     }
 
@@ -317,14 +408,27 @@ impl Sizer {
     /// (cost-model sizing only), else the tree policy's ([`Sizer::choose_tree`]) or the chain
     /// policy's ([`Sizer::choose`]: ADL's length or the cost model's choice).
     pub fn budget(&mut self, max: usize, b: BatchShape, trees: bool) -> usize {
-        if self.adl.is_none() && !self.guard.allows_draft() {
-            return 0;
+        self.undrafted = None;
+        if self.adl.is_none() {
+            if let Some(why) = self.guard.why_not() {
+                self.undrafted = Some(why);
+                return 0;
+            }
         }
-        if trees {
+        let n = if trees {
             self.choose_tree(max, b)
         } else {
             self.choose(max, b)
+        };
+        if n == 0 && max > 0 {
+            self.undrafted = Some(Undrafted::CostModel);
         }
+        n
+    }
+
+    /// Why the last budget was 0 (`None` when it was not).
+    pub fn undrafted(&self) -> Option<Undrafted> {
+        self.undrafted
     }
 
     /// After a round that committed `tokens` in `ms` (draft to commit), with or without verified
@@ -661,6 +765,40 @@ mod tests {
         }
         assert_eq!(drafted, 1000 - 1000 / 16);
         assert!(g.round >= g.off_until, "drafting is on");
+    }
+
+    /// A sized round that drafts nothing says why: the guard's hold, its AR probe, or the
+    /// cost model; the counts and the line for people follow.
+    #[test]
+    fn undrafted_rounds_say_why() {
+        let b = BatchShape::default();
+        // Nothing is ever accepted and drafts are expensive: the cost model drafts nothing.
+        let mut s = Sizer::new(curve());
+        for _ in 0..200 {
+            s.observe(8, 0, 40.0, 8);
+        }
+        let mut reasons = vec![];
+        for _ in 0..32 {
+            let n = s.budget(12, b, false);
+            assert_eq!(n == 0, s.undrafted().is_some());
+            reasons.push(s.undrafted());
+        }
+        let c = UndraftedCounts::of(reasons.iter().copied());
+        assert_eq!((c.probe, c.speed_guard, c.cost_model), (2, 0, 30));
+        // The guard holding drafting off.
+        let mut s = Sizer::new(curve());
+        s.guard.off_until = 100;
+        assert_eq!(s.budget(12, b, false), 0);
+        assert_eq!(s.undrafted(), Some(Undrafted::SpeedGuard));
+        let line = UndraftedCounts::of([Some(Undrafted::SpeedGuard), None, Some(Undrafted::Probe)])
+            .explain(3, Some(&curve()));
+        assert!(line.starts_with("drafting off in 2 of 3 rounds"), "{line}");
+        assert!(
+            line.contains("speed guard") && line.contains("1 AR probes"),
+            "{line}"
+        );
+        assert!(line.contains("verifying 8 rows costs"), "{line}");
+        assert_eq!(UndraftedCounts::default().explain(5, None), "");
     }
 
     /// With ADL the size is ADL's (capped by the round's most), whatever the costs say.
