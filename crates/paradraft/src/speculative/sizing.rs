@@ -217,7 +217,7 @@ pub struct UndraftedCounts {
 }
 
 impl UndraftedCounts {
-    pub fn of<'r>(reasons: impl IntoIterator<Item = Option<Undrafted>>) -> Self {
+    pub fn of(reasons: impl IntoIterator<Item = Option<Undrafted>>) -> Self {
         let mut c = UndraftedCounts::default();
         for r in reasons.into_iter().flatten() {
             match r {
