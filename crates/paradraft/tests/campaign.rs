@@ -296,6 +296,8 @@ fn a_campaign_resumes_from_its_last_good_checkpoint() {
     assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
     assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
     assert!(d.join("best/model.safetensors").exists());
+    // The weights' moving average (what is evaluated and exported) is kept with the weights.
+    assert!(d.join("ckpt/step-00000003/ema.safetensors").exists());
     assert!(d.join("latest/eval.json").exists());
     // The corpus left the held-out prompt's answer out.
     let cache = std::fs::read_dir(d)

@@ -30,11 +30,11 @@ use crate::train::dflash::net::FrozenHead;
 use crate::train::features::{OnlineTaps, TapSource};
 use crate::train::optim::AdamW;
 use crate::train::run::{self, cerr};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 use store::{append_line, cut_log, write_atomic};
@@ -64,6 +64,11 @@ pub struct Params {
     pub gen_seqs: usize,
     pub max_new_tokens: usize,
     pub seed: u64,
+    /// Decay of the weights' moving average, which is what is evaluated and exported (a
+    /// constant learning rate keeps the raw weights noisy; the average is their annealed view).
+    /// 0: the raw weights.
+    #[serde(default)]
+    pub ema_decay: f64,
 }
 
 impl Default for Params {
@@ -83,6 +88,7 @@ impl Default for Params {
             gen_seqs: 16,
             max_new_tokens: 256,
             seed: 0,
+            ema_decay: 0.998,
         }
     }
 }
@@ -158,8 +164,8 @@ pub fn run(
     let teacher = Teacher::new(s)?;
     let head = &teacher.head;
     let samples_path = s.dir.join("samples.bin");
-    let (net, mut opt, mut pr) = match resume(s.dir, s.config, |w| on(Event::Note(w))) {
-        Some((net, tensors, pr)) => {
+    let (net, mut opt, mut pr, mut ema) = match resume(s.dir, s.config, |w| on(Event::Note(w))) {
+        Some((net, tensors, pr, ema)) => {
             let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
             opt.load_state(&tensors, pr.step).map_err(cerr)?;
             on(Event::Note(format!(
@@ -168,7 +174,14 @@ pub fn run(
                 pr.positions,
                 pr.cpu_s / 3600.0
             )));
-            (net, opt, pr)
+            let ema = match ema {
+                Some(t) => Ema {
+                    decay: p.ema_decay,
+                    t,
+                },
+                None => Ema::of(&net, p.ema_decay),
+            };
+            (net, opt, pr, ema)
         }
         None => {
             let net = (s.start)()?;
@@ -176,7 +189,8 @@ pub fn run(
             on(Event::Note(
                 "no checkpoint: starting from the drafter".into(),
             ));
-            (net, opt, Progress::default())
+            let ema = Ema::of(&net, p.ema_decay);
+            (net, opt, Progress::default(), ema)
         }
     };
     cut_log(&s.dir.join("train_log.jsonl"), pr.step)?;
@@ -193,28 +207,29 @@ pub fn run(
         let snap = Snapshot::read(s)?;
         let (data, n_distilled) = (snap.data(s, &teacher), snap.n_distilled);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
-            evaluate(s, &data, &net, &mut pr, &now, &mut on)?;
+            evaluate(s, &data, &ema.net(s.config)?, &mut pr, &now, &mut on)?;
         }
         // A round: at least one step, then until `round_s` has passed.
         let t_round = Instant::now();
         loop {
             if stop(&pr) {
                 now(&mut pr);
-                save(s.dir, &net, &opt, &pr)?;
+                save(s.dir, &net, &opt, &ema.t, &pr)?;
                 return Ok(pr);
             }
             let log = step(&net, head, &data, n_distilled, p, &mut opt, &mut pr)?;
+            ema.update(&net)?;
             append_line(&s.dir.join("train_log.jsonl"), &log)?;
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
-                evaluate(s, &data, &net, &mut pr, &now, &mut on)?;
+                evaluate(s, &data, &ema.net(s.config)?, &mut pr, &now, &mut on)?;
             }
             if t_round.elapsed().as_secs_f64() >= p.round_s {
                 break;
             }
         }
         now(&mut pr);
-        save(s.dir, &net, &opt, &pr)?;
+        save(s.dir, &net, &opt, &ema.t, &pr)?;
         drop(data);
         if p.distill_share > 0.0 && prompts_left {
             let secs = p.round_s * p.distill_share / (1.0 - p.distill_share).max(0.05);
@@ -356,6 +371,42 @@ fn evaluate(
         std::fs::rename(&tmp, &d).map_err(|e| Error::io(&d, e))?;
     }
     Ok(())
+}
+
+/// The moving average of the weights (Polyak averaging), started at the weights a run starts
+/// from; saved with every checkpoint.
+struct Ema {
+    decay: f64,
+    t: HashMap<String, Tensor>,
+}
+
+impl Ema {
+    fn of(net: &Net, decay: f64) -> Self {
+        let t = net
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
+            .collect();
+        Ema { decay, t }
+    }
+
+    fn update(&mut self, net: &Net) -> Result<()> {
+        for (k, v) in &net.vars {
+            let w = v.as_tensor().detach();
+            let e = match self.t.get(k) {
+                Some(e) if self.decay > 0.0 => ((e * self.decay).map_err(cerr)?
+                    + (w * (1.0 - self.decay)).map_err(cerr)?)
+                .map_err(cerr)?,
+                _ => w.copy().map_err(cerr)?,
+            };
+            self.t.insert(k.clone(), e);
+        }
+        Ok(())
+    }
+
+    fn net(&self, config: &DartConfig) -> Result<Net> {
+        Net::from_tensors(config.clone(), &self.t).map_err(cerr)
+    }
 }
 
 /// The target's part of every step: its online taps and its frozen head over the draft

@@ -167,11 +167,19 @@ fn checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 
 /// Writes a checkpoint into a fresh directory, reads it back, then renames it into place
 /// (atomic); the two newest are kept. A broken write never replaces a good checkpoint.
-pub fn save(dir: &Path, net: &Net, opt: &AdamW, pr: &Progress) -> Result<()> {
+pub fn save(
+    dir: &Path,
+    net: &Net,
+    opt: &AdamW,
+    ema: &HashMap<String, Tensor>,
+    pr: &Progress,
+) -> Result<()> {
     let root = dir.join("ckpt");
     let tmp = root.join(format!("step-{:08}.tmp", pr.step));
     let _ = std::fs::remove_dir_all(&tmp);
     run::save_checkpoint(&tmp, &net.vars, opt, pr.step, pr.wall_s)?;
+    let ep = tmp.join("ema.safetensors");
+    candle_core::safetensors::save(ema, &ep).map_err(|e| bad(&ep, e))?;
     write_atomic(
         &tmp.join("progress.json"),
         serde_json::to_string(pr).expect("json").as_bytes(),
@@ -186,7 +194,14 @@ pub fn save(dir: &Path, net: &Net, opt: &AdamW, pr: &Progress) -> Result<()> {
     Ok(())
 }
 
-type Restored = (Net, HashMap<String, Tensor>, Progress);
+/// A checkpoint: the network, every saved tensor (for the optimiser), the progress and the
+/// weights' moving average (absent in checkpoints written before it was kept).
+type Restored = (
+    Net,
+    HashMap<String, Tensor>,
+    Progress,
+    Option<HashMap<String, Tensor>>,
+);
 
 fn load_one(ck: &Path, config: &DartConfig) -> Result<Restored> {
     let saved = run::load_checkpoint(ck)?.ok_or_else(|| bad(ck, "no state.safetensors"))?;
@@ -198,7 +213,16 @@ fn load_one(ck: &Path, config: &DartConfig) -> Result<Restored> {
     }
     let net = Net::from_tensors(config.clone(), &saved.tensors)
         .map_err(|e| run::broken_checkpoint(ck, e))?;
-    Ok((net, saved.tensors, pr))
+    let ep = ck.join("ema.safetensors");
+    let ema = if ep.exists() {
+        let t = candle_core::safetensors::load(&ep, &candle_core::Device::Cpu)
+            .map_err(|e| bad(&ep, e))?;
+        Net::from_tensors(config.clone(), &t).map_err(|e| bad(&ep, e))?;
+        Some(t)
+    } else {
+        None
+    };
+    Ok((net, saved.tensors, pr, ema))
 }
 
 /// The newest checkpoint that loads (broken ones are reported through `warn` and skipped).
