@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Commit the campaign's progress (issue #23 item 4): draw its held-out curve into docs/
+# (SVG and PNG), and when its best held-out alpha1 beats the committed DART drafter's by at least
+# 0.02, replace drafters/smollm2-135m-dart with the campaign's best (f16) and its evaluation.
+# Needs rsvg-convert (Debian: librsvg2-bin) for the PNG.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
+BIN="${PARADRAFT_BIN:-target/release/paradraft}"
+OUT=drafters/smollm2-135m-dart
+"$BIN" train campaign --dir "$DIR" --plot docs/dart_campaign.svg
+rsvg-convert docs/dart_campaign.svg -o docs/dart_campaign.png
+cp "$DIR/curve.jsonl" docs/results/dart_campaign_curve.jsonl
+python3 - "$DIR" "$OUT" <<'PY'
+import json, shutil, sys, pathlib
+d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+best = json.loads((d / "best" / "eval.json").read_text())
+have = json.loads((out / "eval.json").read_text())
+a_best, a_have = best["eval"]["alpha"][0], have["alpha"][0]
+print(f"campaign best alpha1 {a_best:.3f} at step {best['step']}; committed {a_have:.3f}")
+if a_best < a_have + 0.02:
+    print("not replacing the committed drafter (needs +0.02)")
+    sys.exit(0)
+for f in ["model.safetensors", "config.json"]:
+    shutil.copy(d / "best" / f, out / f)
+(out / "eval.json").write_text(json.dumps(best["eval"], indent=2) + "\n")
+(out / "campaign.json").write_text(json.dumps({k: v for k, v in best.items() if k != "eval"}, indent=2) + "\n")
+print(f"replaced {out} with the campaign's step {best['step']}")
+PY
