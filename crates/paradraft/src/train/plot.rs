@@ -111,13 +111,14 @@ pub fn curve_svg(
         .y_desc("expected chain τ (8 drafts)")
         .draw()
         .map_err(err)?;
+    let goal_style = ShapeStyle::from(&GREEN).stroke_width(2);
     ch.draw_series(LineSeries::new(
         vec![(0.0, goal), (x_max, goal)],
-        BLACK.mix(0.4),
+        goal_style,
     ))
     .map_err(err)?
     .label(format!("goal α1 {goal}"))
-    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.4)));
+    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], goal_style));
     let a: Vec<(f64, f64)> = points.iter().map(|p| (p.0, p.2)).collect();
     ch.draw_series(LineSeries::new(a.clone(), &BLUE))
         .map_err(err)?
