@@ -1283,7 +1283,7 @@ fn ngram_arpa_builds_a_stamped_model() {
 }
 
 /// A user's first minutes (issue #27): every `--drafter` of the README, from a clean
-/// `$PARADRAFT_HOME` (no n-gram models anywhere, no `../shared` read), generates AR's tokens
+/// `$PARADRAFT_HOME` (no n-gram models anywhere, only what the repository ships), generates AR's tokens
 /// at T = 0 on SmolLM2 with its committed drafter; the first tree drafter builds the default
 /// trie with a notice, the first `diffuspec` the ARPA model, and later runs reuse them.
 #[test]

@@ -181,7 +181,7 @@ pub fn run(
                     decay: p.ema_decay,
                     t,
                 },
-                None => Ema::of(&net, p.ema_decay),
+                None => Ema::of(&net, p.ema_decay)?,
             };
             (net, opt, pr, ema)
         }
@@ -191,7 +191,7 @@ pub fn run(
             on(Event::Note(
                 "no checkpoint: starting from the drafter".into(),
             ));
-            let ema = Ema::of(&net, p.ema_decay);
+            let ema = Ema::of(&net, p.ema_decay)?;
             (net, opt, Progress::default(), ema)
         }
     };
@@ -383,13 +383,14 @@ struct Ema {
 }
 
 impl Ema {
-    fn of(net: &Net, decay: f64) -> Self {
+    fn of(net: &Net, decay: f64) -> Result<Self> {
         let t = net
             .vars
             .iter()
-            .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
-            .collect();
-        Ema { decay, t }
+            // A copy: the optimiser updates the variables' storage in place.
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().copy().map_err(cerr)?)))
+            .collect::<Result<_>>()?;
+        Ok(Ema { decay, t })
     }
 
     fn update(&mut self, net: &Net) -> Result<()> {
