@@ -561,6 +561,11 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
         return Ok(());
     }
     println!(
+        "{}, {}",
+        r.cpu.as_deref().unwrap_or("unknown CPU"),
+        r.kernels
+    );
+    println!(
         "threads {threads}, weights {:.1} MB ({:.1} MB per greedy decode step), context {}",
         r.weight_bytes as f64 / 1e6,
         r.decode_weight_bytes as f64 / 1e6,
@@ -727,18 +732,27 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `PARADRAFT_ISA`, when set, must name a kernel family (an unknown value would be ignored).
+/// `PARADRAFT_ISA`, when set, must name a kernel family this CPU has.
 fn check_env() -> Result<()> {
-    match std::env::var("PARADRAFT_ISA") {
-        Ok(v) if !["portable", "avx2", "avx512"].contains(&v.as_str()) => {
-            bail!("PARADRAFT_ISA={v:?}: want portable, avx2 or avx512")
-        }
-        _ => Ok(()),
-    }
+    paradraft::runtime::isa::selected()
+        .map(|_| ())
+        .map_err(anyhow::Error::msg)
 }
 
 fn main() {
-    let cli = Cli::parse();
+    // `--version` also says which kernels this CPU runs (CI prints it).
+    let long = format!(
+        "{}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        paradraft::runtime::isa::describe()
+    );
+    let matches = <Cli as clap::CommandFactory>::command()
+        .long_version(&*Box::leak(long.into_boxed_str()))
+        .get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let r = check_env().and_then(|()| match cli.cmd {
         Cmd::FetchModel(a) => cmd_fetch(a),
         Cmd::Generate(a) => cmd_generate(a),

@@ -64,9 +64,15 @@ impl KvElem for f16 {
     }
     fn convert(src: &[f32], dst: &mut [f16]) {
         #[cfg(target_arch = "x86_64")]
-        if crate::runtime::qmatmul::isa() == crate::runtime::qmatmul::Isa::Avx512Vnni {
-            // SAFETY: the CPU has AVX-512 (and F16C with it).
-            return unsafe { f16_avx512(src, dst) };
+        {
+            use crate::runtime::isa::{isa, Isa};
+            match isa() {
+                // SAFETY: the CPU has AVX-512 (and F16C with it).
+                Isa::Avx512Vnni => return unsafe { f16_avx512(src, dst) },
+                // SAFETY: the CPU has AVX2 and F16C.
+                Isa::Avx2 | Isa::AvxVnni => return unsafe { f16_avx2(src, dst) },
+                Isa::Portable => {}
+            }
         }
         for (d, &x) in dst.iter_mut().zip(src) {
             *d = f16::from_f32(x);
@@ -85,6 +91,23 @@ unsafe fn f16_avx512(src: &[f32], dst: &mut [f16]) {
         let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm512_loadu_ps(src.as_ptr().add(i)));
         _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h);
         i += 16;
+    }
+    for j in i..n {
+        dst[j] = f16::from_f32(src[j]);
+    }
+}
+
+/// f32 → f16 (round to nearest even, as `f16::from_f32`), 8 at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_avx2(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+        _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+        i += 8;
     }
     for j in i..n {
         dst[j] = f16::from_f32(src[j]);
@@ -336,5 +359,47 @@ impl KvCache {
         }
         self.len = keep_prefix + slots.len();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD f32 → f16 conversions give `f16::from_f32`'s bits: ties to even, subnormals,
+    /// overflow to infinity, signed zeros, lengths that are not multiples of the vector.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_f16_conversion_matches_scalar() {
+        let mut src: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.37).collect();
+        src.extend([
+            0.0,
+            -0.0,
+            1.0 + f32::EPSILON,
+            1.000_488_3, // halfway between two f16 values
+            1.001_464_8,
+            6.0e-8,
+            -3.0e-5,
+            65_504.0,
+            65_520.0, // rounds to infinity
+            1.0e9,
+            -1.0e9,
+            f32::INFINITY,
+        ]);
+        let want: Vec<f16> = src.iter().map(|&x| f16::from_f32(x)).collect();
+        type Convert = unsafe fn(&[f32], &mut [f16]);
+        let simd: [(bool, Convert); 2] = [
+            (is_x86_feature_detected!("avx512f"), f16_avx512),
+            (is_x86_feature_detected!("avx2"), f16_avx2),
+        ];
+        for (_, f) in simd.into_iter().filter(|(ok, _)| *ok) {
+            for len in [src.len(), 7, 13, 0] {
+                let mut got = vec![f16::ZERO; len];
+                // SAFETY: the CPU has the features checked above (F16C comes with both).
+                unsafe { f(&src[..len], &mut got) };
+                let bits = |v: &[f16]| v.iter().map(|h| h.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want[..len]));
+            }
+        }
     }
 }

@@ -67,6 +67,10 @@ pub struct LlamaPoint {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelBench {
+    /// The kernel family and the CPU's SIMD features ([`crate::runtime::isa::describe`]).
+    pub kernels: String,
+    /// The CPU's model name, where the OS says it.
+    pub cpu: Option<String>,
     pub threads: usize,
     pub repeats: usize,
     pub context: usize,
@@ -364,6 +368,8 @@ pub fn run_kernel_bench(
         })
     });
     Ok(KernelBench {
+        kernels: crate::runtime::isa::describe(),
+        cpu: crate::runtime::isa::cpu_model(),
         threads: p.threads,
         repeats: p.repeats,
         context: p.context,

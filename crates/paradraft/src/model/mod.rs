@@ -35,6 +35,8 @@ pub fn load(path: &Path) -> Result<Loaded> {
 /// Loads a model keeping only its first `layers` decoder layers (then the final norm and the
 /// output layer): a self-speculative drafter made from the target itself.
 pub fn load_truncated(path: &Path, layers: Option<usize>) -> Result<Loaded> {
+    // A kernel family the CPU lacks is refused here, before any forward could use it.
+    crate::runtime::isa::selected().map_err(crate::Error::BadRequest)?;
     let mut lm = load_full(path)?;
     if let Some(n) = layers {
         lm.model = lm.model.truncate_layers(n)?;

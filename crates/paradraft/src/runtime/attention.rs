@@ -14,8 +14,8 @@
 //! reproduce token-by-token decoding bit for bit, which lets greedy speculative decoding be
 //! exactly AR greedy.
 
+use super::isa::{isa, Isa};
 use super::ops::fast_exp;
-use super::qmatmul::{isa, Isa};
 use super::quant::{par_ranges, SendPtr};
 use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
 use half::f16;
@@ -57,8 +57,15 @@ pub(crate) struct AttnJob<'a> {
 }
 
 fn kernel_for(s: &AttnShape) -> Kernel {
-    if isa() == Isa::Avx512Vnni && s.head_dim.is_multiple_of(16) {
+    kernel_of(isa(), s.head_dim)
+}
+
+/// The fastest attention kernel of an instruction set for a head size.
+fn kernel_of(isa: Isa, head_dim: usize) -> Kernel {
+    if isa >= Isa::Avx512Vnni && head_dim.is_multiple_of(16) {
         Kernel::Avx512
+    } else if isa >= Isa::Avx2 && head_dim.is_multiple_of(8) {
+        Kernel::Avx2
     } else {
         Kernel::Portable
     }
@@ -115,6 +122,9 @@ pub(crate) trait AttnElem: KvElem {
     /// 16 consecutive values widened to f32.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 8 consecutive values widened to f32 (AVX2 + F16C).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
 }
 
 impl AttnElem for f32 {
@@ -122,6 +132,11 @@ impl AttnElem for f32 {
     #[inline(always)]
     unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
         std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
     }
 }
 
@@ -132,12 +147,20 @@ impl AttnElem for f16 {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
 }
 
 /// Which implementation of the two inner loops (scores of a K tile, the V sum) to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kernel {
     Portable,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
 }
@@ -267,8 +290,16 @@ unsafe fn dispatch<E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) 
     match a.kern {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 => unit_avx512(a, unit, us),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unit_avx2(a, unit, us),
         _ => unit_portable(a, unit, us),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unit_avx2<E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
+    attend::<avx2::K, E>(a, unit, us)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -440,6 +471,121 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{AttnElem, Inner, Records, KV_TILE};
+    use std::arch::x86_64::*;
+
+    pub struct K;
+
+    /// Up to 2 heads at once; a K tile's 16 slots are two 8-lane halves, each with an even-
+    /// and an odd-dimension chain (8 accumulators, 4 K registers).
+    #[inline(always)]
+    unsafe fn scores<const H: usize, E: AttnElem>(
+        kt: *const E,
+        q: *const f32,
+        hd: usize,
+        out: *mut f32,
+    ) {
+        let mut even = [[_mm256_setzero_ps(); 2]; H];
+        let mut odd = [[_mm256_setzero_ps(); 2]; H];
+        let mut d = 0;
+        while d < hd {
+            let k0 = [
+                E::load8(kt.add(d * KV_TILE)),
+                E::load8(kt.add(d * KV_TILE + 8)),
+            ];
+            let k1 = [
+                E::load8(kt.add((d + 1) * KV_TILE)),
+                E::load8(kt.add((d + 1) * KV_TILE + 8)),
+            ];
+            for h in 0..H {
+                let q0 = _mm256_set1_ps(*q.add(h * hd + d));
+                let q1 = _mm256_set1_ps(*q.add(h * hd + d + 1));
+                for x in 0..2 {
+                    even[h][x] = _mm256_fmadd_ps(q0, k0[x], even[h][x]);
+                    odd[h][x] = _mm256_fmadd_ps(q1, k1[x], odd[h][x]);
+                }
+            }
+            d += 2;
+        }
+        for h in 0..H {
+            for x in 0..2 {
+                let o = out.add(h * KV_TILE + 8 * x);
+                _mm256_storeu_ps(o, _mm256_add_ps(even[h][x], odd[h][x]));
+            }
+        }
+    }
+
+    /// `R` vectors of 8 dimensions of one head's output, accumulated over the slots.
+    #[inline(always)]
+    unsafe fn vsum<const R: usize, E: AttnElem>(
+        p: *const f32,
+        slots: &[u32],
+        v: *const E,
+        hd: usize,
+        out: *mut f32,
+    ) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (i, &slot) in slots.iter().enumerate() {
+            let w = _mm256_set1_ps(*p.add(i));
+            let vr = v.add(slot as usize * hd);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w, E::load8(vr.add(8 * r)), *a);
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(8 * r), *a);
+        }
+    }
+
+    impl Inner for K {
+        #[inline(always)]
+        unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+            let group = q.len() / hd;
+            debug_assert!(kt.len() >= hd * KV_TILE && out.len() >= group * KV_TILE);
+            debug_assert!(hd.is_multiple_of(8));
+            let (kt, q, o) = (kt.as_ptr(), q.as_ptr(), out.as_mut_ptr());
+            let mut j = 0;
+            while j < group {
+                let (qj, oj) = (q.add(j * hd), o.add(j * KV_TILE));
+                if group - j == 1 {
+                    scores::<1, E>(kt, qj, hd, oj);
+                } else {
+                    scores::<2, E>(kt, qj, hd, oj);
+                }
+                j += 2;
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn weighted_v<E: AttnElem>(
+            p: &[f32],
+            slots: &[u32],
+            v: &[E],
+            hd: usize,
+            r: Records,
+        ) {
+            let len = slots.len();
+            for j in 0..p.len() / len.max(1) {
+                let pj = p.as_ptr().add(j * len);
+                let mut d = 0;
+                while d < hd {
+                    let o = r.out.add(j * r.pw + 2 + d);
+                    let vd = v.as_ptr().add(d);
+                    match (hd - d) / 8 {
+                        1 => vsum::<1, E>(pj, slots, vd, hd, o),
+                        2 => vsum::<2, E>(pj, slots, vd, hd, o),
+                        3 => vsum::<3, E>(pj, slots, vd, hd, o),
+                        _ => vsum::<4, E>(pj, slots, vd, hd, o),
+                    }
+                    d += 32;
+                }
+            }
+        }
+    }
+}
+
 /// One unit: token `t`'s query heads of KV head `g` over the `c`-th range of its visible slots.
 #[inline(always)]
 unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
@@ -545,7 +691,7 @@ mod tests {
     use super::*;
     use crate::kv::{KvCache, KvDtype};
 
-    use crate::runtime::qmatmul::tests::Lcg;
+    use crate::runtime::qmatmul::tests::{runnable, Lcg};
 
     /// Uniform in [−1, 1).
     fn sym(rng: &mut Lcg) -> f32 {
@@ -595,9 +741,10 @@ mod tests {
         out
     }
 
-    /// Both kernels against the f64 reference (max abs error 2e-5 on unit-scale values), on
+    /// Every kernel against the f64 reference (max abs error 2e-5 on unit-scale values), on
     /// prefixes that are and are not multiples of the tile and the slot range, causal and tree
-    /// masks, GQA groups of 1, 3 and 4, head sizes 16, 64, 80 (portable only: 8, 20).
+    /// masks, GQA groups of 1, 3 and 4, head sizes 16, 64, 80 (AVX-512: multiples of 16 only;
+    /// AVX2 also 8; portable also 20).
     #[test]
     fn kernels_match_reference() {
         crate::runtime::init_threads(2);
@@ -635,10 +782,10 @@ mod tests {
                         }
                     }
                     let vis = Visibility::Mask(&mask);
-                    let mut kerns = vec![Kernel::Portable];
-                    if isa() == Isa::Avx512Vnni && hd % 16 == 0 {
-                        kerns.push(Kernel::Avx512);
-                    }
+                    // Every kernel this CPU runs for this head size.
+                    let mut kerns: Vec<Kernel> =
+                        runnable().into_iter().map(|i| kernel_of(i, hd)).collect();
+                    kerns.dedup();
                     for (kern, dtype) in kerns
                         .into_iter()
                         .flat_map(|k| [(k, KvDtype::F32), (k, KvDtype::F16)])

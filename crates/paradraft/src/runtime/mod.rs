@@ -13,7 +13,7 @@ macro_rules! multiversion {
             fn inner($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
-                use $crate::runtime::qmatmul::{isa, Isa};
+                use $crate::runtime::isa::{isa, Isa};
                 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
                 unsafe fn fast512($($arg: $ty),*) $(-> $ret)? {
                     inner($($arg),*)
@@ -25,7 +25,7 @@ macro_rules! multiversion {
                 // SAFETY: the CPU has the features each clone is compiled for.
                 match isa() {
                     Isa::Avx512Vnni => return unsafe { fast512($($arg),*) },
-                    Isa::Avx2 => return unsafe { fast256($($arg),*) },
+                    Isa::Avx2 | Isa::AvxVnni => return unsafe { fast256($($arg),*) },
                     Isa::Portable => {}
                 }
             }
@@ -36,6 +36,7 @@ macro_rules! multiversion {
 pub(crate) use multiversion;
 
 pub mod attention;
+pub mod isa;
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;

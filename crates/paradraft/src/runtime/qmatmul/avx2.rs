@@ -1,71 +1,394 @@
-//! AVX2 + FMA kernels (`maddubs`/`madd`; sign trick for Q8 weights).
+//! 256-bit kernels: activation quantization and the int8 matmul tiles, with AVX2's `maddubs`
+//! or with 256-bit VNNI (`vpdpbusd`: AVX-VNNI's VEX encoding, or AVX-512 VNNI's EVEX one).
+//!
+//! A 256-bit register holds 4 consecutive weights of 8 rows (half of a 16-row group), so a
+//! tile is (halves × activation rows): each weight register is loaded and unpacked once for all
+//! the tile's activation rows, and each activation row's broadcasts serve all its halves.
+//! Decode (one activation row) takes both halves of a group at once for independent chains.
+//!
+//! AVX2, Q4: `maddubs` (u8 nibble · s8 activation → i16 pairs) is exact here, and so is summing
+//! the 8 products of a block in i16 (|Σ| ≤ 8 · 2 · 15 · 127 = 30 480), so one `madd` per
+//! (row, block) widens to i32. Q8: the sign trick (|w| · sign(y, w)) keeps `maddubs` from
+//! saturating; each product pair is widened at once (2 · 128 · 127 = 32 512 leaves no room).
+//! VNNI sums 4 products into i32 lanes directly; for Q8 the unsigned operand is the activation
+//! shifted by 128, corrected by the weights' sums as in the AVX-512 kernel.
+//!
+//! Every (row, activation row) runs the same integer sums and the same f32 epilogue whatever
+//! tile it is computed in, so a row's output never depends on the batch it came in.
 
-use super::{GgmlType, Packed, QActs, GROUP, QK};
+use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
 use std::arch::x86_64::*;
 
-/// AVX2 without VNNI: 8 rows per 256-bit register; `maddubs` (u8·s8 → i16 pairs) then
-/// `madd` with ones (→ i32). For Q8 weights the sign trick keeps `maddubs` from saturating:
-/// |w| · sign(y, w).
+/// Activation rows per tile (with one half of a group: 4 accumulators + 4 partial sums).
+/// Wider tiles (6 rows) and two halves × two rows measured no faster: the kernel is bound by
+/// its vector operations per MAC, not by loading weights.
+const TILE: usize = 4;
+
+/// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127 (bit for bit the
+/// portable function).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
+    let absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let flip = _mm256_set1_epi8(-128);
+    for (bi, xb) in x.chunks_exact(QK).enumerate() {
+        let p = xb.as_ptr();
+        let v = [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ];
+        let a01 = _mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask));
+        let a23 = _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask));
+        let m8 = _mm256_max_ps(a01, a23);
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps::<1>(m8));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+        let amax = _mm_cvtss_f32(m1);
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        // Round to nearest even (the default MXCSR mode); |x · id| ≤ 127 up to rounding, so
+        // the saturating packs never saturate past ±127.
+        let q = |i: usize| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+        let p01 = _mm256_packs_epi32(q(0), q(1));
+        let p23 = _mm256_packs_epi32(q(2), q(3));
+        // packs works within 128-bit lanes: dwords come out as a0 b0 c0 d0 a1 b1 c1 d1.
+        let b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order);
+        _mm256_storeu_si256(o.qs.add(bi * QK) as *mut __m256i, b);
+        let u = _mm256_xor_si256(b, flip);
+        _mm256_storeu_si256(o.us.add(bi * QK) as *mut __m256i, u);
+        // Σ q = Σ (q + 128) − 32 · 128, the unsigned sum by SAD against zero.
+        let sad = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        let s2 = _mm_add_epi64(
+            _mm256_castsi256_si128(sad),
+            _mm256_extracti128_si256::<1>(sad),
+        );
+        let usum = _mm_cvtsi128_si64(s2) + _mm_extract_epi64::<1>(s2);
+        let sum = usum as i32 - (QK as i32) * 128;
+        *o.d.add(bi) = d;
+        *o.s.add(bi) = d * sum as f32;
+    }
+}
+
+/// The int8 dot products of a kernel family on 8-row registers.
+trait Dot {
+    /// Q4 partial sums `s` plus step `i` of a block: the low and high nibbles `lo`, `hi` times
+    /// the activation bytes `4i..4i+4` and `16+4i..16+4i+4` of `y`.
+    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i;
+    /// A block's Q4 partial sums as one i32 per row.
+    unsafe fn q4_rows(s: __m256i) -> __m256i;
+    /// A Q8 weight register as the dot products take it (once per tile).
+    unsafe fn q8_weights(w: __m256i) -> __m256i;
+    /// Q8 partial sums plus weights `w` (raw) / `pw` (prepared) times the 4 activation bytes
+    /// at `y` (signed) / `u` (the same values, unsigned form).
+    unsafe fn q8(s: __m256i, w: __m256i, pw: __m256i, y: *const i8, u: *const u8) -> __m256i;
+    /// A block's Q8 sums as one i32 per row (rows `8·half..` of block `gb`).
+    unsafe fn q8_rows(s: __m256i, p: &Packed, gb: usize, half: usize) -> __m256i;
+}
+
+/// AVX2: `maddubs` then `madd`.
+struct Maddubs;
+
+impl Dot for Maddubs {
+    #[inline(always)]
+    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
+        let pl = _mm256_maddubs_epi16(lo, bcast4(y.add(4 * i)));
+        let ph = _mm256_maddubs_epi16(hi, bcast4(y.add(16 + 4 * i)));
+        _mm256_add_epi16(s, _mm256_add_epi16(pl, ph))
+    }
+    #[inline(always)]
+    unsafe fn q4_rows(s: __m256i) -> __m256i {
+        _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn q8_weights(w: __m256i) -> __m256i {
+        _mm256_sign_epi8(w, w)
+    }
+    #[inline(always)]
+    unsafe fn q8(s: __m256i, w: __m256i, pw: __m256i, y: *const i8, _: *const u8) -> __m256i {
+        let prod = _mm256_maddubs_epi16(pw, _mm256_sign_epi8(bcast4(y), w));
+        _mm256_add_epi32(s, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn q8_rows(s: __m256i, _: &Packed, _: usize, _: usize) -> __m256i {
+        s
+    }
+}
+
+/// One `vpdpbusd` on 256-bit registers: `acc + Σ₄ u8 · s8` per i32 lane.
+trait Dpbusd {
+    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+}
+
+/// AVX-VNNI (VEX encoding).
+struct Vex;
+impl Dpbusd for Vex {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(acc, u, s)
+    }
+}
+
+/// AVX-512 VNNI + VL (EVEX encoding of the same instruction).
+struct Evex;
+impl Dpbusd for Evex {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, u, s)
+    }
+}
+
+/// 256-bit VNNI.
+struct Vnni<D>(std::marker::PhantomData<D>);
+
+impl<D: Dpbusd> Dot for Vnni<D> {
+    #[inline(always)]
+    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
+        let s = D::dp(s, lo, bcast4(y.add(4 * i)));
+        D::dp(s, hi, bcast4(y.add(16 + 4 * i)))
+    }
+    #[inline(always)]
+    unsafe fn q4_rows(s: __m256i) -> __m256i {
+        s
+    }
+    #[inline(always)]
+    unsafe fn q8_weights(w: __m256i) -> __m256i {
+        w
+    }
+    #[inline(always)]
+    unsafe fn q8(s: __m256i, w: __m256i, _: __m256i, _: *const i8, u: *const u8) -> __m256i {
+        D::dp(s, bcast4(u as *const i8), w)
+    }
+    #[inline(always)]
+    unsafe fn q8_rows(s: __m256i, p: &Packed, gb: usize, half: usize) -> __m256i {
+        let ws = _mm256_cvtepi16_epi32(_mm_loadu_si128(
+            p.wsum.as_ptr().add(gb * GROUP + half * 8) as *const __m128i
+        ));
+        _mm256_sub_epi32(s, _mm256_slli_epi32::<7>(ws))
+    }
+}
+
+/// AVX2 (`maddubs`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
-    let nb = p.cols / QK;
-    let ones = _mm256_set1_epi16(1);
-    let mask = _mm256_set1_epi8(0x0F);
+    groups::<Maddubs>(p, a, g0, g1, out, ld)
+}
+
+/// AVX-VNNI (VEX encoding: Intel Alder Lake and later).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn matmul_groups_vnni_vex(
+    p: &Packed,
+    a: &QActs,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    groups::<Vnni<Vex>>(p, a, g0, g1, out, ld)
+}
+
+/// 256-bit VNNI through AVX-512 VL (CPUs with AVX-512 VNNI but no AVX-VNNI, e.g. Zen 4).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+pub unsafe fn matmul_groups_vnni_evex(
+    p: &Packed,
+    a: &QActs,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    groups::<Vnni<Evex>>(p, a, g0, g1, out, ld)
+}
+
+#[inline(always)]
+unsafe fn groups<D: Dot>(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+    let q8 = p.ty == GgmlType::Q8_0;
     for g in g0..g1 {
-        for half in 0..2 {
-            let r0 = g * GROUP + half * 8;
-            if r0 >= p.rows {
+        let r0 = g * GROUP;
+        if a.n == 1 {
+            let mut acc = [[_mm256_setzero_ps(); 1]; 2];
+            if q8 {
+                q8_tile::<D, 2, 1>(p, a, g, 0, 0, &mut acc);
+            } else {
+                q4_tile::<D, 2, 1>(p, a, g, 0, 0, &mut acc);
+            }
+            store(p, r0, acc[0][0], out);
+            store(p, r0 + 8, acc[1][0], out);
+            continue;
+        }
+        for h in 0..2 {
+            if r0 + 8 * h >= p.rows {
                 break;
             }
-            for t in 0..a.n {
-                let mut acc = _mm256_setzero_ps();
-                for b in 0..nb {
-                    let gb = g * nb + b;
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                        p.d.as_ptr().add(gb * GROUP + half * 8) as *const __m128i,
-                    ));
-                    let dx = _mm256_set1_ps(*a.d.get_unchecked(t * nb + b));
-                    let y = a.qs.as_ptr().add(t * a.k + b * QK);
-                    let bc =
-                        |o: usize| _mm256_set1_epi32((y.add(o) as *const i32).read_unaligned());
-                    let mut s = _mm256_setzero_si256();
-                    if p.ty == GgmlType::Q8_0 {
-                        let base = p.q.as_ptr().add(gb * 512 + half * 32);
-                        for i in 0..8 {
-                            let w = _mm256_loadu_si256(base.add(i * 64) as *const __m256i);
-                            let yy = bc(4 * i);
-                            let prod = _mm256_maddubs_epi16(
-                                _mm256_sign_epi8(w, w),
-                                _mm256_sign_epi8(yy, w),
-                            );
-                            s = _mm256_add_epi32(s, _mm256_madd_epi16(prod, ones));
-                        }
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
-                    } else {
-                        let base = p.q.as_ptr().add(gb * 256 + half * 32);
-                        for i in 0..4 {
-                            let w = _mm256_loadu_si256(base.add(i * 64) as *const __m256i);
-                            let lo = _mm256_and_si256(w, mask);
-                            let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), mask);
-                            let pl = _mm256_maddubs_epi16(lo, bc(4 * i));
-                            let ph = _mm256_maddubs_epi16(hi, bc(16 + 4 * i));
-                            s = _mm256_add_epi32(
-                                s,
-                                _mm256_madd_epi16(_mm256_add_epi16(pl, ph), ones),
-                            );
-                        }
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            p.m.as_ptr().add(gb * GROUP + half * 8) as *const __m128i,
-                        ));
-                        let sx = _mm256_set1_ps(*a.s.get_unchecked(t * nb + b));
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc);
-                        acc = _mm256_fmadd_ps(mw, sx, acc);
-                    }
+            let mut t0 = 0;
+            while t0 < a.n {
+                let tn = (a.n - t0).min(TILE);
+                // Monomorphised per tile height so the loops unroll into independent chains.
+                match tn {
+                    1 => half_tile::<D, 1>(p, a, g, h, t0, out, ld),
+                    2 => half_tile::<D, 2>(p, a, g, h, t0, out, ld),
+                    3 => half_tile::<D, 3>(p, a, g, h, t0, out, ld),
+                    _ => half_tile::<D, 4>(p, a, g, h, t0, out, ld),
                 }
-                let valid = (p.rows - r0).min(8);
-                let mut tmp = [0f32; 8];
-                _mm256_storeu_ps(tmp.as_mut_ptr(), acc);
-                std::ptr::copy_nonoverlapping(tmp.as_ptr(), out.add(t * ld + r0), valid);
+                t0 += tn;
+            }
+        }
+    }
+}
+
+/// Half `h` of group `g` for activation rows `t0..t0 + N`.
+#[inline(always)]
+unsafe fn half_tile<D: Dot, const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    h: usize,
+    t0: usize,
+    out: *mut f32,
+    ld: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); N]; 1];
+    if p.ty == GgmlType::Q8_0 {
+        q8_tile::<D, 1, N>(p, a, g, h, t0, &mut acc);
+    } else {
+        q4_tile::<D, 1, N>(p, a, g, h, t0, &mut acc);
+    }
+    for (t, v) in acc[0].iter().enumerate() {
+        store(p, g * GROUP + 8 * h, *v, out.add((t0 + t) * ld));
+    }
+}
+
+/// Stores the 8 outputs of rows `r..r + 8` (those that exist) at `dst + r`.
+#[inline(always)]
+unsafe fn store(p: &Packed, r: usize, v: __m256, dst: *mut f32) {
+    if r >= p.rows {
+        return;
+    }
+    let valid = (p.rows - r).min(8);
+    if valid == 8 {
+        _mm256_storeu_ps(dst.add(r), v);
+    } else {
+        let mut tmp = [0f32; 8];
+        _mm256_storeu_ps(tmp.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst.add(r), valid);
+    }
+}
+
+/// Row groups ahead whose weights are prefetched while a group is computed.
+const PREFETCH_GROUPS: usize = 1;
+
+/// Prefetches what block `gb` of the row group [`PREFETCH_GROUPS`] ahead needs.
+#[inline(always)]
+unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
+    let ahead = |ptr: *const u8, bytes: usize| {
+        let q = ptr.wrapping_add(PREFETCH_GROUPS * nb * bytes);
+        let mut o = 0;
+        while o < bytes {
+            _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(o) as *const i8);
+            o += 64;
+        }
+    };
+    let cb = Packed::chunk_bytes(p.ty);
+    ahead(p.q.as_ptr().add(gb * cb), cb);
+    ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32);
+    if p.ty != GgmlType::Q8_0 {
+        ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32);
+    }
+}
+
+#[inline(always)]
+unsafe fn bcast4(p: *const i8) -> __m256i {
+    _mm256_set1_epi32((p as *const i32).read_unaligned())
+}
+
+#[inline(always)]
+unsafe fn load_f16x8(p: *const half::f16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// `H` halves (from half `h0`) × `N` activation rows (from `t0`) of group `g`, Q4_0/Q4_1.
+#[inline(always)]
+unsafe fn q4_tile<D: Dot, const H: usize, const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    h0: usize,
+    t0: usize,
+    acc: &mut [[__m256; N]; H],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm256_set1_epi8(0x0F);
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        if t0 == 0 && h0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let mut s = [[_mm256_setzero_si256(); N]; H];
+        for i in 0..4 {
+            for (h, sh) in s.iter_mut().enumerate() {
+                let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
+                let lo = _mm256_and_si256(w, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask);
+                for (t, st) in sh.iter_mut().enumerate() {
+                    let y = a.qs.as_ptr().add((t0 + t) * k + b * QK);
+                    *st = D::q4(*st, lo, hi, y, i);
+                }
+            }
+        }
+        for h in 0..H {
+            let dw = load_f16x8(p.d.as_ptr().add(gb * GROUP + (h0 + h) * 8));
+            let mw = load_f16x8(p.m.as_ptr().add(gb * GROUP + (h0 + h) * 8));
+            for t in 0..N {
+                let row = t0 + t;
+                let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
+                let sx = _mm256_set1_ps(*a.s.get_unchecked(row * nb + b));
+                let si = D::q4_rows(s[h][t]);
+                let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+                acc[h][t] = _mm256_fmadd_ps(mw, sx, v);
+            }
+        }
+    }
+}
+
+/// As [`q4_tile`] for Q8_0 weights.
+#[inline(always)]
+unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    h0: usize,
+    t0: usize,
+    acc: &mut [[__m256; N]; H],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 512);
+        if t0 == 0 && h0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let mut s = [[_mm256_setzero_si256(); N]; H];
+        for i in 0..8 {
+            for (h, sh) in s.iter_mut().enumerate() {
+                let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
+                let pw = D::q8_weights(w);
+                for (t, st) in sh.iter_mut().enumerate() {
+                    let o = (t0 + t) * k + b * QK + 4 * i;
+                    *st = D::q8(*st, w, pw, a.qs.as_ptr().add(o), a.us.as_ptr().add(o));
+                }
+            }
+        }
+        for h in 0..H {
+            let dw = load_f16x8(p.d.as_ptr().add(gb * GROUP + (h0 + h) * 8));
+            for t in 0..N {
+                let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+                let si = D::q8_rows(s[h][t], p, gb, h0 + h);
+                acc[h][t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
             }
         }
     }

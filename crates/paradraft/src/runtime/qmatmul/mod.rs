@@ -14,6 +14,7 @@
 //! - Q8: `chunk[i][4r + j] = w_r[4i + j]` for i in 0..8; `d[r]` f16; `wsum[r] = Σ w_r` i16.
 //!   The unsigned operand is the activation shifted by 128: Σ (y+128)·w − 128·Σ w = Σ y·w.
 
+use super::isa::{isa, Isa};
 use super::quant::{GgmlType, QK};
 use half::f16;
 
@@ -52,7 +53,7 @@ impl QActs {
         self.us.resize(n * k, 0);
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
-        let simd = cfg!(target_arch = "x86_64") && isa() == Isa::Avx512Vnni;
+        let kern = isa();
         let out = BlockOut {
             qs: self.qs.as_mut_ptr(),
             us: self.us.as_mut_ptr(),
@@ -63,13 +64,7 @@ impl QActs {
             let xs = &x[t0 * k..t1 * k];
             let o = out.at(t0 * nb);
             // SAFETY: rows t0..t1 own blocks t0·nb..t1·nb of every output array.
-            #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: the CPU supports AVX-512.
-                return unsafe { avx512::quantize(xs, o) };
-            }
-            let _ = simd;
-            unsafe { quantize_blocks_portable(xs, o) }
+            unsafe { quantize_blocks(kern, xs, o) }
         };
         if n >= super::quant::PAR_ROWS {
             super::quant::par_ranges(n, run);
@@ -114,6 +109,20 @@ impl BlockOut {
             d: self.d.wrapping_add(b),
             s: self.s.wrapping_add(b),
         }
+    }
+}
+
+/// [`quantize_blocks_portable`] with the kernel of `kern` (each gives the same bits).
+///
+/// # Safety
+/// `o` must be valid for `x.len() / 32` blocks, and the CPU must support `kern`.
+unsafe fn quantize_blocks(kern: Isa, x: &[f32], o: BlockOut) {
+    match kern {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => avx512::quantize(x, o),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::AvxVnni => avx2::quantize(x, o),
+        _ => quantize_blocks_portable(x, o),
     }
 }
 
@@ -314,12 +323,34 @@ impl Packed {
     /// `out` must be valid for writes at `t * ld + r` for every `t < a.n` and every row `r` of
     /// the groups, and no other thread may write those elements meanwhile.
     pub unsafe fn matmul_groups(&self, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+        self.matmul_groups_with(isa(), a, g0, g1, out, ld)
+    }
+
+    /// [`Packed::matmul_groups`] with the kernel of `kern`.
+    ///
+    /// # Safety
+    /// As for [`Packed::matmul_groups`], and the CPU must support `kern`.
+    unsafe fn matmul_groups_with(
+        &self,
+        kern: Isa,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
         debug_assert_eq!(a.k, self.cols);
-        match isa() {
+        match kern {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::matmul_groups(self, a, g0, g1, out, ld),
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni if super::isa::vnni_evex() => {
+                avx2::matmul_groups_vnni_evex(self, a, g0, g1, out, ld)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::AvxVnni => avx2::matmul_groups_vnni_vex(self, a, g0, g1, out, ld),
             _ => self.matmul_groups_portable(a, g0, g1, out, ld),
         }
     }
@@ -385,55 +416,6 @@ impl Packed {
     }
 }
 
-/// The instruction sets the kernels can use, best first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Isa {
-    Portable,
-    Avx2,
-    Avx512Vnni,
-}
-
-/// The kernel family in use: detected once; `PARADRAFT_ISA=portable|avx2|avx512` caps it
-/// (`PARADRAFT_PORTABLE=1` means `portable`).
-pub fn isa() -> Isa {
-    use std::sync::OnceLock;
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let detected = detect_isa();
-        let cap = match std::env::var("PARADRAFT_ISA").ok().as_deref() {
-            Some("portable") => Isa::Portable,
-            Some("avx2") => Isa::Avx2,
-            _ if std::env::var_os("PARADRAFT_PORTABLE").is_some() => Isa::Portable,
-            _ => Isa::Avx512Vnni,
-        };
-        detected.min(cap)
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-fn detect_isa() -> Isa {
-    if is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("fma")
-    {
-        Isa::Avx512Vnni
-    } else if is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-    {
-        Isa::Avx2
-    } else {
-        Isa::Portable
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn detect_isa() -> Isa {
-    Isa::Portable
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
@@ -479,6 +461,34 @@ pub(super) mod tests {
         v
     }
 
+    /// Every kernel family this CPU can run, the portable one first.
+    pub(in crate::runtime) fn runnable() -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|&k| k <= crate::runtime::isa::detect())
+            .collect()
+    }
+
+    fn quantize_with(kern: Isa, x: &[f32], k: usize) -> QActs {
+        let mut a = QActs {
+            n: x.len() / k,
+            k,
+            qs: vec![0; x.len()],
+            us: vec![0; x.len()],
+            d: vec![0.0; x.len() / QK],
+            s: vec![0.0; x.len() / QK],
+        };
+        let out = BlockOut {
+            qs: a.qs.as_mut_ptr(),
+            us: a.us.as_mut_ptr(),
+            d: a.d.as_mut_ptr(),
+            s: a.s.as_mut_ptr(),
+        };
+        // SAFETY: the buffers hold every block of `x`; `runnable` kernels only.
+        unsafe { quantize_blocks(kern, x, out) };
+        a
+    }
+
     #[test]
     fn simd_quantize_matches_portable() {
         let mut rng = Lcg(7);
@@ -486,19 +496,22 @@ pub(super) mod tests {
         x[5] = 0.0;
         x[64..96].fill(0.0); // an all-zero block
         x[100] = 1e-30;
-        let (mut a, mut b) = (QActs::default(), QActs::default());
-        a.quantize(&x, 576);
-        b.k = 576;
-        b.n = 4;
-        b.qs.resize(x.len(), 0);
-        b.us.resize(x.len(), 0);
-        b.d.resize(x.len() / QK, 0.0);
-        b.s.resize(x.len() / QK, 0.0);
-        b.quantize_portable(&x);
-        assert_eq!(a.qs, b.qs);
-        assert_eq!(a.us, b.us);
-        assert_eq!(a.d, b.d);
-        assert_eq!(a.s, b.s);
+        x[200] = -7.5; // a block whose extreme is negative
+        x[300..332].fill(0.5); // ties of x · id round to even
+        let mut b = quantize_with(Isa::Portable, &x, 576);
+        b.quantize_portable(&x); // the public entry point of the reference
+        let mut pooled = QActs::default();
+        pooled.quantize(&x, 576);
+        for a in runnable()
+            .into_iter()
+            .map(|k| quantize_with(k, &x, 576))
+            .chain([pooled])
+        {
+            assert_eq!(a.qs, b.qs);
+            assert_eq!(a.us, b.us);
+            assert_eq!(a.d, b.d);
+            assert_eq!(a.s, b.s);
+        }
     }
 
     #[test]
@@ -520,52 +533,67 @@ pub(super) mod tests {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.unif() * 4.0 - 2.0).collect();
                     let mut qa = QActs::default();
                     qa.quantize(&x, cols);
-                    let mut fast = vec![0f32; n * rows];
-                    let mut avx2 = vec![0f32; n * rows];
                     let mut port = vec![0f32; n * rows];
+                    // SAFETY: `port` holds n × rows outputs.
                     unsafe {
-                        p.matmul_groups(&qa, 0, p.groups(), fast.as_mut_ptr(), rows);
-                        p.matmul_groups_portable(&qa, 0, p.groups(), port.as_mut_ptr(), rows);
-                        #[cfg(target_arch = "x86_64")]
-                        if detect_isa() >= Isa::Avx2 {
-                            avx2::matmul_groups(&p, &qa, 0, p.groups(), avx2.as_mut_ptr(), rows);
-                        } else {
-                            avx2.copy_from_slice(&port);
+                        p.matmul_groups_portable(&qa, 0, p.groups(), port.as_mut_ptr(), rows)
+                    };
+                    for kern in runnable() {
+                        let mut fast = vec![0f32; n * rows];
+                        // SAFETY: as above; a kernel this CPU runs.
+                        unsafe {
+                            p.matmul_groups_with(kern, &qa, 0, p.groups(), fast.as_mut_ptr(), rows)
+                        };
+                        // A row's output does not depend on the rows computed beside it.
+                        for t in 0..n {
+                            let mut one = vec![0f32; rows];
+                            let mut qt = QActs::default();
+                            qt.quantize(&x[t * cols..(t + 1) * cols], cols);
+                            // SAFETY: `one` holds 1 × rows outputs.
+                            unsafe {
+                                p.matmul_groups_with(
+                                    kern,
+                                    &qt,
+                                    0,
+                                    p.groups(),
+                                    one.as_mut_ptr(),
+                                    rows,
+                                )
+                            };
+                            assert_eq!(one, fast[t * rows..(t + 1) * rows], "{kern:?} {ty:?} n{n}");
                         }
-                        #[cfg(not(target_arch = "x86_64"))]
-                        avx2.copy_from_slice(&port);
-                    }
-                    for t in 0..n {
-                        for r in 0..rows {
-                            let xr = &x[t * cols..(t + 1) * cols];
-                            let wr = &w[r * cols..(r + 1) * cols];
-                            let exact: f64 =
-                                wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                            let mag: f64 = wr
-                                .iter()
-                                .zip(xr)
-                                .map(|(a, b)| (*a as f64 * *b as f64).abs())
-                                .sum();
-                            let (f, q) = (fast[t * rows + r] as f64, port[t * rows + r] as f64);
-                            // SIMD and portable run the same integer arithmetic: f32 rounding only.
-                            assert!(
-                                (f - q).abs() <= 1e-5 * mag + 1e-6,
-                                "{ty:?} {rows}x{cols} n{n}: {f} vs {q}"
-                            );
-                            // Int8 activations: |x − d·q| ≤ d/2 with d = amax/127 per block.
-                            let bound: f64 = (0..cols)
-                                .map(|i| {
-                                    let b = i / QK;
-                                    let amax = xr[b * QK..(b + 1) * QK]
-                                        .iter()
-                                        .fold(0f32, |a, v| a.max(v.abs()));
-                                    wr[i].abs() as f64 * amax as f64 / 254.0
-                                })
-                                .sum();
-                            assert!(
-                                (f - exact).abs() <= bound * 1.001 + 1e-4 * mag + 1e-6,
-                                "{ty:?}: {f} vs exact {exact}, bound {bound}"
-                            );
+                        for t in 0..n {
+                            for r in 0..rows {
+                                let xr = &x[t * cols..(t + 1) * cols];
+                                let wr = &w[r * cols..(r + 1) * cols];
+                                let exact: f64 =
+                                    wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                                let mag: f64 = wr
+                                    .iter()
+                                    .zip(xr)
+                                    .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                                    .sum();
+                                let (f, q) = (fast[t * rows + r] as f64, port[t * rows + r] as f64);
+                                // SIMD and portable run the same integer arithmetic: f32 rounding only.
+                                assert!(
+                                    (f - q).abs() <= 1e-5 * mag + 1e-6,
+                                    "{kern:?} {ty:?} {rows}x{cols} n{n}: {f} vs {q}"
+                                );
+                                // Int8 activations: |x − d·q| ≤ d/2 with d = amax/127 per block.
+                                let bound: f64 = (0..cols)
+                                    .map(|i| {
+                                        let b = i / QK;
+                                        let amax = xr[b * QK..(b + 1) * QK]
+                                            .iter()
+                                            .fold(0f32, |a, v| a.max(v.abs()));
+                                        wr[i].abs() as f64 * amax as f64 / 254.0
+                                    })
+                                    .sum();
+                                assert!(
+                                    (f - exact).abs() <= bound * 1.001 + 1e-4 * mag + 1e-6,
+                                    "{ty:?}: {f} vs exact {exact}, bound {bound}"
+                                );
+                            }
                         }
                     }
                 }
@@ -592,7 +620,10 @@ mod timing {
                 .map(|i| (i * 37 % 251) as u8 & 0x3F)
                 .collect();
             let p = Packed::new(ty, rows, cols, &src);
-            for n in [1, 4, 16].into_iter().filter(|&n| rows < 10_000 || n == 1) {
+            for n in [1, 4, 6, 16]
+                .into_iter()
+                .filter(|&n| rows < 10_000 || n == 1)
+            {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
                 let mut qa = QActs::default();
                 qa.quantize(&x, cols);
