@@ -73,24 +73,40 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
 
 /// The int8 dot products of a kernel family on 8-row registers.
 trait Dot {
+    /// Integer partial sums of one (half, activation row) over a block.
+    type Acc: Copy;
+    fn zero() -> Self::Acc;
     /// Q4 partial sums `s` plus step `i` of a block: the low and high nibbles `lo`, `hi` times
     /// the activation bytes `4i..4i+4` and `16+4i..16+4i+4` of `y`.
-    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i;
+    unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
     /// A block's Q4 partial sums as one i32 per row.
-    unsafe fn q4_rows(s: __m256i) -> __m256i;
+    unsafe fn q4_rows(s: Self::Acc) -> __m256i;
     /// A Q8 weight register as the dot products take it (once per tile).
     unsafe fn q8_weights(w: __m256i) -> __m256i;
-    /// Q8 partial sums plus weights `w` (raw) / `pw` (prepared) times the 4 activation bytes
-    /// at `y` (signed) / `u` (the same values, unsigned form).
-    unsafe fn q8(s: __m256i, w: __m256i, pw: __m256i, y: *const i8, u: *const u8) -> __m256i;
+    /// Q8 partial sums plus step `i`: weights `w` (raw) / `pw` (prepared) times the 4
+    /// activation bytes at `y` (signed) / `u` (the same values, unsigned form).
+    unsafe fn q8(
+        s: Self::Acc,
+        w: __m256i,
+        pw: __m256i,
+        y: *const i8,
+        u: *const u8,
+        i: usize,
+    ) -> Self::Acc;
     /// A block's Q8 sums as one i32 per row (rows `8·half..` of block `gb`).
-    unsafe fn q8_rows(s: __m256i, p: &Packed, gb: usize, half: usize) -> __m256i;
+    unsafe fn q8_rows(s: Self::Acc, p: &Packed, gb: usize, half: usize) -> __m256i;
 }
 
 /// AVX2: `maddubs` then `madd`.
 struct Maddubs;
 
 impl Dot for Maddubs {
+    type Acc = __m256i;
+    #[inline(always)]
+    fn zero() -> __m256i {
+        // SAFETY: AVX is enabled wherever this kernel runs.
+        unsafe { _mm256_setzero_si256() }
+    }
     #[inline(always)]
     unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
         let pl = _mm256_maddubs_epi16(lo, bcast4(y.add(4 * i)));
@@ -106,7 +122,14 @@ impl Dot for Maddubs {
         _mm256_sign_epi8(w, w)
     }
     #[inline(always)]
-    unsafe fn q8(s: __m256i, w: __m256i, pw: __m256i, y: *const i8, _: *const u8) -> __m256i {
+    unsafe fn q8(
+        s: __m256i,
+        w: __m256i,
+        pw: __m256i,
+        y: *const i8,
+        _: *const u8,
+        _: usize,
+    ) -> __m256i {
         let prod = _mm256_maddubs_epi16(pw, _mm256_sign_epi8(bcast4(y), w));
         _mm256_add_epi32(s, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
     }
@@ -139,29 +162,51 @@ impl Dpbusd for Evex {
     }
 }
 
-/// 256-bit VNNI.
+/// 256-bit VNNI, two `vpdpbusd` chains per (half, activation row): one chain would wait on
+/// the instruction's latency.
 struct Vnni<D>(std::marker::PhantomData<D>);
 
 impl<D: Dpbusd> Dot for Vnni<D> {
+    type Acc = (__m256i, __m256i);
     #[inline(always)]
-    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
-        let s = D::dp(s, lo, bcast4(y.add(4 * i)));
-        D::dp(s, hi, bcast4(y.add(16 + 4 * i)))
+    fn zero() -> Self::Acc {
+        // SAFETY: AVX is enabled wherever this kernel runs.
+        unsafe { (_mm256_setzero_si256(), _mm256_setzero_si256()) }
     }
     #[inline(always)]
-    unsafe fn q4_rows(s: __m256i) -> __m256i {
-        s
+    unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc {
+        (
+            D::dp(s.0, lo, bcast4(y.add(4 * i))),
+            D::dp(s.1, hi, bcast4(y.add(16 + 4 * i))),
+        )
+    }
+    #[inline(always)]
+    unsafe fn q4_rows(s: Self::Acc) -> __m256i {
+        _mm256_add_epi32(s.0, s.1)
     }
     #[inline(always)]
     unsafe fn q8_weights(w: __m256i) -> __m256i {
         w
     }
     #[inline(always)]
-    unsafe fn q8(s: __m256i, w: __m256i, _: __m256i, _: *const i8, u: *const u8) -> __m256i {
-        D::dp(s, bcast4(u as *const i8), w)
+    unsafe fn q8(
+        s: Self::Acc,
+        w: __m256i,
+        _: __m256i,
+        _: *const i8,
+        u: *const u8,
+        i: usize,
+    ) -> Self::Acc {
+        let x = bcast4(u as *const i8);
+        if i % 2 == 0 {
+            (D::dp(s.0, x, w), s.1)
+        } else {
+            (s.0, D::dp(s.1, x, w))
+        }
     }
     #[inline(always)]
-    unsafe fn q8_rows(s: __m256i, p: &Packed, gb: usize, half: usize) -> __m256i {
+    unsafe fn q8_rows(s: Self::Acc, p: &Packed, gb: usize, half: usize) -> __m256i {
+        let s = _mm256_add_epi32(s.0, s.1);
         let ws = _mm256_cvtepi16_epi32(_mm_loadu_si128(
             p.wsum.as_ptr().add(gb * GROUP + half * 8) as *const __m128i
         ));
@@ -326,7 +371,7 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize>(
         if t0 == 0 && h0 == 0 {
             prefetch_block(p, gb, nb);
         }
-        let mut s = [[_mm256_setzero_si256(); N]; H];
+        let mut s = [[D::zero(); N]; H];
         for i in 0..4 {
             for (h, sh) in s.iter_mut().enumerate() {
                 let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
@@ -371,14 +416,14 @@ unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
         if t0 == 0 && h0 == 0 {
             prefetch_block(p, gb, nb);
         }
-        let mut s = [[_mm256_setzero_si256(); N]; H];
+        let mut s = [[D::zero(); N]; H];
         for i in 0..8 {
             for (h, sh) in s.iter_mut().enumerate() {
                 let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
                 let pw = D::q8_weights(w);
                 for (t, st) in sh.iter_mut().enumerate() {
                     let o = (t0 + t) * k + b * QK + 4 * i;
-                    *st = D::q8(*st, w, pw, a.qs.as_ptr().add(o), a.us.as_ptr().add(o));
+                    *st = D::q8(*st, w, pw, a.qs.as_ptr().add(o), a.us.as_ptr().add(o), i);
                 }
             }
         }
