@@ -198,7 +198,7 @@ impl<D: Dpbusd> Dot for Vnni<D> {
         i: usize,
     ) -> Self::Acc {
         let x = bcast4(u as *const i8);
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             (D::dp(s.0, x, w), s.1)
         } else {
             (s.0, D::dp(s.1, x, w))
