@@ -332,11 +332,8 @@ pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
         );
     }
     // K and V of every layer for every position (drafters and speculation add little).
-    let elem = match m.kv_dtype {
-        paradraft::kv::KvDtype::F16 => 2,
-        paradraft::kv::KvDtype::F32 => 4,
-    };
-    let kv_bytes = (2 * c.n_layers * c.n_kv_heads * c.head_dim * elem) as u128 * ctx as u128;
+    let slot = paradraft::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, m.kv_dtype);
+    let kv_bytes = slot as u128 * ctx as u128;
     if let Some(avail) = available_memory() {
         if kv_bytes > avail as u128 {
             bail!(

@@ -57,12 +57,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
-    let (layers, kv_heads, head_dim) = lm.model.new_kv(1).geometry();
-    let elem = match lm.model.new_kv(1).dtype() {
-        paradraft::kv::KvDtype::F16 => 2,
-        paradraft::kv::KvDtype::F32 => 4,
-    };
-    let page_bytes = pool::PAGE_SLOTS * 2 * layers * kv_heads * head_dim * elem;
+    let page_bytes = pool::PAGE_SLOTS * lm.model.new_kv(1).bytes_per_slot();
     let kv_pages = a.kv_memory_mib.saturating_mul(1 << 20) / page_bytes;
     if kv_pages < pool::KvPool::pages_for(ctx) {
         bail!(

@@ -32,6 +32,26 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
+impl KvDtype {
+    /// Bytes per stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        }
+    }
+}
+
+/// Bytes of K and V that one cache slot (one token) takes across all layers.
+pub fn bytes_per_slot(
+    n_layers: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    dtype: KvDtype,
+) -> usize {
+    2 * n_layers * n_kv_heads * head_dim * dtype.bytes()
+}
+
 /// A value the cache can store.
 pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
     fn of(x: f32) -> Self;
@@ -259,6 +279,12 @@ impl KvCache {
         }
     }
 
+    /// Bytes of K and V per slot ([`bytes_per_slot`] of this cache's geometry).
+    pub fn bytes_per_slot(&self) -> usize {
+        let (layers, heads, hd) = self.geometry();
+        bytes_per_slot(layers, heads, hd, self.dtype())
+    }
+
     pub fn dtype(&self) -> KvDtype {
         match self.store {
             Store::F32(..) => KvDtype::F32,
@@ -365,6 +391,15 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_per_slot_counts_k_and_v_of_every_layer() {
+        for (dtype, elem) in [(KvDtype::F16, 2), (KvDtype::F32, 4)] {
+            let kv = KvCache::with_dtype(3, 2, 8, 40, dtype);
+            assert_eq!(kv.bytes_per_slot(), 2 * 3 * 2 * 8 * elem);
+            assert_eq!(kv.bytes_per_slot(), bytes_per_slot(3, 2, 8, dtype));
+        }
+    }
 
     /// The SIMD f32 → f16 conversions give `f16::from_f32`'s bits: ties to even, subnormals,
     /// overflow to infinity, signed zeros, lengths that are not multiples of the vector.

@@ -315,8 +315,8 @@ fn stepped_sessions(
     params: &[GenerateParams],
     prefill: usize,
 ) -> Vec<Vec<TokenId>> {
+    use common::replay::{random_tree, Lcg, Replay};
     use paradraft::drafters::pld::PromptLookup;
-    use paradraft::drafters::replay::{random_tree, Lcg, Replay};
     use paradraft::drafters::NoDraft;
     use paradraft::speculative::step::{Member, Stepper};
     use paradraft::speculative::{Drafter, Session, Speculation, VerifyRule};

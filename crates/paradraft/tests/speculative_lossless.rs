@@ -6,11 +6,11 @@
 //! sampling (chi-square); T > 0 never degenerates into greedy.
 
 mod common;
+use common::replay::{random_tree, Lcg, Replay};
 use common::*;
 use paradraft::drafters::dflash::{Dflash, DflashModel, DraftSampling};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::pld::PromptLookup;
-use paradraft::drafters::replay::{random_tree, Lcg, Replay};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;

@@ -1,5 +1,5 @@
-//! Drafters, one module per method. Baselines: prompt lookup ([`pld`]) and replayed trees
-//! ([`replay`], for tests).
+//! Drafters, one module per method. Baseline: prompt lookup ([`pld`]); the tests' replayed
+//! trees live with the tests (`tests/common/replay.rs`).
 
 pub mod dart;
 pub mod dflash;
@@ -9,7 +9,6 @@ pub mod mask_lm;
 pub mod pard;
 pub mod parts;
 pub mod pld;
-pub mod replay;
 pub mod speculative_config;
 pub mod vocab;
 

@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod replay;
+
 use paradraft::model::{self, Batch, Loaded, Logits, Output, OutputSpec, Rows, Scratch};
 use paradraft::types::{Pos, TokenId};
 use std::path::PathBuf;

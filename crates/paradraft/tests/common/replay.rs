@@ -1,9 +1,9 @@
 //! A drafter that proposes given trees, for tests: random trees, or trees that contain a known
 //! continuation (so that drafts get accepted) with random siblings.
 
-use crate::error::Result;
-use crate::speculative::{DraftTree, Drafter, Hidden, NodeId, Outcome};
-use crate::types::TokenId;
+use paradraft::speculative::{DraftTree, Drafter, Hidden, NodeId, Outcome};
+use paradraft::types::TokenId;
+use paradraft::Result;
 
 /// Builds a tree per round from the committed tokens.
 pub struct Replay<F: FnMut(&[TokenId], usize) -> DraftTree> {
