@@ -294,3 +294,40 @@ mod timing {
         );
     }
 }
+
+/// Splits `0..n` into contiguous ranges, a few per thread, and runs them on the pool.
+///
+/// Ranges shrink as the work runs out (guided scheduling: each takes 1/(2·threads) of what is
+/// left), so the threads finish close together: a region ends with small tasks instead of
+/// one thread waiting for another's large one.
+pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
+    let threads = threads();
+    if threads == 1 || n <= 1 {
+        return f(0, n);
+    }
+    let mut ends = [0usize; MAX_RANGES];
+    let mut tasks = 0;
+    let mut start = 0;
+    while start < n {
+        let left = n - start;
+        let size = if tasks + 1 == MAX_RANGES {
+            left
+        } else {
+            left.div_ceil(2 * threads)
+        };
+        start += size;
+        ends[tasks] = start;
+        tasks += 1;
+    }
+    run(tasks, |i| {
+        let lo = if i == 0 { 0 } else { ends[i - 1] };
+        f(lo, ends[i])
+    });
+}
+
+/// Most ranges [`par_ranges`] makes.
+const MAX_RANGES: usize = 64;
+
+/// Rows (tokens) from which per-token work is split across threads: below it a region's
+/// barrier costs more than the work.
+pub const PAR_ROWS: usize = 4;

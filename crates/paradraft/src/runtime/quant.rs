@@ -6,57 +6,10 @@
 //! - Q4_1: `d: f16, m: f16, qs: [u8; 16]` — x[j] = lo(qs[j])·d + m, x[j+16] = hi(qs[j])·d + m
 //! - Q8_0: `d: f16, qs: [i8; 32]` — x[j] = qs[j]·d
 
+pub use super::ggml::{GgmlType, QK};
+pub use super::pool::{par_ranges, PAR_ROWS};
 use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-}
-
-pub const QK: usize = 32;
-
-impl GgmlType {
-    pub fn from_u32(t: u32) -> Option<Self> {
-        Some(match t {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            3 => GgmlType::Q4_1,
-            8 => GgmlType::Q8_0,
-            30 => GgmlType::BF16,
-            _ => return None,
-        })
-    }
-
-    /// Elements per block.
-    pub fn block_len(self) -> usize {
-        match self {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            _ => QK,
-        }
-    }
-
-    /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            GgmlType::F32 => 4,
-            GgmlType::F16 | GgmlType::BF16 => 2,
-            GgmlType::Q4_0 => 18,
-            GgmlType::Q4_1 => 20,
-            GgmlType::Q8_0 => 34,
-        }
-    }
-
-    pub fn row_bytes(self, n: usize) -> usize {
-        n / self.block_len() * self.block_bytes()
-    }
-}
 
 #[inline]
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -385,43 +338,6 @@ pub fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     v.resize(n, 0.0);
     &mut v[..n]
 }
-
-/// Splits `0..n` into contiguous ranges, a few per thread, and runs them on the pool.
-///
-/// Ranges shrink as the work runs out (guided scheduling: each takes 1/(2·threads) of what is
-/// left), so the threads finish close together: a region ends with small tasks instead of
-/// one thread waiting for another's large one.
-pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
-    let threads = super::pool::threads();
-    if threads == 1 || n <= 1 {
-        return f(0, n);
-    }
-    let mut ends = [0usize; MAX_RANGES];
-    let mut tasks = 0;
-    let mut start = 0;
-    while start < n {
-        let left = n - start;
-        let size = if tasks + 1 == MAX_RANGES {
-            left
-        } else {
-            left.div_ceil(2 * threads)
-        };
-        start += size;
-        ends[tasks] = start;
-        tasks += 1;
-    }
-    super::pool::run(tasks, |i| {
-        let lo = if i == 0 { 0 } else { ends[i - 1] };
-        f(lo, ends[i])
-    });
-}
-
-/// Most ranges [`par_ranges`] makes.
-const MAX_RANGES: usize = 64;
-
-/// Rows (tokens) from which per-token work is split across threads: below it a region's
-/// barrier costs more than the work.
-pub const PAR_ROWS: usize = 4;
 
 /// Runs `f(t0..t1, rows)` over disjoint ranges of the rows (each `width` wide) of `out`, across
 /// the pool when there are at least [`PAR_ROWS`] rows (per-token work of a batched forward).

@@ -14,8 +14,8 @@
 //! - Q8: `chunk[i][4r + j] = w_r[4i + j]` for i in 0..8; `d[r]` f16; `wsum[r] = Σ w_r` i16.
 //!   The unsigned operand is the activation shifted by 128: Σ (y+128)·w − 128·Σ w = Σ y·w.
 
+use super::ggml::{GgmlType, QK};
 use super::isa::{isa, Isa};
-use super::quant::{GgmlType, QK};
 use half::f16;
 
 pub const GROUP: usize = 16;
@@ -66,8 +66,8 @@ impl QActs {
             // SAFETY: rows t0..t1 own blocks t0·nb..t1·nb of every output array.
             unsafe { quantize_blocks(kern, xs, o) }
         };
-        if n >= super::quant::PAR_ROWS {
-            super::quant::par_ranges(n, run);
+        if n >= super::pool::PAR_ROWS {
+            super::pool::par_ranges(n, run);
         } else {
             run(0, n);
         }
