@@ -1,0 +1,107 @@
+//! AVX2 + FMA inner loops of attention: 8 lanes, a K tile in two registers per dimension.
+
+use super::{AttnElem, Inner, Records, KV_TILE};
+use std::arch::x86_64::*;
+
+pub struct K;
+
+/// Up to 2 heads at once; a K tile's 16 slots are two 8-lane halves, each with an even-
+/// and an odd-dimension chain (8 accumulators, 4 K registers).
+#[inline(always)]
+unsafe fn scores<const H: usize, E: AttnElem>(
+    kt: *const E,
+    q: *const f32,
+    hd: usize,
+    out: *mut f32,
+) {
+    let mut even = [[_mm256_setzero_ps(); 2]; H];
+    let mut odd = [[_mm256_setzero_ps(); 2]; H];
+    let mut d = 0;
+    while d < hd {
+        let k0 = [
+            E::load8(kt.add(d * KV_TILE)),
+            E::load8(kt.add(d * KV_TILE + 8)),
+        ];
+        let k1 = [
+            E::load8(kt.add((d + 1) * KV_TILE)),
+            E::load8(kt.add((d + 1) * KV_TILE + 8)),
+        ];
+        for h in 0..H {
+            let q0 = _mm256_set1_ps(*q.add(h * hd + d));
+            let q1 = _mm256_set1_ps(*q.add(h * hd + d + 1));
+            for x in 0..2 {
+                even[h][x] = _mm256_fmadd_ps(q0, k0[x], even[h][x]);
+                odd[h][x] = _mm256_fmadd_ps(q1, k1[x], odd[h][x]);
+            }
+        }
+        d += 2;
+    }
+    for h in 0..H {
+        for x in 0..2 {
+            let o = out.add(h * KV_TILE + 8 * x);
+            _mm256_storeu_ps(o, _mm256_add_ps(even[h][x], odd[h][x]));
+        }
+    }
+}
+
+/// `R` vectors of 8 dimensions of one head's output, accumulated over the slots.
+#[inline(always)]
+unsafe fn vsum<const R: usize, E: AttnElem>(
+    p: *const f32,
+    slots: &[u32],
+    v: *const E,
+    hd: usize,
+    out: *mut f32,
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (i, &slot) in slots.iter().enumerate() {
+        let w = _mm256_set1_ps(*p.add(i));
+        let vr = v.add(slot as usize * hd);
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_fmadd_ps(w, E::load8(vr.add(8 * r)), *a);
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        _mm256_storeu_ps(out.add(8 * r), *a);
+    }
+}
+
+impl Inner for K {
+    #[inline(always)]
+    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+        let group = q.len() / hd;
+        debug_assert!(kt.len() >= hd * KV_TILE && out.len() >= group * KV_TILE);
+        debug_assert!(hd.is_multiple_of(8));
+        let (kt, q, o) = (kt.as_ptr(), q.as_ptr(), out.as_mut_ptr());
+        let mut j = 0;
+        while j < group {
+            let (qj, oj) = (q.add(j * hd), o.add(j * KV_TILE));
+            if group - j == 1 {
+                scores::<1, E>(kt, qj, hd, oj);
+            } else {
+                scores::<2, E>(kt, qj, hd, oj);
+            }
+            j += 2;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
+        let len = slots.len();
+        for j in 0..p.len() / len.max(1) {
+            let pj = p.as_ptr().add(j * len);
+            let mut d = 0;
+            while d < hd {
+                let o = r.out.add(j * r.pw + 2 + d);
+                let vd = v.as_ptr().add(d);
+                match (hd - d) / 8 {
+                    1 => vsum::<1, E>(pj, slots, vd, hd, o),
+                    2 => vsum::<2, E>(pj, slots, vd, hd, o),
+                    3 => vsum::<3, E>(pj, slots, vd, hd, o),
+                    _ => vsum::<4, E>(pj, slots, vd, hd, o),
+                }
+                d += 32;
+            }
+        }
+    }
+}
