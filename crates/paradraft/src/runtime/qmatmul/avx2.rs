@@ -75,7 +75,7 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
 trait Dot {
     /// Integer partial sums of one (half, activation row) over a block.
     type Acc: Copy;
-    fn zero() -> Self::Acc;
+    unsafe fn zero() -> Self::Acc;
     /// Q4 partial sums `s` plus step `i` of a block: the low and high nibbles `lo`, `hi` times
     /// the activation bytes `4i..4i+4` and `16+4i..16+4i+4` of `y`.
     unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
@@ -103,9 +103,8 @@ struct Maddubs;
 impl Dot for Maddubs {
     type Acc = __m256i;
     #[inline(always)]
-    fn zero() -> __m256i {
-        // SAFETY: AVX is enabled wherever this kernel runs.
-        unsafe { _mm256_setzero_si256() }
+    unsafe fn zero() -> __m256i {
+        _mm256_setzero_si256()
     }
     #[inline(always)]
     unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
@@ -169,9 +168,8 @@ struct Vnni<D>(std::marker::PhantomData<D>);
 impl<D: Dpbusd> Dot for Vnni<D> {
     type Acc = (__m256i, __m256i);
     #[inline(always)]
-    fn zero() -> Self::Acc {
-        // SAFETY: AVX is enabled wherever this kernel runs.
-        unsafe { (_mm256_setzero_si256(), _mm256_setzero_si256()) }
+    unsafe fn zero() -> Self::Acc {
+        (_mm256_setzero_si256(), _mm256_setzero_si256())
     }
     #[inline(always)]
     unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc {

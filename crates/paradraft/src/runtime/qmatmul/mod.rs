@@ -54,12 +54,7 @@ impl QActs {
         self.d.resize(n * nb, 0.0);
         self.s.resize(n * nb, 0.0);
         let kern = isa();
-        let out = BlockOut {
-            qs: self.qs.as_mut_ptr(),
-            us: self.us.as_mut_ptr(),
-            d: self.d.as_mut_ptr(),
-            s: self.s.as_mut_ptr(),
-        };
+        let out = BlockOut::of(self);
         let run = |t0: usize, t1: usize| {
             let xs = &x[t0 * k..t1 * k];
             let o = out.at(t0 * nb);
@@ -76,12 +71,7 @@ impl QActs {
     /// Scalar quantization of all rows (the reference for the SIMD version; same rounding).
     /// The buffers must already be sized (as [`QActs::quantize`] does).
     pub fn quantize_portable(&mut self, x: &[f32]) {
-        let out = BlockOut {
-            qs: self.qs.as_mut_ptr(),
-            us: self.us.as_mut_ptr(),
-            d: self.d.as_mut_ptr(),
-            s: self.s.as_mut_ptr(),
-        };
+        let out = BlockOut::of(self);
         assert!(self.qs.len() >= x.len() && self.d.len() >= x.len() / QK);
         // SAFETY: sizes checked above.
         unsafe { quantize_blocks_portable(x, out) }
@@ -101,6 +91,16 @@ unsafe impl Sync for BlockOut {}
 unsafe impl Send for BlockOut {}
 
 impl BlockOut {
+    /// Block 0 of `a`'s buffers (which the caller has sized).
+    fn of(a: &mut QActs) -> BlockOut {
+        BlockOut {
+            qs: a.qs.as_mut_ptr(),
+            us: a.us.as_mut_ptr(),
+            d: a.d.as_mut_ptr(),
+            s: a.s.as_mut_ptr(),
+        }
+    }
+
     /// The same arrays from block `b` on.
     fn at(self, b: usize) -> BlockOut {
         BlockOut {
@@ -469,23 +469,22 @@ pub(super) mod tests {
             .collect()
     }
 
-    fn quantize_with(kern: Isa, x: &[f32], k: usize) -> QActs {
-        let mut a = QActs {
+    /// Zeroed activation buffers for the rows of `x`.
+    fn sized(x: &[f32], k: usize) -> QActs {
+        QActs {
             n: x.len() / k,
             k,
             qs: vec![0; x.len()],
             us: vec![0; x.len()],
             d: vec![0.0; x.len() / QK],
             s: vec![0.0; x.len() / QK],
-        };
-        let out = BlockOut {
-            qs: a.qs.as_mut_ptr(),
-            us: a.us.as_mut_ptr(),
-            d: a.d.as_mut_ptr(),
-            s: a.s.as_mut_ptr(),
-        };
+        }
+    }
+
+    fn quantize_with(kern: Isa, x: &[f32], k: usize) -> QActs {
+        let mut a = sized(x, k);
         // SAFETY: the buffers hold every block of `x`; `runnable` kernels only.
-        unsafe { quantize_blocks(kern, x, out) };
+        unsafe { quantize_blocks(kern, x, BlockOut::of(&mut a)) };
         a
     }
 
@@ -498,8 +497,8 @@ pub(super) mod tests {
         x[100] = 1e-30;
         x[200] = -7.5; // a block whose extreme is negative
         x[300..332].fill(0.5); // ties of x · id round to even
-        let mut b = quantize_with(Isa::Portable, &x, 576);
-        b.quantize_portable(&x); // the public entry point of the reference
+        let mut b = sized(&x, 576);
+        b.quantize_portable(&x);
         let mut pooled = QActs::default();
         pooled.quantize(&x, 576);
         for a in runnable()
