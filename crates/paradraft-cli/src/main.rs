@@ -617,7 +617,7 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use paradraft::bench::{datasets, harness, report};
     let sampling = a.sampling.params()?;
-    if a.spec.drafter.0 != Method::None || a.spec.speculative_config.is_some() {
+    if !a.spec.drafter.0.is_none() || a.spec.speculative_config.is_some() {
         bail!("bench compares the drafters given by --methods; --drafter and --speculative-config are for generate");
     }
     if a.num_prompts == 0 {
@@ -640,21 +640,21 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         a.m.model
             .clone()
             .unwrap_or_else(paradraft::fetch::default_model_path);
-    let sizing = base.sizing()?;
+    let sizing = base.draft_length;
     let curve = if sizing == paradraft::drafters::speculative_config::DraftLength::Fixed {
         None
     } else {
         Some(CostCurve::measure(&lm.model, 64, 2)?)
     };
     let ar = DrafterConfig {
-        method: Method::None,
+        method: Method::none(),
         ..base.clone()
     };
     let mut methods = vec![harness::Method {
         name: "ar".into(),
         drafters: ar.load(&target_path, &lm, ctx)?,
     }];
-    for &m in methods_asked.iter().filter(|&&m| m != Method::None) {
+    for &m in methods_asked.iter().filter(|m| !m.is_none()) {
         let cfg = DrafterConfig {
             method: m,
             ..base.clone()

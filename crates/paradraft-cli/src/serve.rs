@@ -74,7 +74,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         rule: a.verify_rule,
     };
     let t0 = std::time::Instant::now();
-    if cfg.method == paradraft::drafters::speculative_config::Method::None {
+    if cfg.method.is_none() {
         eprintln!("starting the engine (no drafter: AR decoding)…");
     } else {
         eprintln!(

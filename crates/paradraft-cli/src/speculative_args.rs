@@ -4,30 +4,38 @@
 use anyhow::Result;
 use clap::builder::PossibleValue;
 use clap::Args;
-use paradraft::drafters::speculative_config::{DraftLength, DrafterConfig, Method};
+use paradraft::drafters::speculative_config::{DraftLength, DrafterConfig, Method, Mode};
 use std::path::PathBuf;
 
-/// `--drafter` values: the library's methods, with their descriptions in `--help`.
+/// `--drafter` values: the library's methods (and their sampled and tree modes), with their
+/// descriptions in `--help`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MethodArg(pub Method);
 
+/// Every `--drafter` value with its name and help (made once; the names live as long as the
+/// program, as clap's `'static` values want).
+fn listed() -> &'static [(MethodArg, &'static str, String)] {
+    static ALL: std::sync::OnceLock<Vec<(MethodArg, &'static str, String)>> =
+        std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        Method::listed()
+            .into_iter()
+            .map(|(m, help)| {
+                let name: &'static str = Box::leak(m.to_string().into_boxed_str());
+                (MethodArg(m), name, help)
+            })
+            .collect()
+    })
+}
+
 impl clap::ValueEnum for MethodArg {
     fn value_variants<'a>() -> &'a [Self] {
-        // Every library method, in its order.
-        const ALL: [MethodArg; Method::ALL.len()] = {
-            let mut out = [MethodArg(Method::None); Method::ALL.len()];
-            let mut i = 0;
-            while i < out.len() {
-                out[i] = MethodArg(Method::ALL[i].0);
-                i += 1;
-            }
-            out
-        };
-        &ALL
+        static ARGS: std::sync::OnceLock<Vec<MethodArg>> = std::sync::OnceLock::new();
+        ARGS.get_or_init(|| listed().iter().map(|m| m.0).collect())
     }
     fn to_possible_value(&self) -> Option<PossibleValue> {
-        let (_, name, help) = Method::ALL.iter().find(|m| m.0 == self.0)?;
-        Some(PossibleValue::new(*name).help(*help))
+        let (_, name, help) = listed().iter().find(|m| m.0 == *self)?;
+        Some(PossibleValue::new(*name).help(help.clone()))
     }
 }
 
@@ -79,15 +87,21 @@ pub struct SpecArgs {
     /// far), fixed (always the most; as --fixed-draft), adl (DiffuSpec's adaptive draft length).
     #[arg(long, value_enum)]
     pub(crate) draft_length: Option<DraftLengthArg>,
+    /// How a block drafter's block becomes a draft: greedy (each slot's argmax), sample (each
+    /// slot sampled from its distribution), tree (n-gram-pruned tree search), cps (DiffuSpec's
+    /// causal-consistency path search); default: the method's own.
+    #[arg(long)]
+    pub(crate) drafting: Option<String>,
     /// Choose each chain by DiffuSpec's causal-consistency path search over the block's pruned
-    /// lattice (dflash, pard).
+    /// lattice (dflash, pard); short for --drafting cps.
     #[arg(long)]
     pub(crate) cps: bool,
     /// The 3-gram ARPA model (`paradraft ngram arpa`) that CPS scores drafts with (diffuspec
     /// default: data/ngram/smollm2-135m.arpa).
     #[arg(long)]
     pub(crate) ngram_arpa: Option<PathBuf>,
-    /// DiffuSpec without causal-consistency path search: the raw per-slot argmax chain.
+    /// DiffuSpec without causal-consistency path search: the raw per-slot argmax chain; short
+    /// for --drafting greedy.
     #[arg(long)]
     pub(crate) no_cps: bool,
     /// DiffuSpec drafting mode: fast (prefix cached and causal, block bidirectional), faithful
@@ -100,7 +114,8 @@ pub struct SpecArgs {
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// block_size, prompt_lookup_min, prompt_lookup_max, tree_budget, ngram, no_ngram,
-    /// fixed_draft, draft_length, cps, ngram_arpa, no_cps, dlm_mode, dlm_steps.
+    /// draft_length, drafting, ngram_arpa, dlm_mode, dlm_steps (and as before: fixed_draft,
+    /// cps, no_cps).
     #[arg(long)]
     pub(crate) speculative_config: Option<String>,
 }
@@ -108,6 +123,21 @@ pub struct SpecArgs {
 impl SpecArgs {
     /// The drafter these flags (and `--speculative-config`) choose.
     pub(crate) fn config(&self) -> Result<DrafterConfig> {
+        let draft_length = match (self.fixed_draft, self.draft_length) {
+            (true, Some(DraftLengthArg::Adl)) => {
+                anyhow::bail!("--fixed-draft and --draft-length adl exclude each other")
+            }
+            (true, _) | (false, Some(DraftLengthArg::Fixed)) => DraftLength::Fixed,
+            (false, None | Some(DraftLengthArg::Auto)) => DraftLength::Auto,
+            (false, Some(DraftLengthArg::Adl)) => DraftLength::Adl,
+        };
+        let drafting = match (&self.drafting, self.cps, self.no_cps) {
+            (None, false, false) => None,
+            (Some(m), false, false) => Some(m.parse::<Mode>()?),
+            (None, true, false) => Some(Mode::Cps),
+            (None, false, true) => Some(Mode::Greedy),
+            _ => anyhow::bail!("--drafting, --cps and --no-cps exclude each other"),
+        };
         let c = DrafterConfig {
             method: self.drafter.0,
             num_speculative_tokens: self.num_speculative_tokens,
@@ -116,18 +146,12 @@ impl SpecArgs {
             draft_layers: self.draft_layers,
             prompt_lookup_min: self.prompt_lookup_min,
             prompt_lookup_max: self.prompt_lookup_max,
-            fixed_draft: self.fixed_draft,
-            draft_length: match self.draft_length {
-                None | Some(DraftLengthArg::Auto) => DraftLength::Auto,
-                Some(DraftLengthArg::Fixed) => DraftLength::Fixed,
-                Some(DraftLengthArg::Adl) => DraftLength::Adl,
-            },
+            draft_length,
             tree_budget: self.tree_budget,
             ngram: self.ngram.clone(),
             no_ngram: self.no_ngram,
-            cps: self.cps,
+            drafting,
             ngram_arpa: self.ngram_arpa.clone(),
-            no_cps: self.no_cps,
             dlm_mode: self.dlm_mode.parse()?,
             dlm_steps: self.dlm_steps,
         };

@@ -7,7 +7,8 @@ mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::load_tiny;
-use paradraft::drafters::dflash::{Dflash, DflashConfig, DflashModel, DraftSampling};
+use paradraft::drafters::dflash::{Dflash, DflashConfig, DflashModel};
+use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::kv::KvCache;
@@ -284,7 +285,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
     // checked for every rule in speculative_lossless; here the DFlash proposals must be valid trees
     // carrying q when sampled).
     let dir = drafter_dir(&lm, true);
-    for mode in [DraftSampling::Greedy, DraftSampling::Sample] {
+    for sample in [false, true] {
         let p = GenerateParams {
             sampling: SamplingParams {
                 temperature: 1.0,
@@ -294,8 +295,14 @@ fn speculative_decoding_with_dflash_is_lossless() {
             ..greedy.clone()
         };
         let m = DflashModel::load(dir.path()).unwrap();
-        let mut d = Dflash::new(m, &lm.model, 200, None, p.sampling).unwrap();
-        d.drafting.sampling = mode;
+        let mode = if sample {
+            Selection::Sample
+        } else {
+            Selection::Greedy
+        };
+        let mut d = Dflash::new(m, &lm.model, 200, None, p.sampling)
+            .unwrap()
+            .with_selection(mode);
         let sp = speculative_generate(
             &lm.model,
             &lm.tokenizer,

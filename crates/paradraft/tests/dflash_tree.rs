@@ -7,6 +7,7 @@ mod common;
 
 use common::load_tiny;
 use paradraft::drafters::dflash::{Dflash, DflashModel};
+use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
 use paradraft::ngram::{self, NgramTrie, TrieBuilder};
@@ -77,13 +78,11 @@ fn dflash_tree_is_token_identical_to_ar_on_the_tiny_model() {
         for ng in [None, Some(trie.clone())] {
             for budget in [1, 3, 12, 40] {
                 let m = DflashModel::load(dir.path()).unwrap();
-                let mut d = Dflash::new(m, &lm.model, 200, None, params.sampling).unwrap();
                 let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-                d.drafting.tree = Some(TreeDrafting::new(
-                    TreeSearchParams::default(),
-                    ng.clone(),
-                    stop,
-                ));
+                let tree = TreeDrafting::new(TreeSearchParams::default(), ng.clone(), stop);
+                let mut d = Dflash::new(m, &lm.model, 200, None, params.sampling)
+                    .unwrap()
+                    .with_selection(Selection::Tree(tree));
                 let sp = run(&lm, &mut d, &prompt, &params, budget, 200);
                 assert_eq!(
                     sp.out.token_ids,
@@ -111,15 +110,19 @@ fn dflash_tree_on_smollm2_is_lossless_and_beats_the_chain() {
         let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &params, |_| {}).unwrap();
         for with_tree in [false, true] {
             let m = DflashModel::load(&drafter).unwrap();
-            let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling).unwrap();
-            if with_tree {
+            let selection = if with_tree {
                 let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-                d.drafting.tree = Some(TreeDrafting::new(
+                Selection::Tree(TreeDrafting::new(
                     TreeSearchParams::default(),
                     Some(trie.clone()),
                     stop,
-                ));
-            }
+                ))
+            } else {
+                Selection::Greedy
+            };
+            let mut d = Dflash::new(m, &lm.model, 1024, None, params.sampling)
+                .unwrap()
+                .with_selection(selection);
             let sp = run(&lm, &mut d, prompt, &params, 24, 1024);
             assert_eq!(sp.out.token_ids, ar.token_ids, "{id} tree={with_tree}");
             let acc = if with_tree { &mut tree } else { &mut chain };

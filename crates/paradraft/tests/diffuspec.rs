@@ -10,8 +10,8 @@ mod common;
 use common::{fixtures, load_tiny};
 use paradraft::drafters::diffuspec::{DiffuSpec, DlmMode};
 use paradraft::drafters::mask_lm::{DlmAttention, MaskLm};
-use paradraft::drafters::parts::CpsDrafting;
-use paradraft::drafters::speculative_config::{DrafterConfig, Method};
+use paradraft::drafters::parts::{BlockDrafter, CpsDrafting, Selection};
+use paradraft::drafters::speculative_config::{DrafterConfig, Method, Mode};
 use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
@@ -166,9 +166,13 @@ fn greedy_decoding_is_token_identical_in_every_mode() {
     for mode in [DlmMode::Fast, DlmMode::Faithful] {
         for steps in [1, 3] {
             for with_cps in [None, Some(false), Some(true)] {
-                let mut d =
-                    DiffuSpec::new(model.clone(), 256, 4, steps, mode, Default::default()).unwrap();
-                d.drafting.cps = with_cps.map(|ng| cps(&lm, ng));
+                let selection = match with_cps {
+                    Some(ng) => Selection::Cps(cps(&lm, ng)),
+                    None => Selection::Greedy,
+                };
+                let d = DiffuSpec::new(model.clone(), 256, 4, steps, mode, Default::default())
+                    .unwrap()
+                    .with_selection(selection);
                 let sp = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), 4);
                 assert_eq!(
                     sp.out.token_ids, ar.token_ids,
@@ -281,10 +285,10 @@ fn bad_drafters_and_ngram_models_are_refused_with_the_reason() {
     let (dlm, _) = drafter(&lm, 1, &vocab, 4);
     let (pard, _) = common::tiny_pard_dir(&lm, 1, &vocab, MASK);
     let cfg = |dir: &std::path::Path| DrafterConfig {
-        method: Method::Diffuspec,
+        method: Method::named("diffuspec").unwrap(),
         draft_model: Some(dir.to_path_buf()),
         num_speculative_tokens: 4,
-        no_cps: true,
+        drafting: Some(Mode::Greedy),
         ..Default::default()
     };
     let err = |c: DrafterConfig| match c.load(&target, &lm, 128) {
@@ -303,7 +307,7 @@ fn bad_drafters_and_ngram_models_are_refused_with_the_reason() {
     let arpa = dlm.path().join("other.arpa");
     m.write(&arpa).unwrap();
     let e = err(DrafterConfig {
-        no_cps: false,
+        drafting: None,
         ngram_arpa: Some(arpa.clone()),
         ..cfg(dlm.path())
     });
@@ -311,7 +315,7 @@ fn bad_drafters_and_ngram_models_are_refused_with_the_reason() {
     // The same model stamped right is taken; --ngram-arpa with --no-cps is refused.
     tiny_arpa(&lm).write(&arpa).unwrap();
     let ok = DrafterConfig {
-        no_cps: false,
+        drafting: None,
         ngram_arpa: Some(arpa.clone()),
         ..cfg(dlm.path())
     };
@@ -323,11 +327,11 @@ fn bad_drafters_and_ngram_models_are_refused_with_the_reason() {
     .contains("--no-cps"));
     // DiffuSpec options on other methods; S beyond the block.
     let e = DrafterConfig {
-        method: Method::Pard,
+        method: Method::named("pard").unwrap(),
         dlm_steps: 2,
         ..Default::default()
     }
-    .check_used(&[Method::Pard])
+    .check_used(&[Method::named("pard").unwrap()])
     .unwrap_err()
     .to_string();
     assert!(e.contains("--dlm-steps"), "{e}");

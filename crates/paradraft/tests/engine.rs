@@ -54,7 +54,7 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Finished) {
 
 #[test]
 fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
-    for method in [Method::None, Method::Pld] {
+    for method in [Method::none(), Method::named("pld").unwrap()] {
         // Three at a time, and a pool that holds only two requests of 64 tokens (4 pages
         // each): admission waits for pages.
         let cfg = EngineConfig {
@@ -117,7 +117,7 @@ fn cancelled_requests_free_their_pages_and_the_cap_refuses() {
         kv_pages: 16,
         ..Default::default()
     };
-    let e = start(Method::None, cfg);
+    let e = start(Method::none(), cfg);
     let long = |tx| Request {
         prompt: vec![TokenId(1), TokenId(2)],
         params: GenerateParams {
@@ -177,7 +177,7 @@ fn bad_engine_settings_are_refused() {
     assert_eq!(e.drafter(), "none");
     drop(e);
     let bad = DrafterConfig {
-        method: Method::Dflash,
+        method: Method::named("dflash").unwrap(),
         draft_model: Some(path.join("nope")),
         ..Default::default()
     };

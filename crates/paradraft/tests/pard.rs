@@ -9,6 +9,7 @@ mod common;
 use common::{fixtures, load_tiny};
 use paradraft::drafters::mask_lm::MaskLm;
 use paradraft::drafters::pard::Pard;
+use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
@@ -139,21 +140,24 @@ fn speculative_decoding_with_pard_is_lossless() {
             (6, "cps"),
         ] {
             let m = MaskLm::load(dir.path(), &target, &lm, "PARD").unwrap();
-            let mut d = Pard::new(m, 128, k, Default::default()).unwrap();
             let mut max = k;
             let tree = mode == "tree";
-            if tree {
-                d.drafting.tree = Some(TreeDrafting::new(Default::default(), None, stop.clone()));
-                max = 10;
-            }
-            if mode == "cps" {
-                d.drafting.cps = Some(paradraft::drafters::parts::CpsDrafting {
+            let selection = match mode {
+                "tree" => {
+                    max = 10;
+                    Selection::Tree(TreeDrafting::new(Default::default(), None, stop.clone()))
+                }
+                "cps" => Selection::Cps(paradraft::drafters::parts::CpsDrafting {
                     lattice: Default::default(),
                     cps: Default::default(),
                     ngram: Some(arpa.clone()),
                     stop: stop.clone(),
-                });
-            }
+                }),
+                _ => Selection::Greedy,
+            };
+            let d = Pard::new(m, 128, k, Default::default())
+                .unwrap()
+                .with_selection(selection);
             assert_eq!(d.name(), if tree { "pard-tree" } else { "pard" });
             let mut kv = lm.model.new_kv(128);
             let got = common::speculate(&lm, &mut kv, &p, &params, Box::new(d), max);

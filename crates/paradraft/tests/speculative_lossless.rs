@@ -8,8 +8,9 @@
 mod common;
 use common::replay::{random_tree, Lcg, Replay};
 use common::*;
-use paradraft::drafters::dflash::{Dflash, DflashModel, DraftSampling};
+use paradraft::drafters::dflash::{Dflash, DflashModel};
 use paradraft::drafters::draft_model::DraftModel;
+use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::drafters::pld::PromptLookup;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
@@ -429,12 +430,11 @@ fn sampling_matches_ar_distribution() {
     let dflash_dir =
         common::tiny_dflash_dir(&lm, &common::tiny_dflash_config(&lm, 1, &[0, 2], 4), true);
     let dflash_model = std::sync::Arc::new(DflashModel::load(dflash_dir.path()).unwrap());
-    let dflash = |mode| -> Box<dyn Drafter + '_> {
+    let dflash = |mode: fn() -> Selection| -> Box<dyn Drafter + '_> {
         let (m, lm) = (dflash_model.clone(), &lm);
         Box::new(PerRequest::new(move |seed| {
-            let mut d = Dflash::new(m.clone(), &lm.model, 128, None, sampling(seed)).unwrap();
-            d.drafting.sampling = mode;
-            Box::new(d)
+            let d = Dflash::new(m.clone(), &lm.model, 128, None, sampling(seed)).unwrap();
+            Box::new(d.with_selection(mode()))
         }))
     };
     // DFlash-tree: deterministic searched trees (one-hot q over siblings), n-gram scored.
@@ -449,13 +449,13 @@ fn sampling_matches_ar_distribution() {
     };
     let dflash_tree = {
         let m = DflashModel::load(dflash_dir.path()).unwrap();
-        let mut d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
-        d.drafting.tree = Some(paradraft::speculative::tree_search::TreeDrafting::new(
+        let d = Dflash::new(m, &lm.model, 128, None, sampling(7)).unwrap();
+        let tree = paradraft::speculative::tree_search::TreeDrafting::new(
             Default::default(),
             Some(trie.clone()),
             lm.tokenizer.stop_tokens.iter().copied().collect(),
-        ));
-        Box::new(d) as Box<dyn Drafter + '_>
+        );
+        Box::new(d.with_selection(Selection::Tree(tree))) as Box<dyn Drafter + '_>
     };
     let dflash_trie = Some(trie);
     // DART: deterministic searched trees over its shifted slots, n-gram scored.
@@ -486,13 +486,12 @@ fn sampling_matches_ar_distribution() {
         )
         .unwrap(),
     );
-    let pard = |mode| -> Box<dyn Drafter + '_> {
+    let pard = |mode: fn() -> Selection| -> Box<dyn Drafter + '_> {
         let m = pard_model.clone();
         Box::new(PerRequest::new(move |seed| {
-            let mut d =
+            let d =
                 paradraft::drafters::pard::Pard::new(m.clone(), 128, 4, sampling(seed)).unwrap();
-            d.drafting.sampling = mode;
-            Box::new(d)
+            Box::new(d.with_selection(mode()))
         }))
     };
     // DiffuSpec: an untrained block-diffusion drafter, two refinement steps, the chain chosen
@@ -529,7 +528,7 @@ fn sampling_matches_ar_distribution() {
         let m = dlm_model.clone();
         let stop: Vec<TokenId> = lm.tokenizer.stop_tokens.iter().copied().collect();
         move |seed| {
-            let mut d = paradraft::drafters::diffuspec::DiffuSpec::new(
+            let d = paradraft::drafters::diffuspec::DiffuSpec::new(
                 m.clone(),
                 128,
                 4,
@@ -538,23 +537,24 @@ fn sampling_matches_ar_distribution() {
                 sampling(seed),
             )
             .unwrap();
-            d.drafting.cps = Some(paradraft::drafters::parts::CpsDrafting {
-                lattice: Default::default(),
-                cps: Default::default(),
-                ngram: Some(arpa.clone()),
-                stop: stop.clone(),
-            });
-            Box::new(d)
+            Box::new(
+                d.with_selection(Selection::Cps(paradraft::drafters::parts::CpsDrafting {
+                    lattice: Default::default(),
+                    cps: Default::default(),
+                    ngram: Some(arpa.clone()),
+                    stop: stop.clone(),
+                })),
+            )
         }
     }));
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
         ("diffuspec, CPS chain (one-hot q)", diffuspec),
         ("dart", dart),
-        ("pard, greedy drafts", pard(DraftSampling::Greedy)),
-        ("pard, sampled drafts", pard(DraftSampling::Sample)),
+        ("pard, greedy drafts", pard(|| Selection::Greedy)),
+        ("pard, sampled drafts", pard(|| Selection::Sample)),
         ("dflash-tree", dflash_tree),
-        ("dflash, greedy drafts", dflash(DraftSampling::Greedy)),
-        ("dflash, sampled drafts", dflash(DraftSampling::Sample)),
+        ("dflash, greedy drafts", dflash(|| Selection::Greedy)),
+        ("dflash, sampled drafts", dflash(|| Selection::Sample)),
         (
             "random trees",
             Box::new(Replay::new({

@@ -23,7 +23,8 @@
 //!   used (`docs/diffuspec.md`).
 
 use crate::drafters::mask_lm::{Attend, DlmAttention, MaskLm, MaskLmRun};
-use crate::drafters::parts::BlockDrafting;
+use crate::drafters::parts::{BlockDrafter, BlockDrafting, Selection};
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::runtime::ops;
 use crate::sample::SamplingParams;
@@ -69,8 +70,8 @@ pub struct DiffuSpec {
     pub steps: usize,
     /// Fast or faithful (never `Auto`: resolved at construction).
     pub mode: DlmMode,
-    /// CPS, or the raw argmax chain when `cps` is `None`.
-    pub drafting: BlockDrafting,
+    /// CPS (`Selection::Cps`), or the raw argmax chain.
+    drafting: BlockDrafting,
     step_logits: Vec<f32>,
     /// The final per-slot logits (`k × vocab`).
     logits: Vec<f32>,
@@ -107,7 +108,7 @@ impl DiffuSpec {
             k,
             steps,
             mode,
-            drafting: BlockDrafting::new(sampling)?,
+            drafting: BlockDrafting::new(sampling, Selection::Greedy)?,
             step_logits: vec![],
             logits: vec![],
         })
@@ -116,7 +117,7 @@ impl DiffuSpec {
     /// A drafter for another request: the same weights and settings, its own cache and
     /// sampling.
     pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
-        let mut d = DiffuSpec::new(
+        let d = DiffuSpec::new(
             self.run.model.clone(),
             ctx,
             self.k,
@@ -124,8 +125,10 @@ impl DiffuSpec {
             self.mode,
             sampling,
         )?;
-        d.drafting = self.drafting.fork(sampling)?;
-        Ok(d)
+        Ok(DiffuSpec {
+            drafting: self.drafting.fork(sampling)?,
+            ..d
+        })
     }
 
     /// The last proposal's final block: one row of draft-vocabulary logits per slot, and the
@@ -204,6 +207,51 @@ impl DiffuSpec {
     }
 }
 
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "diffuspec",
+    about: "DiffuSpec: diffusion-LM drafter + causal-consistency path search (3-gram proxy) + adaptive draft length",
+    modes: &[Mode::Cps, Mode::Greedy],
+    options: &[
+        ("model", None),
+        ("ngram_arpa", Some(Mode::Cps)),
+        ("dlm_mode", None),
+        ("dlm_steps", None),
+    ],
+    default_dir: Some("smollm2-135m-dlm"),
+    load,
+    label: None,
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let m = MaskLm::load(&a.dir, a.target_path, a.lm, "DiffuSpec")
+        .map_err(a.loading("DiffuSpec drafter"))?;
+    if m.diffusion.is_none() {
+        return Err(Error::BadRequest(format!(
+            "{} is not a diffusion drafter (no dlm_attention, not a Dream model): use --drafter pard for PARD drafters",
+            a.dir.display()
+        )));
+    }
+    let (k, c) = (a.cfg.num_speculative_tokens, a.cfg);
+    let d = DiffuSpec::new(m, a.ctx, k, c.dlm_steps, c.dlm_mode, Default::default())?
+        .with_selection(a.selection()?);
+    Ok(LoadedMethod {
+        template: Box::new(d),
+        max_draft: k,
+    })
+}
+
+impl<'t> Template<'t> for DiffuSpec {
+    fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(DiffuSpec::fork(self, ctx, sampling)?))
+    }
+}
+
+impl BlockDrafter for DiffuSpec {
+    fn drafting_mut(&mut self) -> &mut BlockDrafting {
+        &mut self.drafting
+    }
+}
+
 impl Drafter for DiffuSpec {
     fn name(&self) -> &str {
         "diffuspec"
@@ -238,6 +286,6 @@ impl Drafter for DiffuSpec {
     }
 
     fn selection_ms(&self) -> f64 {
-        self.drafting.last_ms
+        self.drafting.last_ms()
     }
 }

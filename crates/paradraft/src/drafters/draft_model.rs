@@ -3,6 +3,8 @@
 //! (self-speculative drafting). The drafter runs K autoregressive steps per round on its own KV
 //! cache, which it keeps in step with the committed tokens.
 
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
+use crate::drafters::speculative_config::DrafterConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Model, OutputSpec, Scratch};
@@ -69,6 +71,56 @@ impl DraftModel {
             done: vec![],
             proposed: vec![],
         })
+    }
+}
+
+impl<'t> Template<'t> for DraftModel {
+    fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(DraftModel::fork(self, ctx, sampling)?))
+    }
+}
+
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "draft-model",
+    about: "a draft model sharing the tokenizer, or the target's first --draft-layers layers",
+    modes: &[Mode::Greedy],
+    options: &[("model", None), ("draft_layers", None)],
+    default_dir: None,
+    load,
+    label: Some(label),
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let draft = match (&a.cfg.draft_model, a.cfg.draft_layers) {
+        (Some(p), layers) => crate::model::load_truncated(p, layers)
+            .map_err(|e| e.context(format!("loading draft model {}", p.display())))?,
+        (None, Some(n)) => crate::model::load_truncated(a.target_path, Some(n))?,
+        (None, None) => {
+            return Err(Error::BadRequest(
+                "--drafter draft-model needs --draft-model PATH or --draft-layers N".into(),
+            ))
+        }
+    };
+    let k = a.cfg.num_speculative_tokens;
+    let vocab = a.lm.model.config.vocab_size;
+    let d = DraftModel::new(draft.model, vocab, a.ctx, k, Default::default())?;
+    Ok(LoadedMethod {
+        template: Box::new(d),
+        max_draft: k,
+    })
+}
+
+/// `draft:FILE` for a draft model, `self-draft-NL` for the target's first N layers.
+fn label(c: &DrafterConfig) -> String {
+    match (&c.draft_model, c.draft_layers) {
+        (Some(p), _) => format!(
+            "draft:{}",
+            p.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ),
+        (None, Some(n)) => format!("self-draft-{n}L"),
+        (None, None) => "draft-model".into(),
     }
 }
 

@@ -19,10 +19,11 @@
 //! - §3.2 training with conditional drop-token (COD) → `crate::train::pard`.
 //!
 //! The block becomes a chain of argmaxes, a chain sampled from each slot's q (T > 0,
-//! `DraftSampling::Sample`), or a DART-searched tree — the same [`BlockDrafting`] DFlash uses.
+//! `Selection::Sample`), or a DART-searched tree — the same [`BlockDrafting`] DFlash uses.
 
 use crate::drafters::mask_lm::{Attend, MaskLm, MaskLmRun};
-use crate::drafters::parts::BlockDrafting;
+use crate::drafters::parts::{BlockDrafter, BlockDrafting, Selection};
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
@@ -34,8 +35,8 @@ pub struct Pard {
     run: MaskLmRun,
     /// Draft tokens per round (K at run time).
     pub k: usize,
-    /// Chain (argmax or sampled) or searched tree.
-    pub drafting: BlockDrafting,
+    /// Chain (argmax, sampled or CPS) or searched tree.
+    drafting: BlockDrafting,
     masks: Vec<TokenId>,
     logits: Vec<f32>,
 }
@@ -57,7 +58,7 @@ impl Pard {
         Ok(Pard {
             run: MaskLmRun::new(model, ctx, k),
             k,
-            drafting: BlockDrafting::new(sampling)?,
+            drafting: BlockDrafting::new(sampling, Selection::Greedy)?,
             masks: vec![],
             logits: vec![],
         })
@@ -66,9 +67,10 @@ impl Pard {
     /// A drafter for another request: the same weights and settings, its own cache (`ctx`
     /// target positions) and sampling.
     pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
-        let mut p = Pard::new(self.run.model.clone(), ctx, self.k, sampling)?;
-        p.drafting = self.drafting.fork(sampling)?;
-        Ok(p)
+        Ok(Pard {
+            drafting: self.drafting.fork(sampling)?,
+            ..Pard::new(self.run.model.clone(), ctx, self.k, sampling)?
+        })
     }
 
     /// The last proposal's block: one row of draft-vocabulary logits per slot (the root's, then
@@ -78,9 +80,46 @@ impl Pard {
     }
 }
 
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "pard",
+    about: "PARD: target-independent mask-token draft model, K drafts in one pass (greedy chain)",
+    modes: &[Mode::Greedy, Mode::Sample, Mode::Tree, Mode::Cps],
+    options: &[
+        ("model", None),
+        ("ngram", Some(Mode::Tree)),
+        ("no_ngram", Some(Mode::Tree)),
+        ("ngram_arpa", Some(Mode::Cps)),
+    ],
+    default_dir: Some("smollm2-135m-pard"),
+    load,
+    label: None,
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let m = MaskLm::load(&a.dir, a.target_path, a.lm, "PARD").map_err(a.loading("PARD drafter"))?;
+    let k = a.cfg.num_speculative_tokens;
+    let d = Pard::new(m, a.ctx, k, Default::default())?.with_selection(a.selection()?);
+    Ok(LoadedMethod {
+        template: Box::new(d),
+        max_draft: a.max_draft(k),
+    })
+}
+
+impl<'t> Template<'t> for Pard {
+    fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(Pard::fork(self, ctx, sampling)?))
+    }
+}
+
+impl BlockDrafter for Pard {
+    fn drafting_mut(&mut self) -> &mut BlockDrafting {
+        &mut self.drafting
+    }
+}
+
 impl Drafter for Pard {
     fn name(&self) -> &str {
-        if self.drafting.tree.is_some() {
+        if self.drafting.is_tree() {
             "pard-tree"
         } else {
             "pard"
@@ -128,6 +167,6 @@ impl Drafter for Pard {
     }
 
     fn selection_ms(&self) -> f64 {
-        self.drafting.last_ms
+        self.drafting.last_ms()
     }
 }

@@ -207,30 +207,54 @@ impl DraftHead {
     }
 }
 
-/// How a parallel drafter picks its draft from each slot's distribution at temperature > 0
-/// (both are lossless; they differ in acceptance).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DraftSampling {
-    /// Argmax of each slot (one-hot q, the reference codes' choice).
+/// How a parallel drafter's block — one row of draft-vocabulary logits per slot, all from one
+/// pass — becomes a draft: the drafting mode, a setting of the shared selection (every block
+/// drafter takes each of them). All are lossless; they differ in acceptance.
+pub enum Selection {
+    /// A chain of each slot's argmax (one-hot q, the reference codes' choice).
     Greedy,
-    /// Each slot sampled from its own distribution, which is attached as q.
+    /// A chain of samples, each slot drawn from its own distribution with the target's keyed
+    /// noise; the distribution is attached as q (at temperature 0: the argmax chain).
     Sample,
+    /// A tree searched with DART's continuity-aware pruning (deterministic, one-hot q).
+    Tree(crate::speculative::tree_search::TreeDrafting),
+    /// A chain chosen by DiffuSpec's causal-consistency path search.
+    Cps(CpsDrafting),
 }
 
-/// What turns a parallel drafter's block — one row of draft-vocabulary logits per slot, all
-/// from one pass — into a draft, shared by DFlash and PARD: a searched tree (DART's
-/// continuity-aware search) when `tree` is set, else a chain of each slot's argmax or of
-/// samples drawn with the target's keyed noise (q attached).
+impl Selection {
+    /// The same settings for another request (a tree's scratch is its own).
+    pub fn fork(&self) -> Selection {
+        match self {
+            Selection::Greedy => Selection::Greedy,
+            Selection::Sample => Selection::Sample,
+            Selection::Tree(t) => Selection::Tree(t.fork()),
+            Selection::Cps(c) => Selection::Cps(c.clone()),
+        }
+    }
+}
+
+/// A drafter whose draft is chosen by a [`BlockDrafting`]: its mode is set once, at
+/// construction, with [`BlockDrafter::with_selection`].
+pub trait BlockDrafter: Sized {
+    fn drafting_mut(&mut self) -> &mut BlockDrafting;
+
+    /// This drafter with drafts chosen by `selection` (default: [`Selection::Greedy`]).
+    fn with_selection(mut self, selection: Selection) -> Self {
+        self.drafting_mut().selection = selection;
+        self
+    }
+}
+
+/// One request's [`Selection`] at work, shared by DFlash, DART, PARD and DiffuSpec: the
+/// settings, the sampler of sampled chains, and what the last draft measured.
 pub struct BlockDrafting {
-    pub sampler: crate::sample::Sampler,
-    pub sampling: DraftSampling,
-    pub tree: Option<crate::speculative::tree_search::TreeDrafting>,
-    /// Or a chain chosen by DiffuSpec's causal-consistency path search.
-    pub cps: Option<CpsDrafting>,
+    sampler: crate::sample::Sampler,
+    selection: Selection,
     /// Path probability of each node of the last searched tree (score order).
-    pub conf: Vec<f32>,
+    conf: Vec<f32>,
     /// Milliseconds the last [`BlockDrafting::draft`] took (the search, CPS or argmax).
-    pub last_ms: f64,
+    last_ms: f64,
 }
 
 /// DiffuSpec's draft selection (`speculative::cps`) over a block: the pruned lattice, the
@@ -244,13 +268,12 @@ pub struct CpsDrafting {
 }
 
 impl BlockDrafting {
-    pub fn new(sampling: crate::sample::SamplingParams) -> Result<Self> {
+    /// `selection` for a request sampled with `sampling` (sampled chains draw with the target's
+    /// seed, so they use the noise the target samples with).
+    pub fn new(sampling: crate::sample::SamplingParams, selection: Selection) -> Result<Self> {
         Ok(BlockDrafting {
-            // The target's seed: sampled drafts use the noise the target samples with.
             sampler: crate::sample::Sampler::new(sampling)?,
-            sampling: DraftSampling::Greedy,
-            tree: None,
-            cps: None,
+            selection,
             conf: vec![],
             last_ms: 0.0,
         })
@@ -258,17 +281,21 @@ impl BlockDrafting {
 
     /// The same settings for another request sampled with `sampling`.
     pub fn fork(&self, sampling: crate::sample::SamplingParams) -> Result<Self> {
-        Ok(BlockDrafting {
-            sampler: crate::sample::Sampler::new(sampling)?,
-            sampling: self.sampling,
-            tree: self
-                .tree
-                .as_ref()
-                .map(crate::speculative::tree_search::TreeDrafting::fork),
-            cps: self.cps.clone(),
-            conf: vec![],
-            last_ms: 0.0,
-        })
+        Self::new(sampling, self.selection.fork())
+    }
+
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// Whether drafts are searched trees.
+    pub fn is_tree(&self) -> bool {
+        matches!(self.selection, Selection::Tree(_))
+    }
+
+    /// Milliseconds the last [`BlockDrafting::draft`] took.
+    pub fn last_ms(&self) -> f64 {
+        self.last_ms
     }
 
     /// `logits`: `slots × v` rows, slot i predicting absolute position `first + i`, over the
@@ -298,29 +325,32 @@ impl BlockDrafting {
         max_nodes: usize,
     ) -> Result<crate::speculative::DraftTree> {
         self.conf.clear();
-        if let Some(td) = &mut self.tree {
-            let searched = td.draft(logits, v, |i| head.target_id(i), committed, max_nodes)?;
-            self.conf = searched.path_prob;
-            return Ok(searched.tree);
-        }
         let mut tree = crate::speculative::DraftTree::new();
         let mut parent = None;
-        if let Some(c) = &mut self.cps {
-            let lat = crate::speculative::cps::Lattice::from_logits(
-                logits,
-                v,
-                |i| head.target_id(i),
-                |t| head.vocab.draft_id(t).map(|d| d as usize),
-                &c.stop,
-                &c.lattice,
-            );
-            let path = c.cps.search(&lat, committed, c.ngram.as_deref(), &c.stop);
-            for &t in path.iter().take(max_nodes) {
-                parent = Some(tree.push(parent, t, None)?);
+        let sample = match &mut self.selection {
+            Selection::Tree(td) => {
+                let searched = td.draft(logits, v, |i| head.target_id(i), committed, max_nodes)?;
+                self.conf = searched.path_prob;
+                return Ok(searched.tree);
             }
-            return Ok(tree);
-        }
-        let sample = self.sampling == DraftSampling::Sample && !self.sampler.params.is_greedy();
+            Selection::Cps(c) => {
+                let lat = crate::speculative::cps::Lattice::from_logits(
+                    logits,
+                    v,
+                    |i| head.target_id(i),
+                    |t| head.vocab.draft_id(t).map(|d| d as usize),
+                    &c.stop,
+                    &c.lattice,
+                );
+                let path = c.cps.search(&lat, committed, c.ngram.as_deref(), &c.stop);
+                for &t in path.iter().take(max_nodes) {
+                    parent = Some(tree.push(parent, t, None)?);
+                }
+                return Ok(tree);
+            }
+            Selection::Sample => !self.sampler.params.is_greedy(),
+            Selection::Greedy => false,
+        };
         let slots = (logits.len() / v.max(1)).min(max_nodes);
         for i in 0..slots {
             let row = &logits[i * v..(i + 1) * v];
@@ -340,6 +370,6 @@ impl BlockDrafting {
 
     /// [`crate::speculative::Drafter::node_confidence`] for the last draft.
     pub fn node_confidence(&self) -> Option<&[f32]> {
-        self.tree.as_ref().map(|_| &self.conf[..])
+        self.is_tree().then_some(&self.conf[..])
     }
 }

@@ -2,7 +2,9 @@
 //! and HF's prompt lookup): find the most recent earlier occurrence of the last n committed
 //! tokens (n from `max_ngram` down to `min_ngram`) and propose the tokens that followed it.
 
-use crate::error::Result;
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
+use crate::error::{Error, Result};
+use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 
@@ -64,6 +66,44 @@ impl Drafter for PromptLookup {
     fn observe(&mut self, _outcome: &Outcome, _hidden: Hidden) -> Result<()> {
         Ok(())
     }
+}
+
+impl<'t> Template<'t> for PromptLookup {
+    fn fork(&self, _: usize, _: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "pld",
+    about: "prompt lookup: n-gram matches over prompt and output",
+    modes: &[Mode::Greedy],
+    options: &[],
+    default_dir: None,
+    load,
+    label: None,
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let (min, max, k) = (
+        a.cfg.prompt_lookup_min,
+        a.cfg.prompt_lookup_max,
+        a.cfg.num_speculative_tokens,
+    );
+    if min == 0 || min > max {
+        return Err(Error::BadRequest(
+            "prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max".into(),
+        ));
+    }
+    let p = PromptLookup {
+        min_ngram: min,
+        max_ngram: max,
+        draft_len: k,
+    };
+    Ok(LoadedMethod {
+        template: Box::new(p),
+        max_draft: k,
+    })
 }
 
 #[cfg(test)]

@@ -4,142 +4,17 @@
 //! Shared by `generate`, `bench` and `serve`: the CLI only maps its flags onto
 //! [`DrafterConfig`].
 
-use super::dart::{Dart, DartModel};
-use super::dflash::{Dflash, DflashModel};
-use super::diffuspec::{DiffuSpec, DlmMode};
-use super::draft_model::DraftModel;
-use super::mask_lm::MaskLm;
-use super::pard::Pard;
-use super::parts::DraftSampling;
-use super::pld::PromptLookup;
-use super::NoDraft;
+use super::diffuspec::DlmMode;
+use super::registry::{LoadArgs, Template};
+pub use super::registry::{Method, Mode};
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::model::{self, Loaded};
-use crate::ngram::NgramTrie;
+use crate::model::{Loaded, Model};
 use crate::sample::SamplingParams;
 use crate::speculative::cps::AdlParams;
 use crate::speculative::sizing::{CostCurve, Sizer};
-use crate::speculative::tree_search::{TreeDrafting, TreeSearchParams};
 use crate::speculative::{Drafter, Speculation, VerifyRule};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-/// Which drafter proposes tokens; `None` is plain AR decoding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Method {
-    None,
-    Pld,
-    DraftModel,
-    Dflash,
-    DflashSample,
-    DflashTree,
-    Dart,
-    Pard,
-    PardSample,
-    PardTree,
-    Diffuspec,
-}
-
-impl Method {
-    /// Every method with its name and a one-line description.
-    pub const ALL: [(Method, &'static str, &'static str); 11] = [
-        (Method::None, "none", "no drafter: plain AR decoding"),
-        (
-            Method::Pld,
-            "pld",
-            "prompt lookup: n-gram matches over prompt and output",
-        ),
-        (
-            Method::DraftModel,
-            "draft-model",
-            "a draft model sharing the tokenizer, or the target's first --draft-layers layers",
-        ),
-        (
-            Method::Dflash,
-            "dflash",
-            "DFlash block-diffusion drafter (greedy block; one-hot q at T > 0)",
-        ),
-        (
-            Method::DflashSample,
-            "dflash-sample",
-            "DFlash drafting by sampling each slot from its distribution (q known)",
-        ),
-        (
-            Method::DflashTree,
-            "dflash-tree",
-            "DFlash's block searched into an n-gram-pruned tree (DART's search)",
-        ),
-        (
-            Method::Dart,
-            "dart",
-            "DART: one-layer parallel drafter + n-gram-pruned tree search",
-        ),
-        (
-            Method::Pard,
-            "pard",
-            "PARD: target-independent mask-token draft model, K drafts in one pass (greedy chain)",
-        ),
-        (
-            Method::PardSample,
-            "pard-sample",
-            "PARD drafting by sampling each slot from its distribution (q known)",
-        ),
-        (
-            Method::PardTree,
-            "pard-tree",
-            "PARD's per-slot distributions searched into an n-gram-pruned tree (DART's search)",
-        ),
-        (
-            Method::Diffuspec,
-            "diffuspec",
-            "DiffuSpec: diffusion-LM drafter + causal-consistency path search (3-gram proxy) + adaptive draft length",
-        ),
-    ];
-
-    pub fn name(self) -> &'static str {
-        Self::ALL.iter().find(|m| m.0 == self).map_or("?", |m| m.1)
-    }
-}
-
-impl std::fmt::Display for Method {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Method {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let want = s.replace('_', "-");
-        Self::ALL
-            .iter()
-            .find(|m| m.1 == want)
-            .map(|m| m.0)
-            .ok_or_else(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|m| m.1).collect();
-                Error::BadRequest(format!(
-                    "unknown drafter {s:?} (known: {})",
-                    names.join(", ")
-                ))
-            })
-    }
-}
-
-impl TryFrom<String> for Method {
-    type Error = Error;
-    fn try_from(s: String) -> Result<Self> {
-        s.parse()
-    }
-}
-
-impl From<Method> for String {
-    fn from(m: Method) -> String {
-        m.name().to_string()
-    }
-}
 
 /// How each round's draft size is chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,9 +47,7 @@ pub struct DrafterConfig {
     pub draft_layers: Option<usize>,
     pub prompt_lookup_min: usize,
     pub prompt_lookup_max: usize,
-    /// Always draft the most; otherwise each round is sized from measured costs.
-    pub fixed_draft: bool,
-    /// The sizing policy (`fixed_draft` is short for `Fixed`).
+    /// The sizing policy (`"fixed_draft": true` is read as `Fixed`).
     pub draft_length: DraftLength,
     /// Most nodes of a searched tree (dflash-tree, dart).
     pub tree_budget: usize,
@@ -182,14 +55,14 @@ pub struct DrafterConfig {
     pub ngram: Option<PathBuf>,
     /// Search trees on the drafter's distributions alone.
     pub no_ngram: bool,
-    /// Choose the chain by DiffuSpec's causal-consistency path search over the block's
-    /// pruned lattice (dflash, pard).
-    pub cps: bool,
+    /// How a block drafter's block becomes a draft (default: the method's own; a method name
+    /// such as `dflash-tree` sets it too). `"cps": true` is read as `cps` (DiffuSpec's
+    /// causal-consistency path search, for dflash and pard), `"no_cps": true` as `greedy`
+    /// (DiffuSpec's raw argmax chain).
+    pub drafting: Option<Mode>,
     /// The 3-gram ARPA model CPS scores with (`paradraft ngram arpa`); none: the drafter's
     /// scores alone (diffuspec's default: data/ngram/smollm2-135m.arpa).
     pub ngram_arpa: Option<PathBuf>,
-    /// DiffuSpec without CPS: the raw per-slot argmax chain.
-    pub no_cps: bool,
     /// DiffuSpec's drafting mode (fast: cached causal prefix, bidirectional block; faithful:
     /// full re-encode each step; auto: the drafter's training attention).
     pub dlm_mode: DlmMode,
@@ -200,183 +73,153 @@ pub struct DrafterConfig {
 impl Default for DrafterConfig {
     fn default() -> Self {
         DrafterConfig {
-            method: Method::None,
+            method: Method::none(),
             num_speculative_tokens: 8,
             block_size: None,
             draft_model: None,
             draft_layers: None,
             prompt_lookup_min: 1,
             prompt_lookup_max: 3,
-            fixed_draft: false,
             draft_length: DraftLength::Auto,
             tree_budget: 32,
             ngram: None,
             no_ngram: false,
-            cps: false,
+            drafting: None,
             ngram_arpa: None,
-            no_cps: false,
             dlm_mode: DlmMode::Auto,
             dlm_steps: 1,
         }
     }
 }
 
-/// The committed drafter of a method for SmolLM2-135M-Instruct (found in `$PARADRAFT_HOME`,
-/// beside the installed binary or in the source tree: `fetch::resource`).
-pub fn default_drafter_dir(m: Method) -> Option<PathBuf> {
-    let name = match m {
-        Method::Dflash | Method::DflashSample | Method::DflashTree => "smollm2-135m-dflash",
-        Method::Dart => "smollm2-135m-dart",
-        Method::Pard | Method::PardSample | Method::PardTree => "smollm2-135m-pard",
-        Method::Diffuspec => "smollm2-135m-dlm",
-        _ => return None,
-    };
-    Some(crate::fetch::resource_path(&format!("drafters/{name}")))
+/// Options every method shares, never refused as unused.
+const SHARED: [&str; 6] = [
+    "method",
+    "num_speculative_tokens",
+    "draft_length",
+    "tree_budget",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+];
+
+/// The command-line spelling of an option, for messages.
+fn flag(key: &str) -> String {
+    match key {
+        "model" => "--draft-model (\"model\")".into(),
+        k => format!("--{}", k.replace('_', "-")),
+    }
+}
+
+/// A method in `mode`, as messages name it: `dflash`, `dflash-tree`, `diffuspec --no-cps`.
+fn describe(entry: &super::registry::MethodEntry, mode: Option<Mode>) -> String {
+    match mode {
+        Some(m) if m != entry.default_mode() => match m {
+            Mode::Sample | Mode::Tree => Method::label_for(entry, m),
+            Mode::Greedy | Mode::Cps => format!("{} {}", entry.name, m.flag()),
+        },
+        _ => entry.name.to_string(),
+    }
 }
 
 impl DrafterConfig {
     /// These options with the keys of a vLLM-style JSON object (`method` required) replacing
-    /// theirs; unknown keys are refused.
+    /// theirs; unknown keys are refused. The older keys `cps`, `no_cps` and `fixed_draft` are
+    /// read as `drafting` and `draft_length`.
     pub fn with_json(&self, js: &str) -> Result<DrafterConfig> {
         let bad = |e: String| Error::BadRequest(format!("speculative config: {e}"));
         let v: serde_json::Value = serde_json::from_str(js).map_err(|e| bad(e.to_string()))?;
-        let obj = v
+        let mut obj = v
             .as_object()
+            .cloned()
             .ok_or_else(|| bad("want a JSON object".into()))?;
         if !obj.contains_key("method") {
             return Err(bad("\"method\" is required".into()));
         }
+        let legacy = [
+            ("cps", "drafting", "cps"),
+            ("no_cps", "drafting", "greedy"),
+            ("fixed_draft", "draft_length", "fixed"),
+        ];
+        for (old, key, value) in legacy {
+            match obj.remove(old) {
+                None | Some(serde_json::Value::Bool(false)) => {}
+                Some(serde_json::Value::Bool(true)) => {
+                    if obj.get(key).is_some_and(|v| v != value) {
+                        return Err(bad(format!("\"{old}\" and \"{key}\" disagree")));
+                    }
+                    obj.insert(key.into(), value.into());
+                }
+                Some(o) => return Err(bad(format!("\"{old}\" must be true or false, not {o}"))),
+            }
+        }
         let mut base = serde_json::to_value(self).map_err(|e| bad(e.to_string()))?;
         for (k, v) in obj {
-            base[k] = v.clone();
+            base[k] = v;
         }
         serde_json::from_value(base).map_err(|e| bad(e.to_string()))
     }
 
+    /// The mode `method` drafts in with these options: its name's, else `drafting` where the
+    /// method takes it, else its default.
+    pub fn mode_of(&self, method: Method) -> Mode {
+        method
+            .mode
+            .or(self.drafting.filter(|m| method.entry.modes.contains(m)))
+            .unwrap_or(method.entry.default_mode())
+    }
+
     /// Refuses options that none of `methods` would use (they would be silently ignored).
     pub fn check_used(&self, methods: &[Method]) -> Result<()> {
-        use Method::*;
-        let d = DrafterConfig::default();
-        let trees: &[Method] = &[DflashTree, Dart, PardTree];
-        let checks: [(bool, &str, &[Method]); 10] = [
-            (
-                self.draft_model.is_some(),
-                "--draft-model (\"model\")",
-                &[
-                    DraftModel,
-                    Dflash,
-                    DflashSample,
-                    DflashTree,
-                    Dart,
-                    Pard,
-                    PardSample,
-                    PardTree,
-                    Diffuspec,
-                ],
-            ),
-            (self.draft_layers.is_some(), "--draft-layers", &[DraftModel]),
-            (
-                self.block_size.is_some(),
-                "--block-size",
-                &[Dflash, DflashSample, DflashTree, Dart],
-            ),
-            (self.ngram.is_some(), "--ngram", trees),
-            (self.no_ngram != d.no_ngram, "--no-ngram", trees),
-            (self.cps, "--cps", &[Dflash, Pard]),
-            (
-                self.ngram_arpa.is_some(),
-                "--ngram-arpa",
-                &[Dflash, Pard, Diffuspec],
-            ),
-            (self.no_cps, "--no-cps", &[Diffuspec]),
-            (self.dlm_mode != d.dlm_mode, "--dlm-mode", &[Diffuspec]),
-            (self.dlm_steps != d.dlm_steps, "--dlm-steps", &[Diffuspec]),
-        ];
-        for (given, name, users) in checks {
-            if given && !methods.iter().any(|m| users.contains(m)) {
-                let join = |ms: &[Method]| -> String {
-                    ms.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
-                };
+        let described = || {
+            let names: Vec<String> = methods
+                .iter()
+                .map(|&m| describe(m.entry, Some(self.mode_of(m))))
+                .collect();
+            names.join(", ")
+        };
+        if let Some(mode) = self.drafting {
+            let takes = |e: &super::registry::MethodEntry| {
+                e.modes.contains(&mode) && e.default_mode() != mode
+            };
+            if !methods.iter().any(|m| m.mode.is_none() && takes(m.entry)) {
+                let users: Vec<&str> = super::registry::METHODS
+                    .iter()
+                    .filter(|e| takes(e))
+                    .map(|e| e.name)
+                    .collect();
                 return Err(Error::BadRequest(format!(
-                    "{name} has no effect with {} (it applies to {})",
-                    join(methods),
-                    join(users)
+                    "{} has no effect with {} (it applies to {})",
+                    mode.flag(),
+                    described(),
+                    users.join(", ")
                 )));
             }
         }
-        Ok(())
-    }
-
-    /// The tree search settings, with the n-gram trie unless `no_ngram`.
-    fn tree_drafting(&self, lm: &Loaded, ctx: usize) -> Result<TreeDrafting> {
-        if self.tree_budget == 0 || self.tree_budget >= ctx {
+        let given = serde_json::to_value(self).unwrap_or_default();
+        let default = serde_json::to_value(DrafterConfig::default()).unwrap_or_default();
+        let changed = given.as_object().into_iter().flatten().filter(|(k, v)| {
+            !SHARED.contains(&k.as_str()) && *k != "drafting" && default.get(k.as_str()) != Some(*v)
+        });
+        for (key, _) in changed {
+            if methods.iter().any(|&m| m.entry.reads(key, self.mode_of(m))) {
+                continue;
+            }
+            let mut users = vec![];
+            for e in super::registry::METHODS {
+                for &(k, mode) in e.options {
+                    if k == key {
+                        users.push(describe(e, mode));
+                    }
+                }
+            }
             return Err(Error::BadRequest(format!(
-                "--tree-budget {} must be between 1 and the context ({ctx} tokens) minus one",
-                self.tree_budget
+                "{} has no effect with {} (it applies to {})",
+                flag(key),
+                described(),
+                users.join(", ")
             )));
         }
-        let ngram = if self.no_ngram {
-            None
-        } else {
-            let t = match &self.ngram {
-                Some(path) => {
-                    let t = NgramTrie::open(path)?;
-                    t.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), path)?;
-                    t
-                }
-                // The default trie, built from the shipped corpus on first use.
-                None => crate::ngram::defaults::trie(&lm.tokenizer)?.1,
-            };
-            Some(Arc::new(t))
-        };
-        let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
-        Ok(TreeDrafting::new(TreeSearchParams::default(), ngram, stop))
-    }
-
-    /// The sizing policy these options ask for.
-    pub fn sizing(&self) -> Result<DraftLength> {
-        match (self.fixed_draft, self.draft_length) {
-            (true, DraftLength::Adl) => Err(Error::BadRequest(
-                "--fixed-draft and --draft-length adl exclude each other".into(),
-            )),
-            (true, _) => Ok(DraftLength::Fixed),
-            (false, d) => Ok(d),
-        }
-    }
-
-    /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp
-    /// checked): on with `--cps` (dflash, pard) and for diffuspec unless `--no-cps`, which
-    /// defaults to the default model (`ngram::defaults`, built on first use).
-    fn cps_drafting(&self, lm: &Loaded) -> Result<Option<super::parts::CpsDrafting>> {
-        let diffuspec = self.method == Method::Diffuspec;
-        let on = if diffuspec { !self.no_cps } else { self.cps };
-        if !on {
-            if self.ngram_arpa.is_some() {
-                let why = if diffuspec {
-                    "is unused with --no-cps"
-                } else {
-                    "needs --cps"
-                };
-                return Err(Error::BadRequest(format!("--ngram-arpa {why}")));
-            }
-            return Ok(None);
-        }
-        let ngram = match (&self.ngram_arpa, diffuspec) {
-            (Some(p), _) => {
-                let m = crate::ngram::arpa::ArpaLm::read(p)?;
-                m.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), p)?;
-                Some(Arc::new(m))
-            }
-            // The default 3-gram model, built from the shipped corpus on first use.
-            (None, true) => Some(Arc::new(crate::ngram::defaults::arpa(&lm.tokenizer)?.1)),
-            (None, false) => None,
-        };
-        Ok(Some(super::parts::CpsDrafting {
-            lattice: Default::default(),
-            cps: Default::default(),
-            ngram,
-            stop: lm.tokenizer.stop_tokens.iter().copied().collect(),
-        }))
+        Ok(())
     }
 
     /// Loads the drafter's weights once for a target (`target_path`, loaded as `lm`) whose
@@ -388,7 +231,8 @@ impl DrafterConfig {
         ctx: usize,
     ) -> Result<DrafterSet<'t>> {
         let k = self.num_speculative_tokens;
-        if self.method != Method::None {
+        let entry = self.method.entry;
+        if !self.method.is_none() {
             if k == 0 || k >= ctx {
                 return Err(Error::BadRequest(format!(
                     "num_speculative_tokens {k} must be between 1 and the context ({ctx} tokens) minus one"
@@ -401,104 +245,23 @@ impl DrafterConfig {
                 )));
             }
         }
-        let dir = || {
-            self.draft_model
+        let args = LoadArgs {
+            cfg: self,
+            target_path,
+            lm,
+            ctx,
+            dir: self
+                .draft_model
                 .clone()
-                .or_else(|| default_drafter_dir(self.method))
-                .unwrap_or_default()
+                .or_else(|| entry.default_drafter_dir())
+                .unwrap_or_default(),
+            mode: self.mode_of(self.method),
         };
-        let (template, max_draft) = match self.method {
-            Method::None => (Template::None, 0),
-            Method::Dflash | Method::DflashSample | Method::DflashTree => {
-                let dir = dir();
-                let m = DflashModel::load(&dir)
-                    .map_err(|e| e.context(format!("loading DFlash drafter {}", dir.display())))?;
-                let mut d = Dflash::new(m, &lm.model, ctx, self.block_size, Default::default())?;
-                if self.method == Method::DflashSample {
-                    d.drafting.sampling = DraftSampling::Sample;
-                }
-                let mut max = d.block_size - 1;
-                d.drafting.cps = self.cps_drafting(lm)?;
-                if self.method == Method::DflashTree {
-                    d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
-                    max = self.tree_budget;
-                }
-                (Template::Dflash(Box::new(d)), max)
-            }
-            Method::Dart => {
-                let dir = dir();
-                let (m, head) = DartModel::load(&dir, true)
-                    .map_err(|e| e.context(format!("loading DART drafter {}", dir.display())))?;
-                let tree = self.tree_drafting(lm, ctx)?;
-                let masks = self.block_size.map(|b| b.saturating_sub(1));
-                let d = Dart::new(m, head, &lm.model, ctx, masks, tree)?;
-                (Template::Dart(Box::new(d)), self.tree_budget)
-            }
-            Method::Pard | Method::PardSample | Method::PardTree => {
-                let dir = dir();
-                let m = MaskLm::load(&dir, target_path, lm, "PARD")
-                    .map_err(|e| e.context(format!("loading PARD drafter {}", dir.display())))?;
-                let mut d = Pard::new(m, ctx, k, Default::default())?;
-                if self.method == Method::PardSample {
-                    d.drafting.sampling = DraftSampling::Sample;
-                }
-                let mut max = k;
-                d.drafting.cps = self.cps_drafting(lm)?;
-                if self.method == Method::PardTree {
-                    d.drafting.tree = Some(self.tree_drafting(lm, ctx)?);
-                    max = self.tree_budget;
-                }
-                (Template::Pard(Box::new(d)), max)
-            }
-            Method::Diffuspec => {
-                let dir = dir();
-                let m = MaskLm::load(&dir, target_path, lm, "DiffuSpec").map_err(|e| {
-                    e.context(format!("loading DiffuSpec drafter {}", dir.display()))
-                })?;
-                if m.diffusion.is_none() {
-                    return Err(Error::BadRequest(format!(
-                        "{} is not a diffusion drafter (no dlm_attention, not a Dream model): use --drafter pard for PARD drafters",
-                        dir.display()
-                    )));
-                }
-                let mut d =
-                    DiffuSpec::new(m, ctx, k, self.dlm_steps, self.dlm_mode, Default::default())?;
-                d.drafting.cps = self.cps_drafting(lm)?;
-                (Template::DiffuSpec(Box::new(d)), k)
-            }
-            Method::Pld => {
-                if self.prompt_lookup_min == 0 || self.prompt_lookup_min > self.prompt_lookup_max {
-                    return Err(Error::BadRequest(
-                        "prompt lookup needs 1 <= prompt_lookup_min <= prompt_lookup_max".into(),
-                    ));
-                }
-                let p = PromptLookup {
-                    min_ngram: self.prompt_lookup_min,
-                    max_ngram: self.prompt_lookup_max,
-                    draft_len: k,
-                };
-                (Template::Pld(p), k)
-            }
-            Method::DraftModel => {
-                let draft = match (&self.draft_model, self.draft_layers) {
-                    (Some(p), layers) => model::load_truncated(p, layers)
-                        .map_err(|e| e.context(format!("loading draft model {}", p.display())))?,
-                    (None, Some(n)) => model::load_truncated(target_path, Some(n))?,
-                    (None, None) => {
-                        return Err(Error::BadRequest(
-                            "--drafter draft-model needs --draft-model PATH or --draft-layers N"
-                                .into(),
-                        ))
-                    }
-                };
-                let vocab = lm.model.config.vocab_size;
-                let d = DraftModel::new(draft.model, vocab, ctx, k, Default::default())?;
-                (Template::DraftModel(Box::new(d)), k)
-            }
-        };
-        let sizing = self.sizing()?;
+        let loaded = (entry.load)(&args)?;
+        let max_draft = loaded.max_draft;
+        let sizing = self.draft_length;
         Ok(DrafterSet {
-            template,
+            template: loaded.template,
             max_draft,
             ctx,
             method: self.method,
@@ -515,39 +278,21 @@ impl DrafterConfig {
         })
     }
 
-    /// The name reports use: the method, or which draft model.
+    /// The name reports use: the method in its mode (`dflash-tree`, `dflash-cps`,
+    /// `diffuspec-raw`), or which draft model.
     pub fn label(&self) -> String {
-        match (self.method, &self.draft_model, self.draft_layers) {
-            (Method::DraftModel, Some(p), _) => format!(
-                "draft:{}",
-                p.file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-            (Method::DraftModel, None, Some(n)) => format!("self-draft-{n}L"),
-            (Method::None, ..) => "none".into(),
-            (Method::Diffuspec, ..) if self.no_cps => "diffuspec-raw".into(),
-            (m, ..) if self.cps => format!("{}-cps", m.name()),
-            (m, ..) => m.name().into(),
+        let entry = self.method.entry;
+        match entry.label {
+            Some(f) => f(self),
+            None => Method::label_for(entry, self.mode_of(self.method)),
         }
     }
-}
-
-/// A fresh drafter of each kind, never begun: what every request's drafter is forked from.
-enum Template<'t> {
-    None,
-    Pld(PromptLookup),
-    Dflash(Box<Dflash<'t>>),
-    Dart(Box<Dart<'t>>),
-    DraftModel(Box<DraftModel>),
-    Pard(Box<Pard>),
-    DiffuSpec(Box<DiffuSpec>),
 }
 
 /// A loaded drafter: weights shared by every request, per-request state made by
 /// [`DrafterSet::create`].
 pub struct DrafterSet<'t> {
-    template: Template<'t>,
+    template: Box<dyn Template<'t> + 't>,
     /// The most nodes a drafter of this set proposes per round (0 without a drafter).
     pub max_draft: usize,
     ctx: usize,
@@ -566,15 +311,7 @@ impl<'t> DrafterSet<'t> {
     /// A drafter for one request sampled with `sampling` (drafters that sample draw with the
     /// target's keyed noise).
     pub fn create(&self, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
-        Ok(match &self.template {
-            Template::None => Box::new(NoDraft),
-            Template::Pld(p) => Box::new(p.clone()),
-            Template::Dflash(d) => Box::new(d.fork(self.ctx, sampling)?),
-            Template::Dart(d) => Box::new(d.fork(self.ctx)),
-            Template::DraftModel(d) => Box::new(d.fork(self.ctx, sampling)?),
-            Template::Pard(d) => Box::new(d.fork(self.ctx, sampling)?),
-            Template::DiffuSpec(d) => Box::new(d.fork(self.ctx, sampling)?),
-        })
+        self.template.fork(self.ctx, sampling)
     }
 
     /// Measures what a proposal costs on this machine and keeps it with the target's verify
@@ -612,15 +349,11 @@ impl<'t> DrafterSet<'t> {
 
     /// Whether requests decode without a drafter.
     pub fn is_ar(&self) -> bool {
-        matches!(self.template, Template::None)
+        self.method.is_none()
     }
 
     /// The target layers whose states the drafters read.
     pub fn taps(&self) -> Vec<usize> {
-        match &self.template {
-            Template::Dflash(d) => d.taps().to_vec(),
-            Template::Dart(d) => d.taps().to_vec(),
-            _ => vec![],
-        }
+        self.template.taps()
     }
 }

@@ -20,10 +20,12 @@ pub mod model;
 pub use config::{dart_taps, DartConfig};
 pub use model::DartModel;
 
-use crate::drafters::parts::DraftHead;
+use crate::drafters::parts::{BlockDrafting, DraftHead, Selection};
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
+use crate::sample::SamplingParams;
 use crate::speculative::tree_search::TreeDrafting;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
@@ -41,14 +43,11 @@ pub struct Dart<'t> {
     pending: Vec<f32>,
     /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1).
     pub masks: usize,
-    pub tree: TreeDrafting,
+    /// The shared selection, always a searched tree.
+    drafting: BlockDrafting,
     s: model::Scratch,
     hidden: Vec<f32>,
     logits: Vec<f32>,
-    /// Path probability of each node of the last proposal (score order).
-    conf: Vec<f32>,
-    /// Milliseconds of the last tree search.
-    select_ms: f64,
 }
 
 impl<'t> Dart<'t> {
@@ -79,19 +78,17 @@ impl<'t> Dart<'t> {
             kv,
             pending: vec![],
             masks,
-            tree,
+            drafting: BlockDrafting::new(SamplingParams::default(), Selection::Tree(tree))?,
             s: model::Scratch::default(),
             hidden: vec![],
             logits: vec![],
-            conf: vec![],
-            select_ms: 0.0,
         })
     }
 
     /// A drafter for another request: the same weights, head and tree settings, its own
-    /// context (`ctx` target positions).
-    pub fn fork(&self, ctx: usize) -> Self {
-        Dart {
+    /// context (`ctx` target positions). Its drafts are deterministic: `sampling` only checked.
+    pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
+        Ok(Dart {
             model: self.model.clone(),
             head: self.head.fork(),
             target: self.target,
@@ -99,17 +96,49 @@ impl<'t> Dart<'t> {
             kv: self.model.new_kv(ctx + self.masks + 1),
             pending: vec![],
             masks: self.masks,
-            tree: self.tree.fork(),
+            drafting: self.drafting.fork(sampling)?,
             s: model::Scratch::default(),
             hidden: vec![],
             logits: vec![],
-            conf: vec![],
-            select_ms: 0.0,
-        }
+        })
     }
 
     pub fn config(&self) -> &DartConfig {
         &self.model.config
+    }
+}
+
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "dart",
+    about: "DART: one-layer parallel drafter + n-gram-pruned tree search",
+    modes: &[Mode::Tree],
+    options: &[
+        ("model", None),
+        ("block_size", None),
+        ("ngram", None),
+        ("no_ngram", None),
+    ],
+    default_dir: Some("smollm2-135m-dart"),
+    load,
+    label: None,
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let (m, head) = DartModel::load(&a.dir, true).map_err(a.loading("DART drafter"))?;
+    let masks = a.cfg.block_size.map(|b| b.saturating_sub(1));
+    let d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.tree_drafting()?)?;
+    Ok(LoadedMethod {
+        template: Box::new(d),
+        max_draft: a.cfg.tree_budget,
+    })
+}
+
+impl<'t> Template<'t> for Dart<'t> {
+    fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(Dart::fork(self, ctx, sampling)?))
+    }
+    fn taps(&self) -> Vec<usize> {
+        self.taps.clone()
     }
 }
 
@@ -161,7 +190,6 @@ impl Drafter for Dart<'_> {
                 p0 + m
             )));
         }
-        self.conf.clear();
         if max_nodes == 0 || m == 0 {
             return Ok(DraftTree::new());
         }
@@ -181,14 +209,9 @@ impl Drafter for Dart<'_> {
         let v = self
             .head
             .logits(self.target, &self.hidden, &mut self.logits);
-        let head = &self.head;
-        let t0 = std::time::Instant::now();
-        let searched =
-            self.tree
-                .draft(&self.logits, v, |i| head.target_id(i), committed, max_nodes)?;
-        self.select_ms = t0.elapsed().as_secs_f64() * 1e3;
-        self.conf = searched.path_prob;
-        Ok(searched.tree)
+        // Slot i predicts position s + 1 + i.
+        self.drafting
+            .draft(&self.logits, v, &self.head, committed, s + 1, max_nodes)
     }
 
     fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
@@ -197,11 +220,11 @@ impl Drafter for Dart<'_> {
     }
 
     fn node_confidence(&self) -> Option<&[f32]> {
-        Some(&self.conf)
+        self.drafting.node_confidence()
     }
 
     /// The tree search's time in the last proposal (the drafter's forward is draft time).
     fn selection_ms(&self) -> f64 {
-        self.select_ms
+        self.drafting.last_ms()
     }
 }

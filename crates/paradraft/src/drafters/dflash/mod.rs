@@ -19,7 +19,8 @@ pub mod model;
 pub use config::{default_target_layers, DflashConfig};
 pub use model::DflashModel;
 
-use crate::drafters::parts::{BlockDrafting, DraftHead};
+use crate::drafters::parts::{BlockDrafter, BlockDrafting, DraftHead, Selection};
+use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
@@ -28,7 +29,47 @@ use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 use std::sync::Arc;
 
-pub use crate::drafters::parts::DraftSampling;
+pub static METHOD: MethodEntry = MethodEntry {
+    name: "dflash",
+    about: "DFlash block-diffusion drafter (greedy block; one-hot q at T > 0)",
+    modes: &[Mode::Greedy, Mode::Sample, Mode::Tree, Mode::Cps],
+    options: &[
+        ("model", None),
+        ("block_size", None),
+        ("ngram", Some(Mode::Tree)),
+        ("no_ngram", Some(Mode::Tree)),
+        ("ngram_arpa", Some(Mode::Cps)),
+    ],
+    default_dir: Some("smollm2-135m-dflash"),
+    load,
+    label: None,
+};
+
+fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    let m = DflashModel::load(&a.dir).map_err(a.loading("DFlash drafter"))?;
+    let d = Dflash::new(m, &a.lm.model, a.ctx, a.cfg.block_size, Default::default())?
+        .with_selection(a.selection()?);
+    let max_draft = a.max_draft(d.block_size - 1);
+    Ok(LoadedMethod {
+        template: Box::new(d),
+        max_draft,
+    })
+}
+
+impl<'t> Template<'t> for Dflash<'t> {
+    fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(Dflash::fork(self, ctx, sampling)?))
+    }
+    fn taps(&self) -> Vec<usize> {
+        Drafter::taps(self).to_vec()
+    }
+}
+
+impl BlockDrafter for Dflash<'_> {
+    fn drafting_mut(&mut self) -> &mut BlockDrafting {
+        &mut self.drafting
+    }
+}
 
 /// A DFlash drafter bound to its target (whose embedding and LM head it uses).
 pub struct Dflash<'t> {
@@ -41,9 +82,8 @@ pub struct Dflash<'t> {
     s: model::Scratch,
     /// Block size used at run time (≤ any value; the trained one is typical).
     pub block_size: usize,
-    /// How the block becomes a draft: argmax or sampled chain, or a searched tree
-    /// (`drafting.tree`: deterministic drafts, verified with one-hot q at any temperature).
-    pub drafting: BlockDrafting,
+    /// How the block becomes a draft (argmax, sampled or CPS chain, or a searched tree).
+    drafting: BlockDrafting,
     /// Target states of committed positions not yet injected: they enter the context when
     /// the next block is drafted, all in one pass (rounds that draft nothing cost nothing).
     pending: Vec<f32>,
@@ -79,7 +119,7 @@ impl<'t> Dflash<'t> {
             kv,
             s: model::Scratch::default(),
             block_size,
-            drafting: BlockDrafting::new(sampling)?,
+            drafting: BlockDrafting::new(sampling, Selection::Greedy)?,
             pending: vec![],
             x: vec![],
             hidden: vec![],
@@ -123,7 +163,7 @@ impl<'t> Dflash<'t> {
 
 impl Drafter for Dflash<'_> {
     fn name(&self) -> &str {
-        if self.drafting.tree.is_some() {
+        if self.drafting.is_tree() {
             "dflash-tree"
         } else {
             "dflash"
@@ -202,6 +242,6 @@ impl Drafter for Dflash<'_> {
     }
 
     fn selection_ms(&self) -> f64 {
-        self.drafting.last_ms
+        self.drafting.last_ms()
     }
 }
