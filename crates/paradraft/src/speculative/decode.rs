@@ -5,7 +5,7 @@
 //! and the accepted path, and commits the accepted tokens plus the target's bonus token, which
 //! becomes the next root.
 
-use super::sizing::{BatchShape, Sizer};
+use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
@@ -131,18 +131,19 @@ impl<'o> RoundOutput<'o> {
 /// never moved in bulk: the variants' size difference does not matter.)
 #[allow(clippy::large_enum_variant)]
 enum Pending {
-    Prefill {
-        n: usize,
-        positions: Vec<Pos>,
-    },
-    Round {
-        tree: DraftTree,
-        lin: Linearised,
-        /// Σ path probability of the nodes kept (trees cut by the sizer).
-        predicted: f64,
-        stats: RoundStats,
-        verify_start: Instant,
-    },
+    Prefill { n: usize, positions: Vec<Pos> },
+    Round(Planned),
+}
+
+/// A drafted, sized and linearised round waiting for its forward.
+struct Planned {
+    tree: DraftTree,
+    lin: Linearised,
+    facts: RoundFacts,
+    /// Σ path probability of the nodes kept (trees cut by sizing).
+    predicted: f64,
+    stats: RoundStats,
+    verify_start: Instant,
 }
 
 /// One request's speculative decoding as a state machine. [`Session::new`] checks the request;
@@ -158,7 +159,7 @@ enum Pending {
 pub struct Session<'a> {
     drafter: Box<dyn Drafter + 'a>,
     max_draft: usize,
-    sizer: Option<Sizer>,
+    sizing: Sizing,
     rule: VerifyRule,
     sampler: Sampler,
     emitter: Emitter<'a>,
@@ -205,7 +206,7 @@ impl<'a> Session<'a> {
         let taps = drafter.taps().to_vec();
         Ok(Session {
             max_draft,
-            sizer,
+            sizing: Sizing::new(sizer),
             rule,
             sampler,
             emitter: Emitter::new(tok, params),
@@ -291,14 +292,14 @@ impl<'a> Session<'a> {
             self.stop = Some(StopReason::ContextFull);
             return Ok(false);
         }
-        let room = kv.capacity() - (base + 1);
+        let facts = RoundFacts {
+            max: self.max_draft,
+            room: kv.capacity() - (base + 1),
+            batch,
+            trees: self.drafter.node_confidence().is_some(),
+        };
         let mut stats = RoundStats::default();
-        let trees = self.drafter.node_confidence().is_some();
-        let budget = match self.sizer.as_mut() {
-            Some(s) => s.budget(self.max_draft, batch, trees),
-            None => self.max_draft,
-        }
-        .min(room);
+        let budget = self.sizing.before(&facts);
         let t = Instant::now();
         let mut tree = self.drafter.propose(&self.committed, budget)?;
         stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -308,29 +309,22 @@ impl<'a> Session<'a> {
         } else {
             self.drafter.selection_ms()
         };
-        // Trees: cut where nodes stop paying; `predicted` = Σ path probability of those kept.
-        let mut predicted = 0.0;
-        if let (Some(s), Some(conf)) = (self.sizer.as_ref(), self.drafter.node_confidence()) {
-            let keep = s.cut(conf, stats.draft_ms, batch).min(budget);
-            predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
-            tree.truncate(keep);
-        }
-        tree.truncate(budget);
-        if let Some(s) = self.sizer.as_ref() {
-            stats.undrafted = s.undrafted().or_else(|| {
-                (tree.is_empty() && budget > 0).then_some(super::sizing::Undrafted::CostModel)
-            });
-        }
+        let conf = self.drafter.node_confidence();
+        let cut = self
+            .sizing
+            .cut(&mut tree, conf, stats.draft_ms, budget, &facts);
+        stats.undrafted = cut.undrafted;
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
-        self.pending = Some(Pending::Round {
+        self.pending = Some(Pending::Round(Planned {
             tree,
             lin,
-            predicted,
+            facts,
+            predicted: cut.predicted,
             stats,
             verify_start: Instant::now(),
-        });
+        }));
         Ok(true)
     }
 
@@ -343,7 +337,7 @@ impl<'a> Session<'a> {
                 positions,
                 mask: None,
             },
-            Pending::Round { lin, .. } => Batch {
+            Pending::Round(Planned { lin, .. }) => Batch {
                 tokens: &lin.tokens,
                 positions: &lin.positions,
                 mask: Some(&lin.mask),
@@ -364,7 +358,7 @@ impl<'a> Session<'a> {
                 },
                 last_only: true,
             },
-            Pending::Round { .. } => RowNeeds {
+            Pending::Round(_) => RowNeeds {
                 logits: if self.greedy {
                     Logits::Argmax
                 } else {
@@ -387,13 +381,7 @@ impl<'a> Session<'a> {
     ) -> Result<()> {
         match self.pending.take().expect("a planned step") {
             Pending::Prefill { n, .. } => self.commit_prefill(n, o, on_text),
-            Pending::Round {
-                tree,
-                lin,
-                predicted,
-                stats,
-                verify_start,
-            } => self.commit_round(kv, tree, lin, predicted, stats, verify_start, o, on_text),
+            Pending::Round(p) => self.commit_round(kv, p, o, on_text),
         }
     }
 
@@ -428,18 +416,21 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn commit_round(
         &mut self,
         kv: &mut KvCache,
-        tree: DraftTree,
-        lin: Linearised,
-        predicted: f64,
-        mut stats: RoundStats,
-        verify_start: Instant,
+        p: Planned,
         o: RoundOutput,
         on_text: &mut impl FnMut(&str),
     ) -> Result<()> {
+        let Planned {
+            tree,
+            lin,
+            facts,
+            predicted,
+            mut stats,
+            verify_start,
+        } = p;
         let base = lin.positions[0].0 as usize;
         let outcome: Outcome = verify(
             self.rule,
@@ -479,43 +470,23 @@ impl<'a> Session<'a> {
                 rows: &self.hidden,
             },
         )?;
-        let trees = self.drafter.node_confidence().is_some();
-        match self.sizer.as_mut() {
-            Some(s) if trees => s.observe_tree(
-                tree.len(),
-                predicted,
-                outcome.accepted.len(),
-                stats.draft_ms,
-            ),
-            Some(s) => s.observe(
-                tree.max_depth() as usize,
-                outcome.accepted.len(),
-                stats.draft_ms,
-                tree.len(),
-            ),
-            None => {}
-        }
         stats.drafted = outcome.drafted;
         stats.accepted = outcome.accepted.len();
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
-        if let Some(s) = self.sizer.as_mut() {
-            let ms = stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms;
-            let emitter = &self.emitter;
-            // The depth of the draft's first stop token (what adaptive draft length reads).
-            let eos = || {
-                (0..tree.len() as u32)
-                    .map(NodeId)
-                    .find(|&n| emitter.is_stop(tree.token(n)))
-                    .map(|n| tree.depth(n) as usize)
-            };
-            s.record_round(
-                stats.accepted + 1,
-                ms,
-                !tree.is_empty(),
-                stats.accepted,
-                eos,
-            );
-        }
+        let emitter = &self.emitter;
+        self.sizing.after(&RoundResult {
+            facts,
+            nodes: tree.len(),
+            depth: tree.max_depth() as usize,
+            predicted,
+            accepted: stats.accepted,
+            draft_ms: stats.draft_ms,
+            ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
+            eos: (0..tree.len() as u32)
+                .map(NodeId)
+                .find(|&n| emitter.is_stop(tree.token(n)))
+                .map(|n| tree.depth(n) as usize),
+        });
         self.rounds.push(stats);
         Ok(())
     }

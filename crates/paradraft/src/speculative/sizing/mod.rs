@@ -10,160 +10,121 @@
 //! ([`Sizer::cut`], after drafting). A drafter opts in by reporting
 //! [`crate::speculative::Drafter::node_confidence`].
 
-use crate::error::Result;
-use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
-use crate::speculative::{Drafter, Hidden};
-use crate::types::{Pos, TokenId};
-use std::time::Instant;
+mod cost;
+mod guard;
 
-/// Verify cost in ms of a forward over `rows` rows, interpolated from measured points.
+pub use cost::CostCurve;
+pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
+
+/// What sizing knows of a round before drafting.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundFacts {
+    /// The most nodes the drafter proposes.
+    pub max: usize,
+    /// Nodes the KV cache has room for.
+    pub room: usize,
+    /// The forward the round is verified in.
+    pub batch: BatchShape,
+    /// Whether the drafter's nodes come in score order with path probabilities
+    /// ([`crate::speculative::Drafter::node_confidence`]): trees, cut after drafting.
+    pub trees: bool,
+}
+
+/// A round's draft after sizing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cut {
+    /// Σ path probability of the nodes kept (trees).
+    pub predicted: f64,
+    /// Why nothing is drafted this round (`None`: something is, or sizing is fixed).
+    pub undrafted: Option<Undrafted>,
+}
+
+/// A verified round, as sizing learns from it.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundResult {
+    pub facts: RoundFacts,
+    /// Nodes verified and the deepest of them.
+    pub nodes: usize,
+    pub depth: usize,
+    /// [`Cut::predicted`].
+    pub predicted: f64,
+    pub accepted: usize,
+    pub draft_ms: f64,
+    /// The round from draft to commit.
+    pub ms: f64,
+    /// The 1-based depth of the draft's first stop token (what ADL reads).
+    pub eos: Option<usize>,
+}
+
+/// How each round's draft is sized, behind one interface: [`Sizing::before`] drafting (the
+/// budget), [`Sizing::cut`] after it (trees cut where nodes stop paying), [`Sizing::after`]
+/// the round (what was accepted). The policies — the cost model for chains, confidence-cut
+/// trees, ADL, the speed guard — live in [`Sizer`]; `Fixed` always drafts the most.
 #[derive(Clone, Debug)]
-pub struct CostCurve {
-    /// (rows, ms), increasing in rows.
-    pub points: Vec<(usize, f64)>,
+pub enum Sizing {
+    Fixed,
+    Sized(Box<Sizer>),
 }
 
-impl CostCurve {
-    /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`) after `context` cached
-    /// tokens. Costs a few hundred ms on a small model.
-    pub fn measure(model: &Model, context: usize, repeats: usize) -> Result<CostCurve> {
-        Self::measure_up_to(model, context, repeats, 32)
+impl Sizing {
+    /// Sized by `sizer`, or fixed without one.
+    pub fn new(sizer: Option<Sizer>) -> Self {
+        match sizer {
+            Some(s) => Sizing::Sized(Box::new(s)),
+            None => Sizing::Fixed,
+        }
     }
 
-    /// [`CostCurve::measure`] with forwards of 1, 2, 4, … up to `max_rows` rows (a batch's
-    /// verify forwards are wider than one request's).
-    pub fn measure_up_to(
-        model: &Model,
-        context: usize,
-        repeats: usize,
-        max_rows: usize,
-    ) -> Result<CostCurve> {
-        let max_rows = max_rows.max(2);
-        let mut s = Scratch::default();
-        let mut kv: KvCache = model.new_kv(context + max_rows + 8);
-        let toks = synthetic_tokens(model, context.max(1) + max_rows);
-        let pos = |a: usize, n: usize| (a..a + n).map(|p| Pos(p as u32)).collect::<Vec<_>>();
-        prefill(model, &mut kv, &toks[..context.max(1)], &[], &mut s)?;
-        let base = kv.len();
-        let spec = OutputSpec {
-            rows: Rows::All,
-            logits: Logits::Argmax,
-            taps: vec![],
+    /// This round's budget, before drafting.
+    pub fn before(&mut self, f: &RoundFacts) -> usize {
+        match self {
+            Sizing::Fixed => f.max,
+            Sizing::Sized(s) => s.budget(f.max, f.batch, f.trees),
+        }
+        .min(f.room)
+    }
+
+    /// Cuts the proposed `tree` to what pays (trees: by each node's path probability `conf`,
+    /// with `draft_ms` already spent) and to `budget`.
+    pub fn cut(
+        &self,
+        tree: &mut crate::speculative::DraftTree,
+        conf: Option<&[f32]>,
+        draft_ms: f64,
+        budget: usize,
+        f: &RoundFacts,
+    ) -> Cut {
+        let mut predicted = 0.0;
+        if let (Sizing::Sized(s), Some(conf)) = (self, conf) {
+            let keep = s.cut(conf, draft_ms, f.batch).min(budget);
+            predicted = conf[..keep.min(conf.len())].iter().map(|&p| p as f64).sum();
+            tree.truncate(keep);
+        }
+        tree.truncate(budget);
+        let undrafted = match self {
+            Sizing::Fixed => None,
+            Sizing::Sized(s) => s
+                .undrafted()
+                .or_else(|| (tree.is_empty() && budget > 0).then_some(Undrafted::CostModel)),
         };
-        let mut points = vec![];
-        let sizes = std::iter::successors(Some(1usize), |&r| {
-            (r < max_rows).then(|| (r * 2).min(max_rows))
-        });
-        for rows in sizes {
-            let mut best = f64::INFINITY;
-            for _ in 0..repeats.max(1) {
-                let t = Instant::now();
-                model.forward(
-                    &mut kv,
-                    &Batch {
-                        tokens: &toks[base..base + rows],
-                        positions: &pos(base, rows),
-                        mask: None,
-                    },
-                    &spec,
-                    &mut s,
-                )?;
-                best = best.min(t.elapsed().as_secs_f64() * 1e3);
-                kv.truncate(base);
-            }
-            points.push((rows, best));
+        Cut {
+            predicted,
+            undrafted,
         }
-        Ok(CostCurve { points })
     }
 
-    /// A drafter's own cost curve: ms of one `propose` of up to n nodes (n = 1, 2, 4, 8 and
-    /// `max_nodes`; min of `repeats`) after a `context`-token prompt whose states it was given.
-    /// A parallel drafter's pass has a fixed part and a per-slot part, which a per-node rate
-    /// cannot express.
-    pub fn measure_drafter(
-        target: &Model,
-        drafter: &mut dyn Drafter,
-        context: usize,
-        max_nodes: usize,
-        repeats: usize,
-    ) -> Result<CostCurve> {
-        let toks = synthetic_tokens(target, context.max(2));
-        let n = toks.len() - 1;
-        let mut kv: KvCache = target.new_kv(toks.len() + 1);
-        let mut s = Scratch::default();
-        let taps = drafter.taps().to_vec();
-        let out = prefill(target, &mut kv, &toks[..n], &taps, &mut s)?;
-        let width = taps.len() * target.config.hidden_size;
-        drafter.begin(
-            &toks[..n],
-            Hidden {
-                width,
-                rows: &out.hidden,
-            },
-        )?;
-        let mut sizes: Vec<usize> = [1, 2, 4, 8]
-            .into_iter()
-            .filter(|&k| k < max_nodes)
-            .collect();
-        sizes.push(max_nodes.max(1));
-        let mut points = vec![];
-        for k in sizes {
-            let mut best = f64::INFINITY;
-            for _ in 0..repeats.max(1) {
-                let t = Instant::now();
-                drafter.propose(&toks, k)?;
-                best = best.min(t.elapsed().as_secs_f64() * 1e3);
-            }
-            points.push((k, best));
+    /// Learns from a verified round.
+    pub fn after(&mut self, r: &RoundResult) {
+        let Sizing::Sized(s) = self else {
+            return;
+        };
+        if r.facts.trees {
+            s.observe_tree(r.nodes, r.predicted, r.accepted, r.draft_ms);
+        } else {
+            s.observe(r.depth, r.accepted, r.draft_ms, r.nodes);
         }
-        Ok(CostCurve { points })
+        s.record_round(r.accepted + 1, r.ms, r.nodes > 0, r.accepted, || r.eos);
     }
-
-    pub fn ms(&self, rows: usize) -> f64 {
-        let p = &self.points;
-        if rows <= p[0].0 {
-            return p[0].1;
-        }
-        for w in p.windows(2) {
-            let ((r0, c0), (r1, c1)) = (w[0], w[1]);
-            if rows <= r1 {
-                return c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64;
-            }
-        }
-        let ((r0, c0), (r1, c1)) = (p[p.len() - 2], p[p.len() - 1]);
-        c1 + (c1 - c0) / (r1 - r0) as f64 * (rows - r1) as f64
-    }
-}
-
-/// `n` fixed, spread-out token ids for timing runs.
-fn synthetic_tokens(model: &Model, n: usize) -> Vec<TokenId> {
-    let vocab = model.config.vocab_size as u32;
-    (0..n as u32)
-        .map(|i| TokenId((i * 7919 + 11) % vocab))
-        .collect()
-}
-
-/// Runs `toks` from position 0 into `kv` (no logits), returning the taps' outputs.
-fn prefill<'s>(
-    model: &Model,
-    kv: &mut KvCache,
-    toks: &[TokenId],
-    taps: &[usize],
-    s: &'s mut Scratch,
-) -> Result<&'s crate::model::Output> {
-    let pos: Vec<Pos> = (0..toks.len() as u32).map(Pos).collect();
-    let spec = OutputSpec {
-        rows: Rows::Last,
-        logits: Logits::None,
-        taps: taps.to_vec(),
-    };
-    let b = Batch {
-        tokens: toks,
-        positions: &pos,
-        mask: None,
-    };
-    model.forward(kv, &b, &spec, s)
 }
 
 /// Online acceptance statistics and the draft-size choice.
@@ -194,172 +155,6 @@ pub struct Sizer {
     adl: Option<crate::speculative::cps::Adl>,
     /// Why the last [`Sizer::budget`] was 0 (`None`: it was not).
     undrafted: Option<Undrafted>,
-}
-
-/// Why a sized round drafted nothing (reported in its [`crate::speculative::RoundStats`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Undrafted {
-    /// The speed guard holds drafting off: drafting measured slower than AR on this machine.
-    SpeedGuard,
-    /// One round in `probe_every` runs without a draft so that AR's speed stays measured.
-    Probe,
-    /// The cost model found no draft worth its verify rows here (c(k) against acceptance).
-    CostModel,
-}
-
-/// How many rounds of a run drafted nothing, by reason.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct UndraftedCounts {
-    pub speed_guard: usize,
-    pub probe: usize,
-    pub cost_model: usize,
-}
-
-impl UndraftedCounts {
-    pub fn of(reasons: impl IntoIterator<Item = Option<Undrafted>>) -> Self {
-        let mut c = UndraftedCounts::default();
-        for r in reasons.into_iter().flatten() {
-            match r {
-                Undrafted::SpeedGuard => c.speed_guard += 1,
-                Undrafted::Probe => c.probe += 1,
-                Undrafted::CostModel => c.cost_model += 1,
-            }
-        }
-        c
-    }
-
-    pub fn total(&self) -> usize {
-        self.speed_guard + self.probe + self.cost_model
-    }
-
-    /// One line for people: why rounds went undrafted, with this machine's verify cost
-    /// `c(k)/c(1)` for k = 8 and 16 when a cost curve is known.
-    pub fn explain(&self, rounds: usize, curve: Option<&CostCurve>) -> String {
-        if self.total() == 0 {
-            return String::new();
-        }
-        let mut why = vec![];
-        if self.speed_guard > 0 {
-            why.push(format!(
-                "{} held off by the speed guard (drafting measured slower than AR)",
-                self.speed_guard
-            ));
-        }
-        if self.cost_model > 0 {
-            why.push(format!(
-                "{} where no draft was worth its verify rows",
-                self.cost_model
-            ));
-        }
-        if self.probe > 0 {
-            why.push(format!("{} AR probes", self.probe));
-        }
-        let cost = curve
-            .map(|c| {
-                let c1 = c.ms(1).max(1e-9);
-                format!(
-                    "; verifying 8 rows costs {:.1}, 16 rows {:.1} decode steps here",
-                    c.ms(8) / c1,
-                    c.ms(16) / c1
-                )
-            })
-            .unwrap_or_default();
-        format!(
-            "drafting off in {} of {rounds} rounds: {}{cost}",
-            self.total(),
-            why.join(", ")
-        )
-    }
-}
-
-/// Committed tokens and wall-clock ms of recent rounds (decayed sums).
-#[derive(Clone, Copy, Debug, Default)]
-struct Rate {
-    tokens: f64,
-    ms: f64,
-    n: u32,
-}
-
-impl Rate {
-    fn add(&mut self, tokens: f64, ms: f64) {
-        self.tokens = 0.9 * self.tokens + tokens;
-        self.ms = 0.9 * self.ms + ms;
-        self.n += 1;
-    }
-    fn per_ms(&self) -> f64 {
-        self.tokens / self.ms.max(1e-9)
-    }
-}
-
-/// The cost model checked against the clock: the measured committed tokens per ms of the rounds
-/// that drafted and of those that did not (each round timed from its draft to its commit, the
-/// target's forward included). When drafting measures slower than AR by more than `margin`,
-/// nothing is drafted for `hold` rounds (then drafting is measured afresh); while drafting, one
-/// round in `probe_every` runs without a draft so that AR's speed stays measured. Whatever the
-/// cost model misses on this machine (per-round overheads, a drafter's passes it undercounts),
-/// speculation then costs at most its probes when it does not pay.
-#[derive(Clone, Debug)]
-pub struct SpeedGuard {
-    draft: Rate,
-    ar: Rate,
-    round: u64,
-    off_until: u64,
-    pub probe_every: u64,
-    pub hold: u64,
-    pub margin: f64,
-}
-
-impl Default for SpeedGuard {
-    fn default() -> Self {
-        SpeedGuard {
-            draft: Rate::default(),
-            ar: Rate::default(),
-            round: 0,
-            off_until: 0,
-            probe_every: 16,
-            hold: 64,
-            margin: 0.02,
-        }
-    }
-}
-
-impl SpeedGuard {
-    /// Whether this round may draft (counts the round).
-    pub fn allows_draft(&mut self) -> bool {
-        self.why_not().is_none()
-    }
-
-    /// Counts the round; why it may not draft, if it may not.
-    pub fn why_not(&mut self) -> Option<Undrafted> {
-        self.round += 1;
-        if self.round < self.off_until {
-            Some(Undrafted::SpeedGuard)
-        } else if self.round.is_multiple_of(self.probe_every) {
-            Some(Undrafted::Probe)
-        } else {
-            None
-        }
-    }
-
-    /// A round committed `tokens` in `ms`, with or without verified draft nodes.
-    pub fn observe(&mut self, tokens: usize, ms: f64, drafted: bool) {
-        if !(ms.is_finite() && ms > 0.0) {
-            return;
-        }
-        if drafted {
-            self.draft.add(tokens as f64, ms);
-        } else {
-            self.ar.add(tokens as f64, ms);
-        }
-        if self.draft.n >= 8
-            && self.ar.n >= 3
-            && self.draft.per_ms() < self.ar.per_ms() * (1.0 - self.margin)
-        {
-            self.off_until = self.round + self.hold;
-            self.draft = Rate::default();
-        }
-    }
 }
 
 /// The batch a session's round is verified in: how many sessions decode in it (this one
@@ -407,7 +202,7 @@ impl Sizer {
     /// This round's budget, before drafting: nothing while the speed guard holds drafting off
     /// (cost-model sizing only), else the tree policy's ([`Sizer::choose_tree`]) or the chain
     /// policy's ([`Sizer::choose`]: ADL's length or the cost model's choice).
-    pub fn budget(&mut self, max: usize, b: BatchShape, trees: bool) -> usize {
+    fn budget(&mut self, max: usize, b: BatchShape, trees: bool) -> usize {
         self.undrafted = None;
         if self.adl.is_none() {
             if let Some(why) = self.guard.why_not() {
@@ -427,14 +222,14 @@ impl Sizer {
     }
 
     /// Why the last budget was 0 (`None` when it was not).
-    pub fn undrafted(&self) -> Option<Undrafted> {
+    fn undrafted(&self) -> Option<Undrafted> {
         self.undrafted
     }
 
     /// After a round that committed `tokens` in `ms` (draft to commit), with or without verified
     /// draft nodes, `accepted` of them accepted: ADL's update (`eos`: the 1-based depth of the
     /// draft's first stop token), or the speed guard's.
-    pub fn record_round(
+    fn record_round(
         &mut self,
         tokens: usize,
         ms: f64,
@@ -534,7 +329,7 @@ impl Sizer {
     /// is a tree) to verify, given each node's path probability `conf` and the ms already spent
     /// drafting: argmax over n of (1 + κ Σ_{i<n} conf_i) / (share of c(n + 1) + draft_ms), the
     /// share as in [`Sizer::choose`].
-    pub fn cut(&self, conf: &[f32], draft_ms: f64, b: BatchShape) -> usize {
+    fn cut(&self, conf: &[f32], draft_ms: f64, b: BatchShape) -> usize {
         let k = self.calibration();
         let mut e = 1.0;
         let (mut best, mut best_score) = (0, e / (self.share_ms(1, b) + draft_ms));
@@ -551,7 +346,7 @@ impl Sizer {
     /// Records a tree round: `nodes` verified, the sum of their path probabilities
     /// (`predicted`), how many were accepted, and the round's drafting ms (`nodes` 0: an AR
     /// round).
-    pub fn observe_tree(&mut self, nodes: usize, predicted: f64, accepted: usize, draft_ms: f64) {
+    fn observe_tree(&mut self, nodes: usize, predicted: f64, accepted: usize, draft_ms: f64) {
         if nodes == 0 {
             self.tree_gain = 0.95 * self.tree_gain + 0.05 * 1.02;
             return;
@@ -573,7 +368,7 @@ impl Sizer {
     /// Records a round: `drafted_depth` = deepest proposed depth, `accepted` = accepted length.
     /// Rounds without drafts still decay the statistics towards the prior, so a drafter that
     /// was switched off is tried again after a while.
-    pub fn observe(
+    fn observe(
         &mut self,
         drafted_depth: usize,
         accepted: usize,

@@ -1,0 +1,158 @@
+//! The target's verify-cost curve c(rows) and a drafter's proposal-cost curve, measured on
+//! this machine.
+
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::speculative::{Drafter, Hidden};
+use crate::types::{Pos, TokenId};
+use std::time::Instant;
+
+/// Verify cost in ms of a forward over `rows` rows, interpolated from measured points.
+#[derive(Clone, Debug)]
+pub struct CostCurve {
+    /// (rows, ms), increasing in rows.
+    pub points: Vec<(usize, f64)>,
+}
+
+impl CostCurve {
+    /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`) after `context` cached
+    /// tokens. Costs a few hundred ms on a small model.
+    pub fn measure(model: &Model, context: usize, repeats: usize) -> Result<CostCurve> {
+        Self::measure_up_to(model, context, repeats, 32)
+    }
+
+    /// [`CostCurve::measure`] with forwards of 1, 2, 4, … up to `max_rows` rows (a batch's
+    /// verify forwards are wider than one request's).
+    pub fn measure_up_to(
+        model: &Model,
+        context: usize,
+        repeats: usize,
+        max_rows: usize,
+    ) -> Result<CostCurve> {
+        let max_rows = max_rows.max(2);
+        let mut s = Scratch::default();
+        let mut kv: KvCache = model.new_kv(context + max_rows + 8);
+        let toks = synthetic_tokens(model, context.max(1) + max_rows);
+        let pos = |a: usize, n: usize| (a..a + n).map(|p| Pos(p as u32)).collect::<Vec<_>>();
+        prefill(model, &mut kv, &toks[..context.max(1)], &[], &mut s)?;
+        let base = kv.len();
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits: Logits::Argmax,
+            taps: vec![],
+        };
+        let mut points = vec![];
+        let sizes = std::iter::successors(Some(1usize), |&r| {
+            (r < max_rows).then(|| (r * 2).min(max_rows))
+        });
+        for rows in sizes {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                model.forward(
+                    &mut kv,
+                    &Batch {
+                        tokens: &toks[base..base + rows],
+                        positions: &pos(base, rows),
+                        mask: None,
+                    },
+                    &spec,
+                    &mut s,
+                )?;
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+                kv.truncate(base);
+            }
+            points.push((rows, best));
+        }
+        Ok(CostCurve { points })
+    }
+
+    /// A drafter's own cost curve: ms of one `propose` of up to n nodes (n = 1, 2, 4, 8 and
+    /// `max_nodes`; min of `repeats`) after a `context`-token prompt whose states it was given.
+    /// A parallel drafter's pass has a fixed part and a per-slot part, which a per-node rate
+    /// cannot express.
+    pub fn measure_drafter(
+        target: &Model,
+        drafter: &mut dyn Drafter,
+        context: usize,
+        max_nodes: usize,
+        repeats: usize,
+    ) -> Result<CostCurve> {
+        let toks = synthetic_tokens(target, context.max(2));
+        let n = toks.len() - 1;
+        let mut kv: KvCache = target.new_kv(toks.len() + 1);
+        let mut s = Scratch::default();
+        let taps = drafter.taps().to_vec();
+        let out = prefill(target, &mut kv, &toks[..n], &taps, &mut s)?;
+        let width = taps.len() * target.config.hidden_size;
+        drafter.begin(
+            &toks[..n],
+            Hidden {
+                width,
+                rows: &out.hidden,
+            },
+        )?;
+        let mut sizes: Vec<usize> = [1, 2, 4, 8]
+            .into_iter()
+            .filter(|&k| k < max_nodes)
+            .collect();
+        sizes.push(max_nodes.max(1));
+        let mut points = vec![];
+        for k in sizes {
+            let mut best = f64::INFINITY;
+            for _ in 0..repeats.max(1) {
+                let t = Instant::now();
+                drafter.propose(&toks, k)?;
+                best = best.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            points.push((k, best));
+        }
+        Ok(CostCurve { points })
+    }
+
+    pub fn ms(&self, rows: usize) -> f64 {
+        let p = &self.points;
+        if rows <= p[0].0 {
+            return p[0].1;
+        }
+        for w in p.windows(2) {
+            let ((r0, c0), (r1, c1)) = (w[0], w[1]);
+            if rows <= r1 {
+                return c0 + (c1 - c0) * (rows - r0) as f64 / (r1 - r0) as f64;
+            }
+        }
+        let ((r0, c0), (r1, c1)) = (p[p.len() - 2], p[p.len() - 1]);
+        c1 + (c1 - c0) / (r1 - r0) as f64 * (rows - r1) as f64
+    }
+}
+
+/// `n` fixed, spread-out token ids for timing runs.
+fn synthetic_tokens(model: &Model, n: usize) -> Vec<TokenId> {
+    let vocab = model.config.vocab_size as u32;
+    (0..n as u32)
+        .map(|i| TokenId((i * 7919 + 11) % vocab))
+        .collect()
+}
+
+/// Runs `toks` from position 0 into `kv` (no logits), returning the taps' outputs.
+fn prefill<'s>(
+    model: &Model,
+    kv: &mut KvCache,
+    toks: &[TokenId],
+    taps: &[usize],
+    s: &'s mut Scratch,
+) -> Result<&'s crate::model::Output> {
+    let pos: Vec<Pos> = (0..toks.len() as u32).map(Pos).collect();
+    let spec = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::None,
+        taps: taps.to_vec(),
+    };
+    let b = Batch {
+        tokens: toks,
+        positions: &pos,
+        mask: None,
+    };
+    model.forward(kv, &b, &spec, s)
+}
