@@ -27,14 +27,18 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 use serde::{Deserialize, Serialize};
 
-/// The masked-diffusion objective's settings.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+/// The masked-diffusion objective's settings (also `paradraft train dlm`'s flags).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, clap::Args)]
 pub struct Diffusion {
-    /// Block length: slots denoised per drafting pass.
+    /// Block length k: slots denoised per drafting pass.
+    #[arg(long, default_value_t = 8)]
     pub k: usize,
-    /// Fraction of anchors that get a block (cost ≈ 1 + k · frac slots per token).
+    /// Fraction of anchors that get a block in a sequence (cost ≈ 1 + k · frac slots per
+    /// token).
+    #[arg(long, default_value_t = 0.3)]
     pub block_frac: f64,
-    /// Lowest noise level η (0: the paper's U[0, 1]).
+    /// Lowest noise level: η ~ U[eta_min, 1] per block (0: the paper's U[0, 1]).
+    #[arg(long, default_value_t = 0.0)]
     pub eta_min: f64,
 }
 

@@ -13,5 +13,6 @@ pub mod fused;
 pub mod graph;
 pub mod optim;
 pub mod pard;
+pub mod pipeline;
 pub mod plot;
 pub mod run;

@@ -8,6 +8,7 @@
 //! from the target's distribution over the draft vocabulary (the paper: KL alone).
 
 pub mod net;
+pub mod pipeline;
 
 use crate::drafters::dart::{dart_taps, DartConfig};
 use crate::drafters::vocab::DraftVocab;

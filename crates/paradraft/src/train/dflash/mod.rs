@@ -5,6 +5,7 @@
 
 pub mod batch;
 pub mod net;
+pub mod pipeline;
 
 use crate::drafters::dflash::DflashConfig;
 use crate::drafters::vocab::DraftVocab;

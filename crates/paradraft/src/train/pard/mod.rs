@@ -17,6 +17,7 @@
 //! code's collator never trains them); the mask token's embedding is the target's row, frozen.
 
 pub mod net;
+pub mod pipeline;
 
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
@@ -33,12 +34,17 @@ use rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// COD's settings (paper: K 8, r 0.7, r_min 0.2; r = 1 keeps every copy whole).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+/// COD's settings (paper: K 8, r 0.7, r_min 0.2; r = 1 keeps every copy whole); also
+/// `paradraft train pard`'s flags.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, clap::Args)]
 pub struct Cod {
-    /// Copies: the real tokens and K − 1 mask copies (subtasks 1..K).
+    /// K: copies in training (the real tokens and K − 1 mask copies; the paper's 8).
+    #[arg(long, default_value_t = 8)]
     pub k: usize,
+    /// COD retention r (copy i keeps max(r^i, r_min) of the positions; 1 keeps all).
+    #[arg(long = "cod-r", default_value_t = 0.7)]
     pub r: f64,
+    #[arg(long = "cod-r-min", default_value_t = 0.2)]
     pub r_min: f64,
 }
 
