@@ -2,14 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use paradraft::drafters::speculative_config::{DrafterConfig, Method};
+use paradraft::drafters::speculative_config::Method;
 use paradraft::generate::generate;
-use paradraft::model::{self, Batch, Logits, Message, OutputSpec, Rows, Scratch};
-use paradraft::sample::SamplingParams;
-use paradraft::server::openai::{ApiError, Knobs, Stop};
-use paradraft::speculative::sizing::{CostCurve, UndraftedCounts};
-use paradraft::speculative::{speculative_generate, RoundStats, VerifyRule};
-use paradraft::types::{Pos, TokenId};
+use paradraft::model::{self, Message};
+use paradraft::server::openai::Stop;
+use paradraft::speculative::speculative_generate;
+use paradraft::types::TokenId;
 use serde_json::json;
 use speculative_args::{MethodArg, SpecArgs};
 use std::io::Write;
@@ -136,88 +134,11 @@ struct BenchKernelsArgs {
     spec: SpecArgs,
 }
 
-#[derive(Args)]
-pub(crate) struct ModelArgs {
-    /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
-    #[arg(long)]
-    pub(crate) model: Option<PathBuf>,
-    /// Worker threads (default: all available cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// KV-cache capacity in tokens (default: the model's context length, at most 8192). Above
-    /// the model's trained context only with --force-ctx-size; never beyond available memory.
-    #[arg(long)]
-    ctx_size: Option<usize>,
-    /// Allow --ctx-size above the model's trained context length.
-    #[arg(long)]
-    force_ctx_size: bool,
-    /// KV-cache element type: f16 (half the attention traffic) or f32.
-    #[arg(long, default_value = "f16")]
-    kv_dtype: paradraft::kv::KvDtype,
-}
+/// The target's flags: the library's model options.
+pub(crate) type ModelArgs = paradraft::model::ModelOptions;
 
-/// The sampler: temperature → top-k → top-p, seeded (temperature 0 is greedy).
-#[derive(Args, Clone, Copy)]
-struct SamplingArgs {
-    /// 0 (greedy) to 2.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temperature: f64,
-    /// 0 or -1 disables top-k.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    top_k: i64,
-    /// In (0, 1].
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    top_p: f64,
-    /// Every random draw is a function of (seed, position): the same seed gives the same
-    /// tokens, with or without a drafter (under the coupled rule).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// How drafts are verified at temperature > 0: `coupled` accepts the target's own keyed
-    /// sample (output equals AR's with the same seed); `rejection` is classic speculative
-    /// sampling (min(1, p/q), recursive over siblings), equal to AR in distribution only.
-    #[arg(long, default_value = "coupled")]
-    verify_rule: paradraft::speculative::VerifyRule,
-}
-
-impl SamplingArgs {
-    /// The request knobs the server validates, so the CLI accepts exactly what it accepts.
-    fn knobs<'a>(&self, max_tokens: i64, stop: &'a Option<Stop>) -> Knobs<'a> {
-        Knobs {
-            max_tokens: Some(max_tokens),
-            temperature: Some(self.temperature),
-            top_p: Some(self.top_p),
-            top_k: Some(self.top_k),
-            seed: Some(self.seed as i64),
-            stop,
-            n: None,
-            frequency_penalty: None,
-            presence_penalty: None,
-            logit_bias: &None,
-        }
-    }
-
-    /// The sampler alone (no prompt yet), validated as the server validates it.
-    fn params(&self) -> Result<SamplingParams> {
-        Ok(self
-            .knobs(1, &None)
-            .params(1, 2, || self.seed)
-            .map_err(cli_error)?
-            .sampling)
-    }
-}
-
-/// A request refused by the server's validation, worded for the command line (its flag).
-fn cli_error(e: ApiError) -> anyhow::Error {
-    let flag = match e.param {
-        Some("max_tokens") => "--max-new-tokens",
-        Some("temperature") => "--temperature",
-        Some("top_p") => "--top-p",
-        Some("top_k") => "--top-k",
-        Some("stop") => "--stop",
-        _ => "--prompt",
-    };
-    anyhow::anyhow!("{flag}: {}", e.message)
-}
+/// The sampler's flags: the library's, validated as the server validates a request.
+type SamplingArgs = paradraft::server::flags::SamplingFlags;
 
 #[derive(Args)]
 struct GenerateArgs {
@@ -274,9 +195,6 @@ struct LogitsArgs {
     json: bool,
 }
 
-/// The most worker threads a run may ask for.
-const MAX_THREADS: usize = 1024;
-
 /// The prompt text of `--prompt TEXT`, `--prompt -` (standard input) or `--prompt-file PATH`.
 fn read_prompt(prompt: Option<&str>, file: Option<&std::path::Path>) -> Result<Option<String>> {
     Ok(match (prompt, file) {
@@ -294,65 +212,13 @@ fn read_prompt(prompt: Option<&str>, file: Option<&std::path::Path>) -> Result<O
     })
 }
 
-/// Bytes the machine can still give (`MemAvailable`), when known.
-fn available_memory() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-pub(crate) fn load(m: &ModelArgs) -> Result<(model::Loaded, usize)> {
-    let cores = paradraft::runtime::default_threads();
-    let threads = m.threads.unwrap_or(cores);
-    if threads == 0 || threads > MAX_THREADS {
-        bail!("--threads {threads}: must be between 1 and {MAX_THREADS}");
-    }
-    if threads > cores {
-        eprintln!("warning: --threads {threads} is more than the {cores} cores available (slower, not faster)");
-    }
-    paradraft::runtime::init_threads(threads);
-    let path = match &m.model {
-        Some(p) => p.clone(),
-        None => paradraft::fetch::ensure_default_model()?,
-    };
-    let mut loaded = model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    loaded.model.set_kv_dtype(m.kv_dtype);
-    let ctx = m
-        .ctx_size
-        .unwrap_or(loaded.model.config.max_position_embeddings.min(8192));
-    if ctx == 0 {
-        bail!("--ctx-size must be at least 1");
-    }
-    let c = &loaded.model.config;
-    if ctx > c.max_position_embeddings && !m.force_ctx_size {
-        bail!(
-            "--ctx-size {ctx} exceeds the model's trained context of {} tokens (pass --force-ctx-size to allow it)",
-            c.max_position_embeddings
-        );
-    }
-    // K and V of every layer for every position (drafters and speculation add little).
-    let slot = paradraft::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, m.kv_dtype);
-    let kv_bytes = slot as u128 * ctx as u128;
-    if let Some(avail) = available_memory() {
-        if kv_bytes > avail as u128 {
-            bail!(
-                "--ctx-size {ctx} needs a {:.1} GiB KV cache but only {:.1} GiB of memory is available",
-                kv_bytes as f64 / (1u64 << 30) as f64,
-                avail as f64 / (1u64 << 30) as f64
-            );
-        }
-    }
-    Ok((loaded, ctx))
-}
-
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
     let user = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?.unwrap_or_default();
     if user.is_empty() {
         bail!("--prompt: the prompt is empty");
     }
-    let (lm, ctx) = load(&a.m)?;
+    let (lm, ctx) = a.m.load()?;
     let tok = &lm.tokenizer;
     // --raw: the text as given, special-token strings included; otherwise the chat template,
     // whose control tokens are the only ones (the messages are encoded as text).
@@ -375,7 +241,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             &stop,
         )
         .params(prompt.len(), ctx, || sampling.seed)
-        .map_err(cli_error)?;
+        .map_err(paradraft::server::flags::flag_error)?;
     let mut kv = lm.model.new_kv(ctx);
     let stream = !a.json;
     let print = |piece: &str| {
@@ -386,11 +252,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     };
     let cfg = a.spec.config()?;
     cfg.check_used(&[cfg.method])?;
-    let target_path =
-        a.m.model
-            .clone()
-            .unwrap_or_else(paradraft::fetch::default_model_path);
-    let mut set = cfg.load(&target_path, &lm, ctx)?;
+    let mut set = cfg.load(&a.m.path(), &lm, ctx)?;
     let (json, stats, stop, extra) = if set.is_ar() {
         let g = generate(&lm.model, tok, &mut kv, &prompt, &params, print)?;
         (
@@ -400,40 +262,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             String::new(),
         )
     } else {
-        let curve = if set.adaptive {
-            let c = CostCurve::measure(&lm.model, 64, 2)?;
-            set.measure_costs(&lm.model, &c)?;
-            Some(c)
-        } else {
-            None
-        };
+        let curve = set.measure(&lm.model)?;
         let sp = set.speculation(sampling, a.sampling.verify_rule)?;
         let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
-        let sum = |f: fn(&RoundStats) -> f64| g.rounds.iter().map(f).sum::<f64>();
-        let mut v = serde_json::to_value(&g)?;
-        let st = &mut v["stats"];
-        st["rounds"] = json!(g.rounds.len());
-        st["tau"] = json!(g.tau);
-        st["draft_ms"] = json!(sum(|r| r.draft_ms));
-        st["tree_ms"] = json!(sum(|r| r.tree_ms));
-        st["verify_ms"] = json!(sum(|r| r.verify_ms));
-        st["commit_ms"] = json!(sum(|r| r.commit_ms));
-        let off = UndraftedCounts::of(g.rounds.iter().map(|r| r.undrafted));
-        let why = off.explain(g.rounds.len(), curve.as_ref());
-        st["undrafted"] = json!(off);
-        st["undrafted_reason"] = json!(why);
-        v["rounds_detail"] = v["rounds"].take();
-        v.as_object_mut().map(|o| o.remove("rounds"));
-        let extra = format!(
-            " | drafter prefill {:.0} ms, {} rounds, tau {:.2}{}",
-            g.out.stats.draft_prefill_ms,
-            g.rounds.len(),
-            g.tau,
-            if why.is_empty() {
-                String::new()
-            } else {
-                format!(" ({why})")
-            }
+        let (v, extra) = (
+            g.summary_json(curve.as_ref()),
+            g.summary_line(curve.as_ref()),
         );
         (v, g.out.stats, g.out.stop_reason, extra)
     };
@@ -451,7 +285,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
-    let (lm, ctx) = load(&a.m)?;
+    let (lm, _) = a.m.load()?;
     let tok = &lm.tokenizer;
     let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {
         (Some(p), None) => {
@@ -464,29 +298,8 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
         (None, Some(ids)) => ids.iter().map(|&i| TokenId(i)).collect(),
         _ => bail!("give exactly one of --prompt, --prompt-file or --token-ids"),
     };
-    if ids.is_empty() {
-        bail!("no tokens to score");
-    }
-    let mut kv = lm.model.new_kv(ctx.max(ids.len()).min(ids.len().max(1)));
-    let positions: Vec<Pos> = (0..ids.len() as u32).map(Pos).collect();
-    let spec = OutputSpec {
-        rows: Rows::All,
-        logits: Logits::TopK(a.top_k.max(1)),
-        taps: vec![],
-    };
-    let mut scratch = Scratch::default();
-    let out = lm.model.forward(
-        &mut kv,
-        &Batch {
-            tokens: &ids,
-            positions: &positions,
-            mask: None,
-        },
-        &spec,
-        &mut scratch,
-    )?;
-    let positions: Vec<_> = out
-        .top
+    let top = paradraft::generate::top_logits(&lm.model, &ids, a.top_k)?;
+    let positions: Vec<_> = top
         .iter()
         .map(|t| json!({"top": t.iter().map(|(id, l)| json!([id.0, l])).collect::<Vec<_>>()}))
         .collect();
@@ -495,7 +308,7 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
         println!("{obj}");
     } else {
         // Per position: its token, then the top-k next tokens as id:logit "text".
-        for (i, p) in out.top.iter().enumerate() {
+        for (i, p) in top.iter().enumerate() {
             let top: Vec<String> = p
                 .iter()
                 .map(|(id, l)| {
@@ -513,220 +326,61 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     if a.repeats == 0 || a.decode_tokens < 2 || a.prefill_tokens == 0 {
         bail!("--repeats, --prefill-tokens must be >= 1 and --decode-tokens >= 2");
     }
-    let (lm, _) = load(&a.m)?;
-    let path = match &a.m.model {
-        Some(p) => p.clone(),
-        None => paradraft::fetch::default_model_path(),
-    };
-    let threads = paradraft::runtime::current_threads();
+    let (lm, _) = a.m.load()?;
+    let path = a.m.path();
     let p = paradraft::bench::KernelBenchParams {
         repeats: a.repeats,
         context: a.context,
         decode_tokens: a.decode_tokens,
         prefill_tokens: a.prefill_tokens,
-        threads,
+        threads: paradraft::runtime::current_threads(),
     };
-    let r =
+    let mut r =
         paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
     let cfg = a.spec.config()?;
     cfg.check_used(&[cfg.method])?;
     let set = cfg.load(&path, &lm, a.context + 64)?;
-    let draft = if set.is_ar() {
-        None
-    } else {
+    if !set.is_ar() {
         let mut d = set.create(Default::default())?;
-        let c = CostCurve::measure_drafter(
-            &lm.model,
-            d.as_mut(),
-            a.context,
-            set.max_draft,
-            5 * a.repeats,
-        )?;
-        let step = 1e3 / r.decode_tok_s;
-        Some(json!({
-            "drafter": d.name(),
-            "decode_step_ms": step,
-            "curve": c.points.iter().map(|&(n, ms)| json!({"nodes": n, "ms": ms, "vs_decode_step": ms / step})).collect::<Vec<_>>(),
-        }))
-    };
+        r.add_drafter(&lm.model, d.as_mut(), set.max_draft, 5 * a.repeats)?;
+    }
     if a.json {
-        let mut v = serde_json::to_value(&r)?;
-        if let Some(d) = &draft {
-            v["draft"] = d.clone();
-        }
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "{}, {}",
-        r.cpu.as_deref().unwrap_or("unknown CPU"),
-        r.kernels
-    );
-    println!(
-        "threads {threads}, weights {:.1} MB ({:.1} MB per greedy decode step), context {}",
-        r.weight_bytes as f64 / 1e6,
-        r.decode_weight_bytes as f64 / 1e6,
-        r.context
-    );
-    println!(
-        "decode  {:.1} tok/s ({:.1} GB/s of weights)   prefill({}) {:.1} tok/s",
-        r.decode_tok_s, r.decode_gb_s, a.prefill_tokens, r.prefill_tok_s
-    );
-    println!(
-        "{:>3} {:>10} {:>10} {:>8} {:>8} {:>10}",
-        "k", "ms(logits)", "ms(argmax)", "c(k)/c1", "GMAC/s", "llama ms"
-    );
-    for c in &r.curve {
-        let l = r
-            .llama_cpp
-            .as_ref()
-            .and_then(|l| l.curve.iter().find(|p| p.k == c.k))
-            .map(|p| format!("{:.2}", p.ms))
-            .unwrap_or_default();
-        println!(
-            "{:>3} {:>10.2} {:>10.2} {:>8.2} {:>8.1} {:>10}",
-            c.k, c.ms_all_logits, c.ms_argmax, c.cost_vs_k1, c.gmac_s, l
-        );
-    }
-    if let Some(l) = &r.llama_cpp {
-        println!(
-            "llama.cpp tg128 {:.1} tok/s, pp512 {:.1} tok/s",
-            l.tg128_tok_s, l.pp512_tok_s
-        );
-        println!("ratios {}", r.ratios.clone().unwrap_or_default());
-    }
-    if let Some(d) = draft {
-        println!(
-            "{} draft pass (min of {} repeats) against a {:.2} ms decode step:",
-            d["drafter"].as_str().unwrap_or(""),
-            5 * a.repeats,
-            d["decode_step_ms"].as_f64().unwrap_or(0.0)
-        );
-        for p in d["curve"].as_array().into_iter().flatten() {
-            println!(
-                "  {:>2} nodes {:>6.3} ms  {:.3} × step",
-                p["nodes"],
-                p["ms"].as_f64().unwrap_or(0.0),
-                p["vs_decode_step"].as_f64().unwrap_or(0.0)
-            );
-        }
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{r}");
     }
     Ok(())
 }
 
 fn cmd_bench(a: BenchArgs) -> Result<()> {
-    use paradraft::bench::{datasets, harness, report};
+    use paradraft::bench::suite;
     let sampling = a.sampling.params()?;
     if !a.spec.drafter.0.is_none() || a.spec.speculative_config.is_some() {
         bail!("bench compares the drafters given by --methods; --drafter and --speculative-config are for generate");
     }
-    if a.num_prompts == 0 {
-        bail!("--num-prompts must be at least 1");
-    }
-    let methods_asked: Vec<Method> = a.methods.iter().map(|m| m.0).collect();
+    let methods: Vec<Method> = a.methods.iter().map(|m| m.0).collect();
     let base = a.spec.config()?;
-    base.check_used(&methods_asked)?;
-    let dir = a.data_dir.clone().unwrap_or_else(datasets::default_dir);
-    let sets = a
-        .datasets
-        .iter()
-        .map(|n| {
-            let d = datasets::Dataset::from_name(n).with_context(|| format!("unknown dataset {n:?} (known: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca)"))?;
-            Ok((d, d.load(&dir, a.num_prompts)?))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let (lm, ctx) = load(&a.m)?;
-    let target_path =
-        a.m.model
-            .clone()
-            .unwrap_or_else(paradraft::fetch::default_model_path);
-    let sizing = base.draft_length;
-    let curve = if sizing == paradraft::drafters::speculative_config::DraftLength::Fixed {
-        None
-    } else {
-        Some(CostCurve::measure(&lm.model, 64, 2)?)
-    };
-    let ar = DrafterConfig {
-        method: Method::none(),
-        ..base.clone()
-    };
-    let mut methods = vec![harness::Method {
-        name: "ar".into(),
-        drafters: ar.load(&target_path, &lm, ctx)?,
-    }];
-    for &m in methods_asked.iter().filter(|m| !m.is_none()) {
-        let cfg = DrafterConfig {
-            method: m,
-            ..base.clone()
-        };
-        let mut drafters = cfg.load(&target_path, &lm, ctx)?;
-        if let Some(c) = &curve {
-            drafters.measure_costs(&lm.model, c)?;
-        }
-        methods.push(harness::Method {
-            name: cfg.label(),
-            drafters,
-        });
-    }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let mut log = std::fs::File::create(a.out.join("runs.jsonl"))?;
-    let total: usize = sets.iter().map(|(_, i)| i.len()).sum::<usize>() * methods.len();
-    let mut done = 0;
-    let params = harness::BenchParams {
+    base.check_used(&methods)?;
+    let dir = a.data_dir.clone().unwrap_or_else(suite::default_dir);
+    let sets = suite::load_sets(&a.datasets, &dir, a.num_prompts)?;
+    let (lm, ctx) = a.m.load()?;
+    let (md, lossy) = suite::Suite {
+        lm: &lm,
+        target_path: &a.m.path(),
+        ctx,
+        base: &base,
+        methods: &methods,
+        sets,
+        prompts_per_dataset: a.num_prompts,
         max_new_tokens: a.max_new_tokens,
         sampling,
-        ctx,
         rule: a.sampling.verify_rule,
-    };
-    let runs = harness::run_bench(&lm, &sets, &mut methods, &params, |r| {
-        let _ = writeln!(log, "{}", serde_json::to_string(r).unwrap_or_default());
-        if r.turn == 0 {
-            done += 1;
-        }
-        eprint!(
-            "\r[{done}/{total}] {} {} {}: {} tok, tau {:.2}      ",
-            r.dataset, r.id, r.method, r.generated, r.tau
-        );
-    })?;
-    eprintln!();
-    let identical = sampling.is_greedy() || a.sampling.verify_rule == VerifyRule::Coupled;
-    let summaries = harness::summarize(&runs, "ar", identical);
-    let header = paradraft::bench::header::Header::collect(
-        &paradraft::bench::header::Setup {
-            model: &target_path,
-            threads: paradraft::runtime::current_threads(),
-            rule: a.sampling.verify_rule,
-            sizing,
-            max_new_tokens: a.max_new_tokens,
-            prompts_per_dataset: a.num_prompts,
-            commit: env!("PARADRAFT_COMMIT"),
-        },
-        &sampling,
-    );
-    std::fs::write(
-        a.out.join("summary.json"),
-        serde_json::to_string_pretty(&json!({"header": header, "summaries": summaries}))?,
-    )?;
-    let md = report::markdown(&header, &summaries);
-    std::fs::write(a.out.join("summary.md"), &md)?;
-    report::charts(&summaries, &runs, &a.out)?;
-    println!("{md}");
-    eprintln!(
-        "wrote {}/{{runs.jsonl,summary.json,summary.md,speedup.svg,latency.svg,tau_hist.svg}}",
-        a.out.display()
-    );
-    let bad = report::mismatches(&summaries);
-    if !bad.is_empty() {
-        let list: Vec<String> = bad
-            .iter()
-            .map(|(ds, m, n)| format!("{m} on {ds}: {n} run(s)"))
-            .collect();
-        bail!(
-            "outputs differ from AR's where they must be identical ({}): a losslessness bug",
-            list.join(", ")
-        );
+        out: a.out,
+        commit: env!("PARADRAFT_COMMIT"),
     }
-    Ok(())
+    .run()?;
+    println!("{md}");
+    lossy.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// `PARADRAFT_ISA`, when set, must name a kernel family this CPU has.

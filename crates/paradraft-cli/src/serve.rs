@@ -2,8 +2,8 @@
 //! `paradraft::engine`, `paradraft::server`).
 
 use crate::speculative_args::SpecArgs;
-use crate::{load, ModelArgs};
-use anyhow::{bail, Context, Result};
+use crate::ModelArgs;
+use anyhow::{Context, Result};
 use clap::Args;
 use paradraft::engine::{pool, Engine, EngineConfig};
 use paradraft::server::{self, AppState};
@@ -46,25 +46,15 @@ pub(crate) struct ServeArgs {
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let cfg = a.spec.config()?;
     cfg.check_used(&[cfg.method])?;
-    let (lm, ctx) = load(&a.m)?;
-    let target_path =
-        a.m.model
-            .clone()
-            .unwrap_or_else(paradraft::fetch::default_model_path);
+    let (lm, ctx) = a.m.load()?;
+    let target_path = a.m.path();
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         target_path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
-    let page_bytes = pool::PAGE_SLOTS * lm.model.new_kv(1).bytes_per_slot();
-    let kv_pages = a.kv_memory_mib.saturating_mul(1 << 20) / page_bytes;
-    if kv_pages < pool::KvPool::pages_for(ctx) {
-        bail!(
-            "--kv-memory-mib {} holds {kv_pages} pages of {page_bytes} bytes, less than one request of the full context ({ctx} tokens); raise it or lower --ctx-size",
-            a.kv_memory_mib
-        );
-    }
+    let kv_pages = pool::KvPool::pages_in(a.kv_memory_mib, &lm.model, ctx)?;
     let ecfg = EngineConfig {
         ctx,
         max_running: a.max_running,

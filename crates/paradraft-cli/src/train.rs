@@ -3,7 +3,7 @@
 //! self-distillation data → cached target features → training → held-out evaluation → an
 //! exported drafter; every stage resumes from what `--out` holds.
 
-use crate::{load, ModelArgs};
+use crate::ModelArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use paradraft::train::dflash::pipeline::DflashRun;
@@ -48,7 +48,7 @@ pub struct DflashArgs {
 impl DataArgs {
     /// The library's data spec, and the target loaded.
     pub fn load(&self) -> Result<(paradraft::model::Loaded, DataSpec)> {
-        let (lm, _) = load(&self.m)?;
+        let (lm, _) = self.m.load()?;
         let mut spec = self.spec.clone();
         spec.target_name = self
             .m

@@ -1,11 +1,11 @@
 //! `paradraft train campaign`: start or resume THE DART training campaign (see
 //! `paradraft::train::campaign`): argument mapping only.
 
-use crate::{load, ModelArgs};
+use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use paradraft::fetch::resource_path;
-use paradraft::train::campaign::{self, Event, Params, Setup, Sources, Stamp};
+use paradraft::train::campaign::{self, Params, Setup, Sources, Stamp};
 use paradraft::train::dart::load_exported;
 use std::path::PathBuf;
 
@@ -86,31 +86,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     }
     let dir = a.dir.clone().unwrap_or_else(campaign::default_dir);
     if let Some(out) = &a.plot {
-        let pts: Vec<(f64, f64, f64, f64)> = campaign::read_curve(&dir)?
-            .iter()
-            .map(|c| {
-                let p = &c.progress;
-                let a1 = c.eval.alpha.first().copied().unwrap_or(0.0);
-                (
-                    p.cpu_s / 3600.0,
-                    p.positions as f64 / 1e6,
-                    a1,
-                    c.eval.expected_tau,
-                )
-            })
-            .collect();
-        if pts.is_empty() {
-            bail!(
-                "{} has no held-out evaluations yet",
-                dir.join("curve.jsonl").display()
-            );
-        }
-        paradraft::train::plot::curve_svg(
-            &pts,
-            0.7,
-            "DART campaign for SmolLM2-135M-Instruct: held-out",
-            out,
-        )?;
+        campaign::plot_curve(&dir, out)?;
         eprintln!("curve written to {}", out.display());
         return Ok(());
     }
@@ -118,7 +94,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         .from
         .clone()
         .unwrap_or_else(|| resource_path("drafters/smollm2-135m-dart"));
-    let (lm, _) = load(&a.m)?;
+    let (lm, _) = a.m.load()?;
     let (net, vocab) = load_exported(&from)?;
     let config = net.config.clone();
     let stamp = Stamp::new(&lm, &config, &vocab);
@@ -156,20 +132,11 @@ pub fn run(a: CampaignArgs) -> Result<()> {
             (hours > 0.0 && t0.elapsed().as_secs_f64() > hours * 3600.0)
                 || (max_steps > 0 && pr.step >= max_steps)
         },
-        |e| match e {
-            Event::Note(n) => eprintln!("{n}"),
-            Event::Step(l) if l.step.is_multiple_of(25) => eprintln!(
-                "step {} loss {:.4} acc1 {:.3} lr {:.1e} |g| {:.2} {} positions {:.2}s",
-                l.step, l.loss, l.acc1, l.lr, l.grad_norm, l.positions, l.secs
-            ),
-            Event::Step(_) => {}
-            Event::Eval(c) => eprintln!(
-                "held-out at step {} ({} positions, {:.2} CPU-hours): {}",
-                c.progress.step,
-                c.progress.positions,
-                c.progress.cpu_s / 3600.0,
-                c.eval
-            ),
+        |e| {
+            let line = e.to_string();
+            if !line.is_empty() {
+                eprintln!("{line}");
+            }
         },
     )?;
     eprintln!(

@@ -230,6 +230,32 @@ pub(crate) fn check_prompt(prompt: &[TokenId], capacity: usize) -> Result<()> {
     Ok(())
 }
 
+/// Teacher-forced scoring: for every position of `ids`, the `k` highest next-token logits
+/// (`paradraft logits`).
+pub fn top_logits(model: &Model, ids: &[TokenId], k: usize) -> Result<Vec<Vec<(TokenId, f32)>>> {
+    use crate::model::{Batch, Logits, OutputSpec, Rows, Scratch};
+    if ids.is_empty() {
+        return Err(Error::BadRequest("no tokens to score".into()));
+    }
+    let mut kv = model.new_kv(ids.len());
+    let positions: Vec<crate::types::Pos> = (0..ids.len() as u32).map(crate::types::Pos).collect();
+    let spec = OutputSpec {
+        rows: Rows::All,
+        logits: Logits::TopK(k.max(1)),
+        taps: vec![],
+    };
+    let batch = Batch {
+        tokens: ids,
+        positions: &positions,
+        mask: None,
+    };
+    let mut scratch = Scratch::default();
+    Ok(model
+        .forward(&mut kv, &batch, &spec, &mut scratch)?
+        .top
+        .clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::safe_prefix_len;

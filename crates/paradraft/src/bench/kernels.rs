@@ -83,6 +83,7 @@ pub struct KernelBench {
     pub decode: Stat,
     pub prefill_tok_s: f64,
     pub prefill: Stat,
+    pub prefill_tokens: usize,
     /// Weight bytes streamed per second in decode.
     pub decode_gb_s: f64,
     pub curve: Vec<CurvePoint>,
@@ -91,6 +92,130 @@ pub struct KernelBench {
     /// Ours / llama.cpp (speeds) and ours / llama.cpp (16-token forward time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ratios: Option<serde_json::Value>,
+    /// A drafter's proposal cost against a decode step ([`KernelBench::add_drafter`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft: Option<DraftCost>,
+}
+
+/// What a drafter's proposal of n nodes costs against one target decode step.
+#[derive(Clone, Debug, Serialize)]
+pub struct DraftCost {
+    pub drafter: String,
+    pub decode_step_ms: f64,
+    /// Repeats each point is the minimum of.
+    #[serde(skip)]
+    pub repeats: usize,
+    pub curve: Vec<DraftPoint>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DraftPoint {
+    pub nodes: usize,
+    pub ms: f64,
+    pub vs_decode_step: f64,
+}
+
+impl KernelBench {
+    /// Measures `drafter`'s proposal cost for 1..=`max_nodes` nodes after `context` tokens
+    /// (minimum of `repeats`) against this bench's decode step.
+    pub fn add_drafter(
+        &mut self,
+        model: &Model,
+        drafter: &mut dyn crate::speculative::Drafter,
+        max_nodes: usize,
+        repeats: usize,
+    ) -> Result<()> {
+        let c = crate::speculative::sizing::CostCurve::measure_drafter(
+            model,
+            drafter,
+            self.context,
+            max_nodes,
+            repeats,
+        )?;
+        let step = 1e3 / self.decode_tok_s;
+        self.draft = Some(DraftCost {
+            drafter: drafter.name().to_string(),
+            decode_step_ms: step,
+            repeats,
+            curve: c
+                .points
+                .iter()
+                .map(|&(nodes, ms)| DraftPoint {
+                    nodes,
+                    ms,
+                    vs_decode_step: ms / step,
+                })
+                .collect(),
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for KernelBench {
+    /// The report as text: machine, speeds, the c(k) table (llama.cpp beside), the drafter.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self;
+        writeln!(
+            f,
+            "{}, {}",
+            r.cpu.as_deref().unwrap_or("unknown CPU"),
+            r.kernels
+        )?;
+        writeln!(
+            f,
+            "threads {}, weights {:.1} MB ({:.1} MB per greedy decode step), context {}",
+            r.threads,
+            r.weight_bytes as f64 / 1e6,
+            r.decode_weight_bytes as f64 / 1e6,
+            r.context
+        )?;
+        writeln!(
+            f,
+            "decode  {:.1} tok/s ({:.1} GB/s of weights)   prefill({}) {:.1} tok/s",
+            r.decode_tok_s, r.decode_gb_s, r.prefill_tokens, r.prefill_tok_s
+        )?;
+        writeln!(
+            f,
+            "{:>3} {:>10} {:>10} {:>8} {:>8} {:>10}",
+            "k", "ms(logits)", "ms(argmax)", "c(k)/c1", "GMAC/s", "llama ms"
+        )?;
+        for c in &r.curve {
+            let l = r
+                .llama_cpp
+                .as_ref()
+                .and_then(|l| l.curve.iter().find(|p| p.k == c.k))
+                .map(|p| format!("{:.2}", p.ms))
+                .unwrap_or_default();
+            writeln!(
+                f,
+                "{:>3} {:>10.2} {:>10.2} {:>8.2} {:>8.1} {:>10}",
+                c.k, c.ms_all_logits, c.ms_argmax, c.cost_vs_k1, c.gmac_s, l
+            )?;
+        }
+        if let Some(l) = &r.llama_cpp {
+            writeln!(
+                f,
+                "llama.cpp tg128 {:.1} tok/s, pp512 {:.1} tok/s",
+                l.tg128_tok_s, l.pp512_tok_s
+            )?;
+            writeln!(f, "ratios {}", r.ratios.clone().unwrap_or_default())?;
+        }
+        if let Some(d) = &r.draft {
+            writeln!(
+                f,
+                "{} draft pass (min of {} repeats) against a {:.2} ms decode step:",
+                d.drafter, d.repeats, d.decode_step_ms
+            )?;
+            for p in &d.curve {
+                writeln!(
+                    f,
+                    "  {:>2} nodes {:>6.3} ms  {:.3} × step",
+                    p.nodes, p.ms, p.vs_decode_step
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<TokenId> {
@@ -381,8 +506,10 @@ pub fn run_kernel_bench(
         decode,
         prefill_tok_s: prefill.median,
         prefill,
+        prefill_tokens: p.prefill_tokens,
         curve,
         llama_cpp,
         ratios,
+        draft: None,
     })
 }

@@ -6,5 +6,6 @@ pub mod harness;
 pub mod header;
 pub mod kernels;
 pub mod report;
+pub mod suite;
 
 pub use kernels::{run_kernel_bench, KernelBench, KernelBenchParams};

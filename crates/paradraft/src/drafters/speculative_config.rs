@@ -327,6 +327,17 @@ impl<'t> DrafterSet<'t> {
         Ok(())
     }
 
+    /// Measures this machine's verify costs and the drafter's proposal costs when drafts are
+    /// sized from them ([`DrafterSet::measure_costs`]); returns the verify-cost curve.
+    pub fn measure(&mut self, model: &Model) -> Result<Option<CostCurve>> {
+        if !self.adaptive || self.is_ar() {
+            return Ok(None);
+        }
+        let c = CostCurve::measure(model, 64, 2)?;
+        self.measure_costs(model, &c)?;
+        Ok(Some(c))
+    }
+
     /// One request's drafter, draft limit, sizer (when costs were measured) and rule.
     pub fn speculation(
         &self,

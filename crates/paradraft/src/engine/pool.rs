@@ -21,6 +21,23 @@ impl KvPool {
         KvPool { total, used: 0 }
     }
 
+    /// The pages `mib` MiB of memory hold for `model`'s K/V, refused when they cannot hold one
+    /// request of the full context (`ctx` tokens).
+    pub fn pages_in(
+        mib: usize,
+        model: &crate::model::Model,
+        ctx: usize,
+    ) -> crate::error::Result<usize> {
+        let page_bytes = PAGE_SLOTS * model.new_kv(1).bytes_per_slot();
+        let pages = mib.saturating_mul(1 << 20) / page_bytes;
+        if pages < Self::pages_for(ctx) {
+            return Err(crate::error::Error::BadRequest(format!(
+                "--kv-memory-mib {mib} holds {pages} pages of {page_bytes} bytes, less than one request of the full context ({ctx} tokens); raise it or lower --ctx-size"
+            )));
+        }
+        Ok(pages)
+    }
+
     /// Pages that hold `slots` slots.
     pub fn pages_for(slots: usize) -> usize {
         slots.div_ceil(PAGE_SLOTS)

@@ -6,12 +6,14 @@ pub mod forward;
 pub mod gguf;
 pub mod layer;
 pub mod llama;
+pub mod options;
 pub mod source;
 pub mod tokenizer;
 
 pub use config::{Arch, Config};
 pub use forward::{Batch, Logits, Output, OutputSpec, Rows, TreeMask};
 pub use llama::{Model, Scratch};
+pub use options::ModelOptions;
 pub use tokenizer::{Message, StreamDecoder, Tokenizer};
 
 use crate::error::{Error, Result};

@@ -7,6 +7,7 @@
 //! frees its KV pages. The server keeps no state beyond requests in flight, so replicas behind
 //! any HTTP load balancer scale it out.
 
+pub mod flags;
 pub mod openai;
 
 use crate::engine::{Engine, Event, Finished, Rejected, Request};

@@ -5,6 +5,7 @@ pub mod cps;
 pub mod decode;
 pub mod sizing;
 pub mod step;
+mod summary;
 pub mod tree;
 pub mod tree_search;
 pub mod verify;

@@ -153,6 +153,59 @@ pub enum Event<'a> {
     Eval(&'a CurvePoint),
 }
 
+impl std::fmt::Display for Event<'_> {
+    /// The line a progress log prints (empty for the steps between every 25th).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Event::Note(n) => f.write_str(n),
+            Event::Step(l) if l.step.is_multiple_of(25) => write!(
+                f,
+                "step {} loss {:.4} acc1 {:.3} lr {:.1e} |g| {:.2} {} positions {:.2}s",
+                l.step, l.loss, l.acc1, l.lr, l.grad_norm, l.positions, l.secs
+            ),
+            Event::Step(_) => Ok(()),
+            Event::Eval(c) => write!(
+                f,
+                "held-out at step {} ({} positions, {:.2} CPU-hours): {}",
+                c.progress.step,
+                c.progress.positions,
+                c.progress.cpu_s / 3600.0,
+                c.eval
+            ),
+        }
+    }
+}
+
+/// Draws the held-out curve of the campaign in `dir` (α1 and expected τ against CPU-hours and
+/// trained positions, the goal α1 0.7) as an SVG at `out`.
+pub fn plot_curve(dir: &Path, out: &Path) -> Result<()> {
+    let pts: Vec<(f64, f64, f64, f64)> = read_curve(dir)?
+        .iter()
+        .map(|c| {
+            let p = &c.progress;
+            let a1 = c.eval.alpha.first().copied().unwrap_or(0.0);
+            (
+                p.cpu_s / 3600.0,
+                p.positions as f64 / 1e6,
+                a1,
+                c.eval.expected_tau,
+            )
+        })
+        .collect();
+    if pts.is_empty() {
+        return Err(Error::BadRequest(format!(
+            "{} has no held-out evaluations yet",
+            dir.join("curve.jsonl").display()
+        )));
+    }
+    crate::train::plot::curve_svg(
+        &pts,
+        0.7,
+        "DART campaign for SmolLM2-135M-Instruct: held-out",
+        out,
+    )
+}
+
 /// Runs the campaign until `stop()` says so (checked between steps; a checkpoint is written
 /// before returning) or the process is killed.
 pub fn run(

@@ -1,0 +1,95 @@
+//! How a model is set up to run: which file, worker threads, KV element type and context —
+//! checked against the model and this machine's memory (also the command line's model flags).
+
+use super::Loaded;
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+
+/// The most worker threads a run may ask for.
+const MAX_THREADS: usize = 1024;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct ModelOptions {
+    /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: all available cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV-cache capacity in tokens (default: the model's context length, at most 8192). Above
+    /// the model's trained context only with --force-ctx-size; never beyond available memory.
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+    /// Allow --ctx-size above the model's trained context length.
+    #[arg(long)]
+    pub force_ctx_size: bool,
+    /// KV-cache element type: f16 (half the attention traffic) or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: crate::kv::KvDtype,
+}
+
+/// Bytes the machine can still give (`MemAvailable`), when known.
+fn available_memory() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl ModelOptions {
+    /// The model's path (the default model's when none was given).
+    pub fn path(&self) -> PathBuf {
+        self.model
+            .clone()
+            .unwrap_or_else(crate::fetch::default_model_path)
+    }
+
+    /// Starts the worker threads, loads the model (fetching the default one when none was
+    /// given) and returns it with its context: the asked one, checked against the trained
+    /// context and the memory its KV cache needs.
+    pub fn load(&self) -> Result<(Loaded, usize)> {
+        let bad = |m: String| Err(Error::BadRequest(m));
+        let cores = crate::runtime::default_threads();
+        let threads = self.threads.unwrap_or(cores);
+        if threads == 0 || threads > MAX_THREADS {
+            return bad(format!(
+                "--threads {threads}: must be between 1 and {MAX_THREADS}"
+            ));
+        }
+        if threads > cores {
+            eprintln!("warning: --threads {threads} is more than the {cores} cores available (slower, not faster)");
+        }
+        crate::runtime::init_threads(threads);
+        let path = match &self.model {
+            Some(p) => p.clone(),
+            None => crate::fetch::ensure_default_model()?,
+        };
+        let mut loaded =
+            super::load(&path).map_err(|e| e.context(format!("loading {}", path.display())))?;
+        loaded.model.set_kv_dtype(self.kv_dtype);
+        let c = &loaded.model.config;
+        let ctx = self.ctx_size.unwrap_or(c.max_position_embeddings.min(8192));
+        if ctx == 0 {
+            return bad("--ctx-size must be at least 1".into());
+        }
+        if ctx > c.max_position_embeddings && !self.force_ctx_size {
+            return bad(format!(
+                "--ctx-size {ctx} exceeds the model's trained context of {} tokens (pass --force-ctx-size to allow it)",
+                c.max_position_embeddings
+            ));
+        }
+        // K and V of every layer for every position (drafters and speculation add little).
+        let slot = crate::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_dtype);
+        let kv_bytes = slot as u128 * ctx as u128;
+        if let Some(avail) = available_memory() {
+            if kv_bytes > avail as u128 {
+                return bad(format!(
+                    "--ctx-size {ctx} needs a {:.1} GiB KV cache but only {:.1} GiB of memory is available",
+                    kv_bytes as f64 / (1u64 << 30) as f64,
+                    avail as f64 / (1u64 << 30) as f64
+                ));
+            }
+        }
+        Ok((loaded, ctx))
+    }
+}
