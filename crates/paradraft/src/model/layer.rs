@@ -14,14 +14,14 @@ use crate::types::Pos;
 pub(crate) struct Layer {
     attn_norm: Vec<f32>,
     wq: Matrix,
-    pub(crate) wk: Matrix,
-    pub(crate) wv: Matrix,
+    wk: Matrix,
+    wv: Matrix,
     wo: Matrix,
     bq: Option<Vec<f32>>,
     bk: Option<Vec<f32>>,
     bv: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
-    pub(crate) k_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     w_gate: Matrix,
     w_up: Matrix,
@@ -173,6 +173,40 @@ impl Layer {
             }
         }
         out
+    }
+
+    /// Quantizes context rows `cx` (`n × hidden`) once for [`Layer::context_kv`] of every
+    /// layer shaped like this one (in `s.qa`).
+    pub(crate) fn prep_context(&self, cx: &[f32], s: &mut LayerScratch) {
+        prep(&mut s.qa, &[&self.wk], cx, false);
+    }
+
+    /// The K/V a drafter injects as context (DFlash §3.2): this layer's own k and v
+    /// projections of the rows `cx` (prepared by [`Layer::prep_context`]; no input norm),
+    /// k-normed and rotated with `s.rope`, written to layer `li` of `kv` at `slot0..`.
+    pub(crate) fn context_kv(
+        &self,
+        c: &Config,
+        li: usize,
+        cx: &[f32],
+        s: &mut LayerScratch,
+        kv: &mut KvCache,
+        slot0: usize,
+    ) {
+        let (hd, kvd) = (c.head_dim, c.n_kv_heads * c.head_dim);
+        let n = cx.len() / c.hidden_size.max(1);
+        let k = sized(&mut s.k, n * kvd);
+        let v = sized(&mut s.v, n * kvd);
+        Matrix::matmul_many(&mut [(&self.wk, &mut *k), (&self.wv, &mut *v)], cx, &s.qa);
+        if let Some(kn) = &self.k_norm {
+            ops::rms_norm_inplace(k, kn, c.rms_eps);
+        }
+        let half = hd / 2;
+        for t in 0..n {
+            let cs = &s.rope[t * half..(t + 1) * half];
+            ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
+        }
+        kv.write(li, slot0, k, v);
     }
 
     /// The attention input norm (`input_layernorm`).

@@ -10,7 +10,6 @@ use crate::kv::KvCache;
 use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::runtime::ops::{self, AttnShape, Visibility};
-use crate::runtime::quant::{prep_acts, sized, Matrix};
 use crate::types::Pos;
 use std::path::Path;
 
@@ -128,31 +127,19 @@ impl DflashModel {
                 self.feature_width()
             )));
         }
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let kvd = c.n_kv_heads * hd;
+        let h = c.hidden_size;
         let slot0 = kv.reserve(n)?;
         // c = hidden_norm(fc(concat features)), shared by all layers.
         let l = &mut s.l;
         self.fusion.fuse(features, &mut l.qa, &mut s.c);
         let cx = &s.c[..n * h];
         rope_table(&self.inv_freq, positions, &mut l.rope);
-        let half = hd / 2;
         if let Some(first) = self.layers.first() {
-            prep_acts(&mut l.qa, &[&first.wk], cx, false);
+            first.prep_context(cx, l);
         }
         for (li, layer) in self.layers.iter().enumerate() {
             // The layer's own k/v projections (+ k_norm, RoPE); no input norm on the context.
-            let k = sized(&mut l.k, n * kvd);
-            let v = sized(&mut l.v, n * kvd);
-            Matrix::matmul_many(&mut [(&layer.wk, &mut *k), (&layer.wv, &mut *v)], cx, &l.qa);
-            if let Some(kn) = &layer.k_norm {
-                ops::rms_norm_inplace(k, kn, c.rms_eps);
-            }
-            for t in 0..n {
-                let cs = &l.rope[t * half..(t + 1) * half];
-                ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
-            }
-            kv.write(li, slot0, k, v);
+            layer.context_kv(c, li, cx, l, kv, slot0);
         }
         Ok(())
     }
