@@ -5,9 +5,9 @@
 //! sequence's tokens equal those of [`crate::generate::generate`] run on it alone.
 
 use crate::error::{Error, Result};
-use crate::generate::{GenerateParams, StopReason};
 use crate::kv::KvCache;
 use crate::model::{Model, Tokenizer};
+use crate::request::{GenerateParams, StopReason};
 use crate::speculative::step::{Member, Stepper};
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome, Session, Speculation};
 use crate::types::TokenId;

@@ -5,8 +5,8 @@
 use super::datasets::{Dataset, Item};
 use crate::drafters::speculative_config::DrafterSet;
 use crate::error::Result;
-use crate::generate::GenerateParams;
 use crate::model::{Loaded, Message};
+use crate::request::GenerateParams;
 use crate::sample::SamplingParams;
 use crate::speculative::{speculative_generate, RoundStats, SpecGeneration, VerifyRule};
 use crate::types::TokenId;

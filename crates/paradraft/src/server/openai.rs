@@ -6,8 +6,8 @@
 //! JSON response formats) and accepted when they are at their defaults; bookkeeping fields
 //! (`user`, `metadata`, `store`, `service_tier`) are accepted and ignored.
 
-use crate::generate::{GenerateParams, StopReason};
 use crate::model::{Message, Tokenizer};
+use crate::request::{GenerateParams, StopReason};
 use crate::sample::SamplingParams;
 use crate::types::TokenId;
 use serde::{Deserialize, Serialize};

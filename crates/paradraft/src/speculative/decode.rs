@@ -10,9 +10,9 @@ use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
 use crate::error::Result;
-use crate::generate::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, Output, OutputSpec, Rows, Scratch, Tokenizer};
+use crate::model::{Batch, Logits, Output, Tokenizer};
+use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::sample::Sampler;
 use crate::types::{Pos, SlotId, TokenId};
 use serde::Serialize;
@@ -56,37 +56,6 @@ pub struct Speculation<'a> {
     pub max_draft: usize,
     pub sizer: Option<Sizer>,
     pub rule: VerifyRule,
-}
-
-/// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
-/// in one target forward: one [`Session`] driven to its end, its prompt prefilled in one pass.
-pub fn speculative_generate<'a>(
-    model: &Model,
-    tok: &'a Tokenizer,
-    kv: &mut KvCache,
-    prompt: &[TokenId],
-    params: &GenerateParams,
-    sp: Speculation<'a>,
-    mut on_text: impl FnMut(&str),
-) -> Result<SpecGeneration> {
-    let mut scratch = Scratch::default();
-    let mut session = Session::new(tok, kv, prompt, params, sp, model.config.hidden_size)?;
-    while session.plan(kv, BatchShape::default(), usize::MAX)? {
-        let need = session.needs();
-        let spec = OutputSpec {
-            rows: if need.last_only {
-                Rows::Last
-            } else {
-                Rows::All
-            },
-            logits: need.logits,
-            taps: session.taps().to_vec(),
-        };
-        let out = model.forward(kv, &session.batch(), &spec, &mut scratch)?;
-        let o = RoundOutput::of(out, 0, 0, session.width());
-        session.commit(kv, o, &mut on_text)?;
-    }
-    Ok(session.finish(&mut on_text))
 }
 
 /// What a session's rows need from the output layer of the forward.

@@ -10,9 +10,8 @@ pub mod tree;
 pub mod tree_search;
 pub mod verify;
 
-pub use decode::{
-    speculative_generate, RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration, Speculation,
-};
+pub use decode::{RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration, Speculation};
+pub use step::speculative_generate;
 pub use tree::{DraftTree, Linearised, NodeId};
 pub use verify::{Outcome, VerifyRule};
 

@@ -4,12 +4,40 @@
 //! member commits its results. A row's results are those it would get alone (the forward is
 //! batch-invariant), so a session's tokens do not depend on what it was batched with.
 
-use super::decode::{RoundOutput, Session};
+use super::decode::{RoundOutput, Session, SpecGeneration, Speculation};
 use super::sizing::BatchShape;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
+use crate::request::GenerateParams;
 use crate::types::TokenId;
+
+/// Generates a continuation of `prompt`, drafting with `sp.drafter` and verifying each draft
+/// in one target forward: one [`Session`] stepped to its end by the [`Stepper`] the engine
+/// batches sessions with, its prompt prefilled in one pass.
+pub fn speculative_generate<'a>(
+    model: &Model,
+    tok: &'a Tokenizer,
+    kv: &mut KvCache,
+    prompt: &[TokenId],
+    params: &GenerateParams,
+    sp: Speculation<'a>,
+    mut on_text: impl FnMut(&str),
+) -> Result<SpecGeneration> {
+    let mut session = Session::new(tok, kv, prompt, params, sp, model.config.hidden_size)?;
+    let mut stepper = Stepper::default();
+    loop {
+        let mut alone = [Member {
+            kv: &mut *kv,
+            session: &mut session,
+            on_text: &mut on_text,
+        }];
+        if stepper.step(model, &mut alone, usize::MAX)?.rows == 0 {
+            break;
+        }
+    }
+    Ok(session.finish(&mut on_text))
+}
 
 /// A session in a step, with its cache and where its text goes.
 pub struct Member<'m, 'a> {

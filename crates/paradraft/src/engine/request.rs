@@ -1,0 +1,80 @@
+//! What the engine is configured with, what it is sent and what it answers.
+
+use super::pool;
+use crate::request::{GenerateParams, StopReason};
+use crate::speculative::VerifyRule;
+use crate::types::TokenId;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// How the engine batches and what it admits.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Tokens a request may hold (prompt and output).
+    pub ctx: usize,
+    /// Most requests in the running batch.
+    pub max_running: usize,
+    /// Most requests waiting for admission; beyond it `submit` refuses (HTTP 429).
+    pub max_queue: usize,
+    /// KV pool size in pages of 16 slots.
+    pub kv_pages: usize,
+    /// Most prompt tokens per step while other requests decode.
+    pub prefill_chunk: usize,
+    pub rule: VerifyRule,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            ctx: 2048,
+            max_running: 64,
+            max_queue: 256,
+            kv_pages: 64 * 2048 / pool::PAGE_SLOTS,
+            prefill_chunk: 256,
+            rule: VerifyRule::Coupled,
+        }
+    }
+}
+
+/// A validated generation request.
+pub struct Request {
+    pub prompt: Vec<TokenId>,
+    pub params: GenerateParams,
+    /// Where the request's text and result go; dropping the receiver cancels the request.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a request hears from the engine: text pieces as they become final, then one
+/// `Done` or `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Text(String),
+    Done(Finished),
+    Error(String),
+}
+
+/// A finished request's summary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub stop_reason: StopReason,
+    pub token_ids: Vec<TokenId>,
+    /// Tokens per target pass (0 without rounds).
+    pub tau: f64,
+}
+
+/// Why a request was not queued.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    #[error("the server is at capacity ({0} requests running or queued); retry later")]
+    Busy(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// What the engine thread is sent.
+pub(super) enum Command {
+    Run(Request, Instant),
+    Shutdown,
+}

@@ -1,0 +1,368 @@
+//! The engine thread's scheduler: take commands → drop cancelled requests → admit while the
+//! batch and the page pool have room → one [`Stepper::step`] for the batch → retire the
+//! finished ones.
+
+use super::metrics::Metrics;
+use super::pool::KvPool;
+use super::request::{Command, EngineConfig, Event, Finished, Request};
+use crate::drafters::speculative_config::{DrafterConfig, DrafterSet};
+use crate::error::Result;
+use crate::kv::KvCache;
+use crate::model::Loaded;
+use crate::speculative::sizing::CostCurve;
+use crate::speculative::step::{Member, StepReport, Stepper};
+use crate::speculative::Session;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Returns freed heap memory to the operating system (glibc keeps it otherwise), so an idle
+/// server's memory goes back to its idle level after a burst.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A request in the batch.
+struct Running<'t> {
+    kv: KvCache,
+    session: Session<'t>,
+    meta: Meta,
+}
+
+/// What the scheduler tracks of a request besides its session.
+struct Meta {
+    events: UnboundedSender<Event>,
+    arrival: Instant,
+    /// When the last token was committed (None: none yet).
+    last: Option<Instant>,
+    generated: usize,
+    pages: usize,
+    /// Rounds already reported to the metrics.
+    rounds: usize,
+}
+
+pub(super) struct Scheduler<'e> {
+    pub(super) lm: &'e Loaded,
+    pub(super) cfg: &'e EngineConfig,
+    pub(super) metrics: &'e Metrics,
+    pub(super) in_flight: &'e AtomicUsize,
+}
+
+/// The requests waiting for a place in the batch, in arrival order, and whether the engine
+/// is shutting down.
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<(Request, Instant)>,
+    shutdown: bool,
+}
+
+impl Queue {
+    fn take(&mut self, cmd: Command) {
+        match cmd {
+            Command::Run(r, t) => self.waiting.push_back((r, t)),
+            Command::Shutdown => self.shutdown = true,
+        }
+    }
+}
+
+/// The scheduler's state: the page pool, the queue, the running requests, the step's scratch.
+struct Batch<'t> {
+    pool: KvPool,
+    queue: Queue,
+    running: Vec<Running<'t>>,
+    stepper: Stepper,
+}
+
+impl Batch<'_> {
+    /// Takes new commands, blocking only when idle; `false` when the engine should stop
+    /// (shut down with nothing left, or every handle gone).
+    fn receive(&mut self, rx: &mpsc::Receiver<Command>) -> bool {
+        if self.running.is_empty() && self.queue.waiting.is_empty() {
+            if self.queue.shutdown {
+                return false;
+            }
+            // Idle: give back the batch's scratch (sized for the largest step so far).
+            self.stepper = Stepper::default();
+            release_free_memory();
+            match rx.recv() {
+                Ok(cmd) => self.queue.take(cmd),
+                Err(_) => return false, // every handle is gone
+            }
+        }
+        while let Ok(cmd) = rx.try_recv() {
+            self.queue.take(cmd);
+        }
+        true
+    }
+}
+
+impl<'e> Scheduler<'e> {
+    /// The engine thread's loop: load the drafters (say so on `ready`), then until shutdown:
+    /// take commands, drop cancelled requests, admit, step the batch, retire the finished.
+    pub(super) fn run(
+        &mut self,
+        target_path: &std::path::Path,
+        drafter: &DrafterConfig,
+        rx: mpsc::Receiver<Command>,
+        ready: mpsc::Sender<Result<()>>,
+    ) {
+        let set = match self.load(target_path, drafter) {
+            Ok(s) => {
+                let _ = ready.send(Ok(()));
+                s
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let mut b = Batch {
+            pool: KvPool::new(self.cfg.kv_pages),
+            queue: Queue::default(),
+            running: Vec::new(),
+            stepper: Stepper::default(),
+        };
+        while b.receive(&rx) {
+            self.cancel(&mut b);
+            self.admit(&set, &mut b);
+            self.gauges(&b);
+            if b.running.is_empty() {
+                continue;
+            }
+            if let Some(report) = self.step(&mut b) {
+                self.retire_finished(&report, &mut b);
+            }
+            self.gauges(&b);
+        }
+    }
+
+    /// Weights load once; each request gets its own drafter state. Verify costs are measured
+    /// up to a full batch's rows, for batch-aware draft sizing.
+    fn load(
+        &self,
+        target_path: &std::path::Path,
+        drafter: &DrafterConfig,
+    ) -> Result<DrafterSet<'e>> {
+        let model = &self.lm.model;
+        let mut set = drafter.load(target_path, self.lm, self.cfg.ctx)?;
+        if set.adaptive && !set.is_ar() {
+            let rows = (self.cfg.max_running * (set.max_draft + 1)).clamp(32, 512);
+            let curve = CostCurve::measure_up_to(model, 64, 2, rows)?;
+            set.measure_costs(model, &curve)?;
+        }
+        Ok(set)
+    }
+
+    /// Cancelled requests (their client went away) leave and free their pages.
+    fn cancel(&self, b: &mut Batch) {
+        b.queue.waiting.retain(|(r, _)| {
+            let keep = !r.events.is_closed();
+            if !keep {
+                self.ended("cancelled");
+            }
+            keep
+        });
+        let mut i = 0;
+        while i < b.running.len() {
+            if b.running[i].meta.events.is_closed() {
+                let r = b.running.swap_remove(i);
+                b.pool.release(r.meta.pages);
+                self.ended("cancelled");
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Admits waiting requests in arrival order while the batch and the pool have room.
+    fn admit(&self, set: &DrafterSet<'e>, b: &mut Batch<'e>) {
+        let model = &self.lm.model;
+        while b.running.len() < self.cfg.max_running {
+            let Some((r, arrival)) = b.queue.waiting.front() else {
+                break;
+            };
+            let cap =
+                (r.prompt.len() + r.params.max_new_tokens + set.max_draft + 1).min(self.cfg.ctx);
+            let pages = KvPool::pages_for(cap);
+            if !b.pool.try_reserve(pages) {
+                break;
+            }
+            let arrival = *arrival;
+            let (r, _) = b.queue.waiting.pop_front().expect("a front");
+            let mut kv = model.new_kv(cap);
+            let started = set
+                .speculation(r.params.sampling, self.cfg.rule)
+                .and_then(|sp| {
+                    Session::new(
+                        &self.lm.tokenizer,
+                        &mut kv,
+                        &r.prompt,
+                        &r.params,
+                        sp,
+                        model.config.hidden_size,
+                    )
+                });
+            match started {
+                Ok(session) => {
+                    self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
+                    b.running.push(Running {
+                        kv,
+                        session,
+                        meta: Meta {
+                            events: r.events,
+                            arrival,
+                            last: None,
+                            generated: 0,
+                            pages,
+                            rounds: 0,
+                        },
+                    });
+                }
+                Err(e) => {
+                    b.pool.release(pages);
+                    self.ended("error");
+                    let _ = r.events.send(Event::Error(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// One forward for the whole batch (prompt chunks of at most `prefill_chunk` tokens while
+    /// others decode); a failed forward fails the batch's requests, not the server.
+    fn step(&self, b: &mut Batch) -> Option<StepReport> {
+        let decoding = b.running.iter().any(|r| !r.session.prefilling());
+        let budget = if decoding {
+            self.cfg.prefill_chunk
+        } else {
+            self.cfg.ctx
+        };
+        let report = {
+            let mut sinks = Vec::with_capacity(b.running.len());
+            let mut parts = Vec::with_capacity(b.running.len());
+            for r in b.running.iter_mut() {
+                let Running { kv, session, meta } = r;
+                let tx = &meta.events;
+                sinks.push(move |piece: &str| {
+                    let _ = tx.send(Event::Text(piece.to_string()));
+                });
+                parts.push((kv, session));
+            }
+            let mut members: Vec<Member> = parts
+                .into_iter()
+                .zip(sinks.iter_mut())
+                .map(|((kv, session), on_text)| Member {
+                    kv,
+                    session,
+                    on_text,
+                })
+                .collect();
+            b.stepper.step(&self.lm.model, &mut members, budget)
+        };
+        match report {
+            Ok(r) => {
+                if r.rows > 0 {
+                    self.metrics.step_rows.observe(r.rows as f64);
+                }
+                let now = Instant::now();
+                for run in b.running.iter_mut() {
+                    self.observe(run, now);
+                }
+                Some(r)
+            }
+            Err(e) => {
+                for r in b.running.drain(..) {
+                    b.pool.release(r.meta.pages);
+                    self.ended("error");
+                    let _ = r.meta.events.send(Event::Error(e.to_string()));
+                }
+                None
+            }
+        }
+    }
+
+    /// Retires the requests the step finished (its members are in `running`'s order).
+    fn retire_finished(&self, report: &StepReport, b: &mut Batch) {
+        for i in (0..b.running.len()).rev() {
+            if report.finished.get(i).copied().unwrap_or(false) {
+                let r = b.running.swap_remove(i);
+                b.pool.release(r.meta.pages);
+                self.retire(r);
+            }
+        }
+    }
+
+    /// Sends a finished request its last text and summary.
+    fn retire(&self, r: Running) {
+        let Running { session, meta, .. } = r;
+        let tx = &meta.events;
+        let g = session.finish(&mut |piece: &str| {
+            let _ = tx.send(Event::Text(piece.to_string()));
+        });
+        self.metrics
+            .e2e
+            .observe(meta.arrival.elapsed().as_secs_f64());
+        // Counted before the client hears it, so what it reads next in /metrics includes it.
+        self.ended("finished");
+        let _ = tx.send(Event::Done(Finished {
+            prompt_tokens: g.out.stats.prompt_tokens,
+            completion_tokens: g.out.token_ids.len(),
+            stop_reason: g.out.stop_reason,
+            token_ids: g.out.token_ids,
+            tau: g.tau,
+        }));
+    }
+
+    /// Token timing of one request after a step.
+    fn observe(&self, r: &mut Running, now: Instant) {
+        let g = r.session.generated();
+        let new = g.saturating_sub(r.meta.generated);
+        if new > 0 {
+            match r.meta.last {
+                None => {
+                    self.metrics
+                        .ttft
+                        .observe((now - r.meta.arrival).as_secs_f64());
+                    if new > 1 {
+                        self.metrics.itl.observe(0.0);
+                    }
+                }
+                Some(t) => {
+                    let per = (now - t).as_secs_f64() / new as f64;
+                    for _ in 0..new {
+                        self.metrics.itl.observe(per);
+                    }
+                }
+            }
+            r.meta.last = Some(now);
+            r.meta.generated = g;
+            self.metrics.generation_tokens.inc_by(new as u64);
+        }
+        let rounds = r.session.rounds();
+        for round in &rounds[r.meta.rounds..] {
+            if round.drafted > 0 {
+                self.metrics
+                    .accepted
+                    .with_label_values(&[r.session.drafter_name()])
+                    .observe(round.accepted as f64);
+            }
+        }
+        r.meta.rounds = rounds.len();
+    }
+
+    fn ended(&self, outcome: &str) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.metrics.requests.with_label_values(&[outcome]).inc();
+    }
+
+    fn gauges(&self, b: &Batch) {
+        self.metrics.queue_depth.set(b.queue.waiting.len() as i64);
+        self.metrics.running.set(b.running.len() as i64);
+        self.metrics.kv_pages_used.set(b.pool.used() as i64);
+    }
+}
