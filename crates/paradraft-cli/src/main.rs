@@ -18,8 +18,6 @@ mod serve;
 mod speculative_args;
 mod train;
 mod train_campaign;
-mod train_dart;
-mod train_mask;
 
 #[derive(Parser)]
 #[command(

@@ -1,4 +1,5 @@
-//! `paradraft train …`: the training commands' flags, mapped onto the library's pipeline
+//! `paradraft train …` (dflash, dart, pard, dlm; the campaign in `train_campaign.rs`): the
+//! training commands' flags, mapped onto the library's pipeline
 //! (`paradraft::train::pipeline` and each objective's `pipeline::run`). `train dflash`:
 //! self-distillation data → cached target features → training → held-out evaluation → an
 //! exported drafter; every stage resumes from what `--out` holds.
@@ -6,7 +7,11 @@
 use crate::ModelArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use paradraft::train::dart::pipeline::DartRun;
 use paradraft::train::dflash::pipeline::DflashRun;
+use paradraft::train::dlm::Diffusion;
+use paradraft::train::pard::pipeline::MaskRun;
+use paradraft::train::pard::{Cod, Objective};
 use paradraft::train::pipeline::{keep_freed_memory, DataSpec};
 
 #[derive(Subcommand)]
@@ -14,13 +19,13 @@ pub enum TrainCmd {
     /// Train a DFlash block-diffusion drafter for the target (DFlash paper §4).
     Dflash(DflashArgs),
     /// Train a DART one-layer parallel drafter for the target (DART paper §3.4, App. B).
-    Dart(crate::train_dart::DartArgs),
+    Dart(DartArgs),
     /// Train a PARD mask-token parallel draft model from the target's first layers (PARD
     /// paper §3.2: conditional drop-token training; no target features).
-    Pard(crate::train_mask::PardArgs),
+    Pard(PardArgs),
     /// Train a DiffuSpec diffusion-LM drafter from the target's first layers (DiffuSpec §4.1:
     /// masked diffusion, eq. 3; Dream's shifted logits; block-bidirectional attention).
-    Dlm(crate::train_mask::DlmArgs),
+    Dlm(DlmArgs),
     /// Start or resume the DART training campaign that accrues across sessions: online teacher
     /// forcing on self-distilled samples and corpus text, checkpoints under
     /// $HOME/.cache/paradraft/campaign, a held-out curve (safe to kill at any moment).
@@ -66,9 +71,9 @@ pub fn run(cmd: TrainCmd) -> Result<()> {
     keep_freed_memory();
     match cmd {
         TrainCmd::Dflash(a) => dflash(a),
-        TrainCmd::Dart(a) => crate::train_dart::run(a),
-        TrainCmd::Pard(a) => crate::train_mask::run_pard(a),
-        TrainCmd::Dlm(a) => crate::train_mask::run_dlm(a),
+        TrainCmd::Dart(a) => dart(a),
+        TrainCmd::Pard(a) => run_pard(a),
+        TrainCmd::Dlm(a) => run_dlm(a),
         TrainCmd::Campaign(a) => crate::train_campaign::run(a),
     }
 }
@@ -78,4 +83,71 @@ fn dflash(a: DflashArgs) -> Result<()> {
     paradraft::train::dflash::device(&a.d.spec.device)?;
     let (lm, spec) = a.d.load()?;
     Ok(paradraft::train::dflash::pipeline::run(lm, &spec, &a.r)?)
+}
+
+#[derive(Args)]
+pub struct DartArgs {
+    #[command(flatten)]
+    pub d: DataArgs,
+    #[command(flatten)]
+    pub r: DartRun,
+}
+
+fn dart(a: DartArgs) -> Result<()> {
+    paradraft::train::dflash::device(&a.d.spec.device)?;
+    let (lm, spec) = a.d.load()?;
+    Ok(paradraft::train::dart::pipeline::run(lm, &spec, &a.r)?)
+}
+
+#[derive(Args)]
+pub struct PardArgs {
+    #[command(flatten)]
+    pub d: DataArgs,
+    #[command(flatten)]
+    pub r: MaskRun,
+    #[command(flatten)]
+    pub cod: Cod,
+}
+
+#[derive(Args)]
+pub struct DlmArgs {
+    #[command(flatten)]
+    pub d: DataArgs,
+    #[command(flatten)]
+    pub r: MaskRun,
+    #[command(flatten)]
+    pub diffusion: Diffusion,
+}
+
+fn run_pard(a: PardArgs) -> Result<()> {
+    run_mask(
+        a.d,
+        a.r,
+        &a.cod,
+        a.cod.k,
+        "pard",
+        serde_json::to_value(a.cod)?,
+    )
+}
+
+fn run_dlm(a: DlmArgs) -> Result<()> {
+    let d = a.diffusion;
+    run_mask(a.d, a.r, &d, d.k, "dlm", serde_json::to_value(d)?)
+}
+
+/// Trains with `obj` (named `name`; evaluated at `k` drafts per pass) and exports.
+fn run_mask(
+    d: DataArgs,
+    mut r: MaskRun,
+    obj: &dyn Objective,
+    k: usize,
+    name: &str,
+    params: serde_json::Value,
+) -> Result<()> {
+    paradraft::train::dflash::device(&d.spec.device)?;
+    let (lm, spec) = d.load()?;
+    (r.name, r.k) = (name.into(), k);
+    Ok(paradraft::train::pard::pipeline::run(
+        lm, &spec, &r, obj, &params,
+    )?)
 }

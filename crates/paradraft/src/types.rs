@@ -44,3 +44,14 @@ pub fn token_ids(ids: &[u32]) -> Vec<TokenId> {
 pub fn raw_ids(ids: &[TokenId]) -> Vec<u32> {
     ids.iter().map(|t| t.0).collect()
 }
+
+/// One training sequence: prompt (chat template applied) then the target's response (what
+/// training reads and a draft vocabulary is counted from).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Index of its prompt in the prompt file.
+    pub prompt_index: u32,
+    /// Tokens before the response; the loss covers `tokens[prompt_len..]`.
+    pub prompt_len: u32,
+    pub tokens: Vec<TokenId>,
+}

@@ -187,3 +187,53 @@ fn bad_engine_settings_are_refused() {
         .to_string();
     assert!(err.contains("DFlash"), "{err}");
 }
+
+/// A drafter's own cache (DFlash's context K/V) is sized to each request and counted in the
+/// KV pool: a pool that holds one full-context request of the target alone but not its drafter
+/// is refused at start, naming the drafter; with room for both, requests still equal AR.
+#[test]
+fn drafter_caches_are_counted_in_the_pool() {
+    let path = fixtures().join("tiny").join("qwen3");
+    let lm = Arc::new(paradraft::model::load(&path).unwrap());
+    let n = lm.model.config.n_layers;
+    let dir = tiny_dflash_dir(&lm, &tiny_dflash_config(&lm, 1, &[0, n - 1], 4), false);
+    let d = DrafterConfig {
+        method: Method::named("dflash").unwrap(),
+        draft_model: Some(dir.path().to_path_buf()),
+        draft_length: paradraft::drafters::speculative_config::DraftLength::Fixed,
+        ..Default::default()
+    };
+    let cfg = |kv_pages| EngineConfig {
+        ctx: 64,
+        max_running: 2,
+        kv_pages,
+        ..Default::default()
+    };
+    // The target alone needs 4 pages for 64 tokens; its drafter's cache needs more.
+    let err = Engine::start(lm.clone(), path.clone(), d.clone(), cfg(4))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("dflash") && err.contains("own cache"), "{err}");
+    let e = Engine::start(lm.clone(), path.clone(), d, cfg(32)).unwrap();
+    let v = lm.model.config.vocab_size;
+    for i in 0..4 {
+        let prompt = toks(5 + i, i as u32, v);
+        let p = GenerateParams {
+            sampling: Default::default(),
+            ..params(i)
+        };
+        let (tx, rx) = unbounded_channel();
+        e.submit(Request {
+            prompt: prompt.clone(),
+            params: p.clone(),
+            events: tx,
+        })
+        .unwrap();
+        let (_, fin) = collect(rx);
+        let mut kv = lm.model.new_kv(64);
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &p, |_| {}).unwrap();
+        assert_eq!(fin.token_ids, ar.token_ids, "request {i}");
+    }
+    e.shutdown();
+}

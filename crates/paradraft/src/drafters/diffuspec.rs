@@ -22,6 +22,7 @@
 //!   paper's L2R proxy q (eq. 5) is not a distribution the CPS path is drawn from, so it is not
 //!   used (`docs/diffuspec.md`).
 
+pub use crate::drafters::mask_lm::DlmMode;
 use crate::drafters::mask_lm::{Attend, DlmAttention, MaskLm, MaskLmRun};
 use crate::drafters::parts::{BlockDrafter, BlockDrafting, Selection};
 use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
@@ -30,36 +31,7 @@ use crate::runtime::ops;
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-
-/// How a drafting step attends over the prefix.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DlmMode {
-    /// The drafter's own training attention: block drafters (`dlm_attention: "block"`) run
-    /// fast, full-attention ones (Dream) faithful.
-    #[default]
-    Auto,
-    /// Prefix causal and cached; the block bidirectional.
-    Fast,
-    /// Re-encode `prefix ⧺ block` with full attention every step.
-    Faithful,
-}
-
-impl std::str::FromStr for DlmMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(DlmMode::Auto),
-            "fast" => Ok(DlmMode::Fast),
-            "faithful" => Ok(DlmMode::Faithful),
-            o => Err(Error::BadRequest(format!(
-                "DLM mode {o:?} (known: auto, fast, faithful)"
-            ))),
-        }
-    }
-}
 
 /// One request's DiffuSpec drafter.
 pub struct DiffuSpec {
@@ -243,6 +215,9 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
 impl<'t> Template<'t> for DiffuSpec {
     fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
         Ok(Box::new(DiffuSpec::fork(self, ctx, sampling)?))
+    }
+    fn kv_bytes_per_slot(&self) -> usize {
+        self.run.kv_bytes_per_slot()
     }
 }
 

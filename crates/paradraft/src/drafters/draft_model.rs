@@ -3,8 +3,8 @@
 //! (self-speculative drafting). The drafter runs K autoregressive steps per round on its own KV
 //! cache, which it keeps in step with the committed tokens.
 
+use crate::drafters::registry::DrafterConfig;
 use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
-use crate::drafters::speculative_config::DrafterConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Model, OutputSpec, Scratch};
@@ -77,6 +77,9 @@ impl DraftModel {
 impl<'t> Template<'t> for DraftModel {
     fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
         Ok(Box::new(DraftModel::fork(self, ctx, sampling)?))
+    }
+    fn kv_bytes_per_slot(&self) -> usize {
+        self.kv.bytes_per_slot()
     }
 }
 

@@ -68,6 +68,34 @@ pub fn mask_token_id_in(
     }
 }
 
+/// How a drafting step attends over the prefix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DlmMode {
+    /// The drafter's own training attention: block drafters (`dlm_attention: "block"`) run
+    /// fast, full-attention ones (Dream) faithful.
+    #[default]
+    Auto,
+    /// Prefix causal and cached; the block bidirectional.
+    Fast,
+    /// Re-encode `prefix ⧺ block` with full attention every step.
+    Faithful,
+}
+
+impl std::str::FromStr for DlmMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DlmMode::Auto),
+            "fast" => Ok(DlmMode::Fast),
+            "faithful" => Ok(DlmMode::Faithful),
+            o => Err(Error::BadRequest(format!(
+                "DLM mode {o:?} (known: auto, fast, faithful)"
+            ))),
+        }
+    }
+}
+
 /// How a diffusion drafter's mask block attends (`dlm_attention` in its `config.json`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DlmAttention {
@@ -229,6 +257,11 @@ pub struct MaskLmRun {
 
 impl MaskLmRun {
     /// A cache for `ctx` target positions and a block of up to `block` slots beyond them.
+    /// Bytes of the drafter's K/V cache per position.
+    pub fn kv_bytes_per_slot(&self) -> usize {
+        self.kv.bytes_per_slot()
+    }
+
     pub fn new(model: Arc<MaskLm>, ctx: usize, block: usize) -> Self {
         MaskLmRun {
             head: DraftHead::of_target(&model.model, model.vocab.clone()),

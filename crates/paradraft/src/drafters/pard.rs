@@ -109,6 +109,9 @@ impl<'t> Template<'t> for Pard {
     fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
         Ok(Box::new(Pard::fork(self, ctx, sampling)?))
     }
+    fn kv_bytes_per_slot(&self) -> usize {
+        self.run.kv_bytes_per_slot()
+    }
 }
 
 impl BlockDrafter for Pard {

@@ -1,6 +1,9 @@
-//! The drafting methods, one table: each method module declares its [`MethodEntry`] (name,
-//! drafting modes, the options it reads, its committed drafter, how it loads) and this file
-//! lists them. Adding a drafter = one module with its entry + one line in [`METHODS`].
+//! What a drafting method is: each method module declares its [`MethodEntry`] (name, drafting
+//! modes, the options it reads, its committed drafter, how it loads); `drafters::methods` lists
+//! them in one table. Adding a drafter = one module with its entry + one line there.
+//!
+//! The options (`DrafterConfig`, vLLM's `speculative_config`) are defined here with the table
+//! they name; `speculative_config` reads, checks and loads them.
 //!
 //! How a block becomes a draft (greedy, sampled or CPS chain, searched tree) is a setting of
 //! the shared selection ([`Mode`], `parts::Selection`), not a method of its own; the names
@@ -17,18 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::speculative_config::DrafterConfig;
-
-/// Every method, in the order `--help` lists them.
-pub static METHODS: &[&MethodEntry] = &[
-    &super::NONE,
-    &super::pld::METHOD,
-    &super::draft_model::METHOD,
-    &super::dflash::METHOD,
-    &super::dart::METHOD,
-    &super::pard::METHOD,
-    &super::diffuspec::METHOD,
-];
+use super::mask_lm::DlmMode;
 
 /// How a block drafter turns its per-slot distributions into a draft (`parts::Selection`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,7 +49,7 @@ impl Mode {
     }
 
     /// The suffix of a method name drafting this way (`dflash-tree`, `diffuspec-raw`).
-    fn suffix(self) -> &'static str {
+    pub(crate) fn suffix(self) -> &'static str {
         match self {
             Mode::Greedy => "raw",
             m => m.name(),
@@ -74,7 +66,7 @@ impl Mode {
         }
     }
 
-    fn about(self) -> &'static str {
+    pub(crate) fn about(self) -> &'static str {
         match self {
             Mode::Greedy => "each slot's argmax",
             Mode::Sample => "drafting by sampling each slot from its distribution (q known)",
@@ -108,6 +100,12 @@ pub trait Template<'t> {
     /// The target layers whose states the drafters read.
     fn taps(&self) -> Vec<usize> {
         vec![]
+    }
+
+    /// Bytes of the drafter's own K/V cache per target position of a request (what a server
+    /// must hold for it beside the target's; 0 for drafters without one).
+    fn kv_bytes_per_slot(&self) -> usize {
+        0
     }
 }
 
@@ -174,72 +172,16 @@ pub struct Method {
 }
 
 impl Method {
-    /// The method named `name` (`_` read as `-`), e.g. `dart`, `dflash-tree`, `diffuspec-raw`.
-    pub fn named(name: &str) -> Result<Method> {
-        let want = name.replace('_', "-");
-        for e in METHODS {
-            if e.name == want {
-                return Ok(Method {
-                    entry: e,
-                    mode: None,
-                });
-            }
-            for &m in e.modes.iter().skip(1) {
-                if want.strip_prefix(e.name).and_then(|r| r.strip_prefix('-')) == Some(m.suffix()) {
-                    return Ok(Method {
-                        entry: e,
-                        mode: Some(m),
-                    });
-                }
-            }
-        }
-        Err(Error::BadRequest(format!(
-            "unknown drafter {name:?} (known: {})",
-            Method::listed()
-                .iter()
-                .map(|m| m.0.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )))
-    }
-
     /// Plain AR decoding.
     pub fn none() -> Method {
         Method {
-            entry: &super::NONE,
+            entry: &NONE,
             mode: None,
         }
     }
 
     pub fn is_none(self) -> bool {
-        std::ptr::eq(self.entry, &super::NONE)
-    }
-
-    /// What `--help` lists: every method, and its sampled and tree modes, with a description.
-    pub fn listed() -> Vec<(Method, String)> {
-        let mut out = vec![];
-        for e in METHODS {
-            out.push((
-                Method {
-                    entry: e,
-                    mode: None,
-                },
-                e.about.to_string(),
-            ));
-            for &m in e.modes.iter().skip(1) {
-                if matches!(m, Mode::Sample | Mode::Tree) {
-                    let about = format!("{}: {}", e.name, m.about());
-                    out.push((
-                        Method {
-                            entry: e,
-                            mode: Some(m),
-                        },
-                        about,
-                    ));
-                }
-            }
-        }
-        out
+        std::ptr::eq(self.entry, &NONE)
     }
 
     /// The name of this method drafting in `mode`: the method's own for its default mode.
@@ -274,23 +216,9 @@ impl std::fmt::Display for Method {
     }
 }
 
-impl std::str::FromStr for Method {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Method::named(s)
-    }
-}
-
 impl Serialize for Method {
     fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Method {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Method::named(&s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -383,108 +311,129 @@ impl LoadArgs<'_, '_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// How each round's draft size is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DraftLength {
+    /// From this machine's measured costs and the acceptance so far (with the speed guard).
+    #[default]
+    Auto,
+    /// Always the most.
+    Fixed,
+    /// DiffuSpec's adaptive draft length (§4.5), scaled to the drafter's block.
+    Adl,
+}
 
-    /// Every listed name parses back to its method; names are unique; modes are the entry's.
-    #[test]
-    fn every_method_and_mode_is_named_once() {
-        let listed = Method::listed();
-        let mut names: Vec<String> = listed.iter().map(|m| m.0.to_string()).collect();
-        for (m, _) in &listed {
-            assert_eq!(Method::named(&m.to_string()).unwrap(), *m);
-            assert!(m.mode.is_none_or(|x| m.entry.modes.contains(&x)));
-        }
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), listed.len());
-        for e in METHODS {
-            assert!(!e.modes.is_empty(), "{}", e.name);
-            for &m in e.modes {
-                let label = Method::label_for(e, m);
-                let parsed = Method::named(&label).unwrap();
-                assert!(std::ptr::eq(parsed.entry, *e), "{label}");
-            }
-        }
-        // Underscores read as dashes (vLLM's spelling); the old method names still parse.
-        for (name, mode) in [
-            ("dflash_tree", Some(Mode::Tree)),
-            ("pard-sample", Some(Mode::Sample)),
-            ("diffuspec-raw", Some(Mode::Greedy)),
-            ("dart", None),
-        ] {
-            assert_eq!(Method::named(name).unwrap().mode, mode, "{name}");
-        }
-        let e = Method::named("dart-sample").unwrap_err().to_string();
-        assert!(
-            e.contains("unknown drafter") && e.contains("dflash-tree"),
-            "{e}"
-        );
-        assert!(Method::named("none").unwrap().is_none());
-    }
+/// A drafter and its options. The JSON form is vLLM's `speculative_config` (`method`,
+/// `num_speculative_tokens`, `model`, `draft_layers`, `prompt_lookup_min/max`, ...).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrafterConfig {
+    pub method: Method,
+    /// Most draft tokens per round (DFlash: block size − 1 unless `block_size` is given).
+    pub num_speculative_tokens: usize,
+    /// DFlash block size / DART mask slots + 1 at run time (default: as trained).
+    pub block_size: Option<usize>,
+    /// A draft model (.gguf or HF directory) or a DFlash/DART drafter directory (default: the
+    /// committed SmolLM2 drafter).
+    #[serde(rename = "model")]
+    pub draft_model: Option<PathBuf>,
+    /// Draft with the target's first N layers (draft-model).
+    pub draft_layers: Option<usize>,
+    pub prompt_lookup_min: usize,
+    pub prompt_lookup_max: usize,
+    /// The sizing policy (`"fixed_draft": true` is read as `Fixed`).
+    pub draft_length: DraftLength,
+    /// Most nodes of a searched tree (dflash-tree, dart).
+    pub tree_budget: usize,
+    /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
+    pub ngram: Option<PathBuf>,
+    /// Search trees on the drafter's distributions alone.
+    pub no_ngram: bool,
+    /// How a block drafter's block becomes a draft (default: the method's own; a method name
+    /// such as `dflash-tree` sets it too). `"cps": true` is read as `cps` (DiffuSpec's
+    /// causal-consistency path search, for dflash and pard), `"no_cps": true` as `greedy`
+    /// (DiffuSpec's raw argmax chain).
+    pub drafting: Option<Mode>,
+    /// The 3-gram ARPA model CPS scores with (`paradraft ngram arpa`); none: the drafter's
+    /// scores alone (diffuspec's default: data/ngram/smollm2-135m.arpa).
+    pub ngram_arpa: Option<PathBuf>,
+    /// DiffuSpec's drafting mode (fast: cached causal prefix, bidirectional block; faithful:
+    /// full re-encode each step; auto: the drafter's training attention).
+    pub dlm_mode: DlmMode,
+    /// DiffuSpec's refinement steps S.
+    pub dlm_steps: usize,
+}
 
-    /// The configuration: modes resolve per method, unused options are refused naming who
-    /// reads them, the older JSON keys map onto the new ones.
-    #[test]
-    fn modes_options_and_older_keys() {
-        let m = |s: &str| Method::named(s).unwrap();
-        let cfg = DrafterConfig {
-            drafting: Some(Mode::Tree),
-            ..Default::default()
-        };
-        assert_eq!(cfg.mode_of(m("dflash")), Mode::Tree);
-        assert_eq!(cfg.mode_of(m("dflash-sample")), Mode::Sample);
-        assert_eq!(
-            cfg.mode_of(m("diffuspec")),
-            Mode::Cps,
-            "diffuspec draws no tree"
-        );
-        assert!(cfg.check_used(&[m("pard"), m("pld")]).is_ok());
-        let e = cfg.check_used(&[m("pld")]).unwrap_err().to_string();
-        assert!(e.contains("--drafting tree has no effect with pld"), "{e}");
-        let no_cps = DrafterConfig {
-            drafting: Some(Mode::Greedy),
-            ..Default::default()
-        };
-        let e = no_cps.check_used(&[m("pard")]).unwrap_err().to_string();
-        assert!(e.contains("--no-cps") && e.contains("diffuspec"), "{e}");
-        let arpa = DrafterConfig {
-            ngram_arpa: Some("x.arpa".into()),
-            ..no_cps.clone()
-        };
-        let e = arpa.check_used(&[m("diffuspec")]).unwrap_err().to_string();
-        assert!(
-            e.contains("--ngram-arpa has no effect with diffuspec --no-cps"),
-            "{e}"
-        );
-        assert!(DrafterConfig {
+impl Default for DrafterConfig {
+    fn default() -> Self {
+        DrafterConfig {
+            method: Method::none(),
+            num_speculative_tokens: 8,
+            block_size: None,
+            draft_model: None,
+            draft_layers: None,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 3,
+            draft_length: DraftLength::Auto,
+            tree_budget: 32,
+            ngram: None,
+            no_ngram: false,
             drafting: None,
-            ..arpa
-        }
-        .check_used(&[m("diffuspec")])
-        .is_ok());
-        let base = DrafterConfig::default();
-        let c = base
-            .with_json(r#"{"method": "dflash", "cps": true, "fixed_draft": true}"#)
-            .unwrap();
-        assert_eq!(c.drafting, Some(Mode::Cps));
-        assert_eq!(
-            c.draft_length,
-            super::super::speculative_config::DraftLength::Fixed
-        );
-        assert_eq!(c.label(), "dflash-cps");
-        let c = base
-            .with_json(r#"{"method": "diffuspec", "no_cps": true}"#)
-            .unwrap();
-        assert_eq!(c.label(), "diffuspec-raw");
-        for bad in [
-            r#"{"method": "dflash", "cps": true, "drafting": "tree"}"#,
-            r#"{"method": "dflash", "cps": 1}"#,
-            r#"{"method": "dflash", "drafting": "wide"}"#,
-            r#"{"method": "dflash", "speed": 2}"#,
-        ] {
-            assert!(base.with_json(bad).is_err(), "{bad}");
+            ngram_arpa: None,
+            dlm_mode: DlmMode::Auto,
+            dlm_steps: 1,
         }
     }
+}
+
+/// Proposes nothing: the speculative loop then decodes one token per target pass, which makes
+/// it the AR baseline with exactly the speculative methods' overheads.
+pub struct NoDraft;
+
+impl Drafter for NoDraft {
+    fn name(&self) -> &str {
+        "none"
+    }
+    fn begin(&mut self, _: &[crate::types::TokenId], _: crate::speculative::Hidden) -> Result<()> {
+        Ok(())
+    }
+    fn propose(
+        &mut self,
+        _: &[crate::types::TokenId],
+        _: usize,
+    ) -> Result<crate::speculative::DraftTree> {
+        Ok(crate::speculative::DraftTree::new())
+    }
+    fn observe(
+        &mut self,
+        _: &crate::speculative::Outcome,
+        _: crate::speculative::Hidden,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<'t> Template<'t> for NoDraft {
+    fn fork(&self, _: usize, _: SamplingParams) -> Result<Box<dyn Drafter + 't>> {
+        Ok(Box::new(NoDraft))
+    }
+}
+
+/// Plain AR decoding, in the table as the method `none`.
+pub static NONE: MethodEntry = MethodEntry {
+    name: "none",
+    about: "no drafter: plain AR decoding",
+    modes: &[Mode::Greedy],
+    options: &[],
+    default_dir: None,
+    load: load_none,
+    label: None,
+};
+
+fn load_none<'t>(_: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
+    Ok(LoadedMethod {
+        template: Box::new(NoDraft),
+        max_draft: 0,
+    })
 }

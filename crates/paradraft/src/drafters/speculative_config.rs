@@ -4,93 +4,15 @@
 //! Shared by `generate`, `bench` and `serve`: the CLI only maps its flags onto
 //! [`DrafterConfig`].
 
-use super::diffuspec::DlmMode;
+pub use super::registry::{DraftLength, DrafterConfig, Method, Mode};
 use super::registry::{LoadArgs, Template};
-pub use super::registry::{Method, Mode};
 use crate::error::{Error, Result};
 use crate::model::{Loaded, Model};
 use crate::sample::SamplingParams;
 use crate::speculative::cps::AdlParams;
 use crate::speculative::sizing::{CostCurve, Sizer};
 use crate::speculative::{Drafter, Speculation, VerifyRule};
-use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
-
-/// How each round's draft size is chosen.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DraftLength {
-    /// From this machine's measured costs and the acceptance so far (with the speed guard).
-    #[default]
-    Auto,
-    /// Always the most.
-    Fixed,
-    /// DiffuSpec's adaptive draft length (§4.5), scaled to the drafter's block.
-    Adl,
-}
-
-/// A drafter and its options. The JSON form is vLLM's `speculative_config` (`method`,
-/// `num_speculative_tokens`, `model`, `draft_layers`, `prompt_lookup_min/max`, ...).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DrafterConfig {
-    pub method: Method,
-    /// Most draft tokens per round (DFlash: block size − 1 unless `block_size` is given).
-    pub num_speculative_tokens: usize,
-    /// DFlash block size / DART mask slots + 1 at run time (default: as trained).
-    pub block_size: Option<usize>,
-    /// A draft model (.gguf or HF directory) or a DFlash/DART drafter directory (default: the
-    /// committed SmolLM2 drafter).
-    #[serde(rename = "model")]
-    pub draft_model: Option<PathBuf>,
-    /// Draft with the target's first N layers (draft-model).
-    pub draft_layers: Option<usize>,
-    pub prompt_lookup_min: usize,
-    pub prompt_lookup_max: usize,
-    /// The sizing policy (`"fixed_draft": true` is read as `Fixed`).
-    pub draft_length: DraftLength,
-    /// Most nodes of a searched tree (dflash-tree, dart).
-    pub tree_budget: usize,
-    /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
-    pub ngram: Option<PathBuf>,
-    /// Search trees on the drafter's distributions alone.
-    pub no_ngram: bool,
-    /// How a block drafter's block becomes a draft (default: the method's own; a method name
-    /// such as `dflash-tree` sets it too). `"cps": true` is read as `cps` (DiffuSpec's
-    /// causal-consistency path search, for dflash and pard), `"no_cps": true` as `greedy`
-    /// (DiffuSpec's raw argmax chain).
-    pub drafting: Option<Mode>,
-    /// The 3-gram ARPA model CPS scores with (`paradraft ngram arpa`); none: the drafter's
-    /// scores alone (diffuspec's default: data/ngram/smollm2-135m.arpa).
-    pub ngram_arpa: Option<PathBuf>,
-    /// DiffuSpec's drafting mode (fast: cached causal prefix, bidirectional block; faithful:
-    /// full re-encode each step; auto: the drafter's training attention).
-    pub dlm_mode: DlmMode,
-    /// DiffuSpec's refinement steps S.
-    pub dlm_steps: usize,
-}
-
-impl Default for DrafterConfig {
-    fn default() -> Self {
-        DrafterConfig {
-            method: Method::none(),
-            num_speculative_tokens: 8,
-            block_size: None,
-            draft_model: None,
-            draft_layers: None,
-            prompt_lookup_min: 1,
-            prompt_lookup_max: 3,
-            draft_length: DraftLength::Auto,
-            tree_budget: 32,
-            ngram: None,
-            no_ngram: false,
-            drafting: None,
-            ngram_arpa: None,
-            dlm_mode: DlmMode::Auto,
-            dlm_steps: 1,
-        }
-    }
-}
+use std::path::Path;
 
 /// Options every method shares, never refused as unused.
 const SHARED: [&str; 6] = [
@@ -182,7 +104,7 @@ impl DrafterConfig {
                 e.modes.contains(&mode) && e.default_mode() != mode
             };
             if !methods.iter().any(|m| m.mode.is_none() && takes(m.entry)) {
-                let users: Vec<&str> = super::registry::METHODS
+                let users: Vec<&str> = super::methods::METHODS
                     .iter()
                     .filter(|e| takes(e))
                     .map(|e| e.name)
@@ -205,7 +127,7 @@ impl DrafterConfig {
                 continue;
             }
             let mut users = vec![];
-            for e in super::registry::METHODS {
+            for e in super::methods::METHODS {
                 for &(k, mode) in e.options {
                     if k == key {
                         users.push(describe(e, mode));
@@ -314,6 +236,12 @@ impl<'t> DrafterSet<'t> {
         self.template.fork(self.ctx, sampling)
     }
 
+    /// Bytes of a request's drafter cache per target position (0 without one): a server
+    /// counts them in its KV pool.
+    pub fn kv_bytes_per_slot(&self) -> usize {
+        self.template.kv_bytes_per_slot()
+    }
+
     /// Measures what a proposal costs on this machine and keeps it with the target's verify
     /// costs `target` ([`CostCurve::measure`]), so that each round's draft is sized by what
     /// pays; nothing to do without a drafter or with fixed drafts.
@@ -344,8 +272,19 @@ impl<'t> DrafterSet<'t> {
         sampling: SamplingParams,
         rule: VerifyRule,
     ) -> Result<Speculation<'t>> {
+        self.speculation_within(sampling, rule, self.ctx)
+    }
+
+    /// [`DrafterSet::speculation`] for a request that holds at most `ctx` tokens: its
+    /// drafter's caches are sized to it, not to the whole context.
+    pub fn speculation_within(
+        &self,
+        sampling: SamplingParams,
+        rule: VerifyRule,
+        ctx: usize,
+    ) -> Result<Speculation<'t>> {
         Ok(Speculation {
-            drafter: self.create(sampling)?,
+            drafter: self.template.fork(ctx.min(self.ctx), sampling)?,
             max_draft: self.max_draft,
             sizer: self.costs.as_ref().map(|(t, d)| {
                 let s = Sizer::new(t.clone()).with_draft_curve(Some(d.clone()));

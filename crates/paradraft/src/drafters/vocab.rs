@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::source::{SafetensorsSource, TensorSource};
-use crate::train::data::Sample;
+use crate::types::Sample;
 use crate::types::TokenId;
 
 /// Maps draft ids to target ids and back (the identity when the drafter scores the whole

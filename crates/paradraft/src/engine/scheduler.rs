@@ -6,7 +6,7 @@ use super::metrics::Metrics;
 use super::pool::KvPool;
 use super::request::{Command, EngineConfig, Event, Finished, Request};
 use crate::drafters::speculative_config::{DrafterConfig, DrafterSet};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Loaded;
 use crate::speculative::sizing::CostCurve;
@@ -151,12 +151,26 @@ impl<'e> Scheduler<'e> {
     ) -> Result<DrafterSet<'e>> {
         let model = &self.lm.model;
         let mut set = drafter.load(target_path, self.lm, self.cfg.ctx)?;
+        let need = self.pages_for(&set, self.cfg.ctx);
+        if need > self.cfg.kv_pages {
+            return Err(Error::BadRequest(format!(
+                "a KV pool of {} pages cannot hold one request of the full context with drafter {}'s own cache ({need} pages)",
+                self.cfg.kv_pages, set.label
+            )));
+        }
         if set.adaptive && !set.is_ar() {
             let rows = (self.cfg.max_running * (set.max_draft + 1)).clamp(32, 512);
             let curve = CostCurve::measure_up_to(model, 64, 2, rows)?;
             set.measure_costs(model, &curve)?;
         }
         Ok(set)
+    }
+
+    /// Pages a request of `cap` tokens holds: the target's K/V and its drafter's cache.
+    fn pages_for(&self, set: &DrafterSet, cap: usize) -> usize {
+        let target = self.lm.model.new_kv(1).bytes_per_slot();
+        let drafter = (cap * set.kv_bytes_per_slot()).div_ceil(super::pool::PAGE_SLOTS * target);
+        KvPool::pages_for(cap) + drafter
     }
 
     /// Cancelled requests (their client went away) leave and free their pages.
@@ -189,7 +203,7 @@ impl<'e> Scheduler<'e> {
             };
             let cap =
                 (r.prompt.len() + r.params.max_new_tokens + set.max_draft + 1).min(self.cfg.ctx);
-            let pages = KvPool::pages_for(cap);
+            let pages = self.pages_for(set, cap);
             if !b.pool.try_reserve(pages) {
                 break;
             }
@@ -197,7 +211,7 @@ impl<'e> Scheduler<'e> {
             let (r, _) = b.queue.waiting.pop_front().expect("a front");
             let mut kv = model.new_kv(cap);
             let started = set
-                .speculation(r.params.sampling, self.cfg.rule)
+                .speculation_within(r.params.sampling, self.cfg.rule, cap)
                 .and_then(|sp| {
                     Session::new(
                         &self.lm.tokenizer,
@@ -286,14 +300,21 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// Retires the requests the step finished (its members are in `running`'s order).
+    /// Retires the requests the step finished (its members are in `running`'s order). The
+    /// gauges are updated before any client hears that its request ended, so what it reads
+    /// next in /metrics no longer counts it.
     fn retire_finished(&self, report: &StepReport, b: &mut Batch) {
+        let mut done = vec![];
         for i in (0..b.running.len()).rev() {
             if report.finished.get(i).copied().unwrap_or(false) {
                 let r = b.running.swap_remove(i);
                 b.pool.release(r.meta.pages);
-                self.retire(r);
+                done.push(r);
             }
+        }
+        self.gauges(b);
+        for r in done.into_iter().rev() {
+            self.retire(r);
         }
     }
 

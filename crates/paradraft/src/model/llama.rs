@@ -7,7 +7,8 @@ use super::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvDtype};
-use crate::runtime::ops::{self, AttnShape};
+use crate::runtime::attention::{AttnShape, Visibility};
+use crate::runtime::ops;
 use crate::runtime::pool;
 use crate::runtime::quant::{prep_acts as prep, quantize_q4_1, sized, GgmlType, Matrix, SendPtr};
 use crate::types::TokenId;
@@ -319,8 +320,8 @@ impl Model {
                     n_new,
                 },
                 vis: match b.mask {
-                    Some(m) => ops::Visibility::Mask(m.bits()),
-                    None => ops::Visibility::Causal,
+                    Some(m) => Visibility::Mask(m.bits()),
+                    None => Visibility::Causal,
                 },
             });
         }

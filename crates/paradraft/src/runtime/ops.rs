@@ -202,8 +202,6 @@ multiversion! {
     }
 }
 
-pub use super::attention::{AttnShape, Visibility, SLOT_CHUNK};
-
 /// e^x for f32 without libm, written so that loops over it vectorise: range reduction to
 /// x = n·ln2 + r, |r| ≤ ln2/2, a degree-6 polynomial for e^r, and 2^n through the exponent bits.
 /// Relative error below 1e-6 on [-87, 88]; inputs below −87 (and −∞) give exactly 0.

@@ -247,13 +247,7 @@ impl<'a> Session<'a> {
             return Ok(false);
         }
         if self.prefilling() {
-            let n = self.prompt_left().min(prefill_budget.max(1));
-            let p0 = self.prefilled as u32;
-            self.prefill_start.get_or_insert_with(Instant::now);
-            self.pending = Some(Pending::Prefill {
-                n,
-                positions: (p0..p0 + n as u32).map(Pos).collect(),
-            });
+            self.plan_prefill(prefill_budget);
             return Ok(true);
         }
         let base = kv.len(); // the root's slot and position
@@ -295,6 +289,17 @@ impl<'a> Session<'a> {
             verify_start: Instant::now(),
         }));
         Ok(true)
+    }
+
+    /// The next chunk of at most `budget` prompt tokens.
+    fn plan_prefill(&mut self, budget: usize) {
+        let n = self.prompt_left().min(budget.max(1));
+        let p0 = self.prefilled as u32;
+        self.prefill_start.get_or_insert_with(Instant::now);
+        self.pending = Some(Pending::Prefill {
+            n,
+            positions: (p0..p0 + n as u32).map(Pos).collect(),
+        });
     }
 
     /// The planned rows: a prompt chunk (causal), or [root, draft nodes] with their positions
@@ -411,8 +416,40 @@ impl<'a> Session<'a> {
         );
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
-        // Commit: keep the root's slot and the accepted path's, contiguously.
         let t = Instant::now();
+        self.accept(kv, base, &outcome, on_text)?;
+        self.gather_hidden(&o, &outcome);
+        let hidden = Hidden {
+            width: self.width,
+            rows: &self.hidden,
+        };
+        self.drafter.observe(&outcome, hidden)?;
+        stats.drafted = outcome.drafted;
+        stats.accepted = outcome.accepted.len();
+        stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.sizing.after(&RoundResult {
+            facts,
+            nodes: tree.len(),
+            depth: tree.max_depth() as usize,
+            predicted,
+            accepted: stats.accepted,
+            draft_ms: stats.draft_ms,
+            ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
+            eos: tree.stop_depth(|t| self.emitter.is_stop(t)),
+        });
+        self.rounds.push(stats);
+        Ok(())
+    }
+
+    /// Keeps the root's slot and the accepted path's in the cache, contiguously, and commits
+    /// the accepted tokens and the bonus (streaming text, checking stops).
+    fn accept(
+        &mut self,
+        kv: &mut KvCache,
+        base: usize,
+        outcome: &Outcome,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<()> {
         let slots: Vec<SlotId> = outcome
             .accepted
             .iter()
@@ -426,38 +463,16 @@ impl<'a> Session<'a> {
             }
         }
         self.root = outcome.bonus;
-        // Hidden states of the rows now committed: the root (row 0) and the accepted nodes.
+        Ok(())
+    }
+
+    /// The tapped states of the rows now committed: the root (row 0) and the accepted nodes.
+    fn gather_hidden(&mut self, o: &RoundOutput, outcome: &Outcome) {
         let w = self.width;
         self.hidden.clear();
         for r in std::iter::once(0).chain(outcome.accepted.iter().map(|&n| row_of(Some(n)))) {
             self.hidden.extend_from_slice(&o.hidden[r * w..(r + 1) * w]);
         }
-        self.drafter.observe(
-            &outcome,
-            Hidden {
-                width: w,
-                rows: &self.hidden,
-            },
-        )?;
-        stats.drafted = outcome.drafted;
-        stats.accepted = outcome.accepted.len();
-        stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
-        let emitter = &self.emitter;
-        self.sizing.after(&RoundResult {
-            facts,
-            nodes: tree.len(),
-            depth: tree.max_depth() as usize,
-            predicted,
-            accepted: stats.accepted,
-            draft_ms: stats.draft_ms,
-            ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
-            eos: (0..tree.len() as u32)
-                .map(NodeId)
-                .find(|&n| emitter.is_stop(tree.token(n)))
-                .map(|n| tree.depth(n) as usize),
-        });
-        self.rounds.push(stats);
-        Ok(())
     }
 
     /// Every committed round's telemetry so far.

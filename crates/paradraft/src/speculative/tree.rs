@@ -104,6 +104,15 @@ impl DraftTree {
         self.q[n.idx()].as_ref()
     }
 
+    /// The depth (1-based) of the first node, in node order, whose token `is_stop` says ends
+    /// the text (what adaptive draft length reads).
+    pub fn stop_depth(&self, is_stop: impl Fn(TokenId) -> bool) -> Option<usize> {
+        (0..self.len() as u32)
+            .map(NodeId)
+            .find(|&n| is_stop(self.token(n)))
+            .map(|n| self.depth(n) as usize)
+    }
+
     pub fn max_depth(&self) -> u32 {
         self.depths.iter().copied().max().unwrap_or(0)
     }

@@ -18,15 +18,7 @@ use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"PDTK0001";
 
-/// One training sequence: prompt (chat template applied) then the target's response.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sample {
-    /// Index of its prompt in the prompt file.
-    pub prompt_index: u32,
-    /// Tokens before the response; the loss covers `tokens[prompt_len..]`.
-    pub prompt_len: u32,
-    pub tokens: Vec<TokenId>,
-}
+pub use crate::types::Sample;
 
 fn bad(path: &Path, reason: String) -> Error {
     Error::BadModelFile {

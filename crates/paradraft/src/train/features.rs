@@ -8,10 +8,10 @@
 //! Trainers read a sample's rows through [`TapSource`]: from such a cache, or computed online
 //! by the target's own forward inside the training step (no store, so no cap on the data).
 
-use super::data::Sample;
 use crate::error::{Error, Result};
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
 use crate::types::Pos;
+use crate::types::Sample;
 use half::f16;
 use memmap2::Mmap;
 use std::io::Write;

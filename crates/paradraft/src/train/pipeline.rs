@@ -267,6 +267,24 @@ impl Prepared {
     pub fn target(&self) -> &Model {
         &self.lm.model
     }
+
+    /// The training set of a feature-conditioned drafter (DFlash, DART): the training split
+    /// of these samples with `features`, on `device`.
+    pub fn data<'a>(
+        &'a self,
+        features: &'a features::TapSource,
+        device: candle_core::Device,
+    ) -> super::run::Data<'a> {
+        super::run::Data {
+            target: &self.lm.model,
+            samples: &self.samples,
+            features,
+            train: self.train_idx.clone(),
+            vocab: &self.vocab,
+            device,
+            teacher_from: self.samples.len(),
+        }
+    }
 }
 
 /// `v` as pretty JSON at `path`.

@@ -140,6 +140,9 @@ impl<'t> Template<'t> for Dart<'t> {
     fn taps(&self) -> Vec<usize> {
         self.taps.clone()
     }
+    fn kv_bytes_per_slot(&self) -> usize {
+        self.kv.bytes_per_slot()
+    }
 }
 
 impl Drafter for Dart<'_> {

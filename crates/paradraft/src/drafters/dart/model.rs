@@ -11,7 +11,8 @@ use crate::kv::KvCache;
 use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
 use crate::model::Model;
-use crate::runtime::ops::{self, AttnShape, Visibility};
+use crate::runtime::attention::{AttnShape, Visibility};
+use crate::runtime::ops;
 use crate::types::{Pos, TokenId};
 use std::path::Path;
 

@@ -63,6 +63,9 @@ impl<'t> Template<'t> for Dflash<'t> {
     fn taps(&self) -> Vec<usize> {
         Drafter::taps(self).to_vec()
     }
+    fn kv_bytes_per_slot(&self) -> usize {
+        self.kv.bytes_per_slot()
+    }
 }
 
 impl BlockDrafter for Dflash<'_> {

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::layer::{rope_table, Layer, LayerScratch, SeqAttn};
 use crate::model::source::{SafetensorsSource, TensorSource};
-use crate::runtime::ops::{self, AttnShape, Visibility};
+use crate::runtime::attention::{AttnShape, Visibility};
+use crate::runtime::ops;
 use crate::types::Pos;
 use std::path::Path;
 

@@ -71,15 +71,7 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DartRun) -> Result<()> {
     if spec.stops_after(Stage::Features) {
         return Ok(());
     }
-    let data = Data {
-        target,
-        samples: &prep.samples,
-        features: &feats,
-        train: prep.train_idx.clone(),
-        vocab: &prep.vocab,
-        device,
-        teacher_from: prep.samples.len(),
-    };
+    let data = prep.data(&feats, device);
     let held = |net: &super::net::Net, data: &Data, what: &str| -> Result<Eval> {
         let e = evaluate(net, data, &prep.eval_idx, 32)?;
         eprintln!("{what} on held-out: {e}");

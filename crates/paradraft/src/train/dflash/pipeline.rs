@@ -173,15 +173,7 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DflashRun) -> Result<()> {
     if spec.stops_after(Stage::Features) {
         return Ok(());
     }
-    let data = Data {
-        target: &lm.model,
-        samples: &prep.samples,
-        features: &feats,
-        train: prep.train_idx.clone(),
-        vocab: &prep.vocab,
-        device,
-        teacher_from: prep.samples.len(),
-    };
+    let data = prep.data(&feats, device);
     let p = TrainParams {
         block_size,
         anchors: r.anchors,
