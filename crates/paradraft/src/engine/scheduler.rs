@@ -168,7 +168,9 @@ impl<'e> Scheduler<'e> {
 
     /// Pages a request of `cap` tokens holds: the target's K/V and its drafter's cache.
     fn pages_for(&self, set: &DrafterSet, cap: usize) -> usize {
-        let target = self.lm.model.new_kv(1).bytes_per_slot();
+        let c = &self.lm.model.config;
+        let dtype = self.lm.model.kv_dtype();
+        let target = crate::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, dtype);
         let drafter = (cap * set.kv_bytes_per_slot()).div_ceil(super::pool::PAGE_SLOTS * target);
         KvPool::pages_for(cap) + drafter
     }

@@ -135,6 +135,11 @@ impl Model {
         self.kv_dtype = dtype;
     }
 
+    /// The element type of the K/V caches it makes.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
     /// A KV cache for this model holding `capacity` slots.
     pub fn new_kv(&self, capacity: usize) -> KvCache {
         let c = &self.config;

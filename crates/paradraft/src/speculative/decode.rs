@@ -435,7 +435,11 @@ impl<'a> Session<'a> {
             accepted: stats.accepted,
             draft_ms: stats.draft_ms,
             ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
-            eos: tree.stop_depth(|t| self.emitter.is_stop(t)),
+            eos: self
+                .sizing
+                .reads_eos()
+                .then(|| tree.stop_depth(|t| self.emitter.is_stop(t)))
+                .flatten(),
         });
         self.rounds.push(stats);
         Ok(())

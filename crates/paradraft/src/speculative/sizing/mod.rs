@@ -52,7 +52,8 @@ pub struct RoundResult {
     pub draft_ms: f64,
     /// The round from draft to commit.
     pub ms: f64,
-    /// The 1-based depth of the draft's first stop token (what ADL reads).
+    /// The 1-based depth of the draft's first stop token (what ADL reads; found only when
+    /// [`Sizing::reads_eos`]).
     pub eos: Option<usize>,
 }
 
@@ -111,6 +112,11 @@ impl Sizing {
             predicted,
             undrafted,
         }
+    }
+
+    /// Whether [`Sizing::after`] reads [`RoundResult::eos`] (ADL does; nothing else).
+    pub fn reads_eos(&self) -> bool {
+        matches!(self, Sizing::Sized(s) if s.adl.is_some())
     }
 
     /// Learns from a verified round.
