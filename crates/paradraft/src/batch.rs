@@ -5,10 +5,9 @@
 //! sequence's tokens equal those of [`crate::generate::generate`] run on it alone.
 
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
 use crate::model::{Model, Tokenizer};
 use crate::request::{GenerateParams, StopReason};
-use crate::speculative::step::{Member, Stepper};
+use crate::speculative::step::{Slots, TextSink};
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome, Session, Speculation};
 use crate::types::TokenId;
 use half::f16;
@@ -73,12 +72,16 @@ impl Drafter for FeatureTap {
     }
 }
 
-struct Slot<'m> {
+/// What the generator keeps of a request besides its session.
+struct Tag {
     id: u64,
     prompt: Vec<TokenId>,
-    kv: KvCache,
-    session: Session<'m>,
     features: Rc<RefCell<Vec<f16>>>,
+}
+
+/// Self-distillation keeps the tokens, not the text.
+impl TextSink for Tag {
+    fn text(&mut self, _: &str) {}
 }
 
 /// The sequences in flight.
@@ -87,8 +90,7 @@ pub struct BatchGenerator<'m> {
     tok: &'m Tokenizer,
     max_seqs: usize,
     ctx: usize,
-    slots: Vec<Slot<'m>>,
-    stepper: Stepper,
+    slots: Slots<'m, Tag>,
     taps: Vec<usize>,
     /// Most prompt tokens prefilled in one step (bounds a step's latency); longer prompts are
     /// prefilled in chunks over several steps.
@@ -104,8 +106,7 @@ impl<'m> BatchGenerator<'m> {
             tok,
             max_seqs: max_seqs.max(1),
             ctx,
-            slots: Vec::new(),
-            stepper: Stepper::default(),
+            slots: Slots::default(),
             taps: vec![],
             max_prefill_tokens: 2048,
         }
@@ -159,13 +160,12 @@ impl<'m> BatchGenerator<'m> {
         let h = self.model.config.hidden_size;
         let session = Session::new(self.tok, &mut kv, &req.prompt, &params, sp, h)
             .map_err(|e| e.context(format!("request {}", req.id)))?;
-        self.slots.push(Slot {
+        let tag = Tag {
             id: req.id,
             prompt: req.prompt,
-            kv,
-            session,
             features,
-        });
+        };
+        self.slots.push(kv, session, tag);
         Ok(None)
     }
 
@@ -175,37 +175,19 @@ impl<'m> BatchGenerator<'m> {
         if self.slots.is_empty() {
             return Ok(vec![]);
         }
-        let mut sinks: Vec<_> = self.slots.iter().map(|_| |_: &str| {}).collect();
-        let report = {
-            let mut members: Vec<Member> = self
-                .slots
-                .iter_mut()
-                .zip(sinks.iter_mut())
-                .map(|(s, on_text)| Member {
-                    kv: &mut s.kv,
-                    session: &mut s.session,
-                    on_text,
-                })
-                .collect();
-            self.stepper
-                .step(self.model, &mut members, self.max_prefill_tokens)?
-        };
-        let mut done = vec![];
-        for i in (0..self.slots.len()).rev() {
-            if report.finished[i] {
-                let s = self.slots.swap_remove(i);
-                let g = s.session.finish(&mut |_| {});
-                let features = std::mem::take(&mut *s.features.borrow_mut());
-                done.push(Finished {
-                    id: s.id,
-                    prompt: s.prompt,
-                    tokens: g.out.token_ids,
-                    stop_reason: g.out.stop_reason,
-                    features,
-                });
+        let report = self.slots.step(self.model, self.max_prefill_tokens)?;
+        let done = self.slots.take_finished(&report).into_iter().map(|s| {
+            let g = s.session.finish(&mut |_| {});
+            let features = std::mem::take(&mut *s.meta.features.borrow_mut());
+            Finished {
+                id: s.meta.id,
+                prompt: s.meta.prompt,
+                tokens: g.out.token_ids,
+                stop_reason: g.out.stop_reason,
+                features,
             }
-        }
-        Ok(done)
+        });
+        Ok(done.collect())
     }
 }
 

@@ -7,10 +7,9 @@ use super::pool::KvPool;
 use super::request::{Command, EngineConfig, Event, Finished, Request};
 use crate::drafters::speculative_config::{DrafterConfig, DrafterSet};
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
 use crate::model::Loaded;
 use crate::speculative::sizing::CostCurve;
-use crate::speculative::step::{Member, StepReport, Stepper};
+use crate::speculative::step::{Slot, Slots, StepReport, TextSink};
 use crate::speculative::Session;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,11 +28,7 @@ fn release_free_memory() {
 }
 
 /// A request in the batch.
-struct Running<'t> {
-    kv: KvCache,
-    session: Session<'t>,
-    meta: Meta,
-}
+type Running<'t> = Slot<'t, Meta>;
 
 /// What the scheduler tracks of a request besides its session.
 struct Meta {
@@ -45,6 +40,12 @@ struct Meta {
     pages: usize,
     /// Rounds already reported to the metrics.
     rounds: usize,
+}
+
+impl TextSink for Meta {
+    fn text(&mut self, piece: &str) {
+        let _ = self.events.send(Event::Text(piece.to_string()));
+    }
 }
 
 pub(super) struct Scheduler<'e> {
@@ -71,12 +72,11 @@ impl Queue {
     }
 }
 
-/// The scheduler's state: the page pool, the queue, the running requests, the step's scratch.
+/// The scheduler's state: the page pool, the queue, the running requests.
 struct Batch<'t> {
     pool: KvPool,
     queue: Queue,
-    running: Vec<Running<'t>>,
-    stepper: Stepper,
+    running: Slots<'t, Meta>,
 }
 
 impl Batch<'_> {
@@ -88,7 +88,7 @@ impl Batch<'_> {
                 return false;
             }
             // Idle: give back the batch's scratch (sized for the largest step so far).
-            self.stepper = Stepper::default();
+            self.running.shrink();
             release_free_memory();
             match rx.recv() {
                 Ok(cmd) => self.queue.take(cmd),
@@ -125,8 +125,7 @@ impl<'e> Scheduler<'e> {
         let mut b = Batch {
             pool: KvPool::new(self.cfg.kv_pages),
             queue: Queue::default(),
-            running: Vec::new(),
-            stepper: Stepper::default(),
+            running: Slots::default(),
         };
         while b.receive(&rx) {
             self.cancel(&mut b);
@@ -184,15 +183,9 @@ impl<'e> Scheduler<'e> {
             }
             keep
         });
-        let mut i = 0;
-        while i < b.running.len() {
-            if b.running[i].meta.events.is_closed() {
-                let r = b.running.swap_remove(i);
-                b.pool.release(r.meta.pages);
-                self.ended("cancelled");
-            } else {
-                i += 1;
-            }
+        for r in b.running.remove_where(|r| r.meta.events.is_closed()) {
+            b.pool.release(r.meta.pages);
+            self.ended("cancelled");
         }
     }
 
@@ -227,18 +220,15 @@ impl<'e> Scheduler<'e> {
             match started {
                 Ok(session) => {
                     self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
-                    b.running.push(Running {
-                        kv,
-                        session,
-                        meta: Meta {
-                            events: r.events,
-                            arrival,
-                            last: None,
-                            generated: 0,
-                            pages,
-                            rounds: 0,
-                        },
-                    });
+                    let meta = Meta {
+                        events: r.events,
+                        arrival,
+                        last: None,
+                        generated: 0,
+                        pages,
+                        rounds: 0,
+                    };
+                    b.running.push(kv, session, meta);
                 }
                 Err(e) => {
                     b.pool.release(pages);
@@ -258,29 +248,7 @@ impl<'e> Scheduler<'e> {
         } else {
             self.cfg.ctx
         };
-        let report = {
-            let mut sinks = Vec::with_capacity(b.running.len());
-            let mut parts = Vec::with_capacity(b.running.len());
-            for r in b.running.iter_mut() {
-                let Running { kv, session, meta } = r;
-                let tx = &meta.events;
-                sinks.push(move |piece: &str| {
-                    let _ = tx.send(Event::Text(piece.to_string()));
-                });
-                parts.push((kv, session));
-            }
-            let mut members: Vec<Member> = parts
-                .into_iter()
-                .zip(sinks.iter_mut())
-                .map(|((kv, session), on_text)| Member {
-                    kv,
-                    session,
-                    on_text,
-                })
-                .collect();
-            b.stepper.step(&self.lm.model, &mut members, budget)
-        };
-        match report {
+        match b.running.step(&self.lm.model, budget) {
             Ok(r) => {
                 if r.rows > 0 {
                     self.metrics.step_rows.observe(r.rows as f64);
@@ -292,7 +260,7 @@ impl<'e> Scheduler<'e> {
                 Some(r)
             }
             Err(e) => {
-                for r in b.running.drain(..) {
+                for r in b.running.drain() {
                     b.pool.release(r.meta.pages);
                     self.ended("error");
                     let _ = r.meta.events.send(Event::Error(e.to_string()));
@@ -306,27 +274,23 @@ impl<'e> Scheduler<'e> {
     /// gauges are updated before any client hears that its request ended, so what it reads
     /// next in /metrics no longer counts it.
     fn retire_finished(&self, report: &StepReport, b: &mut Batch) {
-        let mut done = vec![];
-        for i in (0..b.running.len()).rev() {
-            if report.finished.get(i).copied().unwrap_or(false) {
-                let r = b.running.swap_remove(i);
-                b.pool.release(r.meta.pages);
-                done.push(r);
-            }
+        let done = b.running.take_finished(report);
+        for r in &done {
+            b.pool.release(r.meta.pages);
         }
         self.gauges(b);
-        for r in done.into_iter().rev() {
+        for r in done {
             self.retire(r);
         }
     }
 
     /// Sends a finished request its last text and summary.
     fn retire(&self, r: Running) {
-        let Running { session, meta, .. } = r;
+        let Slot {
+            session, mut meta, ..
+        } = r;
+        let g = session.finish(&mut |piece: &str| meta.text(piece));
         let tx = &meta.events;
-        let g = session.finish(&mut |piece: &str| {
-            let _ = tx.send(Event::Text(piece.to_string()));
-        });
         self.metrics
             .e2e
             .observe(meta.arrival.elapsed().as_secs_f64());

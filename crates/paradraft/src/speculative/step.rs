@@ -205,3 +205,110 @@ impl Stepper {
         Ok(rep)
     }
 }
+
+/// What a slot's owner does with the text its session commits.
+pub trait TextSink {
+    fn text(&mut self, piece: &str);
+}
+
+/// A session in flight with its cache and its owner's data.
+pub struct Slot<'a, M> {
+    pub kv: KvCache,
+    pub session: Session<'a>,
+    pub meta: M,
+}
+
+/// The sessions in flight and the [`Stepper`] that runs them: what the serving engine and the
+/// batch generator both step (admission policy and retirement are theirs).
+pub struct Slots<'a, M> {
+    slots: Vec<Slot<'a, M>>,
+    stepper: Stepper,
+}
+
+impl<M> Default for Slots<'_, M> {
+    fn default() -> Self {
+        Slots {
+            slots: Vec::new(),
+            stepper: Stepper::default(),
+        }
+    }
+}
+
+impl<'a, M: TextSink> Slots<'a, M> {
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn push(&mut self, kv: KvCache, session: Session<'a>, meta: M) {
+        self.slots.push(Slot { kv, session, meta });
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Slot<'a, M>> {
+        self.slots.iter()
+    }
+
+    pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Slot<'a, M>> {
+        self.slots.iter_mut()
+    }
+
+    /// Removes the slots `leave` picks, in their order.
+    pub fn remove_where(
+        &mut self,
+        mut leave: impl FnMut(&Slot<'a, M>) -> bool,
+    ) -> Vec<Slot<'a, M>> {
+        let mut gone = vec![];
+        let mut i = 0;
+        while i < self.slots.len() {
+            if leave(&self.slots[i]) {
+                gone.push(self.slots.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        gone
+    }
+
+    /// Removes every slot (a failed step).
+    pub fn drain(&mut self) -> Vec<Slot<'a, M>> {
+        std::mem::take(&mut self.slots)
+    }
+
+    /// Gives back the step scratch (sized for the largest step so far), as when idle.
+    pub fn shrink(&mut self) {
+        self.stepper = Stepper::default();
+    }
+
+    /// One [`Stepper::step`] over every slot, each slot's text to its owner's sink.
+    pub fn step(&mut self, model: &Model, prefill_budget: usize) -> Result<StepReport> {
+        let mut sinks = Vec::with_capacity(self.slots.len());
+        let mut parts = Vec::with_capacity(self.slots.len());
+        for s in self.slots.iter_mut() {
+            let Slot { kv, session, meta } = s;
+            sinks.push(move |piece: &str| meta.text(piece));
+            parts.push((kv, session));
+        }
+        let mut members: Vec<Member> = parts
+            .into_iter()
+            .zip(sinks.iter_mut())
+            .map(|((kv, session), on_text)| Member {
+                kv,
+                session,
+                on_text,
+            })
+            .collect();
+        self.stepper.step(model, &mut members, prefill_budget)
+    }
+
+    /// Removes the slots `report` says have ended, in their order.
+    pub fn take_finished(&mut self, report: &StepReport) -> Vec<Slot<'a, M>> {
+        let mut i = 0;
+        self.remove_where(|_| {
+            i += 1;
+            report.finished.get(i - 1).copied().unwrap_or(false)
+        })
+    }
+}

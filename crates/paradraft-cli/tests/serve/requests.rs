@@ -1,0 +1,180 @@
+//! Answers equal `generate` under concurrency for every drafter; bad requests get OpenAI errors.
+
+use super::*;
+
+#[test]
+fn answers_equal_generate_under_16_concurrent_mixed_requests_for_every_drafter() {
+    let cases = cases();
+    assert_eq!(cases.len(), 16);
+    let drafters: [&[&str]; 3] = [
+        &["--drafter", "none"],
+        &["--drafter", "pld"],
+        &["--drafter", "dflash"],
+    ];
+    for d in drafters {
+        let server = Server::start(d);
+        let port = server.port;
+        std::thread::scope(|s| {
+            let hs: Vec<_> = cases
+                .iter()
+                .map(|c| s.spawn(move || ask(port, c)))
+                .collect();
+            for (c, h) in cases.iter().zip(hs) {
+                let got = h.join().unwrap();
+                assert_eq!(
+                    got, c.want,
+                    "{d:?}: chat={} stream={} prompt {:?}",
+                    c.chat, c.stream, c.prompt
+                );
+            }
+        });
+    }
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_lives_on() {
+    let server = Server::start(&[
+        "--drafter",
+        "pld",
+        "--api-key",
+        "sk-test",
+        "--ctx-size",
+        "512",
+    ]);
+    let port = server.port;
+    let auth = [
+        ("Content-Type", "application/json"),
+        ("Authorization", "Bearer sk-test"),
+    ];
+    let call = |path: &str, body: &str, headers: &[(&str, &str)]| {
+        let (st, b) = http(port, "POST", path, headers, body);
+        (
+            st,
+            serde_json::from_str::<Value>(&b).unwrap_or(Value::String(b)),
+        )
+    };
+    let chat = "/v1/chat/completions";
+    let ok_body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}"#;
+    let long = "word ".repeat(600);
+    let cases: Vec<(String, &str, u16, &str)> = vec![
+        (ok_body.into(), chat, 401, "invalid_api_key"), // no key (checked below without auth)
+        ("{not json".into(), chat, 400, ""),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "foo": 1}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "temperature": 3}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "n": 2}"#.into(),
+            chat,
+            400,
+            "unsupported_parameter",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (r#"{"messages": []}"#.into(), chat, 400, ""),
+        (
+            r#"{"messages": [{"role": "tool", "content": "x"}]}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}"#.into(),
+            chat,
+            404,
+            "model_not_found",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "stop": ["a","b","c","d","e"]}"#
+                .into(),
+            chat,
+            400,
+            "",
+        ),
+        (
+            format!(r#"{{"messages": [{{"role": "user", "content": "{long}"}}]}}"#),
+            chat,
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}"#.into(),
+            chat,
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            r#"{"prompt": "hi", "echo": true}"#.into(),
+            "/v1/completions",
+            400,
+            "unsupported_parameter",
+        ),
+        (
+            r#"{"prompt": ["a", "b"]}"#.into(),
+            "/v1/completions",
+            400,
+            "unsupported_parameter",
+        ),
+        (
+            r#"{"prompt": [999999999]}"#.into(),
+            "/v1/completions",
+            400,
+            "",
+        ),
+        (r#"{"prompt": ""}"#.into(), "/v1/completions", 400, ""),
+        (
+            r#"{"prompt": "hi", "stream_options": {"include_usage": true}}"#.into(),
+            "/v1/completions",
+            400,
+            "",
+        ),
+    ];
+    for (i, (body, path, want, code)) in cases.iter().enumerate() {
+        let headers: &[(&str, &str)] = if i == 0 { &auth[..1] } else { &auth };
+        let (st, v) = call(path, body, headers);
+        assert_eq!(st, *want, "{body:.80}: {v}");
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        if !code.is_empty() {
+            assert_eq!(e["code"], json!(code), "{v}");
+        }
+    }
+    let (st, v) = call(chat, ok_body, &[("Authorization", "Bearer wrong"), auth[0]]);
+    assert_eq!((st, &v["error"]["code"]), (401, &json!("invalid_api_key")));
+    let (st, _) = http(port, "GET", "/nope", &[], "");
+    assert_eq!(st, 404);
+    // /health and /metrics need no key; the server still answers properly.
+    assert_eq!(http(port, "GET", "/health", &[], "").0, 200);
+    let (st, v) = call(chat, ok_body, &auth);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], json!(4));
+    assert_eq!(v["choices"][0]["finish_reason"], json!("length"));
+    let (st, v) = http(port, "GET", "/v1/models", &auth[1..], "");
+    assert_eq!(st, 200, "{v}");
+    let v: Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(v["data"][0]["drafter"], json!("pld"));
+    assert!(metric(port, "paradraft_requests_total{outcome=\"finished\"}") >= 1.0);
+    // Refused requests are counted too: the bad bodies above and the wrong key.
+    let invalid = metric(port, "paradraft_requests_total{outcome=\"invalid\"}");
+    assert!(invalid >= (cases.len() - 1) as f64, "{invalid}");
+    assert!(metric(port, "paradraft_requests_total{outcome=\"unauthorized\"}") >= 2.0);
+}

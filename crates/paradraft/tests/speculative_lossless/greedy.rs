@@ -1,0 +1,126 @@
+//! Greedy decoding: token-identical to AR on the tiny models and on SmolLM2.
+
+use super::*;
+
+/// AR greedy, then each drafter (the built-in ones and `extra`); all outputs must be identical.
+fn check_greedy(
+    lm: &Loaded,
+    prompt: &[TokenId],
+    max_new: usize,
+    seed: u64,
+    extra: &mut dyn Drafter,
+) -> f64 {
+    let params = greedy(max_new);
+    let mut kv = lm.model.new_kv(prompt.len() + max_new + 40);
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &params, |_| {}).unwrap();
+    let truth = ar.token_ids.clone();
+    let vocab = lm.model.config.vocab_size as u32;
+    let n0 = prompt.len();
+    let mut pld = PromptLookup::default();
+    let mut rng = Lcg(seed);
+    let mut trees = Replay::new(|c: &[TokenId], max: usize| {
+        let done = c.len() - n0; // committed output tokens, the root included
+        random_tree(&mut rng, truth.get(done..).unwrap_or(&[]), vocab, max)
+    });
+    let mut chain = Replay::new(|c: &[TokenId], max: usize| {
+        let done = c.len() - n0;
+        DraftTree::chain(
+            &truth.get(done..).unwrap_or(&[])[..(truth.len().saturating_sub(done)).min(max).min(5)],
+        )
+    });
+    let drafters: [&mut dyn Drafter; 4] = [&mut pld, &mut trees, &mut chain, extra];
+    let mut tau = 0.0f64;
+    for d in drafters {
+        let name = d.name().to_string();
+        let sp = speculative_generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            prompt,
+            &params,
+            Speculation {
+                drafter: Box::new(d),
+                max_draft: 12,
+                sizer: None,
+                rule: Default::default(),
+            },
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            sp.out.token_ids, ar.token_ids,
+            "{name}: greedy output differs"
+        );
+        assert_eq!(sp.out.stop_reason, ar.stop_reason, "{name}");
+        assert_eq!(sp.out.text, ar.text, "{name}");
+        if name == "replay" {
+            tau = tau.max(sp.tau);
+        }
+    }
+    // Adaptive sizing only changes how much is drafted, never what is committed.
+    let curve = CostCurve {
+        points: vec![
+            (1, 5.0),
+            (2, 5.3),
+            (4, 6.0),
+            (8, 8.0),
+            (16, 13.0),
+            (32, 25.0),
+        ],
+    };
+    let sizer = Sizer::new(curve);
+    let mut pld = PromptLookup::default();
+    let sp = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        prompt,
+        &params,
+        Speculation {
+            drafter: Box::new(&mut pld),
+            max_draft: 12,
+            sizer: Some(sizer),
+            rule: Default::default(),
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sp.out.token_ids, ar.token_ids, "pld with adaptive sizing");
+    tau
+}
+
+#[test]
+fn greedy_is_token_identical_on_tiny_models() {
+    let ps = prompts();
+    assert!(ps.len() >= 200);
+    let paths = [
+        "tiny/llama",
+        "tiny/qwen2",
+        "tiny/qwen3",
+        "tiny/llama-quant.gguf",
+    ]
+    .map(|p| fixtures().join(p));
+    for (m, path) in paths.iter().enumerate() {
+        let lm = model::load(path).unwrap();
+        let mut sd = self_draft(path, &lm, 1, SamplingParams::default());
+        for (i, p) in ps.iter().enumerate() {
+            let ids = encode(&lm, p, 96);
+            check_greedy(&lm, &ids, 24, (m * 1000 + i) as u64, &mut sd);
+        }
+    }
+}
+
+#[test]
+fn greedy_is_token_identical_on_smollm2() {
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = model::load(&path).unwrap();
+    let mut sd = self_draft(&path, &lm, 8, SamplingParams::default());
+    let ps = prompts();
+    let mut taus = vec![];
+    for i in (0..ps.len()).step_by(21) {
+        let ids = encode(&lm, &ps[i], 256);
+        taus.push(check_greedy(&lm, &ids, 40, i as u64, &mut sd));
+    }
+    // The chain drafter follows the true continuation, so it must be accepted in full.
+    assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
+}
