@@ -111,10 +111,20 @@ pub struct SpecArgs {
     /// DiffuSpec refinement steps S (1: one pass; S > 1 fixes the most confident slots first).
     #[arg(long, default_value_t = 1)]
     pub(crate) dlm_steps: usize,
+    /// What --drafter auto drafts from, comma-separated: pld (the request's own text), suffix
+    /// (earlier requests' text), trie (the n-gram trie), and one model drafter by method name
+    /// (default: pld,suffix,trie,dart).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) sources: Option<Vec<String>>,
+    /// Most tokens of earlier requests' text --drafter auto's suffix cache holds (fixed
+    /// memory: about 52 bytes per token; 0: no cache).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub(crate) suffix_cache_tokens: usize,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
     /// block_size, prompt_lookup_min, prompt_lookup_max, tree_budget, ngram, no_ngram,
-    /// draft_length, drafting, ngram_arpa, dlm_mode, dlm_steps (and as before: fixed_draft,
+    /// draft_length, drafting, ngram_arpa, dlm_mode, dlm_steps, sources, suffix_cache_tokens
+    /// (and as before: fixed_draft,
     /// cps, no_cps).
     #[arg(long)]
     pub(crate) speculative_config: Option<String>,
@@ -154,6 +164,11 @@ impl SpecArgs {
             ngram_arpa: self.ngram_arpa.clone(),
             dlm_mode: self.dlm_mode.parse()?,
             dlm_steps: self.dlm_steps,
+            sources: match &self.sources {
+                Some(s) => s.clone(),
+                None => DrafterConfig::default().sources,
+            },
+            suffix_cache_tokens: self.suffix_cache_tokens,
         };
         Ok(match &self.speculative_config {
             Some(js) => c.with_json(js)?,

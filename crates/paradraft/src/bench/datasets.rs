@@ -13,15 +13,18 @@ pub enum Dataset {
     Math500,
     Mbpp,
     Alpaca,
+    /// Alpaca records that rewrite, summarise or extract from a given text (copy-heavy).
+    Copy,
 }
 
-pub const ALL: [Dataset; 6] = [
+pub const ALL: [Dataset; 7] = [
     Dataset::MtBench,
     Dataset::HumanEval,
     Dataset::Gsm8k,
     Dataset::Math500,
     Dataset::Mbpp,
     Dataset::Alpaca,
+    Dataset::Copy,
 ];
 
 /// One benchmark item: the user turns, in order (MT-Bench has two).
@@ -40,6 +43,7 @@ impl Dataset {
             Dataset::Math500 => "math500",
             Dataset::Mbpp => "mbpp",
             Dataset::Alpaca => "alpaca",
+            Dataset::Copy => "copy",
         }
     }
 
@@ -55,6 +59,7 @@ impl Dataset {
             Dataset::Math500 => "math500.jsonl",
             Dataset::Mbpp => "mbpp_sanitized.jsonl",
             Dataset::Alpaca => "alpaca_200.jsonl",
+            Dataset::Copy => "alpaca_copy.jsonl",
         }
     }
 
@@ -67,7 +72,7 @@ impl Dataset {
             Dataset::HumanEval => format!(
                 "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{turn}\n```"
             ),
-            Dataset::Alpaca => match v["input"].as_str() {
+            Dataset::Alpaca | Dataset::Copy => match v["input"].as_str() {
                 Some(i) if !i.is_empty() => format!("{}\n\nInput:\n{i}", v["instruction"].as_str().unwrap_or(turn)),
                 _ => v["instruction"].as_str().unwrap_or(turn).to_string(),
             },

@@ -107,6 +107,14 @@ impl Suite<'_> {
             );
         })?;
         eprintln!();
+        // What the drafters say of themselves (auto: accepted nodes per source).
+        let notes: serde_json::Map<String, serde_json::Value> = methods
+            .iter()
+            .filter_map(|m| Some((m.name.clone(), m.drafters.report()?.into())))
+            .collect();
+        for (name, note) in &notes {
+            eprintln!("{name}: {}", note.as_str().unwrap_or_default());
+        }
         let identical = self.sampling.is_greedy() || self.rule == VerifyRule::Coupled;
         let summaries = harness::summarize(&runs, "ar", identical);
         let header = header::Header::collect(
@@ -123,9 +131,12 @@ impl Suite<'_> {
         );
         crate::train::pipeline::write_json(
             &out.join("summary.json"),
-            &serde_json::json!({"header": header, "summaries": summaries}),
+            &serde_json::json!({"header": header, "summaries": summaries, "drafters": notes}),
         )?;
-        let md = report::markdown(&header, &summaries);
+        let mut md = report::markdown(&header, &summaries);
+        for (name, note) in &notes {
+            md.push_str(&format!("\n{name}: {}\n", note.as_str().unwrap_or_default()));
+        }
         let md_path = out.join("summary.md");
         std::fs::write(&md_path, &md).map_err(|e| Error::io(&md_path, e))?;
         report::charts(&summaries, &runs, out)?;

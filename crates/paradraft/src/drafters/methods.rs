@@ -14,6 +14,7 @@ pub static METHODS: &[&MethodEntry] = &[
     &super::dart::METHOD,
     &super::pard::METHOD,
     &super::diffuspec::METHOD,
+    &super::auto::METHOD,
 ];
 
 impl Method {

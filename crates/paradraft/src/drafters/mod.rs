@@ -1,6 +1,7 @@
 //! Drafters, one module per method. Baseline: prompt lookup ([`pld`]); the tests' replayed
 //! trees live with the tests (`tests/common/replay.rs`).
 
+pub mod auto;
 pub mod dart;
 pub mod dflash;
 pub mod diffuspec;

@@ -107,6 +107,12 @@ pub trait Template<'t> {
     fn kv_bytes_per_slot(&self) -> usize {
         0
     }
+
+    /// What the requests' drafters have done so far, for reports (`auto`: accepted nodes per
+    /// source); `None` when there is nothing to say.
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What a method's `load` returns: the template and the most nodes it proposes per round.
@@ -126,6 +132,8 @@ pub struct LoadArgs<'a, 't> {
     /// The drafter directory: `model` or the method's committed drafter.
     pub dir: PathBuf,
     pub mode: Mode,
+    /// Finds a method by name (the table is above the method modules; `auto` loads others).
+    pub named: fn(&str) -> Result<Method>,
 }
 
 /// One drafting method.
@@ -222,7 +230,7 @@ impl Serialize for Method {
     }
 }
 
-impl LoadArgs<'_, '_> {
+impl<'t> LoadArgs<'_, 't> {
     /// The tree search settings, with the n-gram trie unless `no_ngram`.
     pub fn tree_drafting(&self) -> Result<TreeDrafting> {
         let (cfg, lm, ctx) = (self.cfg, self.lm, self.ctx);
@@ -235,19 +243,44 @@ impl LoadArgs<'_, '_> {
         let ngram = if cfg.no_ngram {
             None
         } else {
-            let t = match &cfg.ngram {
-                Some(path) => {
-                    let t = NgramTrie::open(path)?;
-                    t.check_stamp(crate::ngram::stamp_of(&lm.tokenizer), path)?;
-                    t
-                }
-                // The default trie, built from the shipped corpus on first use.
-                None => crate::ngram::defaults::trie(&lm.tokenizer)?.1,
-            };
-            Some(Arc::new(t))
+            Some(self.trie()?)
         };
         let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
         Ok(TreeDrafting::new(TreeSearchParams::default(), ngram, stop))
+    }
+
+    /// The n-gram trie of `ngram` (its tokenizer stamp checked), or the default one, built
+    /// from the shipped corpus on first use.
+    pub fn trie(&self) -> Result<Arc<NgramTrie>> {
+        let tok = &self.lm.tokenizer;
+        let t = match &self.cfg.ngram {
+            Some(path) => {
+                let t = NgramTrie::open(path)?;
+                t.check_stamp(crate::ngram::stamp_of(tok), path)?;
+                t
+            }
+            None => crate::ngram::defaults::trie(tok)?.1,
+        };
+        Ok(Arc::new(t))
+    }
+
+    /// These arguments for another method (`auto` loading a model source): its committed
+    /// drafter unless `model` names one, its default mode.
+    pub fn for_method<'b>(&'b self, cfg: &'b DrafterConfig) -> LoadArgs<'b, 't> {
+        let entry = cfg.method.entry;
+        LoadArgs {
+            cfg,
+            target_path: self.target_path,
+            lm: self.lm,
+            ctx: self.ctx,
+            dir: cfg
+                .draft_model
+                .clone()
+                .or_else(|| entry.default_drafter_dir())
+                .unwrap_or_default(),
+            mode: entry.default_mode(),
+            named: self.named,
+        }
     }
 
     /// DiffuSpec's path search with the ARPA model of `ngram_arpa` (its tokenizer stamp
@@ -363,6 +396,11 @@ pub struct DrafterConfig {
     pub dlm_mode: DlmMode,
     /// DiffuSpec's refinement steps S.
     pub dlm_steps: usize,
+    /// What `auto` drafts from: `pld` (the request's own text), `suffix` (earlier requests'
+    /// text), `trie` (the n-gram trie), and model drafters by method name (`dart`, ...).
+    pub sources: Vec<String>,
+    /// Most tokens of earlier requests' text `auto`'s suffix cache holds (fixed memory).
+    pub suffix_cache_tokens: usize,
 }
 
 impl Default for DrafterConfig {
@@ -383,9 +421,14 @@ impl Default for DrafterConfig {
             ngram_arpa: None,
             dlm_mode: DlmMode::Auto,
             dlm_steps: 1,
+            sources: DEFAULT_SOURCES.iter().map(|s| s.to_string()).collect(),
+            suffix_cache_tokens: 1 << 20,
         }
     }
 }
+
+/// `auto`'s sources unless `sources` names others.
+pub const DEFAULT_SOURCES: [&str; 4] = ["pld", "suffix", "trie", "dart"];
 
 /// Proposes nothing: the speculative loop then decodes one token per target pass, which makes
 /// it the AR baseline with exactly the speculative methods' overheads.

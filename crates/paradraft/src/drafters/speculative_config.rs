@@ -178,6 +178,7 @@ impl DrafterConfig {
                 .or_else(|| entry.default_drafter_dir())
                 .unwrap_or_default(),
             mode: self.mode_of(self.method),
+            named: Method::named,
         };
         let loaded = (entry.load)(&args)?;
         let max_draft = loaded.max_draft;
@@ -305,5 +306,10 @@ impl<'t> DrafterSet<'t> {
     /// The target layers whose states the drafters read.
     pub fn taps(&self) -> Vec<usize> {
         self.template.taps()
+    }
+
+    /// What the requests' drafters have done so far ([`Template::report`]).
+    pub fn report(&self) -> Option<String> {
+        self.template.report()
     }
 }

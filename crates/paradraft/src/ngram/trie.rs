@@ -286,6 +286,38 @@ impl NgramTrie {
         }
     }
 
+    /// The `k` most frequent tokens after the longest suffix of `context` (at most order − 1
+    /// tokens) that the corpus has continuations for, with their MLE probabilities (count of
+    /// the continuation / count of the context), most frequent first; and the length of the
+    /// context that matched (0: none did, nothing returned).
+    pub fn continuations(&self, context: &[TokenId], k: usize) -> (usize, Vec<(TokenId, f32)>) {
+        let (token, count, first) = self.arrays();
+        let longest = self.order.saturating_sub(1).min(context.len());
+        for len in (1..=longest).rev() {
+            let Some(node) = self.find(&context[context.len() - len..]) else {
+                continue;
+            };
+            let (a, b) = (first[node] as usize, first[node + 1] as usize);
+            if a == b {
+                continue;
+            }
+            let mut kids: Vec<usize> = (a..b).filter(|&i| token[i] != NO_TOKEN).collect();
+            let by_count = |&x: &usize, &y: &usize| count[y].cmp(&count[x]).then(x.cmp(&y));
+            if kids.len() > k {
+                kids.select_nth_unstable_by(k, by_count);
+                kids.truncate(k);
+            }
+            kids.sort_by(by_count);
+            let total = count[node] as f32;
+            let out = kids
+                .into_iter()
+                .map(|i| (TokenId(token[i]), count[i] as f32 / total))
+                .collect();
+            return (len, out);
+        }
+        (0, vec![])
+    }
+
     /// Writes the trie (to a temporary name, then renamed into place).
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut tmp = PathBuf::from(path);
@@ -432,6 +464,20 @@ mod tests {
         b.add_document(&ids(&[1, 2, 3, 1, 2, 4, 9]));
         b.add_document(&ids(&[2, 3, 9]));
         b.finish(STAMP).unwrap()
+    }
+
+    /// Continuations come from the longest context with any, most frequent first.
+    #[test]
+    fn continuations_of_the_longest_context() {
+        let t = example();
+        let (len, c) = t.continuations(&ids(&[1, 2]), 5);
+        assert_eq!((len, c), (2, vec![(TokenId(3), 0.5), (TokenId(4), 0.5)]));
+        let (len, c) = t.continuations(&ids(&[7, 2]), 5);
+        assert_eq!(len, 1);
+        assert_eq!(c, vec![(TokenId(3), 2.0 / 3.0), (TokenId(4), 1.0 / 3.0)]);
+        assert_eq!(t.continuations(&ids(&[7, 2]), 1).1, vec![(TokenId(3), 2.0 / 3.0)]);
+        assert_eq!(t.continuations(&ids(&[5]), 5), (0, vec![]));
+        assert_eq!(t.continuations(&[], 5), (0, vec![]));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 
 use super::*;
 
-/// AR greedy, then each drafter (the built-in ones and `extra`); all outputs must be identical.
+/// AR greedy, then each drafter (the built-in ones, `auto`'s and `extra`); all outputs must
+/// be identical.
 fn check_greedy(
     lm: &Loaded,
     prompt: &[TokenId],
     max_new: usize,
     seed: u64,
     extra: &mut dyn Drafter,
+    auto: &DrafterSet,
 ) -> f64 {
     let params = greedy(max_new);
     let mut kv = lm.model.new_kv(prompt.len() + max_new + 40);
@@ -28,7 +30,8 @@ fn check_greedy(
             &truth.get(done..).unwrap_or(&[])[..(truth.len().saturating_sub(done)).min(max).min(5)],
         )
     });
-    let drafters: [&mut dyn Drafter; 4] = [&mut pld, &mut trees, &mut chain, extra];
+    let mut auto = auto.create(SamplingParams::default()).unwrap();
+    let drafters: [&mut dyn Drafter; 5] = [&mut pld, &mut trees, &mut chain, extra, auto.as_mut()];
     let mut tau = 0.0f64;
     for d in drafters {
         let name = d.name().to_string();
@@ -103,9 +106,11 @@ fn greedy_is_token_identical_on_tiny_models() {
     for (m, path) in paths.iter().enumerate() {
         let lm = model::load(path).unwrap();
         let mut sd = self_draft(path, &lm, 1, SamplingParams::default());
+        // Prompt lookup and a suffix cache that fills with the earlier prompts' text.
+        let auto = auto(path, &lm, &["pld", "suffix"], 160, |_| {});
         for (i, p) in ps.iter().enumerate() {
             let ids = encode(&lm, p, 96);
-            check_greedy(&lm, &ids, 24, (m * 1000 + i) as u64, &mut sd);
+            check_greedy(&lm, &ids, 24, (m * 1000 + i) as u64, &mut sd, &auto);
         }
     }
 }
@@ -115,12 +120,17 @@ fn greedy_is_token_identical_on_smollm2() {
     let path = paradraft::fetch::ensure_default_model().unwrap();
     let lm = model::load(&path).unwrap();
     let mut sd = self_draft(&path, &lm, 8, SamplingParams::default());
+    // Every default source: prompt lookup, the suffix cache, the trie, the committed DART.
+    let defaults = DrafterConfig::default().sources;
+    let sources: Vec<&str> = defaults.iter().map(|s| s.as_str()).collect();
+    let auto = auto(&path, &lm, &sources, 340, |_| {});
     let ps = prompts();
     let mut taus = vec![];
     for i in (0..ps.len()).step_by(21) {
         let ids = encode(&lm, &ps[i], 256);
-        taus.push(check_greedy(&lm, &ids, 40, i as u64, &mut sd));
+        taus.push(check_greedy(&lm, &ids, 40, i as u64, &mut sd, &auto));
     }
+    eprintln!("{}", auto.report().unwrap_or_default());
     // The chain drafter follows the true continuation, so it must be accepted in full.
     assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
 }

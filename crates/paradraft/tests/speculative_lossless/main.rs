@@ -13,6 +13,7 @@ use paradraft::drafters::dflash::{Dflash, DflashModel};
 use paradraft::drafters::draft_model::DraftModel;
 use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::drafters::pld::PromptLookup;
+use paradraft::drafters::speculative_config::{DrafterConfig, DrafterSet, Method};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
 use paradraft::sample::SamplingParams;
@@ -67,6 +68,26 @@ fn self_draft(
 ) -> DraftModel {
     let m = model::load_truncated(path, Some(layers)).unwrap().model;
     DraftModel::new(m, lm.model.config.vocab_size, 1024, 4, sampling).unwrap()
+}
+
+/// `auto` drafting from `sources` for requests of up to `ctx` tokens on `lm` (read from
+/// `path`), its suffix cache small, with `extra` options (a trie, a drafter directory).
+fn auto<'t>(
+    path: &std::path::Path,
+    lm: &'t Loaded,
+    sources: &[&str],
+    ctx: usize,
+    extra: impl FnOnce(&mut DrafterConfig),
+) -> DrafterSet<'t> {
+    let mut cfg = DrafterConfig {
+        method: Method::named("auto").unwrap(),
+        sources: sources.iter().map(|s| s.to_string()).collect(),
+        suffix_cache_tokens: 1 << 14,
+        tree_budget: 16,
+        ..Default::default()
+    };
+    extra(&mut cfg);
+    cfg.load(path, lm, ctx).unwrap()
 }
 
 mod greedy;

@@ -308,8 +308,8 @@ impl Sizer {
         (self.tree_accepted + 1.0) / (self.tree_predicted + 1.0)
     }
 
-    /// Tree sizing, before drafting: the full `max` while trees have paid recently (their
-    /// size is cut after drafting), none when they have not (AR rounds then drift the
+    /// Tree sizing, before drafting: the full `max` while trees have paid recently or cost
+    /// little to propose (their size is cut after drafting), none when they have not (AR rounds then drift the
     /// estimate back so trees are retried). In a batch, a tree is drafted only if a recent
     /// tree round (its nodes, accepted tokens and drafting ms, averaged) would beat no draft
     /// with every session of the batch doing the same.
@@ -324,7 +324,9 @@ impl Sizer {
                 }
             }
         }
-        if self.tree_gain >= 1.0 {
+        // Proposing that costs little next to a decode step (lookups) is left to the cut.
+        let cheap = self.tree_recent.1 > 0.0 && self.tree_recent.2 < 0.1 * self.curve.ms(1);
+        if self.tree_gain >= 1.0 || cheap {
             max
         } else {
             0

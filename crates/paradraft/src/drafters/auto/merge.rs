@@ -1,0 +1,291 @@
+//! One draft tree from every source's proposal: proposals are merged into a prefix tree, each
+//! node priced by the acceptance actually observed for what proposed it (per source, the
+//! source's match class, depth and score bucket), and the nodes put in order of their path's
+//! estimated acceptance, so that any prefix is a tree and the sizer can cut it where nodes
+//! stop paying on this machine.
+
+use super::suffix::ContNode;
+use crate::error::Result;
+use crate::speculative::{DraftTree, NodeId, Outcome};
+use std::collections::HashMap;
+
+/// Deepest depth calibrated on its own (deeper nodes share its statistics).
+const DEPTHS: u8 = 8;
+/// Observations of one key kept (older ones fade by halving past it).
+const MEMORY: f64 = 400.0;
+/// Weight of the prior, in observations.
+const PRIOR_WEIGHT: f64 = 2.0;
+
+/// One source's proposal: a tree of continuations (parents first), each node scored in [0, 1]
+/// by the source (its share of the matches, its probability given its parent).
+#[derive(Clone, Debug, Default)]
+pub struct Proposal {
+    /// The source's index (bit in [`Merged::sources`]).
+    pub source: u8,
+    /// The source's own confidence class (e.g. how long a match).
+    pub class: u8,
+    pub nodes: Vec<ContNode>,
+}
+
+/// What a node's acceptance is calibrated by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    source: u8,
+    class: u8,
+    depth: u8,
+    bucket: u8,
+}
+
+impl Key {
+    fn new(source: u8, class: u8, depth: usize, score: f32) -> Key {
+        let bucket = match score {
+            s if s < 0.25 => 0,
+            s if s < 0.5 => 1,
+            s if s < 0.8 => 2,
+            _ => 3,
+        };
+        Key {
+            source,
+            class,
+            depth: (depth.min(DEPTHS as usize)) as u8,
+            bucket,
+        }
+    }
+}
+
+/// Acceptance observed per [`Key`]: how often a node with that key was verified with its
+/// parent accepted, and how often it was accepted.
+#[derive(Clone, Debug, Default)]
+pub struct Calibration {
+    table: HashMap<Key, (f64, f64)>,
+}
+
+impl Calibration {
+    /// P(accepted | parent accepted) for a node of `key` scored `score`: the observed rate,
+    /// starting from a prior of 0.8 · score.
+    pub fn estimate(&self, key: Key, score: f32) -> f32 {
+        let (tried, accepted) = self.table.get(&key).copied().unwrap_or_default();
+        let prior = 0.8 * score.clamp(0.0, 1.0) as f64;
+        ((accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)) as f32
+    }
+
+    fn record(&mut self, key: Key, accepted: bool) {
+        let e = self.table.entry(key).or_default();
+        e.0 += 1.0;
+        e.1 += accepted as u8 as f64;
+        if e.0 > MEMORY {
+            e.0 *= 0.5;
+            e.1 *= 0.5;
+        }
+    }
+}
+
+/// The merged tree with, per node, its path's estimated acceptance, the keys it was priced by
+/// and which sources proposed it.
+#[derive(Clone, Debug, Default)]
+pub struct Merged {
+    pub tree: DraftTree,
+    pub conf: Vec<f32>,
+    pub keys: Vec<Vec<Key>>,
+    pub sources: Vec<u32>,
+}
+
+struct Cand {
+    parent: Option<usize>,
+    token: crate::types::TokenId,
+    depth: usize,
+    cond: f32,
+    keys: Vec<Key>,
+    sources: u32,
+}
+
+/// Nodes whose path's estimated acceptance is below this are not kept.
+const MIN_CONF: f32 = 0.02;
+
+/// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib`: a node
+/// proposed by several sources takes the best of their estimates; its path's estimate is the
+/// product down from the root.
+pub fn merge(proposals: &[Proposal], calib: &Calibration, max_nodes: usize) -> Result<Merged> {
+    let mut cands: Vec<Cand> = Vec::new();
+    for p in proposals {
+        let mut at: Vec<usize> = Vec::with_capacity(p.nodes.len());
+        for n in &p.nodes {
+            let parent = match n.parent {
+                Some(j) if j < at.len() => Some(at[j]),
+                Some(_) => break, // not parents-first: the rest is dropped
+                None => None,
+            };
+            let depth = parent.map_or(1, |q| cands[q].depth + 1);
+            let key = Key::new(p.source, p.class, depth, n.share);
+            let est = calib.estimate(key, n.share);
+            let i = match cands
+                .iter()
+                .position(|c| c.parent == parent && c.token == n.token)
+            {
+                Some(i) => i,
+                None => {
+                    cands.push(Cand {
+                        parent,
+                        token: n.token,
+                        depth,
+                        cond: 0.0,
+                        keys: vec![],
+                        sources: 0,
+                    });
+                    cands.len() - 1
+                }
+            };
+            let c = &mut cands[i];
+            c.cond = c.cond.max(est);
+            c.keys.push(key);
+            c.sources |= 1 << p.source;
+            at.push(i);
+        }
+    }
+    // Parents precede children in `cands`, so one pass computes every path's estimate.
+    let mut conf = vec![0f32; cands.len()];
+    for i in 0..cands.len() {
+        conf[i] = cands[i].parent.map_or(1.0, |q| conf[q]) * cands[i].cond;
+    }
+    let mut order: Vec<usize> = (0..cands.len()).filter(|&i| conf[i] >= MIN_CONF).collect();
+    order.sort_by(|&a, &b| {
+        conf[b]
+            .total_cmp(&conf[a])
+            .then(cands[a].depth.cmp(&cands[b].depth))
+            .then(a.cmp(&b))
+    });
+    let mut out = Merged::default();
+    let mut id: Vec<Option<NodeId>> = vec![None; cands.len()];
+    for i in order {
+        if out.tree.len() >= max_nodes {
+            break;
+        }
+        let parent = match cands[i].parent {
+            Some(q) => match id[q] {
+                Some(n) => Some(n),
+                None => continue, // its parent was not kept
+            },
+            None => None,
+        };
+        id[i] = Some(out.tree.push(parent, cands[i].token, None)?);
+        out.conf.push(conf[i]);
+        out.keys.push(std::mem::take(&mut cands[i].keys));
+        out.sources.push(cands[i].sources);
+    }
+    Ok(out)
+}
+
+impl Merged {
+    /// Learns from the verified part of this tree: every node verified with its parent
+    /// accepted counts for its keys, accepted or not. Returns, per source bit, the accepted
+    /// nodes it had proposed.
+    pub fn learn(&self, outcome: &Outcome, calib: &mut Calibration) -> Vec<(u32, bool)> {
+        let verified = outcome.drafted.min(self.tree.len());
+        let mut accepted = vec![false; self.tree.len()];
+        for n in &outcome.accepted {
+            if let Some(a) = accepted.get_mut(n.idx()) {
+                *a = true;
+            }
+        }
+        let mut seen = Vec::new();
+        for i in 0..verified {
+            let parent_ok = self
+                .tree
+                .parent(NodeId(i as u32))
+                .is_none_or(|p| accepted[p.idx()]);
+            if !parent_ok {
+                continue;
+            }
+            for &k in &self.keys[i] {
+                calib.record(k, accepted[i]);
+            }
+            seen.push((self.sources[i], accepted[i]));
+        }
+        seen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::TokenId;
+
+    fn node(parent: Option<usize>, t: u32, share: f32) -> ContNode {
+        ContNode {
+            parent,
+            token: TokenId(t),
+            share,
+        }
+    }
+
+    /// Shared prefixes merge; the order is by path estimate with parents first; a source whose
+    /// nodes were always accepted rises above one whose nodes never were.
+    #[test]
+    fn merges_orders_and_learns() {
+        let a = Proposal {
+            source: 0,
+            class: 0,
+            nodes: vec![node(None, 1, 1.0), node(Some(0), 2, 1.0), node(Some(1), 3, 1.0)],
+        };
+        let b = Proposal {
+            source: 1,
+            class: 0,
+            nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
+        };
+        let mut calib = Calibration::default();
+        let m = merge(&[a.clone(), b.clone()], &calib, 16).unwrap();
+        assert_eq!(m.tree.len(), 4, "token 1 is shared");
+        assert_eq!(m.sources[0], 0b11);
+        assert_eq!(m.tree.token(NodeId(0)), TokenId(1));
+        assert!(m.conf.windows(2).all(|w| w[0] >= w[1]), "{:?}", m.conf);
+        for i in 1..m.tree.len() {
+            let p = m.tree.parent(NodeId(i as u32)).unwrap();
+            assert!(p.idx() < i);
+        }
+        // Train: source 1's continuation (5) is always accepted, source 0's (2, 3) never.
+        let five = (0..m.tree.len())
+            .find(|&i| m.tree.token(NodeId(i as u32)) == TokenId(5))
+            .unwrap();
+        for _ in 0..50 {
+            let out = Outcome {
+                accepted: vec![NodeId(0), NodeId(five as u32)],
+                tokens: vec![TokenId(1), TokenId(5)],
+                bonus: TokenId(9),
+                drafted: m.tree.len(),
+            };
+            m.learn(&out, &mut calib);
+        }
+        let m2 = merge(&[a, b], &calib, 16).unwrap();
+        assert_eq!(m2.tree.token(NodeId(1)), TokenId(5), "{:?}", m2.conf);
+        assert!(m2.conf[1] > 0.9);
+        // The never-accepted child of an accepted parent falls near zero; its child, never
+        // verified with its parent accepted, keeps its prior but goes with its parent.
+        let toks: Vec<u32> = (0..m2.tree.len())
+            .map(|i| m2.tree.token(NodeId(i as u32)).0)
+            .collect();
+        assert_eq!(toks, vec![1, 5, 2, 3]);
+        assert!(m2.conf[2] < 0.05 && m2.conf[3] <= m2.conf[2], "{:?}", m2.conf);
+        // Capped at max_nodes.
+        assert_eq!(merge(&[], &calib, 4).unwrap().tree.len(), 0);
+    }
+
+    /// A verified node whose parent was rejected teaches nothing.
+    #[test]
+    fn only_nodes_whose_parent_was_accepted_are_counted() {
+        let a = Proposal {
+            source: 0,
+            class: 0,
+            nodes: vec![node(None, 1, 0.9), node(Some(0), 2, 0.9)],
+        };
+        let mut calib = Calibration::default();
+        let m = merge(&[a], &calib, 8).unwrap();
+        let out = Outcome {
+            accepted: vec![],
+            tokens: vec![],
+            bonus: TokenId(7),
+            drafted: 2,
+        };
+        let seen = m.learn(&out, &mut calib);
+        assert_eq!(seen, vec![(1, false)]);
+    }
+}
