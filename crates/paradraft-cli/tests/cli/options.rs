@@ -204,6 +204,7 @@ fn every_readme_drafter_matches_ar_from_a_clean_cache() {
         "pard-sample",
         "pard-tree",
         "diffuspec",
+        "auto",
     ] {
         let mut extra = vec!["--drafter", d, "--draft-length", "fixed"];
         if d == "draft-model" {
@@ -279,4 +280,62 @@ fn generate_refuses_what_the_server_refuses_naming_the_flag() {
     assert!(gen16(&m, &["--top-k", "-1", "--temperature", "2"])
         .status
         .success());
+}
+
+/// `--drafter auto` with its default sources and with each alone gives AR's tokens at T = 0 and
+/// AR's own samples at T > 0 (coupled rule); a source that is not one, one listed twice, two
+/// model sources, a source's drafter or trie that cannot be read are refused naming the
+/// source; `--sources` without auto is refused.
+#[test]
+fn auto_matches_ar_and_names_the_source_it_refuses() {
+    let model = paradraft::fetch::ensure_default_model().unwrap();
+    let m = model.to_str().unwrap();
+    let ar = json_of(&gen16(m, &[]))["token_ids"].clone();
+    let sampled = |extra: &[&str]| {
+        let mut a = vec!["--temperature", "0.9", "--seed", "4"];
+        a.extend_from_slice(extra);
+        json_of(&gen16(m, &a))["token_ids"].clone()
+    };
+    let ar_t = sampled(&[]);
+    for sources in ["pld,suffix,trie,dart", "pld", "trie", "dart", "suffix"] {
+        let extra = ["--drafter", "auto", "--sources", sources];
+        assert_eq!(json_of(&gen16(m, &extra))["token_ids"], ar, "{sources}");
+        assert_eq!(sampled(&extra), ar_t, "{sources} at T 0.9");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad_trie = dir.path().join("bad.trie");
+    std::fs::write(&bad_trie, b"not a trie").unwrap();
+    let bad_trie = bad_trie.to_str().unwrap();
+    let missing = dir.path().join("missing");
+    let missing = missing.to_str().unwrap();
+    for (extra, want) in [
+        (vec!["--sources", "pld,bogus"], "auto's source \"bogus\""),
+        (vec!["--sources", "pld,pld"], "listed twice"),
+        (vec!["--sources", "none"], "is not a model drafter"),
+        (vec!["--sources", "dart,pard"], "one model drafter"),
+        (
+            vec!["--sources", "pld,trie", "--ngram", bad_trie],
+            "auto's source trie",
+        ),
+        (
+            vec!["--sources", "dart", "--draft-model", missing],
+            "auto's source dart",
+        ),
+        (vec!["--sources", ""], "auto's source \"\""),
+        (
+            vec![
+                "--speculative-config",
+                r#"{"method": "auto", "sources": []}"#,
+            ],
+            "at least one source",
+        ),
+    ] {
+        let mut a = vec!["--drafter", "auto"];
+        a.extend_from_slice(&extra);
+        assert_refused(&gen16(m, &a), want);
+    }
+    assert_refused(
+        &gen16(m, &["--drafter", "pld", "--sources", "pld"]),
+        "--sources has no effect with pld",
+    );
 }

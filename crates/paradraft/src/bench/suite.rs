@@ -135,7 +135,10 @@ impl Suite<'_> {
         )?;
         let mut md = report::markdown(&header, &summaries);
         for (name, note) in &notes {
-            md.push_str(&format!("\n{name}: {}\n", note.as_str().unwrap_or_default()));
+            md.push_str(&format!(
+                "\n{name}: {}\n",
+                note.as_str().unwrap_or_default()
+            ));
         }
         let md_path = out.join("summary.md");
         std::fs::write(&md_path, &md).map_err(|e| Error::io(&md_path, e))?;

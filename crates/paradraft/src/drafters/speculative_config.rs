@@ -198,6 +198,7 @@ impl DrafterConfig {
                 }
             }),
             costs: None,
+            sampled: None,
         })
     }
 
@@ -228,6 +229,8 @@ pub struct DrafterSet<'t> {
     pub adl: Option<AdlParams>,
     /// The target's verify-cost curve and the drafter's proposal-cost curve.
     costs: Option<(CostCurve, CostCurve)>,
+    /// The target's verify-cost curve at T > 0 (full logits and the sampler for every row).
+    sampled: Option<CostCurve>,
 }
 
 impl<'t> DrafterSet<'t> {
@@ -252,6 +255,12 @@ impl<'t> DrafterSet<'t> {
         }
         let mut d = self.create(SamplingParams::default())?;
         let dc = CostCurve::measure_drafter(model, d.as_mut(), 64, self.max_draft, 3)?;
+        let rows = target.points.last().map_or(32, |p| p.0);
+        let t1 = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
+        self.sampled = Some(CostCurve::measure_sampled(model, 64, 2, rows, t1)?);
         self.costs = Some((target.clone(), dc));
         Ok(())
     }
@@ -288,6 +297,10 @@ impl<'t> DrafterSet<'t> {
             drafter: self.template.fork(ctx.min(self.ctx), sampling)?,
             max_draft: self.max_draft,
             sizer: self.costs.as_ref().map(|(t, d)| {
+                let t = match &self.sampled {
+                    Some(c) if !sampling.is_greedy() => c,
+                    _ => t,
+                };
                 let s = Sizer::new(t.clone()).with_draft_curve(Some(d.clone()));
                 match self.adl {
                     Some(p) => s.with_adl(p),

@@ -475,7 +475,10 @@ mod tests {
         let (len, c) = t.continuations(&ids(&[7, 2]), 5);
         assert_eq!(len, 1);
         assert_eq!(c, vec![(TokenId(3), 2.0 / 3.0), (TokenId(4), 1.0 / 3.0)]);
-        assert_eq!(t.continuations(&ids(&[7, 2]), 1).1, vec![(TokenId(3), 2.0 / 3.0)]);
+        assert_eq!(
+            t.continuations(&ids(&[7, 2]), 1).1,
+            vec![(TokenId(3), 2.0 / 3.0)]
+        );
         assert_eq!(t.continuations(&ids(&[5]), 5), (0, vec![]));
         assert_eq!(t.continuations(&[], 5), (0, vec![]));
     }

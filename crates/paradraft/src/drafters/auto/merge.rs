@@ -225,7 +225,11 @@ mod tests {
         let a = Proposal {
             source: 0,
             class: 0,
-            nodes: vec![node(None, 1, 1.0), node(Some(0), 2, 1.0), node(Some(1), 3, 1.0)],
+            nodes: vec![
+                node(None, 1, 1.0),
+                node(Some(0), 2, 1.0),
+                node(Some(1), 3, 1.0),
+            ],
         };
         let b = Proposal {
             source: 1,
@@ -264,7 +268,11 @@ mod tests {
             .map(|i| m2.tree.token(NodeId(i as u32)).0)
             .collect();
         assert_eq!(toks, vec![1, 5, 2, 3]);
-        assert!(m2.conf[2] < 0.05 && m2.conf[3] <= m2.conf[2], "{:?}", m2.conf);
+        assert!(
+            m2.conf[2] < 0.05 && m2.conf[3] <= m2.conf[2],
+            "{:?}",
+            m2.conf
+        );
         // Capped at max_nodes.
         assert_eq!(merge(&[], &calib, 4).unwrap().tree.len(), 0);
     }

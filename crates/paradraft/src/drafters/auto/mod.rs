@@ -132,7 +132,10 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
         Ok(Box::new(Auto {
             kinds: self.kinds.clone(),
             trie: self.trie.clone(),
-            taps: model.as_ref().map(|m| m.taps().to_vec()).unwrap_or_default(),
+            taps: model
+                .as_ref()
+                .map(|m| m.taps().to_vec())
+                .unwrap_or_default(),
             model,
             shared: self.shared.clone(),
             text: Vec::new(),
@@ -254,7 +257,11 @@ fn model_proposal(source: u8, tree: &DraftTree, conf: Option<&[f32]>) -> Proposa
 impl Auto<'_> {
     /// The model source's proposal (at most [`MODEL_NODES`] nodes), timed.
     fn model_proposal(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Proposal> {
-        let s = self.kinds.iter().position(|&k| k == Kind::Model).unwrap_or(0) as u8;
+        let s = self
+            .kinds
+            .iter()
+            .position(|&k| k == Kind::Model)
+            .unwrap_or(0) as u8;
         let m = self
             .model
             .as_mut()
@@ -349,9 +356,20 @@ impl Drafter for Auto<'_> {
         drop(calib);
         let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
         if self.model.is_some() && self.gate.run(expected) {
-            props.push(self.model_proposal(committed, max_nodes)?);
-            let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-            self.last = merge(&props, &calib, max_nodes)?;
+            match self.model_proposal(committed, max_nodes) {
+                Ok(p) => {
+                    props.push(p);
+                    let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
+                    self.last = merge(&props, &calib, max_nodes)?;
+                }
+                // A source that fails is left out for the rest of the request; the
+                // request goes on with the others.
+                Err(e) => {
+                    eprintln!("auto: model source left out of this request: {e}");
+                    self.model = None;
+                    self.model_bit = None;
+                }
+            }
         }
         // Selection: the lookups and the merge, and the model's own (not its forward).
         self.select_ms += t.elapsed().as_secs_f64() * 1e3 - self.model_ms;
@@ -381,10 +399,13 @@ impl Drafter for Auto<'_> {
         if self.model_bit.is_some() {
             self.gate.ran(self.model_ms, only_model);
         }
-        match self.model.as_mut() {
-            Some(m) => m.observe(outcome, hidden),
-            None => Ok(()),
+        if let Some(m) = self.model.as_mut() {
+            if let Err(e) = m.observe(outcome, hidden) {
+                eprintln!("auto: model source left out of this request: {e}");
+                self.model = None;
+            }
         }
+        Ok(())
     }
 
     fn node_confidence(&self) -> Option<&[f32]> {
@@ -435,50 +456,30 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
             cfg.tree_budget, a.ctx
         )));
     }
+    for (i, n) in cfg.sources.iter().enumerate() {
+        if cfg.sources[..i].contains(n) {
+            return Err(Error::BadRequest(format!(
+                "auto's source {n:?} is listed twice"
+            )));
+        }
+    }
+    let defaults = cfg.sources == super::registry::DEFAULT_SOURCES;
     let (mut kinds, mut names) = (vec![], vec![]);
     let (mut trie, mut model) = (None, None);
     for name in &cfg.sources {
-        let kind = match name.as_str() {
-            "pld" => Kind::Pld,
-            "suffix" => Kind::Suffix,
-            "trie" => {
-                trie = Some(a.trie().map_err(|e| e.context("auto's source trie"))?);
-                Kind::Trie
+        match source(a, name, &mut model, &mut trie) {
+            Ok(kind) => {
+                kinds.push(kind);
+                names.push(name.clone());
             }
-            other => {
-                let m = (a.named)(other).map_err(|e| {
-                    e.context(format!(
-                        "auto's source {other:?} (sources: pld, suffix, trie, or a model drafter)"
-                    ))
-                })?;
-                if m.is_none() || ["pld", "auto"].contains(&m.entry.name) {
-                    return Err(Error::BadRequest(format!(
-                        "auto's source {other:?} is not a model drafter"
-                    )));
-                }
-                if model.is_some() {
-                    return Err(Error::BadRequest(
-                        "auto takes one model drafter among its sources".into(),
-                    ));
-                }
-                let sub = DrafterConfig {
-                    method: m,
-                    sources: vec![],
-                    ..cfg.clone()
-                };
-                let loaded = (m.entry.load)(&a.for_method(&sub))
-                    .map_err(|e| e.context(format!("auto's source {other}")))?;
-                model = Some(loaded.template);
-                Kind::Model
-            }
-        };
-        if kinds.contains(&kind) {
-            return Err(Error::BadRequest(format!(
-                "auto's source {name:?} is listed twice"
-            )));
+            // A default source that cannot load is left out with a warning; one the user
+            // named is an error.
+            Err(e) if defaults => eprintln!("auto: source {name} left out: {e}"),
+            Err(e) => return Err(e),
         }
-        kinds.push(kind);
-        names.push(name.clone());
+    }
+    if kinds.is_empty() {
+        return Err(Error::BadRequest("auto: no source could be loaded".into()));
     }
     let cache = (kinds.contains(&Kind::Suffix) && cfg.suffix_cache_tokens > 0)
         .then(|| Mutex::new(SuffixIndex::new(cfg.suffix_cache_tokens, &ORDERS)));
@@ -500,5 +501,48 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
             shared,
         }),
         max_draft: cfg.tree_budget,
+    })
+}
+
+/// Loads the source `name` (a model source into `model`, the trie into `trie`).
+fn source<'t>(
+    a: &LoadArgs<'_, 't>,
+    name: &str,
+    model: &mut Option<Box<dyn Template<'t> + 't>>,
+    trie: &mut Option<Arc<NgramTrie>>,
+) -> Result<Kind> {
+    Ok(match name {
+        "pld" => Kind::Pld,
+        "suffix" => Kind::Suffix,
+        "trie" => {
+            *trie = Some(a.trie().map_err(|e| e.context("auto's source trie"))?);
+            Kind::Trie
+        }
+        other => {
+            let m = (a.named)(other).map_err(|e| {
+                e.context(format!(
+                    "auto's source {other:?} (sources: pld, suffix, trie, or a model drafter)"
+                ))
+            })?;
+            if m.is_none() || ["pld", "auto"].contains(&m.entry.name) {
+                return Err(Error::BadRequest(format!(
+                    "auto's source {other:?} is not a model drafter"
+                )));
+            }
+            if model.is_some() {
+                return Err(Error::BadRequest(
+                    "auto takes one model drafter among its sources".into(),
+                ));
+            }
+            let sub = DrafterConfig {
+                method: m,
+                sources: vec![],
+                ..a.cfg.clone()
+            };
+            let loaded = (m.entry.load)(&a.for_method(&sub))
+                .map_err(|e| e.context(format!("auto's source {other}")))?;
+            *model = Some(loaded.template);
+            Kind::Model
+        }
     })
 }

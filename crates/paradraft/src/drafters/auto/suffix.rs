@@ -264,7 +264,8 @@ impl SuffixIndex {
                     break;
                 }
                 let t = TokenId(self.tok(p));
-                let found = (0..nodes.len()).find(|&i| nodes[i].parent == parent && nodes[i].token == t);
+                let found =
+                    (0..nodes.len()).find(|&i| nodes[i].parent == parent && nodes[i].token == t);
                 let i = match found {
                     Some(i) => i,
                     None => {

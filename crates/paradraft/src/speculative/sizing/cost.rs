@@ -30,6 +30,29 @@ impl CostCurve {
         repeats: usize,
         max_rows: usize,
     ) -> Result<CostCurve> {
+        Self::measure_rows(model, context, repeats, max_rows, None)
+    }
+
+    /// [`CostCurve::measure_up_to`] for verifying sampled drafts: every row's full logits, and
+    /// the sampler's distribution (`sampling`) made from each, as a round at T > 0 does.
+    pub fn measure_sampled(
+        model: &Model,
+        context: usize,
+        repeats: usize,
+        max_rows: usize,
+        sampling: crate::sample::SamplingParams,
+    ) -> Result<CostCurve> {
+        let sampler = crate::sample::Sampler::new(sampling)?;
+        Self::measure_rows(model, context, repeats, max_rows, Some(&sampler))
+    }
+
+    fn measure_rows(
+        model: &Model,
+        context: usize,
+        repeats: usize,
+        max_rows: usize,
+        sampler: Option<&crate::sample::Sampler>,
+    ) -> Result<CostCurve> {
         let max_rows = max_rows.max(2);
         let mut s = Scratch::default();
         let mut kv: KvCache = model.new_kv(context + max_rows + 8);
@@ -39,7 +62,11 @@ impl CostCurve {
         let base = kv.len();
         let spec = OutputSpec {
             rows: Rows::All,
-            logits: Logits::Argmax,
+            logits: if sampler.is_some() {
+                Logits::Full
+            } else {
+                Logits::Argmax
+            },
             taps: vec![],
         };
         let mut points = vec![];
@@ -60,6 +87,11 @@ impl CostCurve {
                     &spec,
                     &mut s,
                 )?;
+                if let Some(sampler) = sampler {
+                    for r in 0..rows {
+                        std::hint::black_box(sampler.dist(s.out.logits_row(r)));
+                    }
+                }
                 best = best.min(t.elapsed().as_secs_f64() * 1e3);
                 kv.truncate(base);
             }
