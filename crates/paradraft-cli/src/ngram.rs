@@ -18,6 +18,9 @@ pub enum NgramCmd {
     Convert(ConvertArgs),
     /// Query speed: microseconds to score 25 candidates after one context.
     Bench(BenchArgs),
+    /// `--drafter auto`'s suffix cache: fill it with corpus text and time its lookups (what each
+    /// drafting round asks) after contexts from another text.
+    SuffixBench(SuffixBenchArgs),
     /// Estimate an interpolated modified Kneser–Ney 3-gram over the target's tokens from JSON
     /// Lines corpora and write it as ARPA (DiffuSpec's causal proxy); reports its query speed.
     Arpa(ArpaArgs),
@@ -74,13 +77,70 @@ pub struct BenchArgs {
     queries: usize,
 }
 
+#[derive(Args)]
+pub struct SuffixBenchArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Corpus files whose text fills the cache (JSON Lines, `{"text": ...}`, `.gz` read
+    /// compressed).
+    #[arg(
+        long = "corpus",
+        default_value = "data/corpus/corpus_permissive.jsonl.gz"
+    )]
+    corpus: Vec<PathBuf>,
+    /// Tokens the cache holds (and is filled with, when the corpus has them).
+    #[arg(long, default_value_t = 1 << 20)]
+    tokens: usize,
+    /// Text whose tokens are the lookup contexts.
+    #[arg(long, default_value = "data/bench/mt_bench.jsonl")]
+    text: PathBuf,
+    #[arg(long, default_value_t = 100_000)]
+    queries: usize,
+}
+
 pub fn run(cmd: NgramCmd) -> Result<()> {
     match cmd {
         NgramCmd::Build(a) => build(a),
         NgramCmd::Convert(a) => convert(a),
         NgramCmd::Bench(a) => bench(a),
         NgramCmd::Arpa(a) => arpa(a),
+        NgramCmd::SuffixBench(a) => suffix_bench(a),
     }
+}
+
+fn suffix_bench(a: SuffixBenchArgs) -> Result<()> {
+    use paradraft::drafters::auto::suffix::{bench_lookups, SuffixIndex};
+    let (lm, _) = a.m.load()?;
+    let mut ix = SuffixIndex::new(a.tokens, &[1, 2, 4]);
+    let t0 = Instant::now();
+    let mut filled = 0usize;
+    let threads = paradraft::runtime::default_threads();
+    ngram::for_each_document(
+        &a.corpus,
+        &lm.tokenizer,
+        threads,
+        |_, _| {},
+        |doc| {
+            if filled < a.tokens {
+                filled += doc.len() + 1;
+                ix.extend(&doc);
+                ix.end_document();
+            }
+        },
+    )?;
+    let fill_s = t0.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(&a.text)?;
+    let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
+    let (us, hit) = bench_lookups(&ix, &toks, 64, a.queries);
+    println!(
+        "{} tokens cached ({:.1} MB, filled and tokenized in {fill_s:.1} s); {us:.2} µs per lookup ({} lookups, 64-token contexts from {}); {:.1} % found a match",
+        ix.len(),
+        ix.bytes() as f64 / 1e6,
+        a.queries,
+        a.text.display(),
+        100.0 * hit
+    );
+    Ok(())
 }
 
 fn build(a: BuildArgs) -> Result<()> {

@@ -68,10 +68,10 @@ pub struct SuffixIndex {
     table_mask: u64,
 }
 
-fn hash(gram: &[u32]) -> u64 {
+fn hash(gram: impl Iterator<Item = u32>) -> u64 {
     // FNV-1a over the tokens, then a final mix.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &t in gram {
+    for t in gram {
         h ^= t as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -170,8 +170,8 @@ impl SuffixIndex {
                 if self.heads[o].is_empty() {
                     self.heads[o] = vec![NONE; self.table_mask as usize + 1];
                 }
-                let gram: Vec<u32> = (end - n as u64..end).map(|p| self.tok(p)).collect();
-                let h = (hash(&gram) & self.table_mask) as usize;
+                let h =
+                    (hash((end - n as u64..end).map(|p| self.tok(p))) & self.table_mask) as usize;
                 self.prev[o][last] = self.heads[o][h];
                 self.heads[o][h] = end;
             }
@@ -184,14 +184,6 @@ impl SuffixIndex {
             self.put(SEP);
             self.doc_len = 0;
         }
-    }
-
-    /// Whether the `n` tokens ending before `end` equal the last `n` of `ctx`.
-    fn same(&self, end: u64, ctx: &[TokenId], n: usize) -> bool {
-        if end < n as u64 || !self.live(end - n as u64) || !self.live(end - 1) {
-            return false;
-        }
-        (0..n).all(|i| self.tok(end - 1 - i as u64) == ctx[ctx.len() - 1 - i].0)
     }
 
     /// How many tokens before `end` match the end of `ctx` (at most [`MAX_MATCH`]).
@@ -210,24 +202,25 @@ impl SuffixIndex {
     /// Earlier occurrences of the longest indexed suffix of `ctx` that some text follows,
     /// longest match first (then latest), at most `max`.
     pub fn matches(&self, ctx: &[TokenId], max: usize) -> Vec<Match> {
-        let mut out: Vec<Match> = Vec::new();
+        let mut out: Vec<Match> = Vec::with_capacity(CHAIN_STEPS);
         for o in (0..self.orders.len()).rev() {
             let n = self.orders[o];
             if ctx.len() < n || self.heads[o].is_empty() {
                 continue;
             }
-            let gram: Vec<u32> = ctx[ctx.len() - n..].iter().map(|t| t.0).collect();
-            let mut at = self.heads[o][(hash(&gram) & self.table_mask) as usize];
+            let gram = ctx[ctx.len() - n..].iter().map(|t| t.0);
+            let mut at = self.heads[o][(hash(gram) & self.table_mask) as usize];
             for _ in 0..CHAIN_STEPS {
                 if at == NONE || !self.live(at - 1) {
                     break;
                 }
                 // Something must follow the match (not the end of the text or a document).
-                if at < self.next && self.tok(at) != SEP && self.same(at, ctx, n) {
-                    out.push(Match {
-                        end: at,
-                        len: self.match_len(at, ctx),
-                    });
+                if at < self.next && self.tok(at) != SEP {
+                    // Checked token by token: hash collisions and overwritten text fail here.
+                    let len = self.match_len(at, ctx);
+                    if len >= n {
+                        out.push(Match { end: at, len });
+                    }
                 }
                 let before = self.prev[o][self.slot(at - 1)];
                 if before >= at {
@@ -253,33 +246,40 @@ impl SuffixIndex {
         depth: usize,
     ) -> Continuations {
         let ms = self.matches(ctx, max_matches);
-        let mut nodes: Vec<ContNode> = Vec::new();
-        let mut weight: Vec<f32> = Vec::new();
-        for m in &ms {
-            let w = m.len as f32;
-            let mut parent = None;
-            for d in 0..depth as u64 {
-                let p = m.end + d;
+        let room = ms.len() * depth;
+        let mut nodes: Vec<ContNode> = Vec::with_capacity(room);
+        let mut weight: Vec<f32> = Vec::with_capacity(room);
+        // Depth by depth: each match still going sits at a node; matches that read the same
+        // token under the same node share the child (at most `max_matches` per depth).
+        let mut at: Vec<(usize, Option<usize>)> = (0..ms.len()).map(|i| (i, None)).collect();
+        let mut level: Vec<(Option<usize>, u32, usize)> = Vec::with_capacity(ms.len());
+        for d in 0..depth as u64 {
+            level.clear();
+            at.retain_mut(|(m, node)| {
+                let p = ms[*m].end + d;
                 if !self.live(p) || self.tok(p) == SEP {
-                    break;
+                    return false;
                 }
-                let t = TokenId(self.tok(p));
-                let found =
-                    (0..nodes.len()).find(|&i| nodes[i].parent == parent && nodes[i].token == t);
-                let i = match found {
-                    Some(i) => i,
+                let t = self.tok(p);
+                let i = match level.iter().find(|e| e.0 == *node && e.1 == t) {
+                    Some(e) => e.2,
                     None => {
                         nodes.push(ContNode {
-                            parent,
-                            token: t,
+                            parent: *node,
+                            token: TokenId(t),
                             share: 0.0,
                         });
                         weight.push(0.0);
+                        level.push((*node, t, nodes.len() - 1));
                         nodes.len() - 1
                     }
                 };
-                weight[i] += w;
-                parent = Some(i);
+                weight[i] += ms[*m].len as f32;
+                *node = Some(i);
+                true
+            });
+            if at.is_empty() {
+                break;
             }
         }
         let total: f32 = ms.iter().map(|m| m.len as f32).sum();
@@ -296,6 +296,30 @@ impl SuffixIndex {
             nodes,
         }
     }
+}
+
+/// What `paradraft ngram suffix-bench` reports: microseconds per lookup (the continuations
+/// of up to 8 matches, 24 deep, as `auto` asks each round) after each of `contexts`' prefixes of
+/// `len` tokens, cycling over them `queries` times; and the share of lookups that found a match.
+pub fn bench_lookups(
+    ix: &SuffixIndex,
+    contexts: &[TokenId],
+    len: usize,
+    queries: usize,
+) -> (f64, f64) {
+    let n = queries.max(1);
+    let span = contexts.len().saturating_sub(len).max(1);
+    let mut found = 0usize;
+    let t = std::time::Instant::now();
+    for q in 0..n {
+        let at = (q * 7919) % span;
+        let ctx = &contexts[at..(at + len).min(contexts.len())];
+        found += (!ix.continuations(ctx, 8, 24).nodes.is_empty()) as usize;
+    }
+    (
+        t.elapsed().as_secs_f64() * 1e6 / n as f64,
+        found as f64 / n as f64,
+    )
 }
 
 #[cfg(test)]
@@ -328,10 +352,14 @@ mod tests {
         assert_eq!(c.longest, 3);
         assert_eq!(c.nodes[0].token.0, 7);
         assert!((c.nodes[0].share - 0.6).abs() < 1e-6, "{:?}", c.nodes);
-        let chain: Vec<u32> = c.nodes.iter().take(3).map(|n| n.token.0).collect();
-        assert_eq!(chain, vec![7, 8, 6]);
-        assert_eq!(c.nodes[1].parent, Some(0));
-        assert_eq!(c.nodes[1].share, 1.0);
+        let child = |p: usize| c.nodes.iter().position(|n| n.parent == Some(p)).unwrap();
+        let (eight, six) = (child(0), child(child(0)));
+        assert_eq!((c.nodes[eight].token.0, c.nodes[six].token.0), (8, 6));
+        assert_eq!(c.nodes[eight].share, 1.0);
+        let parents_first = c.nodes.iter().enumerate();
+        assert!(parents_first
+            .clone()
+            .all(|(i, n)| n.parent.is_none_or(|p| p < i)));
         assert!(ix.continuations(&ids(&[42]), 8, 3).nodes.is_empty());
     }
 
