@@ -128,7 +128,7 @@ def metric_sums(port):
     return v
 
 
-def level(port, ps, conc, n_req, max_tokens, temperature):
+def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
     results = [None] * n_req
     nxt = [0]
     lock = threading.Lock()
@@ -141,7 +141,7 @@ def level(port, ps, conc, n_req, max_tokens, temperature):
             if i >= n_req:
                 return
             t = time.perf_counter()
-            ttft, tlast, toks, _ = stream_chat(port, ps[i % len(ps)], max_tokens, temperature, i)
+            ttft, tlast, toks, _ = stream_chat(port, ps[(first + i) % len(ps)], max_tokens, temperature, i)
             results[i] = (t, ttft, tlast, toks)
 
     a0, n0, i0, m0 = metric_sums(port)
@@ -240,9 +240,13 @@ def main():
         try:
             stream_chat(srv.port, ps[0], 8, a.temperature, 0)  # warm-up
             res = []
+            # Each level asks prompts no earlier level asked (a drafter that caches earlier
+            # answers, as auto's suffix cache does, must not see a prompt twice).
+            first = 1
             for c in levels:
                 n = a.requests or max(8, 2 * c)
-                r = level(srv.port, ps, c, n, a.max_tokens, a.temperature)
+                r = level(srv.port, ps, c, n, a.max_tokens, a.temperature, first)
+                first += n
                 res.append(r)
                 print(
                     f"{method:>8} c={c:<3} {r['tok_s']:7.1f} tok/s  TTFT p50 {r['ttft_ms'][50]:7.0f} ms"

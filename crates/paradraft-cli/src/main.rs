@@ -218,18 +218,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     let (lm, ctx) = a.m.load()?;
     let tok = &lm.tokenizer;
-    // --raw: the text as given, special-token strings included; otherwise the chat template,
-    // whose control tokens are the only ones (the messages are encoded as text).
-    let prompt = if a.raw {
-        tok.encode(&user)?
-    } else {
-        let mut msgs = Vec::new();
-        if let Some(s) = &a.system {
-            msgs.push(Message::new("system", s));
-        }
-        msgs.push(Message::new("user", &user));
-        tok.encode_chat(&msgs, true)?
-    };
+    let prompt = tok.encode_prompt(&user, a.system.as_deref(), a.raw)?;
     let stop = Some(Stop::Many(a.stop.clone()));
     let params = a
         .sampling

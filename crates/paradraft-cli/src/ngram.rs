@@ -5,7 +5,7 @@ use crate::ModelArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use paradraft::ngram::{self, NgramTrie};
+use paradraft::ngram;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -109,37 +109,19 @@ pub fn run(cmd: NgramCmd) -> Result<()> {
 }
 
 fn suffix_bench(a: SuffixBenchArgs) -> Result<()> {
-    use paradraft::drafters::auto::suffix::{bench_lookups, SuffixIndex};
     let (lm, _) = a.m.load()?;
-    let mut ix = SuffixIndex::new(a.tokens, &[1, 2, 4]);
-    let t0 = Instant::now();
-    let mut filled = 0usize;
-    let threads = paradraft::runtime::default_threads();
-    ngram::for_each_document(
-        &a.corpus,
-        &lm.tokenizer,
-        threads,
-        |_, _| {},
-        |doc| {
-            if filled < a.tokens {
-                filled += doc.len() + 1;
-                ix.extend(&doc);
-                ix.end_document();
-            }
-        },
-    )?;
-    let fill_s = t0.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&a.text)?;
     let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
-    let (us, hit) = bench_lookups(&ix, &toks, 64, a.queries);
-    println!(
-        "{} tokens cached ({:.1} MB, filled and tokenized in {fill_s:.1} s); {us:.2} µs per lookup ({} lookups, 64-token contexts from {}); {:.1} % found a match",
-        ix.len(),
-        ix.bytes() as f64 / 1e6,
+    let threads = paradraft::runtime::default_threads();
+    let line = ngram::bench::suffix(
+        &lm.tokenizer,
+        &a.corpus,
+        a.tokens,
+        &toks,
         a.queries,
-        a.text.display(),
-        100.0 * hit
-    );
+        threads,
+    )?;
+    println!("{line} (contexts from {})", a.text.display());
     Ok(())
 }
 
@@ -186,20 +168,11 @@ fn convert(a: ConvertArgs) -> Result<()> {
 
 fn bench(a: BenchArgs) -> Result<()> {
     let (lm, _) = a.m.load()?;
-    let t0 = Instant::now();
-    let trie = NgramTrie::open(&a.trie)?;
-    trie.check_stamp(ngram::stamp_of(&lm.tokenizer), &a.trie)?;
-    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let text = std::fs::read_to_string(&a.text)?;
     let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
-    let (len, order) = (trie.len(), trie.order());
-    let stop = lm.tokenizer.stop_tokens.iter().copied().collect();
     let vocab = lm.model.config.vocab_size;
-    let lines = ngram::bench::trie(trie, &toks, a.queries, vocab, stop)?;
-    println!(
-        "{len} nodes, order {order}; opened and validated in {open_ms:.1} ms; {}",
-        lines.join("\n")
-    );
+    let report = ngram::bench::trie_file(&a.trie, &lm.tokenizer, vocab, &toks, a.queries)?;
+    println!("{report}");
     Ok(())
 }
 
@@ -216,21 +189,9 @@ fn arpa(a: ArpaArgs) -> Result<()> {
     pb.finish();
     let built = t0.elapsed().as_secs_f64();
     model.write(&a.out)?;
-    let size = std::fs::metadata(&a.out)?.len();
-    let t0 = Instant::now();
-    let back = ngram::arpa::ArpaLm::read(&a.out)?;
-    let read_s = t0.elapsed().as_secs_f64();
     let text = std::fs::read_to_string(&a.text)?;
     let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
-    let (ns, n, mean) = ngram::bench::arpa(&back, &toks);
-    println!(
-        "{} words, order {}, {:.1} MB, built in {built:.1} s, read back in {read_s:.1} s: {}; {ns:.0} ns per query ({n} queries, mean ln p {:.3})",
-        back.vocab_len(),
-        back.order(),
-        size as f64 / 1e6,
-        a.out.display(),
-        mean
-    );
+    println!("{}", ngram::bench::arpa_file(&a.out, &toks, built)?);
     Ok(())
 }
 

@@ -299,6 +299,26 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// A user's text as a prompt: as given when `raw` (special-token strings included), else
+    /// through the chat template after an optional system message (the messages are encoded
+    /// as text; the template's control tokens are the only special ones).
+    pub fn encode_prompt(
+        &self,
+        user: &str,
+        system: Option<&str>,
+        raw: bool,
+    ) -> Result<Vec<TokenId>> {
+        if raw {
+            return self.encode(user);
+        }
+        let mut msgs = Vec::new();
+        if let Some(s) = system {
+            msgs.push(Message::new("system", s));
+        }
+        msgs.push(Message::new("user", user));
+        self.encode_chat(&msgs, true)
+    }
+
     /// Renders `messages` with the chat template and encodes the result, with control tokens
     /// from the template only: special-token text inside a message (`<|im_end|>…`) is encoded
     /// as the plain text it is. Messages without such text are encoded exactly as

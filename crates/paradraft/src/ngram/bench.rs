@@ -110,3 +110,82 @@ pub fn arpa(model: &ArpaLm, toks: &[TokenId]) -> (f64, usize, f64) {
         sum / n as f64,
     )
 }
+
+/// `paradraft ngram suffix-bench`: a suffix cache of `capacity` tokens filled with the texts of
+/// `corpus` (tokenized on `threads` threads), then [`super::suffix::bench_lookups`] after
+/// 64-token contexts from `contexts`; one line.
+pub fn suffix(
+    tok: &Tokenizer,
+    corpus: &[std::path::PathBuf],
+    capacity: usize,
+    contexts: &[TokenId],
+    queries: usize,
+    threads: usize,
+) -> Result<String> {
+    let mut ix = super::suffix::SuffixIndex::new(capacity, &[1, 2, 4]);
+    let t0 = Instant::now();
+    let mut filled = 0usize;
+    super::for_each_document(
+        corpus,
+        tok,
+        threads,
+        |_, _| {},
+        |doc| {
+            if filled < capacity {
+                filled += doc.len() + 1;
+                ix.extend(&doc);
+                ix.end_document();
+            }
+        },
+    )?;
+    let fill_s = t0.elapsed().as_secs_f64();
+    let (us, hit) = super::suffix::bench_lookups(&ix, contexts, 64, queries);
+    Ok(format!(
+        "{} tokens cached ({:.1} MB, filled and tokenized in {fill_s:.1} s); {us:.2} µs per lookup ({queries} lookups of 64-token contexts); {:.1} % found a match",
+        ix.len(),
+        ix.bytes() as f64 / 1e6,
+        100.0 * hit
+    ))
+}
+
+/// `paradraft ngram bench`: opens and validates the trie at `path` (stamped for `tok`), then
+/// [`trie`] after the tokens `toks`; the report's lines.
+pub fn trie_file(
+    path: &std::path::Path,
+    tok: &Tokenizer,
+    vocab: usize,
+    toks: &[TokenId],
+    queries: usize,
+) -> Result<String> {
+    let t0 = Instant::now();
+    let t = NgramTrie::open(path)?;
+    t.check_stamp(super::stamp_of(tok), path)?;
+    let open_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (len, order) = (t.len(), t.order());
+    let stop = tok.stop_tokens.iter().copied().collect();
+    let lines = trie(t, toks, queries, vocab, stop)?;
+    Ok(format!(
+        "{len} nodes, order {order}; opened and validated in {open_ms:.1} ms; {}",
+        lines.join("\n")
+    ))
+}
+
+/// `paradraft ngram arpa`'s report: the model written at `path` (built in `built_s`) read
+/// back and queried ([`arpa`]) on `toks`.
+pub fn arpa_file(path: &std::path::Path, toks: &[TokenId], built_s: f64) -> Result<String> {
+    let size = std::fs::metadata(path)
+        .map_err(|e| Error::io(path, e))?
+        .len();
+    let t0 = Instant::now();
+    let back = ArpaLm::read(path)?;
+    let read_s = t0.elapsed().as_secs_f64();
+    let (ns, n, mean) = arpa(&back, toks);
+    Ok(format!(
+        "{} words, order {}, {:.1} MB, built in {built_s:.1} s, read back in {read_s:.1} s: {}; {ns:.0} ns per query ({n} queries, mean ln p {:.3})",
+        back.vocab_len(),
+        back.order(),
+        size as f64 / 1e6,
+        path.display(),
+        mean
+    ))
+}

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod dart;
 pub mod defaults;
 pub mod grams;
+pub mod suffix;
 pub mod trie;
 
 pub use trie::{NgramTrie, TrieBuilder, TrieStamp};

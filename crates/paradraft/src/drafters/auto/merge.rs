@@ -4,8 +4,8 @@
 //! estimated acceptance, so that any prefix is a tree and the sizer can cut it where nodes
 //! stop paying on this machine.
 
-use super::suffix::ContNode;
 use crate::error::Result;
+use crate::ngram::suffix::ContNode;
 use crate::speculative::{DraftTree, NodeId, Outcome};
 use std::collections::HashMap;
 

@@ -7,10 +7,10 @@
 
 mod gate;
 pub mod merge;
-pub mod suffix;
 
 use super::registry::{DrafterConfig, LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
+use crate::ngram::suffix::{ContNode, Continuations, SuffixIndex};
 use crate::ngram::NgramTrie;
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
@@ -18,7 +18,6 @@ use crate::types::TokenId;
 use gate::ModelGate;
 use merge::{merge, Calibration, Merged, Proposal};
 use std::sync::{Arc, Mutex};
-use suffix::{ContNode, Continuations, SuffixIndex};
 
 /// Deepest continuation a lookup source proposes.
 const MAX_DEPTH: usize = 24;
@@ -294,7 +293,7 @@ impl Auto<'_> {
                 },
                 Kind::Trie => self.trie.as_deref().and_then(|t| {
                     let (matched, nodes) = trie_tree(t, committed, depth);
-                    (!nodes.is_empty()).then(|| Proposal {
+                    (!nodes.is_empty()).then_some(Proposal {
                         source: s,
                         class: matched as u8,
                         nodes,

@@ -409,7 +409,7 @@ mod tests {
             let ctx = &text[..end];
             let mut got: Vec<u64> = ix.matches(ctx, 1000).iter().map(|m| m.end).collect();
             got.sort_unstable();
-            let mut want: Vec<u64> = (3..text.len())
+            let want: Vec<u64> = (3..text.len())
                 .filter(|&e| text[e - 3..e] == ctx[ctx.len() - 3..])
                 .map(|e| e as u64)
                 .collect();
