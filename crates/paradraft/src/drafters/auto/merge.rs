@@ -27,17 +27,19 @@ pub struct Proposal {
     pub nodes: Vec<ContNode>,
 }
 
-/// What a node's acceptance is calibrated by.
+/// What a node's acceptance is calibrated by: its source, the source's class, its depth and
+/// score bucket, and whether the request samples (T > 0 accepts far less of the same draft).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
     source: u8,
     class: u8,
     depth: u8,
     bucket: u8,
+    sampled: bool,
 }
 
 impl Key {
-    fn new(source: u8, class: u8, depth: usize, score: f32) -> Key {
+    fn new(source: u8, class: u8, depth: usize, score: f32, sampled: bool) -> Key {
         let bucket = match score {
             s if s < 0.25 => 0,
             s if s < 0.5 => 1,
@@ -49,6 +51,7 @@ impl Key {
             class,
             depth: (depth.min(DEPTHS as usize)) as u8,
             bucket,
+            sampled,
         }
     }
 }
@@ -102,10 +105,15 @@ struct Cand {
 /// Nodes whose path's estimated acceptance is below this are not kept.
 const MIN_CONF: f32 = 0.02;
 
-/// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib`: a node
-/// proposed by several sources takes the best of their estimates; its path's estimate is the
-/// product down from the root.
-pub fn merge(proposals: &[Proposal], calib: &Calibration, max_nodes: usize) -> Result<Merged> {
+/// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib` for a
+/// request that samples or not (`sampled`): a node proposed by several sources takes the best
+/// of their estimates; its path's estimate is the product down from the root.
+pub fn merge(
+    proposals: &[Proposal],
+    calib: &Calibration,
+    max_nodes: usize,
+    sampled: bool,
+) -> Result<Merged> {
     let mut cands: Vec<Cand> = Vec::new();
     for p in proposals {
         let mut at: Vec<usize> = Vec::with_capacity(p.nodes.len());
@@ -116,7 +124,7 @@ pub fn merge(proposals: &[Proposal], calib: &Calibration, max_nodes: usize) -> R
                 None => None,
             };
             let depth = parent.map_or(1, |q| cands[q].depth + 1);
-            let key = Key::new(p.source, p.class, depth, n.share);
+            let key = Key::new(p.source, p.class, depth, n.share, sampled);
             let est = calib.estimate(key, n.share);
             let i = match cands
                 .iter()
@@ -237,7 +245,7 @@ mod tests {
             nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
         };
         let mut calib = Calibration::default();
-        let m = merge(&[a.clone(), b.clone()], &calib, 16).unwrap();
+        let m = merge(&[a.clone(), b.clone()], &calib, 16, false).unwrap();
         assert_eq!(m.tree.len(), 4, "token 1 is shared");
         assert_eq!(m.sources[0], 0b11);
         assert_eq!(m.tree.token(NodeId(0)), TokenId(1));
@@ -259,7 +267,7 @@ mod tests {
             };
             m.learn(&out, &mut calib);
         }
-        let m2 = merge(&[a, b], &calib, 16).unwrap();
+        let m2 = merge(&[a.clone(), b.clone()], &calib, 16, false).unwrap();
         assert_eq!(m2.tree.token(NodeId(1)), TokenId(5), "{:?}", m2.conf);
         assert!(m2.conf[1] > 0.9);
         // The never-accepted child of an accepted parent falls near zero; its child, never
@@ -273,8 +281,31 @@ mod tests {
             "{:?}",
             m2.conf
         );
+        // A sampling request learns on its own: what greedy requests saw does not price its nodes.
+        let hot = merge(&[a, b], &calib, 16, true).unwrap();
+        let fresh = merge(&hot_fresh(), &Calibration::default(), 16, true).unwrap();
+        assert_eq!(hot.conf[0], fresh.conf[0]);
         // Capped at max_nodes.
-        assert_eq!(merge(&[], &calib, 4).unwrap().tree.len(), 0);
+        assert_eq!(merge(&[], &calib, 4, false).unwrap().tree.len(), 0);
+    }
+
+    fn hot_fresh() -> Vec<Proposal> {
+        vec![
+            Proposal {
+                source: 0,
+                class: 0,
+                nodes: vec![
+                    node(None, 1, 1.0),
+                    node(Some(0), 2, 1.0),
+                    node(Some(1), 3, 1.0),
+                ],
+            },
+            Proposal {
+                source: 1,
+                class: 0,
+                nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
+            },
+        ]
     }
 
     /// A verified node whose parent was rejected teaches nothing.
@@ -286,7 +317,7 @@ mod tests {
             nodes: vec![node(None, 1, 0.9), node(Some(0), 2, 0.9)],
         };
         let mut calib = Calibration::default();
-        let m = merge(&[a], &calib, 8).unwrap();
+        let m = merge(&[a], &calib, 8, false).unwrap();
         let out = Outcome {
             accepted: vec![],
             tokens: vec![],

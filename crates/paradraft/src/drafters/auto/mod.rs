@@ -120,6 +120,8 @@ pub struct Auto<'t> {
     model_bit: Option<u32>,
     /// Nodes verified last round.
     verified_last: usize,
+    /// The request samples (T > 0): its nodes are priced by what sampling requests accepted.
+    sampled: bool,
 }
 
 impl<'t> Template<'t> for AutoTemplate<'t> {
@@ -148,6 +150,7 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
             gate: ModelGate::default(),
             model_bit: None,
             verified_last: 0,
+            sampled: !sampling.is_greedy(),
         }))
     }
 
@@ -351,7 +354,7 @@ impl Drafter for Auto<'_> {
         let t = std::time::Instant::now();
         let mut props = self.proposals(committed, max_nodes)?;
         let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-        self.last = merge(&props, &calib, max_nodes)?;
+        self.last = merge(&props, &calib, max_nodes, self.sampled)?;
         drop(calib);
         let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
         if self.model.is_some() && self.gate.run(expected) {
@@ -359,7 +362,7 @@ impl Drafter for Auto<'_> {
                 Ok(p) => {
                     props.push(p);
                     let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-                    self.last = merge(&props, &calib, max_nodes)?;
+                    self.last = merge(&props, &calib, max_nodes, self.sampled)?;
                 }
                 // A source that fails is left out for the rest of the request; the
                 // request goes on with the others.
