@@ -249,7 +249,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             String::new(),
         )
     } else {
-        let curve = set.measure(&lm.model)?;
+        let curve = set.measure(&lm.model, !sampling.is_greedy())?;
         let sp = set.speculation(sampling, a.sampling.verify_rule)?;
         let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
         let (v, extra) = (

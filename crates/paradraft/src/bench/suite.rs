@@ -77,7 +77,7 @@ impl Suite<'_> {
             let cfg = with(m);
             let mut drafters = cfg.load(self.target_path, lm, ctx)?;
             if let Some(c) = &curve {
-                drafters.measure_costs(&lm.model, c)?;
+                drafters.measure_costs(&lm.model, c, !self.sampling.is_greedy())?;
             }
             methods.push(harness::Method {
                 name: cfg.label(),

@@ -231,15 +231,21 @@ impl Serialize for Method {
 }
 
 impl<'t> LoadArgs<'_, 't> {
-    /// The tree search settings, with the n-gram trie unless `no_ngram`.
-    pub fn tree_drafting(&self) -> Result<TreeDrafting> {
-        let (cfg, lm, ctx) = (self.cfg, self.lm, self.ctx);
-        if cfg.tree_budget == 0 || cfg.tree_budget >= ctx {
+    /// The most nodes of a tree, checked against the context.
+    pub fn tree_budget(&self) -> Result<usize> {
+        let (n, ctx) = (self.cfg.tree_budget, self.ctx);
+        if n == 0 || n >= ctx {
             return Err(Error::BadRequest(format!(
-                "--tree-budget {} must be between 1 and the context ({ctx} tokens) minus one",
-                cfg.tree_budget
+                "--tree-budget {n} must be between 1 and the context ({ctx} tokens) minus one"
             )));
         }
+        Ok(n)
+    }
+
+    /// The tree search settings, with the n-gram trie unless `no_ngram`.
+    pub fn tree_drafting(&self) -> Result<TreeDrafting> {
+        let (cfg, lm) = (self.cfg, self.lm);
+        self.tree_budget()?;
         let ngram = if cfg.no_ngram {
             None
         } else {

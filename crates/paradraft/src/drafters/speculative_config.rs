@@ -248,31 +248,40 @@ impl<'t> DrafterSet<'t> {
 
     /// Measures what a proposal costs on this machine and keeps it with the target's verify
     /// costs `target` ([`CostCurve::measure`]), so that each round's draft is sized by what
-    /// pays; nothing to do without a drafter or with fixed drafts.
-    pub fn measure_costs(&mut self, model: &Model, target: &CostCurve) -> Result<()> {
+    /// pays; nothing to do without a drafter or with fixed drafts. With `sampled` (requests
+    /// that sample will come) also the verify cost at T > 0 ([`CostCurve::measure_sampled`]),
+    /// which sizes their drafts.
+    pub fn measure_costs(
+        &mut self,
+        model: &Model,
+        target: &CostCurve,
+        sampled: bool,
+    ) -> Result<()> {
         if !self.adaptive || self.is_ar() {
             return Ok(());
         }
         let mut d = self.create(SamplingParams::default())?;
         let dc = CostCurve::measure_drafter(model, d.as_mut(), 64, self.max_draft, 3)?;
-        let rows = target.points.last().map_or(32, |p| p.0);
-        let t1 = SamplingParams {
-            temperature: 1.0,
-            ..Default::default()
-        };
-        self.sampled = Some(CostCurve::measure_sampled(model, 64, 2, rows, t1)?);
+        if sampled {
+            let rows = target.points.last().map_or(32, |p| p.0);
+            let t1 = SamplingParams {
+                temperature: 1.0,
+                ..Default::default()
+            };
+            self.sampled = Some(CostCurve::measure_sampled(model, 64, 2, rows, t1)?);
+        }
         self.costs = Some((target.clone(), dc));
         Ok(())
     }
 
     /// Measures this machine's verify costs and the drafter's proposal costs when drafts are
     /// sized from them ([`DrafterSet::measure_costs`]); returns the verify-cost curve.
-    pub fn measure(&mut self, model: &Model) -> Result<Option<CostCurve>> {
+    pub fn measure(&mut self, model: &Model, sampled: bool) -> Result<Option<CostCurve>> {
         if !self.adaptive || self.is_ar() {
             return Ok(None);
         }
         let c = CostCurve::measure(model, 64, 2)?;
-        self.measure_costs(model, &c)?;
+        self.measure_costs(model, &c, sampled)?;
         Ok(Some(c))
     }
 

@@ -160,7 +160,8 @@ impl<'e> Scheduler<'e> {
         if set.adaptive && !set.is_ar() {
             let rows = (self.cfg.max_running * (set.max_draft + 1)).clamp(32, 512);
             let curve = CostCurve::measure_up_to(model, 64, 2, rows)?;
-            set.measure_costs(model, &curve)?;
+            // Requests of any temperature may come.
+            set.measure_costs(model, &curve, true)?;
         }
         Ok(set)
     }

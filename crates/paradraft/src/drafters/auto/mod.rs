@@ -226,7 +226,7 @@ fn lookup(source: u8, c: Continuations) -> Option<Proposal> {
 
 /// A model drafter's tree as a proposal: each node scored by its probability given its parent
 /// (its path probability over its parent's; a chain without them, 0.5 each).
-fn model_proposal(source: u8, tree: &DraftTree, conf: Option<&[f32]>) -> Proposal {
+fn tree_proposal(source: u8, tree: &DraftTree, conf: Option<&[f32]>) -> Proposal {
     let nodes = (0..tree.len())
         .map(|i| {
             let n = crate::speculative::NodeId(i as u32);
@@ -273,7 +273,7 @@ impl Auto<'_> {
         self.model_ms = t.elapsed().as_secs_f64() * 1e3;
         self.select_ms += m.selection_ms();
         self.model_bit = Some(1 << s);
-        Ok(model_proposal(s, &tree, m.node_confidence()))
+        Ok(tree_proposal(s, &tree, m.node_confidence()))
     }
 
     /// The lookup sources' proposals for a tree of at most `max_nodes` nodes after `committed`.
@@ -452,12 +452,7 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
             "auto needs at least one source (pld, suffix, trie, or a model drafter)".into(),
         ));
     }
-    if cfg.tree_budget == 0 || cfg.tree_budget >= a.ctx {
-        return Err(Error::BadRequest(format!(
-            "--tree-budget {} must be between 1 and the context ({} tokens) minus one",
-            cfg.tree_budget, a.ctx
-        )));
-    }
+    let max_draft = a.tree_budget()?;
     for (i, n) in cfg.sources.iter().enumerate() {
         if cfg.sources[..i].contains(n) {
             return Err(Error::BadRequest(format!(
@@ -502,7 +497,7 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
             model,
             shared,
         }),
-        max_draft: cfg.tree_budget,
+        max_draft,
     })
 }
 

@@ -487,6 +487,14 @@ mod tests {
             s.choose_tree(32, BatchShape::default()) > 0
         });
         assert!(back.is_some());
+        // Trees that do not pay but cost little to propose (0.1 ms next to c(1) = 5 ms:
+        // lookups) are still drafted; the cut decides how much of them is verified.
+        let mut s = Sizer::new(curve());
+        for _ in 0..100 {
+            s.observe_tree(8, sum(&conf[..8]), 0, 0.1);
+        }
+        assert!(s.tree_gain < 1.0, "gain {}", s.tree_gain);
+        assert_eq!(s.choose_tree(32, BatchShape::default()), 32);
     }
 
     /// A forward that turns compute-bound (this machine's shape: c(16) ≈ 3 c(1), then linear):
