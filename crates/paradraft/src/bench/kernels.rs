@@ -47,6 +47,9 @@ pub struct CurvePoint {
     pub ms_argmax: f64,
     pub min_ms_all_logits: f64,
     pub min_ms_argmax: f64,
+    /// Median ms without the output layer (the layers alone): `ms_argmax` less this is what
+    /// the output layer's argmax costs for k rows.
+    pub ms_no_output: f64,
     /// `ms_all_logits(k) / ms_all_logits(1)`.
     pub cost_vs_k1: f64,
     pub gmac_s: f64,
@@ -176,8 +179,8 @@ impl std::fmt::Display for KernelBench {
         )?;
         writeln!(
             f,
-            "{:>3} {:>10} {:>10} {:>8} {:>8} {:>10}",
-            "k", "ms(logits)", "ms(argmax)", "c(k)/c1", "GMAC/s", "llama ms"
+            "{:>3} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10}",
+            "k", "ms(logits)", "ms(argmax)", "ms(layers)", "c(k)/c1", "GMAC/s", "llama ms"
         )?;
         for c in &r.curve {
             let l = r
@@ -188,8 +191,8 @@ impl std::fmt::Display for KernelBench {
                 .unwrap_or_default();
             writeln!(
                 f,
-                "{:>3} {:>10.2} {:>10.2} {:>8.2} {:>8.1} {:>10}",
-                c.k, c.ms_all_logits, c.ms_argmax, c.cost_vs_k1, c.gmac_s, l
+                "{:>3} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>8.1} {:>10}",
+                c.k, c.ms_all_logits, c.ms_argmax, c.ms_no_output, c.cost_vs_k1, c.gmac_s, l
             )?;
         }
         if let Some(l) = &r.llama_cpp {
@@ -429,6 +432,7 @@ pub fn run_kernel_bench(
     time_forward(model, p.context, 32, Logits::Full, &mut s)?;
     let mut all = vec![vec![]; CURVE_K.len()];
     let mut arg = vec![vec![]; CURVE_K.len()];
+    let mut bare = vec![vec![]; CURVE_K.len()];
     let (mut dec, mut pre) = (vec![], vec![]);
     let (mut ltg, mut lpp, mut lcurve) = (vec![], vec![], vec![vec![]; CURVE_K.len()]);
     for _ in 0..p.repeats {
@@ -445,6 +449,7 @@ pub fn run_kernel_bench(
         for (i, &k) in CURVE_K.iter().enumerate() {
             all[i].push(time_forward(model, p.context, k, Logits::Full, &mut s)? * 1e3);
             arg[i].push(time_forward(model, p.context, k, Logits::Argmax, &mut s)? * 1e3);
+            bare[i].push(time_forward(model, p.context, k, Logits::None, &mut s)? * 1e3);
         }
         dec.push(time_decode(model, p.decode_tokens, &mut s)?);
         pre.push(time_prefill(model, p.prefill_tokens, &mut s)?);
@@ -463,6 +468,7 @@ pub fn run_kernel_bench(
                 ms_argmax: a.median,
                 min_ms_all_logits: all[i].min,
                 min_ms_argmax: a.min,
+                ms_no_output: Stat::of(bare[i].clone()).median,
                 cost_vs_k1: all[i].median / k1,
                 gmac_s: macs * k as f64 / (all[i].median / 1e3) / 1e9,
             }
