@@ -112,8 +112,8 @@ pub struct SpecArgs {
     #[arg(long, default_value_t = 1)]
     pub(crate) dlm_steps: usize,
     /// What --drafter auto drafts from, comma-separated: pld (the request's own text), suffix
-    /// (earlier requests' text), trie (the n-gram trie), and one model drafter by method name
-    /// (default: pld,suffix,trie,dart).
+    /// (earlier requests' text), trie (the n-gram trie), recycle (the target's own earlier
+    /// top candidates), and one model drafter by method name (default: pld,suffix,trie,dart).
     #[arg(long, value_delimiter = ',')]
     pub(crate) sources: Option<Vec<String>>,
     /// Most tokens of earlier requests' text --drafter auto's suffix cache holds (fixed

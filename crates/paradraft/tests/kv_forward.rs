@@ -221,7 +221,7 @@ fn fused_argmax_and_top_k_agree_with_full_logits() {
     let p = prompt();
     let full = run_logits(&lm, &p);
     let mut s = Scratch::default();
-    for logits in [Logits::Argmax, Logits::TopK(5)] {
+    for logits in [Logits::Argmax, Logits::TopK(5), Logits::ArgmaxTop(5)] {
         let mut kv = lm.model.new_kv(32);
         let pos = seq_positions(0, p.len());
         let spec = OutputSpec {
@@ -246,6 +246,11 @@ fn fused_argmax_and_top_k_agree_with_full_logits() {
             let want = paradraft::runtime::ops::top_k(&full[r], 5);
             match logits {
                 Logits::Argmax => assert_eq!(out.argmax[k], want[0].0),
+                Logits::ArgmaxTop(_) => {
+                    assert_eq!(out.argmax[k], want[0].0);
+                    let ids: Vec<_> = out.top[k].iter().map(|e| e.0).collect();
+                    assert_eq!(ids, want.iter().map(|e| e.0).collect::<Vec<_>>());
+                }
                 _ => {
                     let ids: Vec<_> = out.top[k].iter().map(|e| e.0).collect();
                     assert_eq!(ids, want.iter().map(|e| e.0).collect::<Vec<_>>());

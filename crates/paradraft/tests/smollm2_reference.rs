@@ -268,6 +268,7 @@ fn screened_argmax_matches_full_logits() {
     let lm = smollm2();
     let mut s = Scratch::default();
     let (mut n, mut same) = (0, 0);
+    let (mut in_top, mut cands) = (0, 0);
     for p in fixture()["prompts"].as_array().unwrap() {
         let ids: Vec<TokenId> = u32s(&p["token_ids"]).into_iter().map(TokenId).collect();
         let full = run_logits(lm, &ids);
@@ -288,7 +289,28 @@ fn screened_argmax_matches_full_logits() {
             n += 1;
             same += usize::from(paradraft::runtime::ops::argmax(row) == a);
         }
+        // With the top candidates asked for too (Token Recycling), the argmax is the same,
+        // first among them, and most of the candidates are among the full logits' top 16.
+        let argmax = out.argmax.clone();
+        let mut kv = lm.model.new_kv(ids.len() + 8);
+        let spec = OutputSpec {
+            logits: Logits::ArgmaxTop(8),
+            ..spec
+        };
+        let out = lm.model.forward(&mut kv, &batch, &spec, &mut s).unwrap();
+        assert_eq!(out.argmax, argmax);
+        for ((row, top), &a) in full.iter().zip(&out.top).zip(&argmax) {
+            assert_eq!((top.len(), top[0].0), (8, a));
+            let best: Vec<TokenId> = paradraft::runtime::ops::top_k(row, 16)
+                .iter()
+                .map(|e| e.0)
+                .collect();
+            in_top += top.iter().filter(|e| best.contains(&e.0)).count();
+            cands += 8;
+        }
     }
+    eprintln!("{in_top} of {cands} screened candidates among the full logits' top 16");
+    assert!(in_top * 10 >= cands * 9, "{in_top} of {cands}");
     eprintln!("screened argmax = full-logits argmax at {same} of {n} positions");
     assert!(n > 100);
     assert_eq!(same, n);

@@ -297,7 +297,15 @@ fn auto_matches_ar_and_names_the_source_it_refuses() {
         json_of(&gen16(m, &a))["token_ids"].clone()
     };
     let ar_t = sampled(&[]);
-    for sources in ["pld,suffix,trie,dart", "pld", "trie", "dart", "suffix"] {
+    for sources in [
+        "pld,suffix,trie,dart",
+        "pld",
+        "trie",
+        "dart",
+        "suffix",
+        "recycle",
+        "pld,suffix,trie,recycle,dart",
+    ] {
         let extra = ["--drafter", "auto", "--sources", sources];
         assert_eq!(json_of(&gen16(m, &extra))["token_ids"], ar, "{sources}");
         assert_eq!(sampled(&extra), ar_t, "{sources} at T 0.9");

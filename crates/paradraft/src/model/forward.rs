@@ -93,6 +93,10 @@ pub enum Logits {
     Argmax,
     /// The k largest logits, descending.
     TopK(usize),
+    /// The argmax exactly as [`Logits::Argmax`] computes it, and the k ids scoring highest as
+    /// its screen ranks them (the ids near the top re-scored exactly, the others not):
+    /// candidates for drafting (Token Recycling), never for sampling.
+    ArgmaxTop(usize),
 }
 
 /// Which of the new tokens get output-layer results.
@@ -136,9 +140,9 @@ pub struct Output {
     pub vocab: usize,
     /// `rows.len() × vocab` when `Logits::Full`.
     pub logits: Vec<f32>,
-    /// One per row when `Logits::Argmax`.
+    /// One per row when `Logits::Argmax` or `Logits::ArgmaxTop`.
     pub argmax: Vec<TokenId>,
-    /// One list per row when `Logits::TopK`.
+    /// One list per row when `Logits::TopK` or `Logits::ArgmaxTop`.
     pub top: Vec<Vec<(TokenId, f32)>>,
     /// `n_tokens × (taps.len() · hidden)`: every new token's tapped layer outputs.
     pub hidden: Vec<f32>,

@@ -379,7 +379,9 @@ impl Model {
         // Argmax and top-k screen the vocabulary with the 4-bit copy; the ids near the top are
         // then re-scored exactly with the stored weights.
         let screen = match spec.logits {
-            Logits::Argmax | Logits::TopK(_) if !self.exact => self.screen.as_ref(),
+            Logits::Argmax | Logits::ArgmaxTop(_) | Logits::TopK(_) if !self.exact => {
+                self.screen.as_ref()
+            }
             _ => None,
         };
         let fast = screen.unwrap_or(head);
@@ -406,6 +408,10 @@ impl Model {
         match spec.logits {
             Logits::Argmax => out.argmax.resize(m, TokenId(0)),
             Logits::TopK(_) => out.top.resize(m, Vec::new()),
+            Logits::ArgmaxTop(_) => {
+                out.argmax.resize(m, TokenId(0));
+                out.top.resize(m, Vec::new());
+            }
             _ => {}
         }
         let (lp, ap, tp) = (
@@ -426,6 +432,12 @@ impl Model {
             match spec.logits {
                 Logits::Argmax => unsafe { *ap.get().add(i) = ops::argmax(row) },
                 Logits::TopK(k) => unsafe { *tp.get().add(i) = ops::top_k(row, k) },
+                // The argmax as `Argmax` finds it (refined with keep = 1), then the row's top
+                // k as it stands.
+                Logits::ArgmaxTop(k) => unsafe {
+                    *ap.get().add(i) = ops::argmax(row);
+                    *tp.get().add(i) = ops::top_k(row, k.max(1));
+                },
                 Logits::Full | Logits::None => {}
             }
         });

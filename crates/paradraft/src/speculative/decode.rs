@@ -7,12 +7,13 @@
 
 use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
-use super::verify::{row_of, verify, Outcome, VerifyRule};
+use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
 use crate::error::Result;
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Output, Tokenizer};
 use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
+use crate::runtime::ops;
 use crate::sample::Sampler;
 use crate::types::{Pos, SlotId, TokenId};
 use serde::Serialize;
@@ -72,6 +73,9 @@ pub struct RowNeeds {
 pub struct RoundOutput<'o> {
     /// One per output row (when the session's rows asked for argmaxes).
     pub argmax: &'o [TokenId],
+    /// One per output row: the best ids, best first (when they asked for
+    /// `Logits::ArgmaxTop`).
+    pub top: &'o [Vec<(TokenId, f32)>],
     /// `output rows × vocab` (when they asked for full logits).
     pub logits: &'o [f32],
     pub vocab: usize,
@@ -85,6 +89,7 @@ impl<'o> RoundOutput<'o> {
     pub fn of(out: &'o Output, batch_row0: usize, out_row0: usize, width: usize) -> Self {
         RoundOutput {
             argmax: out.argmax.get(out_row0..).unwrap_or(&[]),
+            top: out.top.get(out_row0..).unwrap_or(&[]),
             logits: out.logits.get(out_row0 * out.vocab..).unwrap_or(&[]),
             vocab: out.vocab,
             hidden: out.hidden.get(batch_row0 * width..).unwrap_or(&[]),
@@ -94,6 +99,26 @@ impl<'o> RoundOutput<'o> {
     pub fn logits_row(&self, r: usize) -> &'o [f32] {
         &self.logits[r * self.vocab..(r + 1) * self.vocab]
     }
+}
+
+/// The best `k` ids of each of `rows` verified rows, from the forward's top lists (greedy
+/// rounds) or its full logits (sampling rounds); empty when `k` is 0.
+fn candidates(k: usize, rows: usize, o: &RoundOutput) -> Candidates {
+    let mut ids = Vec::with_capacity(k * rows);
+    if k > 0 {
+        for r in 0..rows {
+            let row = match o.top.get(r) {
+                Some(t) => t.clone(),
+                None if o.logits.len() >= (r + 1) * o.vocab => ops::top_k(o.logits_row(r), k),
+                None => return Candidates::default(),
+            };
+            ids.extend(row.iter().map(|e| e.0).take(k));
+            // A vocabulary smaller than k repeats its best id.
+            let last = *ids.last().unwrap_or(&TokenId(0));
+            ids.resize(k * (r + 1), last);
+        }
+    }
+    Candidates { k, ids }
 }
 
 /// A forward in flight: a prompt chunk, or a drafted and linearised round. (One per session,
@@ -333,10 +358,10 @@ impl<'a> Session<'a> {
                 last_only: true,
             },
             Pending::Round(_) => RowNeeds {
-                logits: if self.greedy {
-                    Logits::Argmax
-                } else {
-                    Logits::Full
+                logits: match (self.greedy, self.drafter.candidates()) {
+                    (true, 0) => Logits::Argmax,
+                    (true, k) => Logits::ArgmaxTop(k),
+                    (false, _) => Logits::Full,
                 },
                 last_only: false,
             },
@@ -406,7 +431,7 @@ impl<'a> Session<'a> {
             verify_start,
         } = p;
         let base = lin.positions[0].0 as usize;
-        let outcome: Outcome = verify(
+        let mut outcome: Outcome = verify(
             self.rule,
             &tree,
             o.argmax,
@@ -414,6 +439,7 @@ impl<'a> Session<'a> {
             &self.sampler,
             base,
         );
+        outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, &o);
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();

@@ -13,7 +13,7 @@ pub mod verify;
 pub use decode::{RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration, Speculation};
 pub use step::speculative_generate;
 pub use tree::{DraftTree, Linearised, NodeId};
-pub use verify::{Outcome, VerifyRule};
+pub use verify::{Candidates, Outcome, VerifyRule};
 
 use crate::error::Result;
 use crate::types::TokenId;
@@ -67,6 +67,12 @@ pub trait Drafter {
     fn selection_ms(&self) -> f64 {
         0.0
     }
+
+    /// How many of the target's best candidates per verified row the drafter wants to see in
+    /// [`Outcome::top`] (Token Recycling drafts from them); 0, the default: none.
+    fn candidates(&self) -> usize {
+        0
+    }
 }
 
 /// A drafter kept by the caller, lent to a session.
@@ -91,5 +97,8 @@ impl<D: Drafter + ?Sized> Drafter for &mut D {
     }
     fn selection_ms(&self) -> f64 {
         (**self).selection_ms()
+    }
+    fn candidates(&self) -> usize {
+        (**self).candidates()
     }
 }

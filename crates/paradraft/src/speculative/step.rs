@@ -64,6 +64,7 @@ pub struct StepReport {
 pub struct Stepper {
     scratch: Scratch,
     argmax: Vec<TokenId>,
+    top: Vec<Vec<(TokenId, f32)>>,
 }
 
 impl Stepper {
@@ -127,6 +128,8 @@ impl Stepper {
             members[first].session.taps().to_vec()
         };
         let (mut arg_rows, mut full_rows) = (Vec::new(), Vec::new());
+        // Argmax rows get the top `top_k` candidates too when a member's drafter wants them.
+        let mut top_k = 0;
         let mut at = Vec::with_capacity(n); // (batch row0, argmax row0, full row0)
         let mut row = 0;
         for (i, m) in members.iter().enumerate().filter(|(i, _)| rep.planned[*i]) {
@@ -145,6 +148,10 @@ impl Stepper {
             };
             match need.logits {
                 Logits::Argmax => arg_rows.extend(mine),
+                Logits::ArgmaxTop(k) => {
+                    arg_rows.extend(mine);
+                    top_k = top_k.max(k);
+                }
                 Logits::Full => full_rows.extend(mine),
                 _ => {}
             }
@@ -157,10 +164,10 @@ impl Stepper {
                 .filter(|(i, _)| rep.planned[*i])
                 .map(|(_, m)| (&mut *m.kv, m.session.batch()))
                 .collect();
-            let first = if arg_rows.is_empty() {
-                (&full_rows, Logits::Full)
-            } else {
-                (&arg_rows, Logits::Argmax)
+            let first = match (arg_rows.is_empty(), top_k) {
+                (true, _) => (&full_rows, Logits::Full),
+                (false, 0) => (&arg_rows, Logits::Argmax),
+                (false, k) => (&arg_rows, Logits::ArgmaxTop(k)),
             };
             let logits = if first.0.is_empty() {
                 Logits::None
@@ -175,6 +182,7 @@ impl Stepper {
             model.forward_multi(&mut seqs, &spec, &mut self.scratch)?;
             if !arg_rows.is_empty() {
                 self.argmax.clone_from(&self.scratch.out.argmax);
+                self.top = std::mem::take(&mut self.scratch.out.top);
                 if !full_rows.is_empty() {
                     let spec = OutputSpec {
                         rows: Rows::Some(full_rows.clone()),
@@ -185,6 +193,7 @@ impl Stepper {
                 }
             } else {
                 self.argmax.clear();
+                self.top.clear();
             }
             &self.scratch.out
         };
@@ -193,6 +202,7 @@ impl Stepper {
             let w = m.session.width();
             let o = RoundOutput {
                 argmax: &self.argmax[a0.min(self.argmax.len())..],
+                top: &self.top[a0.min(self.top.len())..],
                 logits: out.logits.get(f0 * out.vocab..).unwrap_or(&[]),
                 vocab: out.vocab,
                 hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),

@@ -73,6 +73,30 @@ pub struct Outcome {
     pub bonus: TokenId,
     /// Nodes the drafter proposed.
     pub drafted: usize,
+    /// The target's best candidates at every verified row, when the drafter asked for them
+    /// ([`super::Drafter::candidates`]); empty otherwise.
+    pub top: Candidates,
+}
+
+/// The target's `k` best candidates per verified row, best first, rows in forward order (the
+/// root, then the nodes: [`row_of`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Candidates {
+    pub k: usize,
+    /// `rows × k` ids.
+    pub ids: Vec<TokenId>,
+}
+
+impl Candidates {
+    /// Verified rows with candidates.
+    pub fn rows(&self) -> usize {
+        self.ids.len().checked_div(self.k).unwrap_or(0)
+    }
+
+    /// Row `r`'s candidates, best first.
+    pub fn row(&self, r: usize) -> &[TokenId] {
+        &self.ids[r * self.k..(r + 1) * self.k]
+    }
 }
 
 impl Outcome {
@@ -135,6 +159,7 @@ fn finish(tree: &DraftTree, accepted: Vec<NodeId>, bonus: TokenId) -> Outcome {
         accepted,
         bonus,
         drafted: tree.len(),
+        top: Candidates::default(),
     }
 }
 

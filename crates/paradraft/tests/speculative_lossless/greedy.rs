@@ -106,8 +106,9 @@ fn greedy_is_token_identical_on_tiny_models() {
     for (m, path) in paths.iter().enumerate() {
         let lm = model::load(path).unwrap();
         let mut sd = self_draft(path, &lm, 1, SamplingParams::default());
-        // Prompt lookup and a suffix cache that fills with the earlier prompts' text.
-        let auto = auto(path, &lm, &["pld", "suffix"], 160, |_| {});
+        // Prompt lookup, a suffix cache that fills with the earlier prompts' text and the
+        // candidates recycled from every verify forward.
+        let auto = auto(path, &lm, &["pld", "suffix", "recycle"], 160, |_| {});
         for (i, p) in ps.iter().enumerate() {
             let ids = encode(&lm, p, 96);
             check_greedy(&lm, &ids, 24, (m * 1000 + i) as u64, &mut sd, &auto);

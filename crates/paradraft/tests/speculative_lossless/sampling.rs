@@ -98,6 +98,9 @@ impl Drafter for PerRequest<'_> {
     fn selection_ms(&self) -> f64 {
         self.inner.selection_ms()
     }
+    fn candidates(&self) -> usize {
+        self.inner.candidates()
+    }
 }
 
 /// Two-sample chi-square statistic over categories with enough mass; returns (χ², dof).
@@ -359,20 +362,27 @@ fn sampling_matches_ar_distribution() {
         }
     }));
     // auto: every source, DART as its model; the suffix cache fills with the earlier seeds'
-    // outputs of this prompt, so its trees branch where the samples did.
+    // outputs of this prompt and the recycled candidates with their verify rows', so its trees
+    // branch where the samples did.
     let trie_dir = tempfile::tempdir().unwrap();
     let trie_path = trie_dir.path().join("tiny.trie");
     dflash_trie.as_ref().unwrap().write(&trie_path).unwrap();
     let tiny = common::fixtures().join("tiny/qwen3");
-    let auto_set = auto(&tiny, &lm, &["pld", "suffix", "trie", "dart"], 128, |c| {
-        c.ngram = Some(trie_path.clone());
-        c.draft_model = Some(dart_dir.path().to_path_buf());
-    });
+    let auto_set = auto(
+        &tiny,
+        &lm,
+        &["pld", "suffix", "trie", "recycle", "dart"],
+        128,
+        |c| {
+            c.ngram = Some(trie_path.clone());
+            c.draft_model = Some(dart_dir.path().to_path_buf());
+        },
+    );
     let auto: Box<dyn Drafter + '_> = Box::new(PerRequest::new(|seed| {
         auto_set.create(sampling(seed)).unwrap()
     }));
     let mut cases: Vec<(&str, Box<dyn Drafter + '_>)> = vec![
-        ("auto (pld, suffix, trie, dart)", auto),
+        ("auto (pld, suffix, trie, recycle, dart)", auto),
         ("diffuspec, CPS chain (one-hot q)", diffuspec),
         ("dart", dart),
         ("pard, greedy drafts", pard(|| Selection::Greedy)),

@@ -264,6 +264,7 @@ mod tests {
                 tokens: vec![TokenId(1), TokenId(5)],
                 bonus: TokenId(9),
                 drafted: m.tree.len(),
+                top: Default::default(),
             };
             m.learn(&out, &mut calib);
         }
@@ -323,6 +324,7 @@ mod tests {
             tokens: vec![],
             bonus: TokenId(7),
             drafted: 2,
+            top: Default::default(),
         };
         let seen = m.learn(&out, &mut calib);
         assert_eq!(seen, vec![(1, false)]);

@@ -7,6 +7,7 @@
 
 mod gate;
 pub mod merge;
+pub mod recycle;
 
 use super::registry::{DrafterConfig, LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
@@ -17,6 +18,7 @@ use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 use gate::ModelGate;
 use merge::{merge, Calibration, Merged, Proposal};
+use recycle::RecycleTable;
 use std::sync::{Arc, Mutex};
 
 /// Deepest continuation a lookup source proposes.
@@ -40,6 +42,7 @@ enum Kind {
     Pld,
     Suffix,
     Trie,
+    Recycle,
     Model,
 }
 
@@ -86,9 +89,11 @@ impl std::fmt::Display for SourceStats {
     }
 }
 
-/// What every request's drafter shares: the suffix cache, the calibration, the statistics.
+/// What every request's drafter shares: the suffix cache, the recycled candidates, the
+/// calibration, the statistics.
 struct Shared {
     cache: Option<Mutex<SuffixIndex>>,
+    recycle: Option<Mutex<RecycleTable>>,
     calib: Mutex<Calibration>,
     stats: Mutex<SourceStats>,
 }
@@ -122,6 +127,8 @@ pub struct Auto<'t> {
     verified_last: usize,
     /// The request samples (T > 0): its nodes are priced by what sampling requests accepted.
     sampled: bool,
+    /// The last proposal's root (the committed text's last token).
+    root: Option<TokenId>,
 }
 
 impl<'t> Template<'t> for AutoTemplate<'t> {
@@ -151,6 +158,7 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
             model_bit: None,
             verified_last: 0,
             sampled: !sampling.is_greedy(),
+            root: None,
         }))
     }
 
@@ -302,6 +310,17 @@ impl Auto<'_> {
                         nodes,
                     })
                 }),
+                Kind::Recycle => match (&self.shared.recycle, committed.last()) {
+                    (Some(t), Some(&root)) => {
+                        let nodes = t.lock().map_err(|_| poisoned())?.tree(root, depth);
+                        (!nodes.is_empty()).then_some(Proposal {
+                            source: s,
+                            class: 0,
+                            nodes,
+                        })
+                    }
+                    _ => None,
+                },
                 Kind::Model => None, // asked by `propose` when the gate says so
             };
             out.extend(p);
@@ -346,6 +365,7 @@ impl Drafter for Auto<'_> {
             self.text.extend_from_slice(new);
         }
         (self.select_ms, self.model_ms, self.model_bit) = (0.0, 0.0, None);
+        self.root = committed.last().copied();
         self.gate.round_starts(self.verified_last == 0);
         self.last = Merged::default();
         if max_nodes == 0 {
@@ -380,6 +400,18 @@ impl Drafter for Auto<'_> {
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
         self.verified_last = outcome.drafted;
+        if let (Some(t), Some(root)) = (&self.shared.recycle, self.root) {
+            let tree = &self.last.tree;
+            t.lock()
+                .map_err(|_| poisoned())?
+                .learn(&outcome.top, |r| match r {
+                    0 => Some(root),
+                    r if r <= tree.len() => {
+                        Some(tree.token(crate::speculative::NodeId(r as u32 - 1)))
+                    }
+                    _ => None,
+                });
+        }
         let mut only_model = 0;
         if !self.last.tree.is_empty() {
             let mut calib = self.shared.calib.lock().map_err(|_| poisoned())?;
@@ -417,6 +449,14 @@ impl Drafter for Auto<'_> {
     fn selection_ms(&self) -> f64 {
         self.select_ms
     }
+
+    fn candidates(&self) -> usize {
+        if self.shared.recycle.is_some() {
+            recycle::K
+        } else {
+            0
+        }
+    }
 }
 
 /// The request's text joins the suffix cache when it ends.
@@ -431,7 +471,7 @@ impl Drop for Auto<'_> {
 
 pub static METHOD: MethodEntry = MethodEntry {
     name: "auto",
-    about: "every source at once (prompt lookup, suffix cache, n-gram trie, a model drafter) in one calibrated tree",
+    about: "every source at once (prompt lookup, suffix cache, n-gram trie, recycled candidates, a model drafter) in one calibrated tree",
     modes: &[Mode::Tree],
     options: &[
         ("sources", None),
@@ -449,7 +489,8 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
     let cfg = a.cfg;
     if cfg.sources.is_empty() {
         return Err(Error::BadRequest(
-            "auto needs at least one source (pld, suffix, trie, or a model drafter)".into(),
+            "auto needs at least one source (pld, suffix, trie, recycle, or a model drafter)"
+                .into(),
         ));
     }
     let max_draft = a.tree_budget()?;
@@ -480,9 +521,13 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
     }
     let cache = (kinds.contains(&Kind::Suffix) && cfg.suffix_cache_tokens > 0)
         .then(|| Mutex::new(SuffixIndex::new(cfg.suffix_cache_tokens, &ORDERS)));
+    let recycle = kinds
+        .contains(&Kind::Recycle)
+        .then(|| Mutex::new(RecycleTable::default()));
     let n = names.len();
     let shared = Arc::new(Shared {
         cache,
+        recycle,
         calib: Mutex::new(Calibration::default()),
         stats: Mutex::new(SourceStats {
             names,
@@ -511,6 +556,7 @@ fn source<'t>(
     Ok(match name {
         "pld" => Kind::Pld,
         "suffix" => Kind::Suffix,
+        "recycle" => Kind::Recycle,
         "trie" => {
             *trie = Some(a.trie().map_err(|e| e.context("auto's source trie"))?);
             Kind::Trie
@@ -518,7 +564,7 @@ fn source<'t>(
         other => {
             let m = (a.named)(other).map_err(|e| {
                 e.context(format!(
-                    "auto's source {other:?} (sources: pld, suffix, trie, or a model drafter)"
+                    "auto's source {other:?} (sources: pld, suffix, trie, recycle, or a model drafter)"
                 ))
             })?;
             if m.is_none() || ["pld", "auto"].contains(&m.entry.name) {
