@@ -23,6 +23,8 @@ fn start(method: Method, cfg: EngineConfig) -> Engine {
     let lm = Arc::new(paradraft::model::load(&path).unwrap());
     let d = DrafterConfig {
         method,
+        // auto: the sources a tiny model has (no trie or drafter of its own).
+        sources: ["pld", "suffix", "recycle"].map(String::from).to_vec(),
         ..Default::default()
     };
     Engine::start(lm, path, d, cfg).unwrap()
@@ -54,7 +56,10 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Finished) {
 
 #[test]
 fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
-    for method in [Method::none(), Method::named("pld").unwrap()] {
+    // auto with recycled candidates: greedy rows ask the batch's forward for their top ids
+    // while sampling rows in the same forward take full logits.
+    let auto = Method::named("auto").unwrap();
+    for method in [Method::none(), Method::named("pld").unwrap(), auto] {
         // Three at a time, and a pool that holds only two requests of 64 tokens (4 pages
         // each): admission waits for pages.
         let cfg = EngineConfig {

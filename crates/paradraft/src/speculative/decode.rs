@@ -102,21 +102,20 @@ impl<'o> RoundOutput<'o> {
 }
 
 /// The best `k` ids of each of `rows` verified rows, from the forward's top lists (greedy
-/// rounds) or its full logits (sampling rounds); empty when `k` is 0.
-fn candidates(k: usize, rows: usize, o: &RoundOutput) -> Candidates {
+/// rounds) or from the rows' full logits (sampling rounds); empty when `k` is 0.
+fn candidates(k: usize, rows: usize, greedy: bool, o: &RoundOutput) -> Candidates {
     let mut ids = Vec::with_capacity(k * rows);
-    if k > 0 {
-        for r in 0..rows {
-            let row = match o.top.get(r) {
-                Some(t) => t.clone(),
-                None if o.logits.len() >= (r + 1) * o.vocab => ops::top_k(o.logits_row(r), k),
-                None => return Candidates::default(),
-            };
-            ids.extend(row.iter().map(|e| e.0).take(k));
-            // A vocabulary smaller than k repeats its best id.
-            let last = *ids.last().unwrap_or(&TokenId(0));
-            ids.resize(k * (r + 1), last);
+    for r in (0..rows).take_while(|_| k > 0) {
+        match (greedy, o.top.get(r)) {
+            (true, Some(t)) => ids.extend(t.iter().map(|e| e.0).take(k)),
+            (false, _) if o.logits.len() >= (r + 1) * o.vocab => {
+                ids.extend(ops::top_k(o.logits_row(r), k).iter().map(|e| e.0))
+            }
+            _ => return Candidates::default(),
         }
+        // A vocabulary smaller than k repeats its best id.
+        let last = *ids.last().unwrap_or(&TokenId(0));
+        ids.resize(k * (r + 1), last);
     }
     Candidates { k, ids }
 }
@@ -439,7 +438,7 @@ impl<'a> Session<'a> {
             &self.sampler,
             base,
         );
-        outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, &o);
+        outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, self.greedy, &o);
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();

@@ -130,7 +130,8 @@ impl Stepper {
         let (mut arg_rows, mut full_rows) = (Vec::new(), Vec::new());
         // Argmax rows get the top `top_k` candidates too when a member's drafter wants them.
         let mut top_k = 0;
-        let mut at = Vec::with_capacity(n); // (batch row0, argmax row0, full row0)
+        // (member, batch row0, argmax row0, full row0, whether its rows are argmax rows)
+        let mut at = Vec::with_capacity(n);
         let mut row = 0;
         for (i, m) in members.iter().enumerate().filter(|(i, _)| rep.planned[*i]) {
             if m.session.taps() != taps.as_slice() {
@@ -140,7 +141,8 @@ impl Stepper {
             }
             let len = m.session.batch().tokens.len();
             let need = m.session.needs();
-            at.push((i, row, arg_rows.len(), full_rows.len()));
+            let argmax_rows = matches!(need.logits, Logits::Argmax | Logits::ArgmaxTop(_));
+            at.push((i, row, arg_rows.len(), full_rows.len(), argmax_rows));
             let mine = if need.last_only {
                 row + len - 1..row + len
             } else {
@@ -197,12 +199,17 @@ impl Stepper {
             }
             &self.scratch.out
         };
-        for (i, b0, a0, f0) in at {
+        for (i, b0, a0, f0, argmax_rows) in at {
             let m = &mut members[i];
             let w = m.session.width();
             let o = RoundOutput {
                 argmax: &self.argmax[a0.min(self.argmax.len())..],
-                top: &self.top[a0.min(self.top.len())..],
+                // Only a session whose rows are argmax rows has top lists.
+                top: if argmax_rows {
+                    &self.top[a0.min(self.top.len())..]
+                } else {
+                    &[]
+                },
                 logits: out.logits.get(f0 * out.vocab..).unwrap_or(&[]),
                 vocab: out.vocab,
                 hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
