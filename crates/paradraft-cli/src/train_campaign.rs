@@ -59,6 +59,9 @@ pub struct CampaignArgs {
     pub max_steps: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Training matmuls in f32 (default: bf16 products, f32 sums, where the CPU has AVX-512 BF16).
+    #[arg(long)]
+    pub f32_matmul: bool,
     /// Measure training throughput over this many steps (nothing saved) and exit.
     #[arg(long)]
     pub bench: Option<usize>,
@@ -78,6 +81,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         eval_every: a.eval_every,
         round_s: a.save_every_min * 60.0,
         seed: a.seed,
+        bf16_matmul: !a.f32_matmul,
         ..Params::default()
     };
     p.validate()?;
@@ -139,11 +143,6 @@ pub fn run(a: CampaignArgs) -> Result<()> {
             }
         },
     )?;
-    eprintln!(
-        "stopped at step {} ({} positions, {:.2} CPU-hours)",
-        pr.step,
-        pr.positions,
-        pr.cpu_s / 3600.0
-    );
+    eprintln!("stopped at {pr}");
     Ok(())
 }

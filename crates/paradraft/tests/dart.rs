@@ -191,6 +191,16 @@ fn training_graph_matches_the_inference_runtime_across_calls() {
 
 #[test]
 fn every_trainable_tensor_gets_a_gradient() {
+    use paradraft::train::bf16::{set_matmul_precision, MatmulPrecision};
+    // In f32, and with bf16 products where the CPU has them (its own backward).
+    for p in [MatmulPrecision::F32, MatmulPrecision::Bf16] {
+        set_matmul_precision(p);
+        every_trainable_tensor_gets_a_gradient_in();
+    }
+    set_matmul_precision(MatmulPrecision::F32);
+}
+
+fn every_trainable_tensor_gets_a_gradient_in() {
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
     let net = Net::init(tiny_config(&lm, &vocab), 4, None).unwrap();

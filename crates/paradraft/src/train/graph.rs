@@ -18,9 +18,21 @@ pub fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
         .collect()
 }
 
-/// `x Wᵀ` (no bias).
+/// `x Wᵀ` (no bias), over `x`'s last dimension; with bf16 products on the CPU when
+/// [`crate::train::bf16::set_matmul_precision`] asked for them and the CPU has AVX-512 BF16.
 pub fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
-    x.matmul(&w.t()?)
+    if !(x.device().is_cpu() && crate::train::bf16::active()) {
+        return x.broadcast_matmul(&w.t()?);
+    }
+    let dims = x.dims().to_vec();
+    let k = *dims.last().unwrap_or(&0);
+    let rows = x.elem_count() / k.max(1);
+    let y = crate::train::bf16::linear(&x.reshape((rows, k))?, w)?;
+    let mut out = dims;
+    if let Some(last) = out.last_mut() {
+        *last = w.dim(0)?;
+    }
+    y.reshape(out)
 }
 
 /// RMSNorm over the last dimension, with its backward (`train::fused`).

@@ -2,6 +2,7 @@
 //! pieces and the per-method training loops (DFlash first; the data, feature and optimiser
 //! stages are meant for the drafters that follow).
 
+pub mod bf16;
 pub mod campaign;
 pub mod dart;
 pub mod data;

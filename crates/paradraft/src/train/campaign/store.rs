@@ -64,6 +64,18 @@ pub struct Progress {
     pub wall_s: f64,
 }
 
+impl std::fmt::Display for Progress {
+    /// `step 3000 (6162297 positions, 5.33 CPU-hours)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = self.cpu_s / 3600.0;
+        write!(
+            f,
+            "step {} ({} positions, {h:.2} CPU-hours)",
+            self.step, self.positions
+        )
+    }
+}
+
 /// One line of `curve.jsonl`: a held-out evaluation.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CurvePoint {
