@@ -22,7 +22,7 @@ pub fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
 /// [`crate::train::bf16::set_matmul_precision`] asked for them and the CPU has AVX-512 BF16.
 pub fn linear(x: &Tensor, w: &Tensor) -> CResult<Tensor> {
     if !(x.device().is_cpu() && crate::train::bf16::active()) {
-        return x.broadcast_matmul(&w.t()?);
+        return x.matmul(&w.t()?);
     }
     let dims = x.dims().to_vec();
     let k = *dims.last().unwrap_or(&0);
