@@ -8,7 +8,7 @@
 //! `set_float32_matmul_precision`; [`crate::train::graph::linear`] then uses it on CPUs that
 //! have AVX-512 BF16 (`PARADRAFT_ISA` at `avx512`), and is plain f32 elsewhere.
 
-use super::graph::CResult;
+type CResult<T> = candle_core::Result<T>;
 use crate::runtime::pool;
 use crate::runtime::quant::SendPtr;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
