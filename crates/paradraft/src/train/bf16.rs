@@ -184,7 +184,12 @@ pub fn gemm_nt(a: &View, b: &View) -> Vec<f32> {
         // SAFETY: each range writes only its own rows r0..r1 of `c`.
         let rows = unsafe { std::slice::from_raw_parts_mut(cp.get().add(r0 * n), (r1 - r0) * n) };
         // SAFETY: `supported` checked the CPU's features.
-        unsafe { x86::rows(&pa[r0 * kp2..r1 * kp2], &pb, kp2, n, rows) };
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            x86::rows(&pa[r0 * kp2..r1 * kp2], &pb, kp2, n, rows)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (rows, &pa, &pb);
     });
     c
 }
@@ -329,6 +334,9 @@ impl CustomOp2 for Gemm {
         };
         if a.cols != b.cols {
             candle_core::bail!("bf16 matmul: shapes {:?} and {:?}", l1.dims(), l2.dims());
+        }
+        if !supported() {
+            candle_core::bail!("bf16 matmul on a CPU without AVX-512 BF16");
         }
         let c = gemm_nt(&a, &b);
         Ok((CpuStorage::F32(c), Shape::from((a.rows, b.rows))))
