@@ -47,12 +47,17 @@ impl FrozenHead {
         Ok(self)
     }
 
-    /// The target's logits over the head's rows for last-layer outputs `h` (no gradient).
+    /// The target's logits over the head's rows for last-layer outputs `h` (no gradient); in
+    /// bf16 products where training matmuls are (`train::bf16`).
     pub fn target_logits(&self, h: &Tensor) -> CResult<Tensor> {
         let Some((w, eps)) = &self.target_norm else {
             candle_core::bail!("the head has no target norm");
         };
-        rms(&h.detach(), w, *eps)?.matmul(&self.wt)
+        let x = rms(&h.detach(), w, *eps)?;
+        if x.device().is_cpu() && x.rank() == 2 && crate::train::bf16::active() {
+            return crate::train::bf16::linear(&x, &self.w);
+        }
+        x.matmul(&self.wt)
     }
     pub fn forward(&self, h: &Tensor) -> CResult<Tensor> {
         if !h.device().is_cpu() {

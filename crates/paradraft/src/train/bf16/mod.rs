@@ -14,6 +14,9 @@ use crate::runtime::quant::SendPtr;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use std::cell::Cell;
 
+mod pack;
+use pack::{pack_cols, pack_rows};
+
 thread_local! {
     static BF16: Cell<bool> = const { Cell::new(false) };
 }
@@ -69,103 +72,6 @@ pub struct View<'a> {
 /// Rows per tile, and 16-column vectors per tile.
 const MR: usize = 4;
 const NV: usize = 4;
-
-/// bf16 bits of `x`, rounded to nearest even (NaN stays NaN); branch-free so that packing
-/// loops vectorise.
-#[inline(always)]
-fn bf16_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
-    if x.is_nan() {
-        0x7fc0
-    } else {
-        rounded
-    }
-}
-
-#[inline(always)]
-fn pair(lo: f32, hi: f32) -> u32 {
-    bf16_bits(lo) | (bf16_bits(hi) << 16)
-}
-
-/// Element `p` of a row read with stride `cs` from `base`, 0 past `cols`.
-#[inline(always)]
-fn get(data: &[f32], base: usize, p: usize, cs: usize, cols: usize) -> f32 {
-    if p < cols {
-        data[base + p * cs]
-    } else {
-        0.0
-    }
-}
-
-/// `a`'s rows as bf16 pairs: row i's pair q (elements 2q, 2q+1; zero past the end) at
-/// `i * kp2 + q`, the first element in the low half.
-fn pack_rows(a: &View, kp2: usize) -> Vec<u32> {
-    let mut out = vec![0u32; a.rows * kp2];
-    let op = SendPtr(out.as_mut_ptr());
-    // Blocks of rows, so that a transposed read (rows contiguous) writes within a block.
-    const BLOCK: usize = 64;
-    pool::par_ranges(a.rows.div_ceil(BLOCK), |lo, hi| {
-        let (r0, r1) = (lo * BLOCK, (hi * BLOCK).min(a.rows));
-        // SAFETY: each range writes only its own rows r0..r1.
-        let rows =
-            unsafe { std::slice::from_raw_parts_mut(op.get().add(r0 * kp2), (r1 - r0) * kp2) };
-        let (d, cols) = (a.data, a.cols);
-        if a.cs == 1 {
-            for (i, row) in (r0..r1).zip(rows.chunks_exact_mut(kp2.max(1))) {
-                let src = &d[i * a.rs..i * a.rs + cols];
-                let mut pairs = src.chunks_exact(2);
-                for (o, pr) in row.iter_mut().zip(&mut pairs) {
-                    *o = pair(pr[0], pr[1]);
-                }
-                if let [last] = pairs.remainder() {
-                    row[cols / 2] = pair(*last, 0.0);
-                }
-            }
-        } else {
-            for q in 0..kp2 {
-                for i in r0..r1 {
-                    let base = i * a.rs;
-                    let v = pair(
-                        get(d, base, 2 * q, a.cs, cols),
-                        get(d, base, 2 * q + 1, a.cs, cols),
-                    );
-                    rows[(i - r0) * kp2 + q] = v;
-                }
-            }
-        }
-    });
-    out
-}
-
-/// `b`'s rows as columns of 16-lane vectors: column block c's pair q at `(c * kp2 + q) * 16`,
-/// lane l holding row `16c + l`'s elements 2q, 2q+1 (zero past the ends).
-fn pack_cols(b: &View, kp2: usize) -> Vec<u32> {
-    let nb = b.rows.div_ceil(16);
-    let blk = kp2 * 16;
-    let mut out = vec![0u32; nb * blk];
-    let op = SendPtr(out.as_mut_ptr());
-    pool::par_ranges(nb, |lo, hi| {
-        // SAFETY: each range writes only its own column blocks lo..hi.
-        let blocks =
-            unsafe { std::slice::from_raw_parts_mut(op.get().add(lo * blk), (hi - lo) * blk) };
-        let (d, cols) = (b.data, b.cols);
-        for (c, blk) in (lo..hi).zip(blocks.chunks_exact_mut(blk.max(1))) {
-            let j1 = (c * 16 + 16).min(b.rows);
-            for q in 0..kp2 {
-                let lanes = &mut blk[q * 16..q * 16 + 16];
-                for (l, j) in (c * 16..j1).enumerate() {
-                    let base = j * b.rs;
-                    lanes[l] = pair(
-                        get(d, base, 2 * q, b.cs, cols),
-                        get(d, base, 2 * q + 1, b.cs, cols),
-                    );
-                }
-            }
-        }
-    });
-    out
-}
 
 /// `C = A · Bᵀ`: `c[i * n + j] = Σ_p a(i, p) · b(j, p)` with bf16 products and f32 sums, `n`
 /// = `b.rows`. `a.cols` must equal `b.cols`. Panics where [`supported`] is false.
