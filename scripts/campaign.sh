@@ -7,7 +7,9 @@
 #   scripts/campaign.sh            start it (no-op when it already runs)
 #   scripts/campaign.sh pause      SIGSTOP it (before timing anything)
 #   scripts/campaign.sh resume     SIGCONT it
-#   scripts/campaign.sh stop       SIGTERM it (it loses at most one round since its checkpoint)
+#   scripts/campaign.sh stop       SIGTERM it: it checkpoints after its current step and exits
+#                                  (killed after 60 s, e.g. mid-distillation: it then loses
+#                                  nothing either, the round was saved before distilling)
 #   scripts/campaign.sh status     pid, last log lines, last curve point
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,15 @@ case "${1:-start}" in
     ;;
   pause) running && kill -STOP "$(cat "$PIDF")" && echo paused ;;
   resume) running && kill -CONT "$(cat "$PIDF")" && echo resumed ;;
-  stop) running && kill -TERM "$(cat "$PIDF")" && echo stopped ;;
+  stop)
+    running || exit 0
+    pid="$(cat "$PIDF")"
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid"
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || { echo stopped; exit 0; }; sleep 1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    echo "stopped (killed after 60 s)"
+    ;;
   status)
     if running; then echo "running (pid $(cat "$PIDF"))"; else echo "not running"; fi
     tail -n 3 "$DIR/run.log" 2>/dev/null || true

@@ -8,6 +8,8 @@ use paradraft::fetch::resource_path;
 use paradraft::train::campaign::{self, Params, Setup, Sources, Stamp};
 use paradraft::train::dart::load_exported;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 #[derive(Args)]
 pub struct CampaignArgs {
@@ -45,6 +47,12 @@ pub struct CampaignArgs {
     /// Share of the time spent self-distilling new samples.
     #[arg(long, default_value_t = Params::default().distill_share)]
     pub distill_share: f64,
+    /// Temperature of sampled self-distillation, every other round (0: greedy answers only).
+    #[arg(long, default_value_t = Params::default().sample_temp)]
+    pub sample_temp: f32,
+    /// Share of self-distilled sequences drawn from sampled ones (default: by their number).
+    #[arg(long)]
+    pub sampled_share: Option<f64>,
     /// Steps between held-out evaluations.
     #[arg(long, default_value_t = Params::default().eval_every)]
     pub eval_every: usize,
@@ -62,6 +70,9 @@ pub struct CampaignArgs {
     /// Training matmuls in f32 (default: bf16 products, f32 sums, where the CPU has AVX-512 BF16).
     #[arg(long)]
     pub f32_matmul: bool,
+    /// Self-distil this many sampled samples into the campaign's data now, and exit.
+    #[arg(long)]
+    pub sample: Option<usize>,
     /// Measure training throughput over this many steps (nothing saved) and exit.
     #[arg(long)]
     pub bench: Option<usize>,
@@ -78,6 +89,8 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         kl_weight: a.kl_weight,
         corpus_share: a.corpus_share,
         distill_share: a.distill_share,
+        sample_temp: a.sample_temp,
+        sampled_share: a.sampled_share,
         eval_every: a.eval_every,
         round_s: a.save_every_min * 60.0,
         seed: a.seed,
@@ -121,6 +134,14 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         prompts: &prep.prompts,
         start: &start,
     };
+    if let Some(n) = a.sample {
+        let added = campaign::grow_sampled(&setup, &p, n)?;
+        println!(
+            "self-distilled {added} sampled samples at temperature {}",
+            p.sample_temp
+        );
+        return Ok(());
+    }
     if let Some(steps) = a.bench {
         let (pos_s, s_step) = campaign::bench(&setup, &p, steps)?;
         println!("campaign bench: {steps} steps, {s_step:.3} s/step, {pos_s:.0} positions/s");
@@ -128,13 +149,14 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     }
     eprintln!("campaign in {}", dir.display());
     let t0 = std::time::Instant::now();
-    let (hours, max_steps) = (a.hours, a.max_steps);
+    let (hours, max_steps, signalled) = (a.hours, a.max_steps, on_signal());
     let pr = campaign::run(
         &setup,
         &p,
         |pr| {
             (hours > 0.0 && t0.elapsed().as_secs_f64() > hours * 3600.0)
                 || (max_steps > 0 && pr.step >= max_steps)
+                || signalled.load(Ordering::Relaxed)
         },
         |e| {
             let line = e.to_string();
@@ -145,4 +167,22 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     )?;
     eprintln!("stopped at {pr}");
     Ok(())
+}
+
+/// Set once SIGTERM or Ctrl-C arrives: the campaign then stops after its current step and
+/// writes a checkpoint (`scripts/campaign.sh stop`).
+fn on_signal() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            rt.block_on(paradraft::server::shutdown_signal());
+            eprintln!("stop requested: checkpointing after this step");
+            f.store(true, Ordering::Relaxed);
+        }
+    });
+    flag
 }

@@ -1,12 +1,14 @@
-//! Batched greedy generation for self-distillation: many requests advance together, one
+//! Batched generation for self-distillation: many requests advance together, one
 //! multi-sequence forward per step, with the tapped layers' outputs of every token captured on
 //! the way (a drafter's training features for free). It is the server's path
-//! ([`Session`]s stepped by a [`Stepper`]) with greedy sampling and no drafter, so each
-//! sequence's tokens equal those of [`crate::generate::generate`] run on it alone.
+//! ([`Session`]s stepped by a [`Stepper`]) with no drafter, so each sequence's tokens equal
+//! those of [`crate::generate::generate`] run on it alone: greedy by default, or sampled at a
+//! request's temperature from its seed.
 
 use crate::error::{Error, Result};
 use crate::model::{Model, Tokenizer};
 use crate::request::{GenerateParams, StopReason};
+use crate::sample::SamplingParams;
 use crate::speculative::step::{Slots, TextSink};
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome, Session, Speculation};
 use crate::types::TokenId;
@@ -14,13 +16,15 @@ use half::f16;
 use std::cell::RefCell;
 use std::rc::Rc;
 
-/// A greedy generation request.
-#[derive(Clone, Debug)]
+/// A generation request: greedy unless `sampling` says otherwise.
+#[derive(Clone, Debug, Default)]
 pub struct Request {
     /// The caller's id, returned with the result.
     pub id: u64,
     pub prompt: Vec<TokenId>,
     pub max_new_tokens: usize,
+    /// Greedy by default; a temperature samples (seeded by the request's `seed`).
+    pub sampling: SamplingParams,
 }
 
 /// A finished request.
@@ -153,7 +157,7 @@ impl<'m> BatchGenerator<'m> {
         };
         let params = GenerateParams {
             max_new_tokens: req.max_new_tokens,
-            sampling: Default::default(),
+            sampling: req.sampling,
             stop_strings: vec![],
         };
         let mut kv = self.model.new_kv(self.ctx);
@@ -195,7 +199,7 @@ impl<'m> BatchGenerator<'m> {
 /// request whenever a slot frees up; `on_done` sees each request as it finishes (in finishing
 /// order, not request order). `taps` as in [`BatchGenerator::with_taps`].
 #[allow(clippy::too_many_arguments)]
-pub fn generate_greedy_batched(
+pub fn generate_batched(
     model: &Model,
     tok: &Tokenizer,
     taps: &[usize],

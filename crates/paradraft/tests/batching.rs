@@ -5,9 +5,10 @@
 
 mod common;
 use common::*;
-use paradraft::batch::{generate_greedy_batched, BatchGenerator, Request};
+use paradraft::batch::{generate_batched, BatchGenerator, Request};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{Batch, Loaded, Logits, OutputSpec, Rows, Scratch};
+use paradraft::sample::SamplingParams;
 use paradraft::types::TokenId;
 
 fn toks(n: usize, seed: u32, vocab: usize) -> Vec<TokenId> {
@@ -149,10 +150,20 @@ fn multi_sequence_forward_refuses_bad_input() {
 }
 
 fn single_stream(lm: &Loaded, prompt: &[TokenId], max_new: usize, ctx: usize) -> Vec<TokenId> {
+    single_stream_sampled(lm, prompt, max_new, ctx, Default::default())
+}
+
+fn single_stream_sampled(
+    lm: &Loaded,
+    prompt: &[TokenId],
+    max_new: usize,
+    ctx: usize,
+    sampling: SamplingParams,
+) -> Vec<TokenId> {
     let mut kv = lm.model.new_kv(ctx);
     let p = GenerateParams {
         max_new_tokens: max_new,
-        sampling: Default::default(),
+        sampling,
         stop_strings: vec![],
     };
     generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &p, |_| {})
@@ -173,8 +184,9 @@ fn check_batched_equals_single(lm: &Loaded, prompts: &[Vec<TokenId>], max_new: u
         id: i as u64,
         prompt: p.clone(),
         max_new_tokens: max_new - (i % 3) * 5,
+        ..Default::default()
     });
-    generate_greedy_batched(&lm.model, &lm.tokenizer, &[], reqs, 3, ctx, |f| {
+    generate_batched(&lm.model, &lm.tokenizer, &[], reqs, 3, ctx, |f| {
         got[f.id as usize] = Some(f.tokens);
         Ok(())
     })
@@ -193,6 +205,47 @@ fn batched_greedy_generation_equals_single_stream_tiny() {
         let v = lm.model.config.vocab_size;
         let prompts: Vec<_> = (0..7).map(|i| toks(3 + 2 * i, i as u32, v)).collect();
         check_batched_equals_single(&lm, &prompts, 20);
+    }
+}
+
+/// Sampled requests (self-distillation at a temperature) in a batch give each request the
+/// tokens its seed gives it alone, and different seeds give different samples.
+#[test]
+fn batched_sampling_equals_single_stream_with_the_same_seed() {
+    let lm = load_tiny("llama");
+    let v = lm.model.config.vocab_size;
+    let prompts: Vec<_> = (0..6).map(|i| toks(3 + i, 5 + i as u32, v)).collect();
+    let max_new = 24;
+    let ctx = 64;
+    let sampling = |i: usize| SamplingParams {
+        temperature: 0.9,
+        seed: 1000 + i as u64 % 3,
+        ..Default::default()
+    };
+    let want: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| single_stream_sampled(&lm, p, max_new, ctx, sampling(i)))
+        .collect();
+    let greedy: Vec<_> = prompts
+        .iter()
+        .map(|p| single_stream(&lm, p, max_new, ctx))
+        .collect();
+    assert_ne!(want, greedy, "a temperature of 0.9 samples");
+    let mut got = vec![None; prompts.len()];
+    let reqs = prompts.iter().enumerate().map(|(i, p)| Request {
+        id: i as u64,
+        prompt: p.clone(),
+        max_new_tokens: max_new,
+        sampling: sampling(i),
+    });
+    generate_batched(&lm.model, &lm.tokenizer, &[], reqs, 4, ctx, |f| {
+        got[f.id as usize] = Some(f.tokens);
+        Ok(())
+    })
+    .unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(got[i].as_ref(), Some(w), "request {i}");
     }
 }
 
@@ -228,18 +281,21 @@ fn batch_generator_refuses_requests_it_cannot_hold() {
         id: 0,
         prompt: toks(8, 1, 10),
         max_new_tokens: 4,
+        ..Default::default()
     };
     assert!(g.admit(long).is_err());
     let empty = Request {
         id: 1,
         prompt: vec![],
         max_new_tokens: 4,
+        ..Default::default()
     };
     assert!(g.admit(empty).is_err());
     let ok = Request {
         id: 2,
         prompt: toks(3, 1, 10),
         max_new_tokens: 4,
+        ..Default::default()
     };
     assert!(g.admit(ok.clone()).unwrap().is_none());
     // One slot only: the next request is handed back untouched.
@@ -267,9 +323,10 @@ fn captured_features_equal_a_prefill_of_the_sample() {
             id: i as u64,
             prompt: p.clone(),
             max_new_tokens: 12,
+            ..Default::default()
         });
         let mut done = vec![];
-        generate_greedy_batched(&lm.model, &lm.tokenizer, &taps, reqs, 2, 40, |f| {
+        generate_batched(&lm.model, &lm.tokenizer, &taps, reqs, 2, 40, |f| {
             done.push(f);
             Ok(())
         })

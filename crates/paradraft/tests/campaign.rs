@@ -154,6 +154,86 @@ fn teacher_labels_on_the_targets_own_greedy_text_give_the_distilled_loss() {
     }
 }
 
+/// Teacher-forced text that leaves the target's greedy path: a mask row is trained on only
+/// where every token between its block's prefix and its label is the target's argmax (checked
+/// against the argmax of a plain forward over the text); clean rows always are.
+#[test]
+fn teacher_mask_rows_are_trained_only_along_the_targets_greedy_chain() {
+    use candle_core::D;
+    let lm = load_tiny("llama");
+    let samples = greedy_samples(&lm, 1, 40);
+    let n = lm.model.config.vocab_size;
+    let vocab = paradraft::drafters::vocab::DraftVocab::full(n);
+    let taps = dart::stored_taps(&lm.model).unwrap();
+    let h = lm.model.config.hidden_size;
+    let source = TapSource::Online(OnlineTaps::new(&lm.model, &taps, 3 * h).unwrap());
+    let head = paradraft::train::dflash::frozen_head(&lm.model, &vocab).unwrap();
+    // Every fifth response token replaced: chains through it leave the greedy path.
+    let mut text = samples[0].clone();
+    let p = text.prompt_len as usize;
+    for t in text.tokens[p..].iter_mut().step_by(5) {
+        *t = paradraft::types::TokenId((t.0 + 3) % n as u32);
+    }
+    let all = [text.clone()];
+    let data = Data {
+        target: &lm.model,
+        samples: &all,
+        features: &source,
+        train: vec![0],
+        vocab: &vocab,
+        device: candle_core::Device::Cpu,
+        teacher_from: 0,
+    };
+    let masks = 3;
+    let anchors: Vec<usize> = dart::valid_prefixes(&text).collect();
+    let lb = dart::build(&data, 0, &anchors, masks, 0.6)
+        .unwrap()
+        .unwrap();
+    let th = lb.target_hidden.as_ref().unwrap();
+    let labels: Vec<u32> = head
+        .target_logits(th)
+        .and_then(|l| l.argmax(D::Minus1))
+        .and_then(|a| a.to_vec1())
+        .unwrap();
+    let w = lb.chain_weights(&labels);
+    // The reference: the target's argmax at every position from one causal forward.
+    let logits = common::run_logits(&lm, &text.tokens);
+    let greedy = |q: usize| {
+        let row = &logits[q - 1];
+        let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        best as u32 == text.tokens[q].0
+    };
+    let (mut kept, mut cut) = (0, 0);
+    for (r, &d) in lb.depth.iter().enumerate() {
+        let (lo, hi) = lb.chain[r];
+        assert_eq!(hi - lo, d as u32 - 1, "row {r}: depth {d}");
+        let want = if (lo as usize..hi as usize).all(greedy) {
+            lb.weights[r]
+        } else {
+            0.0
+        };
+        assert_eq!(w[r], want, "row {r} depth {d} chain {lo}..{hi}");
+        if d > 1 {
+            if want > 0.0 {
+                kept += 1;
+            } else {
+                cut += 1;
+            }
+        }
+    }
+    assert!(kept > 0 && cut > 0, "kept {kept} cut {cut}");
+    // Distilled text (not teacher-forced) keeps every weight.
+    let distilled = Data {
+        samples: &samples,
+        teacher_from: 1,
+        ..data
+    };
+    let a = dart::build(&distilled, 0, &anchors, masks, 0.6)
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.chain_weights(&a.labels), a.weights);
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     drafter: tempfile::TempDir,
@@ -363,16 +443,48 @@ fn a_campaign_grows_its_data_by_self_distillation() {
         eval_every: 1000,
         ..params()
     };
-    let (pr, notes) = run_until(&lm, &fx, &p, 2);
-    assert_eq!(pr.step, 2);
+    // A round per step: the first answers 8 prompts, the next one each (the measured rate
+    // times a round of 0 s), until all 40 are answered; then the rounds sample.
+    let (pr, notes) = run_until(&lm, &fx, &p, 18);
+    assert_eq!(pr.step, 18);
     let (samples, _) = read_samples(&fx.dir.path().join("samples.bin")).unwrap();
-    assert!(samples.len() > 20, "{notes:?}");
+    assert_eq!(samples.len(), 40, "{notes:?}");
     let (seed, _) = read_samples(&fx.seed).unwrap();
     assert_eq!(samples[..20], seed[..]);
     let mut seen: Vec<u32> = samples.iter().map(|s| s.prompt_index).collect();
     seen.sort_unstable();
     seen.dedup();
     assert_eq!(seen.len(), samples.len(), "each prompt answered once");
+    // The last rounds answered training prompts again at a temperature: never a held-out
+    // prompt (19), and not (all) the greedy answer.
+    let (sampled, _) = read_samples(&fx.dir.path().join("sampled.bin")).unwrap();
+    assert!(!sampled.is_empty(), "{notes:?}");
+    let greedy: std::collections::HashMap<u32, &Sample> =
+        samples.iter().map(|s| (s.prompt_index, s)).collect();
+    let mut differs = false;
+    for x in &sampled {
+        assert_ne!(x.prompt_index, 19, "a held-out prompt was sampled");
+        let g = greedy.get(&x.prompt_index).expect("a training prompt");
+        assert_eq!(x.prompt_len, g.prompt_len);
+        assert_eq!(
+            x.tokens[..x.prompt_len as usize],
+            g.tokens[..g.prompt_len as usize]
+        );
+        differs |= x.tokens != g.tokens;
+    }
+    assert!(differs, "sampling at 0.8 changed no answer");
+    assert!(
+        notes.iter().any(|n| n.contains("sampled samples")),
+        "{notes:?}"
+    );
+    // Training draws from them (all of them with a share of 1) and goes on.
+    let p = Params {
+        sampled_share: Some(1.0),
+        corpus_share: 0.0,
+        ..p
+    };
+    let (pr, _) = run_until(&lm, &fx, &p, 19);
+    assert_eq!(pr.step, 19);
 }
 
 #[test]

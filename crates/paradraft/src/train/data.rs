@@ -7,9 +7,10 @@
 //! `[prompt_index, prompt_len, n, token × n]`. Appending is resumable: a torn last record is cut
 //! off when the file is reopened.
 
-use crate::batch::{generate_greedy_batched, Request};
+use crate::batch::{generate_batched, Request};
 use crate::error::{Error, Result};
 use crate::model::{Message, Model, Tokenizer};
+use crate::sample::SamplingParams;
 use crate::train::features::FeatureAppender;
 use crate::types::TokenId;
 use std::collections::HashSet;
@@ -192,6 +193,7 @@ pub fn distill(
                     id: i as u64,
                     prompt: ids,
                     max_new_tokens: p.max_new_tokens,
+                    sampling: SamplingParams::default(),
                 }),
                 Ok(_) => None,
                 Err(e) => {
@@ -210,7 +212,7 @@ pub fn distill(
         None => None,
     };
     let taps = feats.as_ref().map_or(&[][..], |f| f.0);
-    generate_greedy_batched(model, tok, taps, reqs, p.seqs, ctx, |f| {
+    generate_batched(model, tok, taps, reqs, p.seqs, ctx, |f| {
         let mut tokens = f.prompt;
         let prompt_len = tokens.len() as u32;
         tokens.extend_from_slice(&f.tokens);
@@ -231,5 +233,65 @@ pub fn distill(
     match err {
         Some(e) => Err(e),
         None => Ok(have),
+    }
+}
+
+/// Sampled answers for self-distillation beyond the prompts: for each `(prompt index, seed)` of
+/// `which`, the target answers the prompt at `temperature` from that seed (a prompt may come
+/// many times with different seeds), and the samples are appended to `out` as they finish
+/// (prompts longer than `p.max_prompt_tokens` are skipped). Their tokens are not the target's
+/// argmax, so a trainer labels them as teacher-forced text. Returns how many were appended.
+pub fn distill_sampled(
+    model: &Model,
+    tok: &Tokenizer,
+    prompts: &[Prompt],
+    which: &[(usize, u64)],
+    temperature: f32,
+    out: &Path,
+    p: &DistillParams,
+) -> Result<usize> {
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        return Err(Error::BadRequest(format!(
+            "sampled self-distillation needs a temperature > 0 (got {temperature})"
+        )));
+    }
+    let (mut w, _) = SampleWriter::open(out)?;
+    let mut err = None;
+    let reqs = which.iter().filter_map(|&(i, seed)| {
+        let pr = prompts.get(i)?;
+        match tok.encode_chat(&[Message::new("user", &pr.prompt)], true) {
+            Ok(ids) if ids.len() <= p.max_prompt_tokens => Some(Request {
+                id: i as u64,
+                prompt: ids,
+                max_new_tokens: p.max_new_tokens,
+                sampling: SamplingParams {
+                    temperature,
+                    seed,
+                    ..Default::default()
+                },
+            }),
+            Ok(_) => None,
+            Err(e) => {
+                err.get_or_insert(e);
+                None
+            }
+        }
+    });
+    let ctx = p.max_prompt_tokens + p.max_new_tokens + 1;
+    let mut added = 0;
+    generate_batched(model, tok, &[], reqs, p.seqs, ctx, |f| {
+        let mut tokens = f.prompt;
+        let prompt_len = tokens.len() as u32;
+        tokens.extend_from_slice(&f.tokens);
+        added += 1;
+        w.append(&Sample {
+            prompt_index: f.id as u32,
+            prompt_len,
+            tokens,
+        })
+    })?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(added),
     }
 }

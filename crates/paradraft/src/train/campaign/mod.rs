@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::model::Loaded;
 use crate::train::bf16::{set_matmul_precision, MatmulPrecision};
 use crate::train::dart::{self, net::Net};
-use crate::train::data::{distill, read_samples, DistillParams, Prompt, Sample};
+use crate::train::data::{distill, distill_sampled, read_samples, DistillParams, Prompt, Sample};
 use crate::train::dflash::net::FrozenHead;
 use crate::train::features::{OnlineTaps, TapSource};
 use crate::train::optim::AdamW;
@@ -49,7 +49,9 @@ pub struct Params {
     pub gamma: f32,
     pub kl_weight: f64,
     /// Constant learning rate after a linear warm-up of `warmup_steps` (from each start: the
-    /// moments are restored, the warm-up only guards a start without them).
+    /// moments are restored, the warm-up only guards a start without them). 3e-4 until step
+    /// 4022 of THE campaign, 1e-4 since (its late phase: EAGLE-style drafters train at
+    /// 3e-5–1e-4).
     pub lr: f64,
     pub warmup_steps: usize,
     pub grad_clip: f64,
@@ -74,6 +76,17 @@ pub struct Params {
     /// 1.15–1.25× the positions per second here; `train::bf16`); held-out evaluation stays f32.
     #[serde(default)]
     pub bf16_matmul: bool,
+    /// Temperature of sampled self-distillation (0: none): once every prompt has its greedy
+    /// answer, the distillation rounds answer the training prompts again at this temperature
+    /// with fresh seeds — data beyond the prompt pool. Sampled text is teacher-labelled (see
+    /// [`crate::train::dart::build`]); per trained position it measured as good as greedy
+    /// text for held-out α1 (docs/dart.md), so greedy answers come first.
+    #[serde(default)]
+    pub sample_temp: f32,
+    /// Share of the self-distilled sequences drawn from the sampled ones (`None`: every
+    /// training sample, greedy or sampled, equally likely).
+    #[serde(default)]
+    pub sampled_share: Option<f64>,
 }
 
 impl Default for Params {
@@ -83,7 +96,7 @@ impl Default for Params {
             anchors: 48,
             gamma: 0.6,
             kl_weight: 1.0,
-            lr: 3e-4,
+            lr: 1e-4,
             warmup_steps: 50,
             grad_clip: 0.5,
             // Measured: target-labelled corpus text lowers held-out α per trained position
@@ -97,6 +110,8 @@ impl Default for Params {
             seed: 0,
             ema_decay: 0.998,
             bf16_matmul: true,
+            sample_temp: 0.8,
+            sampled_share: None,
         }
     }
 }
@@ -135,6 +150,14 @@ impl Params {
             (
                 self.eval_every > 0 && self.gen_seqs > 0,
                 "eval every and gen seqs must be ≥ 1",
+            ),
+            (
+                (0.0..=2.0).contains(&self.sample_temp),
+                "the sampling temperature must be in [0, 2]",
+            ),
+            (
+                self.sampled_share.is_none_or(|x| (0.0..=1.0).contains(&x)),
+                "the sampled share must be in [0, 1]",
             ),
         ];
         match checks.iter().find(|c| !c.0) {
@@ -270,9 +293,10 @@ pub fn run(
     let mut prompts_left = true;
     loop {
         let snap = Snapshot::read(s)?;
-        let (data, n_distilled) = (snap.data(s, &teacher), snap.n_distilled);
+        let data = snap.data(s, &teacher);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
-            evaluate(s, &data, &ema.net(s.config)?, &mut pr, &now, &mut on)?;
+            let point = (&snap.pools, p.lr);
+            evaluate(s, &data, &ema.net(s.config)?, &mut pr, point, &now, &mut on)?;
         }
         // A round: at least one step, then until `round_s` has passed.
         let t_round = Instant::now();
@@ -282,12 +306,13 @@ pub fn run(
                 save(s.dir, &net, &opt, &ema.t, &pr)?;
                 return Ok(pr);
             }
-            let log = step(&net, head, &data, n_distilled, p, &mut opt, &mut pr)?;
+            let log = step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
             ema.update(&net)?;
             append_line(&s.dir.join("train_log.jsonl"), &log)?;
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
-                evaluate(s, &data, &ema.net(s.config)?, &mut pr, &now, &mut on)?;
+                let point = (&snap.pools, p.lr);
+                evaluate(s, &data, &ema.net(s.config)?, &mut pr, point, &now, &mut on)?;
             }
             if t_round.elapsed().as_secs_f64() >= p.round_s {
                 break;
@@ -296,68 +321,108 @@ pub fn run(
         now(&mut pr);
         save(s.dir, &net, &opt, &ema.t, &pr)?;
         drop(data);
-        if p.distill_share > 0.0 && prompts_left {
+        if p.distill_share > 0.0 {
             let secs = p.round_s * p.distill_share / (1.0 - p.distill_share).max(0.05);
             let want = if distill_rate > 0.0 {
                 (secs * distill_rate).round().max(1.0) as usize
             } else {
                 p.gen_seqs.max(1) * 2
             };
-            let t0 = Instant::now();
-            let before = n_distilled;
-            let got = distill(
-                target,
-                &s.lm.tokenizer,
-                s.prompts,
-                &samples_path,
-                &DistillParams {
-                    samples: before + want,
-                    max_new_tokens: p.max_new_tokens,
-                    max_prompt_tokens: 1024,
-                    seqs: p.gen_seqs.max(1),
-                    capture: None,
-                },
-                |_, _| {},
-            )?;
+            let sampled = p.sample_temp > 0.0 && !prompts_left;
+            let dp = DistillParams {
+                samples: snap.pools.n_greedy + want,
+                max_new_tokens: p.max_new_tokens,
+                max_prompt_tokens: 1024,
+                seqs: p.gen_seqs.max(1),
+                capture: None,
+            };
+            let (tok, t0) = (&s.lm.tokenizer, Instant::now());
+            let (added, total) = if sampled {
+                let added = sample_more(s, &snap.pools, p, &dp)?;
+                (added, snap.pools.sampled.len() + added)
+            } else {
+                let got = distill(target, tok, s.prompts, &samples_path, &dp, |_, _| {})?;
+                let added = got.len() - snap.pools.n_greedy;
+                prompts_left &= added > 0;
+                (added, got.len())
+            };
             let dt = t0.elapsed().as_secs_f64();
-            let added = got.len() - before;
             if added > 0 {
                 distill_rate = added as f64 / dt.max(1e-3);
-            } else {
-                prompts_left = false;
             }
+            let kind = if sampled { "sampled" } else { "greedy" };
             on(Event::Note(format!(
-                "self-distilled {added} samples in {dt:.0} s ({} in all)",
-                got.len()
+                "self-distilled {added} {kind} samples in {dt:.0} s ({total} {kind} in all)"
             )));
         }
     }
 }
 
-/// One optimiser step over `batch_seqs` sequences drawn (seeded by the step) from the
-/// distilled training samples or, with probability `corpus_share`, the corpus.
+/// Self-distils the next `dp.samples - pools.n_greedy` sampled samples (see
+/// [`Params::sample_temp`]) into `DIR/sampled.bin`; returns how many were added.
+fn sample_more(s: &Setup, pools: &Pools, p: &Params, dp: &DistillParams) -> Result<usize> {
+    let which = pools.next_sampled(dp.samples.saturating_sub(pools.n_greedy), p.seed);
+    let (model, tok, path) = (&s.lm.model, &s.lm.tokenizer, s.dir.join("sampled.bin"));
+    distill_sampled(model, tok, s.prompts, &which, p.sample_temp, &path, dp)
+}
+
+/// Grows the campaign's sampled data by `n` samples now (at `p.sample_temp`, `p.gen_seqs` at
+/// once), as its distillation rounds would; returns how many were added.
+pub fn grow_sampled(s: &Setup, p: &Params, n: usize) -> Result<usize> {
+    p.validate()?;
+    let pools = Snapshot::read(s)?.pools;
+    let dp = DistillParams {
+        samples: pools.n_greedy + n,
+        max_new_tokens: p.max_new_tokens,
+        max_prompt_tokens: 1024,
+        seqs: p.gen_seqs.max(1),
+        capture: None,
+    };
+    sample_more(s, &pools, p, &dp)
+}
+
+/// Index of the sequence a step draws: with probability `corpus_share` a corpus sequence, else
+/// a self-distilled training sample (sampled ones with probability `sampled_share`, or in
+/// proportion to their number).
+fn draw(pools: &Pools, p: &Params, rng: &mut ChaCha8Rng) -> usize {
+    let mut unit = || rng.next_u64() as f64 / u64::MAX as f64;
+    let corpus = !pools.corpus.is_empty() && unit() < p.corpus_share;
+    let sampled_pick = match p.sampled_share {
+        Some(x) if !pools.sampled.is_empty() => Some(unit() < x || pools.greedy.is_empty()),
+        _ => None,
+    };
+    let (g, n) = (pools.greedy.len(), pools.sampled.len());
+    let pick = |range: &std::ops::Range<usize>, rng: &mut ChaCha8Rng| {
+        range.start + (rng.next_u64() % range.len().max(1) as u64) as usize
+    };
+    if corpus || g + n == 0 {
+        return pick(&pools.corpus, rng);
+    }
+    match sampled_pick {
+        Some(true) => pick(&pools.sampled, rng),
+        Some(false) => pools.greedy[(rng.next_u64() % g as u64) as usize],
+        None => match (rng.next_u64() % (g + n) as u64) as usize {
+            i if i < g => pools.greedy[i],
+            i => pools.sampled.start + i - g,
+        },
+    }
+}
+
+/// One optimiser step over `batch_seqs` sequences drawn (seeded by the step, see [`draw`]).
 fn step(
     net: &Net,
     head: &FrozenHead,
     data: &run::Data,
-    n_distilled: usize,
+    pools: &Pools,
     p: &Params,
     opt: &mut AdamW,
     pr: &mut Progress,
 ) -> Result<StepLog> {
     let t0 = Instant::now();
-    let train = &data.train;
     let mut rng = ChaCha8Rng::seed_from_u64(p.seed ^ (pr.step as u64).wrapping_mul(0x9e37_79b9));
-    let n_corpus = data.samples.len() - n_distilled;
-    let mut chunk = vec![];
-    for _ in 0..p.batch_seqs.max(1) {
-        let corpus = n_corpus > 0 && (rng.next_u64() as f64 / u64::MAX as f64) < p.corpus_share;
-        chunk.push(if corpus || train.is_empty() {
-            n_distilled + (rng.next_u64() % n_corpus.max(1) as u64) as usize
-        } else {
-            train[(rng.next_u64() % train.len() as u64) as usize]
-        });
-    }
+    let chunk: Vec<usize> = (0..p.batch_seqs.max(1))
+        .map(|_| draw(pools, p, &mut rng))
+        .collect();
     let items: Vec<(usize, Vec<usize>)> = chunk
         .iter()
         .map(|&si| {
@@ -395,6 +460,7 @@ fn evaluate(
     data: &run::Data,
     net: &Net,
     pr: &mut Progress,
+    (pools, lr): (&Pools, f64),
     now: &impl Fn(&mut Progress),
     on: &mut impl FnMut(Event),
 ) -> Result<()> {
@@ -407,7 +473,9 @@ fn evaluate(
     now(pr);
     let point = CurvePoint {
         progress: pr.clone(),
-        samples: data.teacher_from,
+        samples: pools.n_greedy,
+        sampled: pools.sampled.len(),
+        lr: Some(lr),
         eval: e,
     };
     append_line(&s.dir.join("curve.jsonl"), &point)?;
@@ -498,37 +566,114 @@ impl Teacher {
     }
 }
 
-/// The campaign's data as it stands: the self-distilled samples on disk, then the corpus.
+/// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
+/// ones, then the corpus.
 struct Snapshot {
     samples: Vec<Sample>,
-    n_distilled: usize,
+    pools: Pools,
+}
+
+/// Where each kind of sequence lies in a [`Snapshot`]'s samples.
+struct Pools {
+    /// Greedy samples, the held-out ones included (they come first).
+    n_greedy: usize,
+    /// The greedy training split.
+    greedy: Vec<usize>,
+    sampled: std::ops::Range<usize>,
+    corpus: std::ops::Range<usize>,
+    /// Prompts of the greedy training split (sorted): what sampled distillation answers again.
+    train_prompts: Vec<usize>,
+}
+
+impl Pools {
+    /// The next `n` (prompt, seed) pairs for sampled distillation: passes over the training
+    /// prompts, each pass in its own seeded order with its own seeds, continuing after the
+    /// samples already drawn.
+    fn next_sampled(&self, n: usize, seed: u64) -> Vec<(usize, u64)> {
+        let m = self.train_prompts.len();
+        if m == 0 {
+            return vec![];
+        }
+        let mut perm = (usize::MAX, vec![]);
+        (self.sampled.len()..self.sampled.len() + n)
+            .map(|k| {
+                let pass = k / m;
+                if perm.0 != pass {
+                    let mut order = self.train_prompts.clone();
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5a4d_0000 ^ pass as u64);
+                    for i in (1..m).rev() {
+                        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+                    }
+                    perm = (pass, order);
+                }
+                let prompt = perm.1[k % m];
+                let s =
+                    seed ^ ((pass as u64 + 1) << 40) ^ (prompt as u64).wrapping_mul(0x9e37_79b9);
+                (prompt, s)
+            })
+            .collect()
+    }
 }
 
 impl Snapshot {
     fn read(s: &Setup) -> Result<Self> {
         let (mut samples, _) = read_samples(&s.dir.join("samples.bin"))?;
-        let n_distilled = samples.len();
+        let n_greedy = samples.len();
+        let sampled_path = s.dir.join("sampled.bin");
+        if sampled_path.exists() {
+            let (sampled, _) = read_samples(&sampled_path)?;
+            if let Some(x) = sampled
+                .iter()
+                .find(|x| x.prompt_index as usize >= s.prompts.len())
+            {
+                return Err(store::bad(
+                    &sampled_path,
+                    format!(
+                        "a sample refers to prompt {} of {}",
+                        x.prompt_index,
+                        s.prompts.len()
+                    ),
+                ));
+            }
+            samples.extend(sampled);
+        }
+        let n_self = samples.len();
         samples.extend(s.corpus.iter().cloned());
-        Ok(Snapshot {
-            samples,
-            n_distilled,
-        })
+        let held: HashSet<usize> = s.held_out.iter().copied().collect();
+        let greedy: Vec<usize> = (0..n_greedy).filter(|i| !held.contains(i)).collect();
+        let mut train_prompts: Vec<usize> = greedy
+            .iter()
+            .map(|&i| samples[i].prompt_index as usize)
+            .collect();
+        train_prompts.sort_unstable();
+        train_prompts.dedup();
+        let pools = Pools {
+            n_greedy,
+            greedy,
+            sampled: n_greedy..n_self,
+            corpus: n_self..samples.len(),
+            train_prompts,
+        };
+        Ok(Snapshot { samples, pools })
     }
 
-    /// The trainer's view: the distilled samples minus the held-out ones are the training
-    /// split; the corpus is teacher-forced.
+    /// The trainer's view: the greedy samples minus the held-out ones and the sampled ones are
+    /// the training split; sampled text and the corpus are teacher-forced.
     fn data<'a>(&'a self, s: &'a Setup, t: &'a Teacher) -> run::Data<'a> {
-        let held: HashSet<usize> = s.held_out.iter().copied().collect();
         run::Data {
             target: &s.lm.model,
             samples: &self.samples,
             features: &t.source,
-            train: (0..self.n_distilled)
-                .filter(|i| !held.contains(i))
+            train: self
+                .pools
+                .greedy
+                .iter()
+                .copied()
+                .chain(self.pools.sampled.clone())
                 .collect(),
             vocab: s.vocab,
             device: Device::Cpu,
-            teacher_from: self.n_distilled,
+            teacher_from: self.pools.n_greedy,
         }
     }
 }
@@ -539,15 +684,15 @@ pub fn bench(s: &Setup, p: &Params, steps: usize) -> Result<(f64, f64)> {
     set_matmul_precision(p.precision());
     let teacher = Teacher::new(s)?;
     let snap = Snapshot::read(s)?;
-    let (data, n) = (snap.data(s, &teacher), snap.n_distilled);
+    let data = snap.data(s, &teacher);
     let head = &teacher.head;
     let net = (s.start)()?;
     let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
     let mut pr = Progress::default();
-    step(&net, head, &data, n, p, &mut opt, &mut pr)?;
+    step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
     let (t0, pos0) = (Instant::now(), pr.positions);
     for _ in 0..steps.max(1) {
-        step(&net, head, &data, n, p, &mut opt, &mut pr)?;
+        step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
     }
     let secs = t0.elapsed().as_secs_f64();
     Ok((

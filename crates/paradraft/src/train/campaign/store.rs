@@ -81,7 +81,14 @@ impl std::fmt::Display for Progress {
 pub struct CurvePoint {
     #[serde(flatten)]
     pub progress: Progress,
+    /// Greedy self-distilled samples in the data (the held-out ones included).
     pub samples: usize,
+    /// Sampled (teacher-labelled) self-distilled samples in the data.
+    #[serde(default)]
+    pub sampled: usize,
+    /// The learning rate the weights were last trained at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
     pub eval: Eval,
 }
 

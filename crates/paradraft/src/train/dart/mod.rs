@@ -75,6 +75,38 @@ pub struct Labeled {
     /// Teacher-forced text: `labels` are placeholders, replaced by the target's argmax over the
     /// draft vocabulary (from `target_hidden`) when the loss is formed.
     pub teacher: bool,
+    /// Teacher-forced text only: per scored row, the positions `lo..hi` between its block's
+    /// prefix and its label. A mask row's label is the target's greedy continuation only where
+    /// each of those tokens is the target's own argmax; elsewhere the text went another way
+    /// than a greedy draft can, and the row is not trained on.
+    pub chain: Vec<(u32, u32)>,
+    /// Teacher-forced text only: per position, the scored clean row that predicts it
+    /// (`u32::MAX`: none) and its token's draft id (`u32::MAX`: outside the draft vocabulary).
+    pub clean_row: Vec<u32>,
+    pub draft_tok: Vec<u32>,
+}
+
+impl Labeled {
+    /// The rows' weights with the mask rows of teacher-forced text whose chain left the target's
+    /// argmax (`labels`: the target's argmax per row) set to 0.
+    pub fn chain_weights(&self, labels: &[u32]) -> Vec<f32> {
+        let mut w = self.weights.clone();
+        if !self.teacher {
+            return w;
+        }
+        let greedy = |q: usize| {
+            let r = self.clean_row[q];
+            r != u32::MAX
+                && self.draft_tok[q] != u32::MAX
+                && labels[r as usize] == self.draft_tok[q]
+        };
+        for (wi, &(lo, hi)) in w.iter_mut().zip(&self.chain) {
+            if !(lo as usize..hi as usize).all(greedy) {
+                *wi = 0.0;
+            }
+        }
+        w
+    }
 }
 
 /// Prefixes `g` whose depth-1 token `x_{g+2}` is a response token.
@@ -116,8 +148,16 @@ pub fn build(
     let (mut positions, mut ranges): (Vec<u32>, Vec<Ranges>) = (vec![], vec![]);
     let (mut out, mut labels, mut weights, mut depth, mut rows) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut chain, mut clean_row) = (vec![], vec![u32::MAX; if teacher { t } else { 0 }]);
     let mut label = |slot: usize, p: usize, w: f32, d: u8| {
         if p < t && p >= resp {
+            if teacher {
+                // Depth d's label follows the d - 1 tokens after the block's prefix.
+                chain.push(((p + 1 - d as usize) as u32, p as u32));
+                if d == 1 {
+                    clean_row[p] = out.len() as u32;
+                }
+            }
             let id = if teacher {
                 Some(0)
             } else {
@@ -153,6 +193,12 @@ pub fn build(
     if out.is_empty() {
         return Ok(None);
     }
+    let draft_tok = match teacher {
+        true => (s.tokens.iter())
+            .map(|&x| data.vocab.draft_id(x).unwrap_or(u32::MAX))
+            .collect(),
+        false => vec![],
+    };
     let dev = &Device::Cpu;
     let target_hidden = (f.width() - f.ctx() == h)
         .then(|| {
@@ -175,6 +221,9 @@ pub fn build(
         depth,
         target_hidden,
         teacher,
+        chain,
+        clean_row,
+        draft_tok,
     }))
 }
 
@@ -265,8 +314,9 @@ pub fn sequence_loss(
         _ => &lb.labels,
     };
     let nll = crate::train::fused::cross_entropy_kl(&logits, labels, target.as_ref(), kl)?;
-    let wsum: f32 = lb.weights.iter().sum();
-    let wt = Tensor::from_vec(lb.weights.clone(), lb.weights.len(), dev)?;
+    let weights = lb.chain_weights(labels);
+    let wsum: f32 = weights.iter().sum();
+    let wt = Tensor::from_vec(weights, lb.weights.len(), dev)?;
     let loss = (nll * wt)?.sum_all()?;
     let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
     let (mut hit, mut n) = (0, 0);
