@@ -6,6 +6,7 @@
 //! backward) by one pass each way. candle's own fused `rms_norm` and `softmax_last_dim`
 //! record no backward; these do, and `tests` checks them against the composed primitives.
 
+use crate::runtime::ops::{fast_exp, max_value};
 use crate::runtime::quant::par_rows;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 use std::sync::Mutex;
@@ -215,7 +216,7 @@ impl CustomOp1 for RangeSoftmax {
                 let m = self.cols(i).fold(f32::NEG_INFINITY, |a, c| a.max(xr[c]));
                 let mut sum = 0.0;
                 for c in self.cols(i) {
-                    let e = (xr[c] - m).exp();
+                    let e = fast_exp(xr[c] - m);
                     o[c] = e;
                     sum += e;
                 }
@@ -313,9 +314,21 @@ struct CeKl {
 
 /// Log-sum-exp of a row.
 fn lse(x: &[f32]) -> f32 {
-    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let s: f32 = x.iter().map(|&v| (v - m).exp()).sum();
-    m + s.ln()
+    let m = max_value(x);
+    m + lanes_sum(x, |v| fast_exp(v - m)).ln()
+}
+
+/// Σ f(xᵢ) in 16 partial sums (so that the loop vectorises), then the remainder.
+#[inline(always)]
+fn lanes_sum(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut ch = x.chunks_exact(16);
+    for c in &mut ch {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
+        }
+    }
+    acc.iter().sum::<f32>() + ch.remainder().iter().map(|&v| f(v)).sum::<f32>()
 }
 
 impl CustomOp2 for CeKl {
@@ -345,14 +358,18 @@ impl CustomOp2 for CeKl {
                 if self.kl > 0.0 {
                     let tr = &t[i * v..(i + 1) * v];
                     let lt = lse(tr);
-                    let k: f32 = tr
-                        .iter()
-                        .zip(xr)
-                        .map(|(&a, &b)| {
-                            let lp = a - lt;
-                            lp.exp() * (lp - (b - lx))
-                        })
+                    // Σ p·(log p − log q) = Σ p·(t − x) − lt + lx, since Σ p = 1.
+                    let mut acc = [0f32; 16];
+                    let (mut tc, mut xc) = (tr.chunks_exact(16), xr.chunks_exact(16));
+                    for (a16, b16) in (&mut tc).zip(&mut xc) {
+                        for ((s, &a), &b) in acc.iter_mut().zip(a16).zip(b16) {
+                            *s += fast_exp(a - lt) * (a - b);
+                        }
+                    }
+                    let tail: f32 = (tc.remainder().iter().zip(xc.remainder()))
+                        .map(|(&a, &b)| fast_exp(a - lt) * (a - b))
                         .sum();
+                    let k = acc.iter().sum::<f32>() + tail - lt + lx;
                     loss += self.kl * k;
                 }
                 *o = loss;
@@ -383,13 +400,13 @@ impl CustomOp2 for CeKl {
                 // (1 + kl)·q − onehot − kl·p, scaled by the row's upstream gradient.
                 let c = 1.0 + self.kl;
                 for (a, &b) in o.iter_mut().zip(xr) {
-                    *a = c * (b - lx).exp();
+                    *a = c * fast_exp(b - lx);
                 }
                 if self.kl > 0.0 {
                     let tr = &tv[i * v..(i + 1) * v];
                     let lt = lse(tr);
                     for (a, &b) in o.iter_mut().zip(tr) {
-                        *a -= self.kl * (b - lt).exp();
+                        *a -= self.kl * fast_exp(b - lt);
                     }
                 }
                 o[self.labels[i] as usize] -= 1.0;

@@ -2,9 +2,14 @@
 //! split) and corpus text, tokenised once into the campaign's directory.
 
 use super::store::{bad, write_atomic};
+use super::{Setup, Teacher};
 use crate::error::{Error, Result};
 use crate::model::{Loaded, Message};
 use crate::train::data::{read_samples, Prompt, Sample};
+use crate::train::run;
+use candle_core::Device;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -219,4 +224,116 @@ pub fn prepare(
         held_out,
         corpus,
     })
+}
+
+/// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
+/// ones, then the corpus.
+pub(super) struct Snapshot {
+    pub samples: Vec<Sample>,
+    pub pools: Pools,
+}
+
+/// Where each kind of sequence lies in a [`Snapshot`]'s samples.
+pub(super) struct Pools {
+    /// Greedy samples, the held-out ones included (they come first).
+    pub n_greedy: usize,
+    /// The greedy training split.
+    pub greedy: Vec<usize>,
+    pub sampled: std::ops::Range<usize>,
+    pub corpus: std::ops::Range<usize>,
+    /// Prompts of the greedy training split (sorted): what sampled distillation answers again.
+    pub train_prompts: Vec<usize>,
+}
+
+impl Pools {
+    /// The next `n` (prompt, seed) pairs for sampled distillation: passes over the training
+    /// prompts, each pass in its own seeded order with its own seeds, continuing after the
+    /// samples already drawn.
+    pub fn next_sampled(&self, n: usize, seed: u64) -> Vec<(usize, u64)> {
+        let m = self.train_prompts.len();
+        if m == 0 {
+            return vec![];
+        }
+        let mut perm = (usize::MAX, vec![]);
+        (self.sampled.len()..self.sampled.len() + n)
+            .map(|k| {
+                let pass = k / m;
+                if perm.0 != pass {
+                    let mut order = self.train_prompts.clone();
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5a4d_0000 ^ pass as u64);
+                    for i in (1..m).rev() {
+                        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+                    }
+                    perm = (pass, order);
+                }
+                let prompt = perm.1[k % m];
+                let s =
+                    seed ^ ((pass as u64 + 1) << 40) ^ (prompt as u64).wrapping_mul(0x9e37_79b9);
+                (prompt, s)
+            })
+            .collect()
+    }
+}
+
+impl Snapshot {
+    pub fn read(s: &Setup) -> Result<Self> {
+        let (mut samples, _) = read_samples(&s.dir.join("samples.bin"))?;
+        let n_greedy = samples.len();
+        let sampled_path = s.dir.join("sampled.bin");
+        if sampled_path.exists() {
+            let (sampled, _) = read_samples(&sampled_path)?;
+            if let Some(x) = sampled
+                .iter()
+                .find(|x| x.prompt_index as usize >= s.prompts.len())
+            {
+                return Err(bad(
+                    &sampled_path,
+                    format!(
+                        "a sample refers to prompt {} of {}",
+                        x.prompt_index,
+                        s.prompts.len()
+                    ),
+                ));
+            }
+            samples.extend(sampled);
+        }
+        let n_self = samples.len();
+        samples.extend(s.corpus.iter().cloned());
+        let held: HashSet<usize> = s.held_out.iter().copied().collect();
+        let greedy: Vec<usize> = (0..n_greedy).filter(|i| !held.contains(i)).collect();
+        let mut train_prompts: Vec<usize> = greedy
+            .iter()
+            .map(|&i| samples[i].prompt_index as usize)
+            .collect();
+        train_prompts.sort_unstable();
+        train_prompts.dedup();
+        let pools = Pools {
+            n_greedy,
+            greedy,
+            sampled: n_greedy..n_self,
+            corpus: n_self..samples.len(),
+            train_prompts,
+        };
+        Ok(Snapshot { samples, pools })
+    }
+
+    /// The trainer's view: the greedy samples minus the held-out ones and the sampled ones are
+    /// the training split; sampled text and the corpus are teacher-forced.
+    pub fn data<'a>(&'a self, s: &'a Setup, t: &'a Teacher) -> run::Data<'a> {
+        run::Data {
+            target: &s.lm.model,
+            samples: &self.samples,
+            features: &t.source,
+            train: self
+                .pools
+                .greedy
+                .iter()
+                .copied()
+                .chain(self.pools.sampled.clone())
+                .collect(),
+            vocab: s.vocab,
+            device: Device::Cpu,
+            teacher_from: self.pools.n_greedy,
+        }
+    }
 }

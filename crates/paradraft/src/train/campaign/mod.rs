@@ -15,6 +15,7 @@ mod data;
 mod store;
 
 pub use data::{corpus_samples, prepare, Prepared, Sources};
+use data::{Pools, Snapshot};
 pub use store::{
     check_stamp, default_dir, process_cpu_s, read_curve, resume, save, CurvePoint, Progress, Stamp,
     StepLog,
@@ -26,16 +27,16 @@ use crate::error::{Error, Result};
 use crate::model::Loaded;
 use crate::train::bf16::{set_matmul_precision, MatmulPrecision};
 use crate::train::dart::{self, net::Net};
-use crate::train::data::{distill, distill_sampled, read_samples, DistillParams, Prompt, Sample};
+use crate::train::data::{distill, distill_sampled, DistillParams, Prompt, Sample};
 use crate::train::dflash::net::FrozenHead;
 use crate::train::features::{OnlineTaps, TapSource};
 use crate::train::optim::AdamW;
 use crate::train::run::{self, cerr};
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 use store::{append_line, cut_log, write_atomic};
@@ -281,6 +282,7 @@ pub fn run(
             (net, opt, Progress::default(), ema)
         }
     };
+    let start_step = pr.step;
     cut_log(&s.dir.join("train_log.jsonl"), pr.step)?;
     cut_log(&s.dir.join("curve.jsonl"), pr.step)?;
     let (cpu0, wall0) = (process_cpu_s(), Instant::now());
@@ -293,6 +295,10 @@ pub fn run(
     let mut prompts_left = true;
     loop {
         let snap = Snapshot::read(s)?;
+        if pr.step == start_step && !snap.pools.sampled.is_empty() {
+            let n = snap.pools.sampled.len();
+            on(Event::Note(format!("{n} sampled self-distilled samples")));
+        }
         let data = snap.data(s, &teacher);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
             let point = (&snap.pools, p.lr);
@@ -563,118 +569,6 @@ impl Teacher {
             source: TapSource::Online(OnlineTaps::new(target, &taps, ctx)?),
             head: crate::train::dflash::frozen_head(target, s.vocab).map_err(cerr)?,
         })
-    }
-}
-
-/// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
-/// ones, then the corpus.
-struct Snapshot {
-    samples: Vec<Sample>,
-    pools: Pools,
-}
-
-/// Where each kind of sequence lies in a [`Snapshot`]'s samples.
-struct Pools {
-    /// Greedy samples, the held-out ones included (they come first).
-    n_greedy: usize,
-    /// The greedy training split.
-    greedy: Vec<usize>,
-    sampled: std::ops::Range<usize>,
-    corpus: std::ops::Range<usize>,
-    /// Prompts of the greedy training split (sorted): what sampled distillation answers again.
-    train_prompts: Vec<usize>,
-}
-
-impl Pools {
-    /// The next `n` (prompt, seed) pairs for sampled distillation: passes over the training
-    /// prompts, each pass in its own seeded order with its own seeds, continuing after the
-    /// samples already drawn.
-    fn next_sampled(&self, n: usize, seed: u64) -> Vec<(usize, u64)> {
-        let m = self.train_prompts.len();
-        if m == 0 {
-            return vec![];
-        }
-        let mut perm = (usize::MAX, vec![]);
-        (self.sampled.len()..self.sampled.len() + n)
-            .map(|k| {
-                let pass = k / m;
-                if perm.0 != pass {
-                    let mut order = self.train_prompts.clone();
-                    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5a4d_0000 ^ pass as u64);
-                    for i in (1..m).rev() {
-                        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
-                    }
-                    perm = (pass, order);
-                }
-                let prompt = perm.1[k % m];
-                let s =
-                    seed ^ ((pass as u64 + 1) << 40) ^ (prompt as u64).wrapping_mul(0x9e37_79b9);
-                (prompt, s)
-            })
-            .collect()
-    }
-}
-
-impl Snapshot {
-    fn read(s: &Setup) -> Result<Self> {
-        let (mut samples, _) = read_samples(&s.dir.join("samples.bin"))?;
-        let n_greedy = samples.len();
-        let sampled_path = s.dir.join("sampled.bin");
-        if sampled_path.exists() {
-            let (sampled, _) = read_samples(&sampled_path)?;
-            if let Some(x) = sampled
-                .iter()
-                .find(|x| x.prompt_index as usize >= s.prompts.len())
-            {
-                return Err(store::bad(
-                    &sampled_path,
-                    format!(
-                        "a sample refers to prompt {} of {}",
-                        x.prompt_index,
-                        s.prompts.len()
-                    ),
-                ));
-            }
-            samples.extend(sampled);
-        }
-        let n_self = samples.len();
-        samples.extend(s.corpus.iter().cloned());
-        let held: HashSet<usize> = s.held_out.iter().copied().collect();
-        let greedy: Vec<usize> = (0..n_greedy).filter(|i| !held.contains(i)).collect();
-        let mut train_prompts: Vec<usize> = greedy
-            .iter()
-            .map(|&i| samples[i].prompt_index as usize)
-            .collect();
-        train_prompts.sort_unstable();
-        train_prompts.dedup();
-        let pools = Pools {
-            n_greedy,
-            greedy,
-            sampled: n_greedy..n_self,
-            corpus: n_self..samples.len(),
-            train_prompts,
-        };
-        Ok(Snapshot { samples, pools })
-    }
-
-    /// The trainer's view: the greedy samples minus the held-out ones and the sampled ones are
-    /// the training split; sampled text and the corpus are teacher-forced.
-    fn data<'a>(&'a self, s: &'a Setup, t: &'a Teacher) -> run::Data<'a> {
-        run::Data {
-            target: &s.lm.model,
-            samples: &self.samples,
-            features: &t.source,
-            train: self
-                .pools
-                .greedy
-                .iter()
-                .copied()
-                .chain(self.pools.sampled.clone())
-                .collect(),
-            vocab: s.vocab,
-            device: Device::Cpu,
-            teacher_from: self.pools.n_greedy,
-        }
     }
 }
 
