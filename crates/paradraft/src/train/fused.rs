@@ -92,10 +92,13 @@ impl CustomOp2 for RmsNorm {
         );
         let n = wv.len();
         let mut dx = vec![0f32; xv.len()];
-        let dw = Mutex::new(vec![0f32; n]);
+        // Each range's partial dw, summed in range order afterwards: the ranges are fixed but
+        // finish in any order, and adding them as they finish made dw (and a resumed run)
+        // differ from run to run in the last bits.
+        let parts = Mutex::new(Vec::<(usize, Vec<f32>)>::new());
         // dx = s·(g⊙w) − x·s³·mean((g⊙w)⊙x);  dw = Σ_rows g⊙x·s.
         par_rows(&mut dx, n, |r, out| {
-            let mut local = vec![0f32; n];
+            let (first, mut local) = (r.start, vec![0f32; n]);
             for (i, o) in r.zip(out.chunks_exact_mut(n)) {
                 let (xr, gr) = (&xv[i * n..(i + 1) * n], &gv[i * n..(i + 1) * n]);
                 let s = inv_rms(xr, self.eps);
@@ -111,10 +114,15 @@ impl CustomOp2 for RmsNorm {
                     local[j] += gr[j] * xr[j] * s;
                 }
             }
-            let mut dw = dw.lock().unwrap_or_else(|e| e.into_inner());
-            dw.iter_mut().zip(&local).for_each(|(a, b)| *a += b);
+            let mut parts = parts.lock().unwrap_or_else(|e| e.into_inner());
+            parts.push((first, local));
         });
-        let dw = dw.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut parts = parts.into_inner().unwrap_or_else(|e| e.into_inner());
+        parts.sort_unstable_by_key(|p| p.0);
+        let mut dw = vec![0f32; n];
+        for (_, local) in &parts {
+            dw.iter_mut().zip(local).for_each(|(a, b)| *a += b);
+        }
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), x.device())?),
             Some(Tensor::from_vec(dw, w.shape(), w.device())?),
@@ -467,6 +475,24 @@ mod tests {
     }
 
     /// With and without the KL term.
+    /// The weight gradient sums the rows' partials in a fixed order, so repeated backward passes
+    /// agree to the bit however the pool's ranges finish (a resumed run depends on it).
+    #[test]
+    fn rms_norm_weight_gradient_is_the_same_every_time() {
+        let x = Var::from_tensor(&randn(&[257, 48], 11)).unwrap();
+        let w = Var::from_tensor(&randn(&[48], 12)).unwrap();
+        let dw = || {
+            let y = rms_norm(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
+            let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+            let v = g.get(w.as_tensor()).unwrap().to_vec1::<f32>().unwrap();
+            v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>()
+        };
+        let first = dw();
+        for _ in 0..200 {
+            assert_eq!(dw(), first);
+        }
+    }
+
     #[test]
     fn cross_entropy_kl_matches_the_composed_ops() {
         let x = Var::from_tensor(&randn(&[9, 50], 6)).unwrap();
