@@ -47,7 +47,7 @@ pub struct CampaignArgs {
     /// Share of the time spent self-distilling new samples.
     #[arg(long, default_value_t = Params::default().distill_share)]
     pub distill_share: f64,
-    /// Temperature of sampled self-distillation, every other round (0: greedy answers only).
+    /// Temperature of sampled self-distillation, once every prompt has its greedy answer (0: greedy answers only).
     #[arg(long, default_value_t = Params::default().sample_temp)]
     pub sample_temp: f32,
     /// Share of self-distilled sequences drawn from sampled ones (default: by their number).
