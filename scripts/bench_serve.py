@@ -141,7 +141,7 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
             if i >= n_req:
                 return
             t = time.perf_counter()
-            ttft, tlast, toks, _ = stream_chat(port, ps[(first + i) % len(ps)], max_tokens, temperature, i)
+            ttft, tlast, toks, _ = stream_chat(port, ps[first + i], max_tokens, temperature, i)
             results[i] = (t, ttft, tlast, toks)
 
     a0, n0, i0, m0 = metric_sums(port)
@@ -229,7 +229,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out", "serve"))
     a = ap.parse_args()
     levels = [int(c) for c in a.concurrency.split(",")]
-    ps = prompts(a.datasets.split(","), 40)
+    per_level = [a.requests or max(8, 2 * c) for c in levels]
+    sets = a.datasets.split(",")
+    # The warm-up prompt and every level's own prompts, all distinct (see below).
+    need = 1 + sum(per_level)
+    ps = prompts(sets, max(40, -(-need // len(sets))))
+    if len(ps) < need:
+        sys.exit(f"{need} distinct prompts needed, the sets {a.datasets} have {len(ps)}")
     os.makedirs(a.out, exist_ok=True)
     report = {"args": vars(a), "results": {}}
     if a.temperature == 0:
@@ -243,8 +249,7 @@ def main():
             # Each level asks prompts no earlier level asked (a drafter that caches earlier
             # answers, as auto's suffix cache does, must not see a prompt twice).
             first = 1
-            for c in levels:
-                n = a.requests or max(8, 2 * c)
+            for c, n in zip(levels, per_level):
                 r = level(srv.port, ps, c, n, a.max_tokens, a.temperature, first)
                 first += n
                 res.append(r)

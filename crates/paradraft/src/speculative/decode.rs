@@ -287,6 +287,7 @@ impl<'a> Session<'a> {
         };
         let mut stats = RoundStats::default();
         let budget = self.sizing.before(&facts);
+        self.drafter.batch_streams(batch.streams.max(1));
         let t = Instant::now();
         let mut tree = self.drafter.propose(&self.committed, budget)?;
         stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -48,6 +48,12 @@ pub trait Drafter {
     /// autoregressive decoding this round.
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree>;
 
+    /// The next round's target forward is shared by `streams` decoding sessions (1: alone).
+    /// Called before each [`Drafter::propose`]; a drafter whose proposals cost time prices it
+    /// by this, since a millisecond it spends delays every stream of the batch. Default:
+    /// ignored.
+    fn batch_streams(&mut self, _streams: usize) {}
+
     /// The target accepted `outcome` for the last proposal. `hidden` holds the positions this
     /// round committed to the KV cache: the root, then each accepted node (the bonus token is
     /// the next root, so its states come with the next round).
@@ -88,6 +94,9 @@ impl<D: Drafter + ?Sized> Drafter for &mut D {
     }
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         (**self).propose(committed, max_nodes)
+    }
+    fn batch_streams(&mut self, streams: usize) {
+        (**self).batch_streams(streams)
     }
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
         (**self).observe(outcome, hidden)

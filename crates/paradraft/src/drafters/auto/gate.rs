@@ -2,8 +2,10 @@
 //! forward costs a good share of a decode step, so it runs only where it is likely to pay: not
 //! when the lookups already propose enough, and otherwise while the tokens only it proposed
 //! and the target accepted (per run, averaged) are worth more decode time than its forward
-//! takes. When it does not pay it still runs every [`PROBE_EVERY`]th round, so that the
-//! estimate follows the text.
+//! takes. In a batch of B streams a token of this session is worth a B-th of a step, while the
+//! forward delays every stream: the bar is B times higher. When it does not pay it still runs
+//! every [`PROBE_EVERY`] · B-th round, so that the estimate follows the text at a batch cost
+//! that does not grow with B.
 
 use std::time::Instant;
 
@@ -23,6 +25,8 @@ pub struct ModelGate {
     step_ms: f64,
     since_run: usize,
     round_start: Option<Instant>,
+    /// Decoding sessions sharing the next round's forward (1: alone).
+    pub streams: usize,
 }
 
 impl Default for ModelGate {
@@ -33,6 +37,7 @@ impl Default for ModelGate {
             step_ms: 0.0,
             since_run: 0,
             round_start: None,
+            streams: 1,
         }
     }
 }
@@ -57,13 +62,16 @@ impl ModelGate {
     }
 
     /// Whether to run the model this round, the lookups expecting `lookup_expected` accepted
-    /// nodes.
+    /// nodes. An undrafted step of `step_ms` commits one token for each of the batch's
+    /// `streams`, so this session's token is worth `step_ms / streams` of the batch's time,
+    /// and the forward's `cost_ms` is spent by all of them.
     pub fn run(&mut self, lookup_expected: f64) -> bool {
         if lookup_expected >= ENOUGH {
             return false;
         }
-        let pays = self.step_ms == 0.0 || self.value * self.step_ms >= self.cost_ms;
-        let run = pays || self.since_run + 1 >= PROBE_EVERY;
+        let b = self.streams.max(1);
+        let pays = self.step_ms == 0.0 || self.value * self.step_ms >= self.cost_ms * b as f64;
+        let run = pays || self.since_run + 1 >= PROBE_EVERY * b;
         self.since_run = if run { 0 } else { self.since_run + 1 };
         run
     }
@@ -98,5 +106,33 @@ mod tests {
         }
         assert_eq!((0..32).filter(|_| g.run(0.0)).count(), 32);
         assert!(!g.run(ENOUGH));
+    }
+
+    /// Accepted-only-by-the-model tokens (0.5–0.8 per run) worth about 2 ms of a 3 ms step against a 1 ms forward: the
+    /// model pays alone and at 2 streams, not at 4 or 16, where it is probed every
+    /// PROBE_EVERY · streams rounds.
+    #[test]
+    fn a_batch_raises_the_bar() {
+        for (streams, every_round) in [(1, true), (2, true), (4, false), (16, false)] {
+            let mut g = ModelGate {
+                step_ms: 3.0,
+                streams,
+                ..Default::default()
+            };
+            for _ in 0..40 {
+                g.ran(1.0, 0);
+                g.ran(1.0, 1);
+                g.ran(1.0, 1);
+            }
+            assert!((0.5..0.8).contains(&g.value), "value {}", g.value);
+            let n = 64 * PROBE_EVERY;
+            let runs = (0..n).filter(|_| g.run(0.0)).count();
+            let want = if every_round {
+                n
+            } else {
+                n / (PROBE_EVERY * streams)
+            };
+            assert_eq!(runs, want, "{streams} streams");
+        }
     }
 }

@@ -398,6 +398,10 @@ impl Drafter for Auto<'_> {
         Ok(self.last.tree.clone())
     }
 
+    fn batch_streams(&mut self, streams: usize) {
+        self.gate.streams = streams.max(1);
+    }
+
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
         self.verified_last = outcome.drafted;
         if let (Some(t), Some(root)) = (&self.shared.recycle, self.root) {
