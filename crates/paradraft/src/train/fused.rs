@@ -474,7 +474,6 @@ mod tests {
         assert_matches(f, composed_rms_norm(xt, wt, 1e-6).unwrap(), &[&x, &w], 1e-5);
     }
 
-    /// With and without the KL term.
     /// The weight gradient sums the rows' partials in a fixed order, so repeated backward passes
     /// agree to the bit however the pool's ranges finish (a resumed run depends on it).
     #[test]
@@ -493,6 +492,7 @@ mod tests {
         }
     }
 
+    /// With and without the KL term.
     #[test]
     fn cross_entropy_kl_matches_the_composed_ops() {
         let x = Var::from_tensor(&randn(&[9, 50], 6)).unwrap();

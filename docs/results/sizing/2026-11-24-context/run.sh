@@ -10,17 +10,8 @@
 # Run from the repository root with the campaign paused:
 #   scripts/campaign.sh pause; OLD=… NEW=… docs/results/sizing/2026-11-24-context/run.sh OUT; scripts/campaign.sh resume
 set -euo pipefail
-OUT=${1:?output dir}
-OLD=${OLD:?binary before}
-NEW=${NEW:?binary after}
-mkdir -p "$OUT"
-for r in $(seq "${ROUNDS:-2}"); do
-  for v in old new; do
-    b=OLD; [[ $v == new ]] && b=NEW
-    "${!b}" bench --threads 2 --methods pld,dart,auto --datasets mt_bench,copy --num-prompts 5 \
-      --max-new-tokens 512 --out "$OUT/$v-r$r" > /dev/null 2> "$OUT/$v-r$r.log"
-  done
-done
+exec scripts/ab_rounds.sh "${1:?output dir}" \
+  '"$BIN" bench --threads 2 --methods pld,dart,auto --datasets mt_bench,copy --num-prompts 5 --max-new-tokens 512 --out "$OUT/$RUN"'
 # The c(k) tables beside it (bench-kernels-context*.txt) came from, campaign paused, for
 # r in 1 2 and c in 64 512 1024:
 #   target/release/paradraft bench-kernels --threads 2 --repeats 3 --context $c --decode-tokens 16 --prefill-tokens 64

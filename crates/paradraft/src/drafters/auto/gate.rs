@@ -108,9 +108,9 @@ mod tests {
         assert!(!g.run(ENOUGH));
     }
 
-    /// Accepted-only-by-the-model tokens (0.5–0.8 per run) worth about 2 ms of a 3 ms step against a 1 ms forward: the
-    /// model pays alone and at 2 streams, not at 4 or 16, where it is probed every
-    /// PROBE_EVERY · streams rounds.
+    /// Tokens only the model got accepted (0.5–0.8 per run), worth about 2 ms of a 3 ms step,
+    /// against a 1 ms forward: the model pays alone and at 2 streams, not at 4 or 16, where it
+    /// is probed every PROBE_EVERY · streams rounds.
     #[test]
     fn a_batch_raises_the_bar() {
         for (streams, every_round) in [(1, true), (2, true), (4, false), (16, false)] {

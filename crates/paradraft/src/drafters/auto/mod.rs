@@ -399,7 +399,7 @@ impl Drafter for Auto<'_> {
     }
 
     fn batch_streams(&mut self, streams: usize) {
-        self.gate.streams = streams.max(1);
+        self.gate.streams = streams;
     }
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
