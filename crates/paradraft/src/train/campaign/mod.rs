@@ -270,7 +270,7 @@ pub fn run(
                     decay: p.ema_decay,
                     t,
                 },
-                None => Ema::of(&net, p.ema_decay)?,
+                None => Ema::of(&net.vars, p.ema_decay)?,
             };
             (net, opt, pr, ema)
         }
@@ -280,7 +280,7 @@ pub fn run(
             on(Event::Note(
                 "no checkpoint: starting from the drafter".into(),
             ));
-            let ema = Ema::of(&net, p.ema_decay)?;
+            let ema = Ema::of(&net.vars, p.ema_decay)?;
             (net, opt, Progress::default(), ema)
         }
     };
@@ -315,7 +315,7 @@ pub fn run(
                 return Ok(pr);
             }
             let log = step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
-            ema.update(&net)?;
+            ema.update(&net.vars)?;
             append_line(&s.dir.join("train_log.jsonl"), &log)?;
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
@@ -519,28 +519,29 @@ fn evaluate(
 }
 
 /// The moving average of the weights (Polyak averaging), started at the weights a run starts
-/// from; saved with every checkpoint.
+/// from; saved with every checkpoint. Its tensors are plain values: a copy of a variable records
+/// the copy in candle's graph, and each update would then keep every earlier average alive (a
+/// campaign started without a checkpoint grew by ~40 MB a step until it was killed).
 struct Ema {
     decay: f64,
     t: HashMap<String, Tensor>,
 }
 
 impl Ema {
-    fn of(net: &Net, decay: f64) -> Result<Self> {
-        let t = net
-            .vars
+    fn of(vars: &run::Vars, decay: f64) -> Result<Self> {
+        let t = vars
             .iter()
             // A copy: the optimiser updates the variables' storage in place.
-            .map(|(k, v)| Ok((k.clone(), v.as_tensor().copy().map_err(cerr)?)))
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().detach().copy().map_err(cerr)?)))
             .collect::<Result<_>>()?;
         Ok(Ema { decay, t })
     }
 
-    fn update(&mut self, net: &Net) -> Result<()> {
-        for (k, v) in &net.vars {
+    fn update(&mut self, vars: &run::Vars) -> Result<()> {
+        for (k, v) in vars {
             let w = v.as_tensor().detach();
             let e = match self.t.get(k) {
-                Some(e) if self.decay > 0.0 => ((e * self.decay).map_err(cerr)?
+                Some(e) if self.decay > 0.0 => ((e.detach() * self.decay).map_err(cerr)?
                     + (w * (1.0 - self.decay)).map_err(cerr)?)
                 .map_err(cerr)?,
                 _ => w.copy().map_err(cerr)?,
@@ -595,4 +596,27 @@ pub fn bench(s: &Setup, p: &Params, steps: usize) -> Result<(f64, f64)> {
         (pr.positions - pos0) as f64 / secs,
         secs / steps.max(1) as f64,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    #[test]
+    fn the_moving_average_keeps_no_graph_and_averages() {
+        let mut vars = run::Vars::new();
+        let w = Var::from_tensor(&Tensor::ones(4, DType::F32, &Device::Cpu).unwrap()).unwrap();
+        vars.insert("w".into(), w.clone());
+        let mut ema = Ema::of(&vars, 0.5).unwrap();
+        w.set(&Tensor::full(3f32, 4, &Device::Cpu).unwrap())
+            .unwrap();
+        for _ in 0..2 {
+            ema.update(&vars).unwrap();
+        }
+        let t = &ema.t["w"];
+        assert!(!t.track_op(), "the average must not hold candle's graph");
+        // 1 → 0.5·1 + 0.5·3 = 2 → 0.5·2 + 0.5·3 = 2.5
+        assert_eq!(t.to_vec1::<f32>().unwrap(), vec![2.5f32; 4]);
+    }
 }
