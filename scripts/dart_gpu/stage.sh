@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Stages THE DART campaign's GPU run for a developers' session lent a GPU (docs/dart.md, "A lent
+# GPU"). The device tool copies the working tree plus carried paths, 64 MiB in all, and the
+# tracked tree alone is larger, so the run travels as: this folder (untracked) + gpu_carry/.
+#
+#   scripts/dart_gpu/stage.sh carry     gpu_carry/: the GGUF in two parts (60 MB + 38 MB), the
+#                                       campaign's samples (gzip), the committed drafter
+#   scripts/dart_gpu/stage.sh hide      takes every tracked file off the index (backed up) and
+#                                       ignores all but scripts/dart_gpu/, so only it travels
+#   scripts/dart_gpu/stage.sh restore   puts the index and the ignore list back (run it as soon as
+#                                       the GPU calls are done; nothing in the work tree changes)
+#
+# The calls (each ≤ 10 minutes; the machine goes back after 30 s idle, so make them back to back):
+#   1. carry gpu_carry/model.part1:  mkdir -p /tmp/pd && cp gpu_carry/model.part1 /tmp/pd/
+#   2. carry gpu_carry/model.part2, gpu_carry/samples.bin.gz, gpu_carry/drafter:
+#      cat /tmp/pd/model.part1 gpu_carry/model.part2 > /tmp/pd/m.gguf && python3
+#      scripts/dart_gpu/train.py --model /tmp/pd/m.gguf --samples gpu_carry/samples.bin.gz
+#      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt --minutes 9.2 ...;
+#      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.; cp
+#      /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/
+#   3. the same training command again (it resumes from /tmp/pd/state.pt while the machine is warm)
+# Then: cat drafter.st.* > model.safetensors, and evaluate it with the engine
+# (`paradraft train campaign --dir D --from DRAFTER`, its first curve point).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CAMPAIGN="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
+MODEL="${PARADRAFT_MODEL:-$HOME/.cache/paradraft/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+GIT="$(git rev-parse --git-dir)"
+BACKUP="$GIT/dart_gpu_backup"
+case "${1:-}" in
+  carry)
+    [[ -f "$MODEL" ]] || { echo "no model at $MODEL (set PARADRAFT_MODEL)" >&2; exit 1; }
+    [[ -f "$CAMPAIGN/samples.bin" ]] || { echo "no $CAMPAIGN/samples.bin" >&2; exit 1; }
+    mkdir -p "$GIT/info" gpu_carry/drafter
+    grep -qx 'gpu_carry/' "$GIT/info/exclude" 2>/dev/null || echo 'gpu_carry/' >>"$GIT/info/exclude"
+    head -c 60000000 "$MODEL" >gpu_carry/model.part1
+    tail -c +60000001 "$MODEL" >gpu_carry/model.part2
+    gzip -c "$CAMPAIGN/samples.bin" >gpu_carry/samples.bin.gz
+    cp drafters/smollm2-135m-dart/config.json drafters/smollm2-135m-dart/model.safetensors gpu_carry/drafter/
+    du -cb gpu_carry/model.part2 gpu_carry/samples.bin.gz gpu_carry/drafter/* | tail -n 1
+    ;;
+  hide)
+    [[ -e "$BACKUP" ]] && { echo "already hidden: run '$0 restore' first" >&2; exit 1; }
+    mkdir -p "$BACKUP" "$GIT/info"
+    cp "$GIT/index" "$BACKUP/index"
+    touch "$GIT/info/exclude"
+    cp "$GIT/info/exclude" "$BACKUP/exclude"
+    git rm -r --cached -q .
+    printf '/*\n!/scripts/\n/scripts/*\n!/scripts/dart_gpu/\n' >>"$GIT/info/exclude"
+    git status --short -uall | grep -v '^D ' || true
+    ;;
+  restore)
+    [[ -e "$BACKUP" ]] || { echo "nothing to restore" >&2; exit 1; }
+    cp "$BACKUP/index" "$GIT/index"
+    cp "$BACKUP/exclude" "$GIT/info/exclude"
+    rm -rf "$BACKUP"
+    git status --short
+    ;;
+  *) echo "usage: $0 carry|hide|restore" >&2; exit 2 ;;
+esac
