@@ -2,15 +2,20 @@
 # Commit the campaign's progress (issue #23 item 4): draw its held-out curve into docs/
 # (SVG and PNG), and when its best held-out alpha1 beats the committed DART drafter's by at least
 # 0.02, replace drafters/smollm2-135m-dart with the campaign's best (f16) and its evaluation.
-# Needs rsvg-convert (Debian: librsvg2-bin) for the PNG.
+# Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The campaign restarted from the GPU run's
+# weights on 2026-11-24 (docs/dart.md): its curve goes to *_after_gpu.*; the first CPU phase's
+# curve (docs/dart_campaign.*, docs/results/dart_campaign_curve.jsonl) and the GPU run's
+# (docs/results/dart_campaign_gpu_curve.jsonl) stay as committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
 BIN="${PARADRAFT_BIN:-target/release/paradraft}"
 OUT=drafters/smollm2-135m-dart
-"$BIN" train campaign --dir "$DIR" --plot docs/dart_campaign.svg
-rsvg-convert docs/dart_campaign.svg -o docs/dart_campaign.png
-cp "$DIR/curve.jsonl" docs/results/dart_campaign_curve.jsonl
+PLOT="${PARADRAFT_CURVE_PLOT:-docs/dart_campaign_after_gpu.svg}"
+CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu.jsonl}"
+"$BIN" train campaign --dir "$DIR" --plot "$PLOT"
+rsvg-convert "$PLOT" -o "${PLOT%.svg}.png"
+cp "$DIR/curve.jsonl" "$CURVE"
 python3 - "$DIR" "$OUT" <<'PY'
 import json, shutil, sys, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
