@@ -18,6 +18,10 @@
 #      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt --minutes 9.2 ...;
 #      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.; cp
 #      /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/
+#      To grow the data first (the 2026-11-24 run ended data-bound, docs/dart.md), add
+#      --sampled /tmp/pd/sampled.bin --generate 20000 --gen-minutes 4 --sampled-share 0.5, and
+#      bring the answers back: gzip -c /tmp/pd/sampled.bin | split -b 15M - $OUT/sampled.gz.
+#      (The generation ran on this CPU only: greedy answers equal the training forward's argmax.)
 #   3. the same training command again (it resumes from /tmp/pd/state.pt while the machine is warm)
 # Then: cat drafter.st.* > model.safetensors, and evaluate it with the engine
 # (`paradraft train campaign --dir D --from DRAFTER`, its first curve point).

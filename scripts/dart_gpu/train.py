@@ -8,9 +8,11 @@ here with the GGUF weights dequantised to bf16 instead of the engine's int8 kern
 drafter sees the prefix-shared layout (every clean slot of a sequence, then blocks of 7 mask
 slots for sampled prefixes); the loss is the label's cross-entropy plus the KL from the target's
 draft-vocabulary distribution, weighted gamma^(depth-1); AdamW (0.9, 0.999, 1e-8, no decay),
-global gradient clipping, an EMA of the weights. Only the greedy self-distilled samples are
-trained on (their own tokens are the labels); the held-out split is the campaign's (the last 5 %
-of the seed samples) and the held-out chain evaluation is `dart::evaluate`'s.
+global gradient clipping, an EMA of the weights. The greedy self-distilled samples are labelled by
+their own tokens; sampled text (`--sampled`, grown on the GPU by `--generate`: training prompts
+answered again at `--gen-temp`) is labelled by the target's argmax, its mask rows trained only
+along the target's greedy chain, as the campaign does. The held-out split is the campaign's (the
+last 5 % of the seed samples) and the held-out chain evaluation is `dart::evaluate`'s.
 
 Nothing here is the product: it reads/writes numpy files that `scripts/dart_gpu/prepare.py`
 It starts from a drafter in the published layout and writes one (EMA weights, f16, the same
@@ -18,203 +20,21 @@ d2t/t2d) that `paradraft train campaign --from` takes back (docs/dart.md, "A len
 held-out evaluation of that drafter is what counts.
 
   python3 train.py --model M.gguf --samples samples.bin.gz --n-seed 5131 --drafter DIR --out OUT
-                   [--minutes 9] [--state S.pt]
+                   [--minutes 9] [--state S.pt] [--sampled S.bin [--generate N] [--sampled-share X]]
 """
 import argparse
-import gzip
 import json
-import math
 import os
-import struct
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-TAPS = (1, 14, 26)  # dart_taps(30): 1, 30/2 - 1, 30 - 4; plus the last layer for the labels
+from target import Target, append_samples, read_safetensors, rms, samples_of, write_safetensors
+
 MASKS = 7
 GAMMA = 0.6
-
-
-# ---------------------------------------------------------------- GGUF (F32, F16, Q8_0, Q4_1)
-def read_gguf(path):
-    """Tensors of a llama GGUF as float32 numpy arrays `[rows, cols]`, and its metadata."""
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
-    at = 0
-
-    def take(fmt):
-        nonlocal at
-        v = struct.unpack_from("<" + fmt, buf, at)
-        at += struct.calcsize("<" + fmt)
-        return v[0]
-
-    def string():
-        nonlocal at
-        n = take("Q")
-        s = bytes(buf[at : at + n]).decode("utf-8", "replace")
-        at += n
-        return s
-
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-    def value(t):
-        if t == 8:
-            return string()
-        if t == 9:
-            et, n = take("I"), take("Q")
-            return [value(et) for _ in range(n)]
-        return take(scalar[t])
-
-    if bytes(buf[:4]) != b"GGUF":
-        raise SystemExit(f"{path}: not a GGUF file")
-    at = 4
-    _version, n_t, n_kv = take("I"), take("Q"), take("Q")
-    meta = {}
-    for _ in range(n_kv):
-        k = string()
-        meta[k] = value(take("I"))
-    infos = []
-    for _ in range(n_t):
-        name = string()
-        nd = take("I")
-        dims = [take("Q") for _ in range(nd)]
-        infos.append((name, dims, take("I"), take("Q")))
-    align = meta.get("general.alignment", 32)
-    base = (at + align - 1) // align * align
-    out = {}
-    for name, dims, ty, off in infos:
-        cols, rows = dims[0], int(np.prod(dims[1:])) if len(dims) > 1 else 1
-        n = cols * rows
-        o = base + off
-        if ty == 0:
-            w = np.frombuffer(buf, np.float32, n, o).copy()
-        elif ty == 1:
-            w = np.frombuffer(buf, np.float16, n, o).astype(np.float32)
-        elif ty == 8:  # Q8_0: f16 d, 32 int8
-            b = np.frombuffer(buf, np.uint8, n // 32 * 34, o).reshape(-1, 34)
-            d = b[:, :2].copy().view(np.float16).astype(np.float32)
-            w = (b[:, 2:].copy().view(np.int8).astype(np.float32) * d).reshape(-1)
-        elif ty == 3:  # Q4_1: f16 d, f16 m, 16 bytes of nibbles (low halves first)
-            b = np.frombuffer(buf, np.uint8, n // 32 * 20, o).reshape(-1, 20)
-            d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
-            m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
-            q = b[:, 4:]
-            nib = np.concatenate([q & 15, q >> 4], axis=1).astype(np.float32)
-            w = (nib * d + m).reshape(-1)
-        else:
-            raise SystemExit(f"{path}: tensor {name} has GGUF type {ty}, not supported here")
-        out[name] = w.reshape(rows, cols) if len(dims) > 1 else w
-    return out, meta
-
-
-# ---------------------------------------------------------------- safetensors (the drafter's files)
-ST = {"F32": np.float32, "F16": np.float16, "BF16": None, "I64": np.int64, "BOOL": np.bool_}
-
-
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8 : 8 + n])
-    out = {}
-    for k, v in head.items():
-        if k == "__metadata__":
-            continue
-        lo, hi = v["data_offsets"]
-        b = raw[8 + n + lo : 8 + n + hi]
-        if v["dtype"] == "BF16":
-            x = (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            x = np.frombuffer(b, ST[v["dtype"]])
-        out[k] = x.reshape(v["shape"])
-    return out
-
-
-def write_safetensors(path, tensors):
-    names = {np.dtype(np.float16): "F16", np.dtype(np.float32): "F32", np.dtype(np.int64): "I64", np.dtype(np.bool_): "BOOL"}
-    head, blobs, at = {}, [], 0
-    for k in sorted(tensors):
-        x = np.ascontiguousarray(tensors[k])
-        b = x.tobytes()
-        head[k] = dict(dtype=names[x.dtype], shape=list(x.shape), data_offsets=[at, at + len(b)])
-        blobs.append(b)
-        at += len(b)
-    h = json.dumps(head).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    os.replace(path + ".tmp", path)
-
-
-# ---------------------------------------------------------------- the target (llama, GGUF layout)
-def rms(x, w, eps):
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
-
-
-class Target:
-    def __init__(self, path, dev):
-        t, meta = read_gguf(path)
-        g = lambda k: meta[f"llama.{k}"]
-        self.n_layers, self.h = g("block_count"), g("embedding_length")
-        self.nh, self.nkv = g("attention.head_count"), g("attention.head_count_kv")
-        self.hd = self.h // self.nh
-        self.eps = g("attention.layer_norm_rms_epsilon")
-        theta = g("rope.freq_base")
-        bf = lambda n: torch.from_numpy(t[n]).to(dev, torch.bfloat16)
-        f32 = lambda n: torch.from_numpy(t[n]).to(dev, torch.float32)
-        self.emb = f32("token_embd.weight")  # [vocab, h]; tied output head
-        self.head = f32("output.weight") if "output.weight" in t else self.emb
-        self.out_norm = f32("output_norm.weight")
-        self.layers = []
-        for i in range(self.n_layers):
-            p = f"blk.{i}."
-            self.layers.append(
-                dict(
-                    an=bf(p + "attn_norm.weight"),
-                    qkv=torch.cat([bf(p + "attn_q.weight"), bf(p + "attn_k.weight"), bf(p + "attn_v.weight")]),
-                    o=bf(p + "attn_output.weight"),
-                    fn=bf(p + "ffn_norm.weight"),
-                    gu=torch.cat([bf(p + "ffn_gate.weight"), bf(p + "ffn_up.weight")]),
-                    d=bf(p + "ffn_down.weight"),
-                )
-            )
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.hd, 2, device=dev, dtype=torch.float32) / self.hd)
-
-    def rope(self, x, cos, sin):
-        # GGUF llama weights are permuted for adjacent-pair rotation (llama.cpp's "norm" RoPE).
-        x1, x2 = x[..., 0::2].float(), x[..., 1::2].float()
-        a, b = x1 * cos - x2 * sin, x1 * sin + x2 * cos
-        return torch.stack([a, b], -1).flatten(-2).to(x.dtype)
-
-    @torch.no_grad()
-    def forward(self, tokens):
-        """tokens `[B, T]` (right-padded) → taps `[B, T, 3h]` (bf16) and last-layer outputs
-        `[B, T, h]` (f32)."""
-        B, T = tokens.shape
-        x = self.emb[tokens].to(torch.bfloat16)
-        pos = torch.arange(T, device=tokens.device, dtype=torch.float32)
-        ang = pos[:, None] * self.inv_freq[None]
-        cos, sin = ang.cos()[None, :, None], ang.sin()[None, :, None]
-        taps = []
-        h, nh, nkv, hd = self.h, self.nh, self.nkv, self.hd
-        for li, L in enumerate(self.layers):
-            u = rms(x, L["an"], self.eps)
-            qkv = u @ L["qkv"].T
-            q = self.rope(qkv[..., :h].view(B, T, nh, hd), cos, sin)
-            k = self.rope(qkv[..., h : h + nkv * hd].view(B, T, nkv, hd), cos, sin)
-            v = qkv[..., h + nkv * hd :].view(B, T, nkv, hd)
-            k = k.repeat_interleave(nh // nkv, dim=2)
-            v = v.repeat_interleave(nh // nkv, dim=2)
-            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-            x = x + a.transpose(1, 2).reshape(B, T, h) @ L["o"].T
-            u = rms(x, L["fn"], self.eps)
-            gu = u @ L["gu"].T
-            ff = gu.shape[-1] // 2
-            x = x + (F.silu(gu[..., :ff]) * gu[..., ff:]) @ L["d"].T
-            if li in TAPS:
-                taps.append(x)
-        return torch.cat(taps, -1), x.float()
 
 
 # ---------------------------------------------------------------- the drafter (train/dart/net.rs)
@@ -289,7 +109,7 @@ def layout(seqs, anchors, dev):
     7 mask slots per prefix; the visibility mask; per scored slot its label position, depth and
     weight (`dart::build`)."""
     B = len(seqs)
-    C = max(len(t) for t, _ in seqs) - 1
+    C = max(len(x[0]) for x in seqs) - 1
     A = max(1, max(len(a) for a in anchors))
     N = C + A * MASKS
     pos = np.zeros((B, N), np.int64)
@@ -297,7 +117,7 @@ def layout(seqs, anchors, dev):
     blk = np.full((B, N), -1, np.int64)  # a mask slot's block
     jj = np.zeros((B, N), np.int64)  # a mask slot's index in its block (1..7)
     out, lab_pos, depth, weight, seq_of = [], [], [], [], []
-    for s, ((toks, plen), anc) in enumerate(zip(seqs, anchors)):
+    for s, ((toks, plen, *_), anc) in enumerate(zip(seqs, anchors)):
         t = len(toks)
         clean = t - 1
         pos[s, :C] = np.arange(C)
@@ -335,12 +155,14 @@ def layout(seqs, anchors, dev):
     )
 
 
-def batch_inputs(target, seqs, anchors, dev):
-    """Runs the target over the sequences and fills the drafter's inputs."""
+def batch_inputs(target, seqs, anchors, dev, teacher=None):
+    """Runs the target over the sequences and fills the drafter's inputs; `teacher[s]`: sequence
+    s is labelled by the target (sampled text), not by its own tokens."""
     L = layout(seqs, anchors, dev)
     T = L["C"] + 1
+    L["teacher"] = torch.tensor(teacher or [False] * len(seqs), device=dev)
     tok = torch.zeros((len(seqs), T), dtype=torch.long)
-    for s, (t, _) in enumerate(seqs):
+    for s, (t, *_) in enumerate(seqs):
         tok[s, : len(t)] = torch.tensor(t)
     tok = tok.to(dev)
     taps, last = target.forward(tok)
@@ -351,34 +173,30 @@ def batch_inputs(target, seqs, anchors, dev):
     return L
 
 
-def samples_of(path):
-    raw = open(path, "rb").read()
-    if path.endswith(".gz"):
-        raw = gzip.decompress(raw)
-    if raw[:8] != b"PDTK0001":
-        raise SystemExit(f"{path}: missing PDTK0001 header")
-    w = np.frombuffer(raw, np.uint32, (len(raw) - 8) // 4, 8)
-    out, at = [], 0
-    while at + 3 <= len(w):
-        n = int(w[at + 2])
-        if at + 3 + n > len(w):
-            break
-        out.append((w[at + 3 : at + 3 + n].astype(np.int64).tolist(), int(w[at + 1])))
-        at += 3 + n
-    return out
-
-
 # ---------------------------------------------------------------- loss and held-out evaluation
 def loss_of(net, target, L, t2d, d2t_dev, kl=1.0):
+    """`dart::sequences_loss`: a self-distilled row's label is its own token; a teacher row's is
+    the target's argmax over the draft vocabulary, and a teacher mask row is trained only where
+    every token between its prefix and its label is the target's argmax (`Labeled::chain_weights`)."""
     logits = net(L)
-    tok = L["tokens"]
-    lab_tok = tok[L["seq"], L["lab_pos"]]
-    lab = t2d[lab_tok]
-    keep = lab >= 0
+    tok, seq, lp = L["tokens"], L["seq"], L["lab_pos"]
+    lab = t2d[tok[seq, lp]]
     with torch.no_grad():
-        hrow = L["last"][L["seq"], L["lab_pos"] - 1]
-        tl = rms(hrow, target.out_norm, target.eps) @ target.head[d2t_dev].T
+        head = target.head[d2t_dev]
+        hrow = L["last"][seq, lp - 1]
+        tl = rms(hrow, target.out_norm, target.eps) @ head.T
         logp = F.log_softmax(tl, -1)
+        teach = L["teacher"][seq]
+        keep = lab >= 0
+        if bool(teach.any()):
+            am = (rms(L["last"], target.out_norm, target.eps) @ head.T).argmax(-1)  # [B, T]
+            greedy = torch.zeros_like(tok, dtype=torch.bool)
+            greedy[:, 1:] = t2d[tok[:, 1:]] == am[:, :-1]
+            off = torch.cumsum((~greedy).long(), 1)
+            lo = lp - L["depth"] + 1  # the chain is lo..lp-1 (empty at depth 1)
+            chain_ok = off[seq, lp - 1] == off[seq, lo - 1]
+            lab = torch.where(teach, tl.argmax(-1), lab)
+            keep = torch.where(teach, chain_ok, lab >= 0)
     logq = F.log_softmax(logits, -1)
     ce = -logq.gather(1, lab.clamp(min=0)[:, None])[:, 0]
     kld = (logp.exp() * (logp - logq)).sum(-1)
@@ -395,7 +213,7 @@ def evaluate(net, target, held, d2t_dev, dev, per_batch=16):
     hits, blocks = np.zeros(depths, np.int64), 0
     for i in range(0, len(held), per_batch):
         seqs, ancs = [], []
-        for toks, plen in held[i : i + per_batch]:
+        for toks, plen, *_ in held[i : i + per_batch]:
             full = [g for g in range(max(plen - 2, 0), len(toks) - 2) if g + 1 + depths < len(toks)]
             if not full:
                 continue
@@ -427,12 +245,38 @@ def evaluate(net, target, held, d2t_dev, dev, per_batch=16):
 
 
 # ---------------------------------------------------------------- the run
+def grow_sampled(a, target, train, note, t_start):
+    """Appends up to `a.generate` sampled answers to `a.sampled`: training prompts in a fixed
+    seeded order, continuing after the answers the file already has, one seed per batch."""
+    if not a.sampled:
+        raise SystemExit("--generate needs --sampled FILE")
+    have = len(samples_of(a.sampled)) if os.path.exists(a.sampled) else 0
+    order = np.random.default_rng(0x5A4D).permutation(len(train))
+    t0, made = time.time(), 0
+    stop = {target.eos} | target.stop_ids
+    while made < a.generate and time.time() - t0 < a.gen_minutes * 60:
+        k = have + made
+        batch = [train[order[(k + i) % len(train)]] for i in range(min(a.gen_batch, a.generate - made))]
+        prompts = [s[0][: s[1]] for s in batch]
+        outs = target.generate(prompts, a.gen_max_new, a.gen_temp, stop, seed=a.seed * 1_000_003 + k)
+        append_samples(a.sampled, [(p + o, len(p), s[2]) for p, o, s in zip(prompts, outs, batch) if len(o) >= 2])
+        made += len(batch)
+        note(event="generated", answers=made, tokens=sum(len(o) for o in outs), secs=round(time.time() - t0, 1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--samples", required=True, help="the campaign's samples.bin (optionally .gz)")
     ap.add_argument("--n-seed", type=int, default=5131, help="seed samples: the last 5 %% of them are held out")
     ap.add_argument("--drafter", required=True, help="the DART drafter to start from (published layout)")
+    ap.add_argument("--sampled", help="token file of sampled (teacher-labelled) sequences; --generate grows it")
+    ap.add_argument("--sampled-share", type=float, help="share of sequences drawn from --sampled (default: by count)")
+    ap.add_argument("--generate", type=int, default=0, help="first answer this many training prompts again, sampled")
+    ap.add_argument("--gen-temp", type=float, default=0.8)
+    ap.add_argument("--gen-batch", type=int, default=256)
+    ap.add_argument("--gen-max-new", type=int, default=256)
+    ap.add_argument("--gen-minutes", type=float, default=3.0, help="stop generating after this long")
     ap.add_argument("--state", help="resume weights, EMA and AdamW moments from this .pt when it exists")
     ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=9.0)
@@ -470,11 +314,17 @@ def main():
     held_idx = list(range(n_seed - n_seed // 20, n_seed))
     held = [samples[i] for i in held_idx][: a.eval_samples]
     hs = set(held_idx)
-    train = [s for i, s in enumerate(samples) if i not in hs and len(s[0]) >= 3 and len(s[0]) - 2 > max(s[1] - 2, 0)]
+    usable = lambda s: len(s[0]) >= 3 and len(s[0]) - 2 > max(s[1] - 2, 0)
+    train = [s for i, s in enumerate(samples) if i not in hs and usable(s)]
     note(event="device", name=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", torch=torch.__version__)
     note(event="data", samples=len(samples), train=len(train), held_out=len(held))
     target = Target(a.model, dev)
     note(event="target", layers=target.n_layers, load_s=round(time.time() - t_start, 1))
+    if a.generate > 0:
+        grow_sampled(a, target, train, note, t_start)
+    sampled = [s for s in samples_of(a.sampled) if usable(s)] if a.sampled and os.path.exists(a.sampled) else []
+    share = a.sampled_share if a.sampled_share is not None else len(sampled) / max(1, len(sampled) + len(train))
+    note(event="sampled", sequences=len(sampled), share=round(share, 3))
     w0 = {n: w0[n].astype(np.float32) for n in NAMES} | {k: w0[k] for k in ("d2t", "t2d")}
     net = Drafter({n: w0[n] for n in NAMES}, cfg).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
@@ -510,22 +360,25 @@ def main():
     if step == 0:
         note(event="eval", step=0, positions=0, **evaluate(net, target, held, d2t, dev))
     rng = np.random.default_rng(a.seed + step)
-    order, oi = rng.permutation(len(train)), 0
+    pools = {False: [train, rng.permutation(len(train)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
     t_loop, pos_loop = time.time(), positions
     while True:
         # Leave a minute for the last evaluation and save.
         if (a.max_steps and step >= a.max_steps) or time.time() - t_start > a.minutes * 60 - 60:
             break
-        seqs, ancs = [], []
+        seqs, ancs, teach = [], [], []
         for _ in range(a.batch_seqs):
-            if oi == len(order):
-                order, oi = rng.permutation(len(train)), 0
-            s = train[order[oi]]
-            oi += 1
+            t = bool(sampled) and rng.random() < share
+            pool = pools[t]
+            if pool[2] == len(pool[1]):
+                pool[1], pool[2] = rng.permutation(len(pool[0])), 0
+            s = pool[0][pool[1][pool[2]]]
+            pool[2] += 1
+            teach.append(t)
             valid = np.arange(max(s[1] - 2, 0), len(s[0]) - 2)
             k = min(a.anchors, len(valid)) if a.anchors > 0 else len(valid)
             seqs.append(s), ancs.append(sorted(rng.choice(valid, k, replace=False).tolist()))
-        L = batch_inputs(target, seqs, ancs, dev)
+        L = batch_inputs(target, seqs, ancs, dev, teach)
         lr = a.lr * min(1.0, (step + 1) / max(1, a.warmup))
         for gparam in opt.param_groups:
             gparam["lr"] = lr
