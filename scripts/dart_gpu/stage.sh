@@ -18,6 +18,9 @@
 #      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt --minutes 9.2 ...;
 #      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.; cp
 #      /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/
+#      The campaign's own sampled answers (gpu_carry/sampled.bin.gz, grown by its distillation
+#      rounds) do not fit this call beside the model part: carry them in a third call, then
+#      gunzip -c gpu_carry/sampled.bin.gz > /tmp/pd/sampled.bin and pass --sampled /tmp/pd/sampled.bin.
 #      To grow the data first (the 2026-11-24 run ended data-bound, docs/dart.md), add
 #      --sampled /tmp/pd/sampled.bin --generate 20000 --gen-minutes 4 --sampled-share 0.5, and
 #      bring the answers back: gzip -c /tmp/pd/sampled.bin | split -b 15M - $OUT/sampled.gz.
@@ -40,8 +43,10 @@ case "${1:-}" in
     head -c 60000000 "$MODEL" >gpu_carry/model.part1
     tail -c +60000001 "$MODEL" >gpu_carry/model.part2
     gzip -c "$CAMPAIGN/samples.bin" >gpu_carry/samples.bin.gz
+    if [[ -f "$CAMPAIGN/sampled.bin" ]]; then gzip -c "$CAMPAIGN/sampled.bin" >gpu_carry/sampled.bin.gz; fi
     cp drafters/smollm2-135m-dart/config.json drafters/smollm2-135m-dart/model.safetensors gpu_carry/drafter/
     du -cb gpu_carry/model.part2 gpu_carry/samples.bin.gz gpu_carry/drafter/* | tail -n 1
+    ls -l gpu_carry
     ;;
   hide)
     [[ -e "$BACKUP" ]] && { echo "already hidden: run '$0 restore' first" >&2; exit 1; }

@@ -105,9 +105,11 @@ impl Default for Params {
             corpus_share: 0.0,
             eval_every: 600,
             round_s: 600.0,
-            // 0.3 until step ~5500; lowered when each sample had been drawn ~1.1 times with 48
-            // of its ~176 response positions as anchors (docs/dart.md).
-            distill_share: 0.1,
+            // 0.3 until step ~5500 of the CPU phase, then 0.1 (each sample had been drawn ~1.1
+            // times). 0.5 since the GPU run: it trained the data to saturation (13 visits per
+            // sample; the CPU's first 600 steps after it left α1 at 0.726), so new
+            // self-distilled text is what the next run needs (docs/dart.md).
+            distill_share: 0.5,
             gen_seqs: 16,
             max_new_tokens: 256,
             seed: 0,
