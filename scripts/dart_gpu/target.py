@@ -46,7 +46,8 @@ def read_gguf(path):
     if bytes(buf[:4]) != b"GGUF":
         raise SystemExit(f"{path}: not a GGUF file")
     at = 4
-    _version, n_t, n_kv = take("I"), take("Q"), take("Q")
+    take("I")  # the version
+    n_t, n_kv = take("Q"), take("Q")
     meta = {}
     for _ in range(n_kv):
         k = string()

@@ -245,7 +245,7 @@ def evaluate(net, target, held, d2t_dev, dev, per_batch=16):
 
 
 # ---------------------------------------------------------------- the run
-def grow_sampled(a, target, train, note, t_start):
+def grow_sampled(a, target, train, note):
     """Appends up to `a.generate` sampled answers to `a.sampled`: training prompts in a fixed
     seeded order, continuing after the answers the file already has, one seed per batch."""
     if not a.sampled:
@@ -321,7 +321,7 @@ def main():
     target = Target(a.model, dev)
     note(event="target", layers=target.n_layers, load_s=round(time.time() - t_start, 1))
     if a.generate > 0:
-        grow_sampled(a, target, train, note, t_start)
+        grow_sampled(a, target, train, note)
     sampled = [s for s in samples_of(a.sampled) if usable(s)] if a.sampled and os.path.exists(a.sampled) else []
     share = a.sampled_share if a.sampled_share is not None else len(sampled) / max(1, len(sampled) + len(train))
     note(event="sampled", sequences=len(sampled), share=round(share, 3))
@@ -345,7 +345,7 @@ def main():
                 p.copy_(q)
         return e
 
-    def save(final=False):
+    def save():
         if a.state:
             tmp = a.state + ".tmp"
             torch.save(dict(net=net.state_dict(), opt=opt.state_dict(), ema=ema, step=step, positions=positions), tmp)
@@ -400,7 +400,7 @@ def main():
             note(event="eval", step=step, positions=positions, **evaluate(ema_net(), target, held, d2t, dev))
             save()
     note(event="eval", step=step, positions=positions, final=True, **evaluate(ema_net(), target, held, d2t, dev))
-    save(final=True)
+    save()
 
 
 if __name__ == "__main__":

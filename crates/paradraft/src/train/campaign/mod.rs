@@ -543,7 +543,7 @@ impl Ema {
         for (k, v) in vars {
             let w = v.as_tensor().detach();
             let e = match self.t.get(k) {
-                Some(e) if self.decay > 0.0 => ((e.detach() * self.decay).map_err(cerr)?
+                Some(e) if self.decay > 0.0 => ((e * self.decay).map_err(cerr)?
                     + (w * (1.0 - self.decay)).map_err(cerr)?)
                 .map_err(cerr)?,
                 _ => w.copy().map_err(cerr)?,
