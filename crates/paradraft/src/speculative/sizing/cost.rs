@@ -159,6 +159,73 @@ impl CostCurve {
     }
 }
 
+/// Forward sizes (rows) whose cost is learned from rounds.
+const LEARNED_ROWS: usize = 64;
+/// Weight of the measured curve against the rounds' clock, in rounds.
+const PRIOR_ROUNDS: f64 = 2.0;
+/// Forgetting per observation of one size (≈ 50 rounds remembered).
+const COST_DECAY: f64 = 0.98;
+
+/// The verify cost the rounds themselves pay: the measured [`CostCurve`] (the best of a few
+/// quiet forwards) corrected, per forward size, by the ratio of what rounds of that size took
+/// to what the curve predicted. On a 2-vCPU VM a round's forward of 4–16 rows takes 1.3–1.5×
+/// the curve's best-of-two time, against ≈ 1.1× for one row, so a curve taken at its best
+/// prices extra rows too cheaply. Sizes no round has used take the ratio of the nearest size
+/// that one has (1 before any round).
+#[derive(Clone, Debug)]
+pub struct LearnedCost {
+    prior: CostCurve,
+    /// Per forward size (index rows − 1): decayed (Σ measured / predicted, rounds).
+    seen: Vec<(f64, f64)>,
+}
+
+impl LearnedCost {
+    pub fn new(prior: CostCurve) -> Self {
+        LearnedCost {
+            prior,
+            seen: vec![(0.0, 0.0); LEARNED_ROWS],
+        }
+    }
+
+    /// The measured curve this starts from.
+    pub fn prior(&self) -> &CostCurve {
+        &self.prior
+    }
+
+    /// Expected ms of a forward over `rows` rows.
+    pub fn ms(&self, rows: usize) -> f64 {
+        self.prior.ms(rows) * self.ratio(rows)
+    }
+
+    /// What rounds of about `rows` rows took over what the curve predicts (with the curve's
+    /// own 1 as a prior of [`PRIOR_ROUNDS`] rounds).
+    pub fn ratio(&self, rows: usize) -> f64 {
+        let i = rows.clamp(1, LEARNED_ROWS) - 1;
+        let near = (0..LEARNED_ROWS)
+            .filter(|&j| self.seen[j].1 > 0.0)
+            .min_by_key(|&j| (j.abs_diff(i), j));
+        match near {
+            Some(j) => {
+                let (sum, n) = self.seen[j];
+                (sum + PRIOR_ROUNDS) / (n + PRIOR_ROUNDS)
+            }
+            None => 1.0,
+        }
+    }
+
+    /// A forward of `rows` rows took `ms` (a round's verify: forward, verification, commit).
+    /// One slow round (the VM pausing a vCPU) counts at most 4× the prediction.
+    pub fn observe(&mut self, rows: usize, ms: f64) {
+        let predicted = self.prior.ms(rows);
+        if rows == 0 || rows > LEARNED_ROWS || !(ms.is_finite() && ms > 0.0 && predicted > 0.0) {
+            return;
+        }
+        let r = (ms / predicted).clamp(0.25, 4.0);
+        let e = &mut self.seen[rows - 1];
+        *e = (e.0 * COST_DECAY + r, e.1 * COST_DECAY + 1.0);
+    }
+}
+
 /// `n` fixed, spread-out token ids for timing runs.
 fn synthetic_tokens(model: &Model, n: usize) -> Vec<TokenId> {
     let vocab = model.config.vocab_size as u32;

@@ -99,34 +99,68 @@ impl Rate {
     }
 }
 
+/// Drafting rounds' excess over AR: per round, tokens committed minus what AR would have
+/// committed in the round's ms (decayed sums, ≈ 20 rounds).
+#[derive(Clone, Copy, Debug, Default)]
+struct Excess {
+    n: f64,
+    sum: f64,
+    sq: f64,
+}
+
+impl Excess {
+    fn add(&mut self, x: f64) {
+        const DECAY: f64 = 0.95;
+        self.n = DECAY * self.n + 1.0;
+        self.sum = DECAY * self.sum + x;
+        self.sq = DECAY * self.sq + x * x;
+    }
+
+    /// Whether the mean excess is below 0 by more than `z` standard errors.
+    fn clearly_negative(&self, z: f64) -> bool {
+        if self.n < 2.0 {
+            return false;
+        }
+        let mean = self.sum / self.n;
+        let var = (self.sq / self.n - mean * mean).max(0.0) * self.n / (self.n - 1.0);
+        mean + z * (var / self.n).sqrt() < 0.0
+    }
+}
+
 /// The cost model checked against the clock: the measured committed tokens per ms of the rounds
 /// that drafted and of those that did not (each round timed from its draft to its commit, the
 /// target's forward included). When drafting measures slower than AR by more than `margin`,
-/// nothing is drafted for `hold` rounds (then drafting is measured afresh); while drafting, one
-/// round in `probe_every` runs without a draft so that AR's speed stays measured. Whatever the
-/// cost model misses on this machine (per-round overheads, a drafter's passes it undercounts),
-/// speculation then costs at most its probes when it does not pay.
+/// clearly (by `z` standard errors of the drafting rounds' excess over AR: a round commits 1 to
+/// 8 tokens, so a few rounds prove nothing), nothing is drafted for `hold` rounds (then
+/// drafting is measured afresh); while drafting, one round in `probe_every` runs without a
+/// draft so that AR's speed stays measured. Whatever the cost model misses on this machine
+/// (per-round overheads, a drafter's passes it undercounts), speculation then costs at most its
+/// probes when it does not pay.
 #[derive(Clone, Debug)]
 pub struct SpeedGuard {
     draft: Rate,
+    excess: Excess,
     ar: Rate,
     pub(super) round: u64,
     pub(super) off_until: u64,
     pub probe_every: u64,
     pub hold: u64,
     pub margin: f64,
+    pub z: f64,
 }
 
 impl Default for SpeedGuard {
     fn default() -> Self {
         SpeedGuard {
             draft: Rate::default(),
+            excess: Excess::default(),
             ar: Rate::default(),
             round: 0,
             off_until: 0,
             probe_every: 16,
             hold: 64,
             margin: 0.02,
+            z: 1.5,
         }
     }
 }
@@ -156,15 +190,17 @@ impl SpeedGuard {
         }
         if drafted {
             self.draft.add(tokens as f64, ms);
+            if self.ar.n > 0 {
+                let ar = self.ar.per_ms() * (1.0 - self.margin);
+                self.excess.add(tokens as f64 - ms * ar);
+            }
         } else {
             self.ar.add(tokens as f64, ms);
         }
-        if self.draft.n >= 8
-            && self.ar.n >= 3
-            && self.draft.per_ms() < self.ar.per_ms() * (1.0 - self.margin)
-        {
+        if self.draft.n >= 8 && self.ar.n >= 3 && self.excess.clearly_negative(self.z) {
             self.off_until = self.round + self.hold;
             self.draft = Rate::default();
+            self.excess = Excess::default();
         }
     }
 }

@@ -13,7 +13,7 @@
 mod cost;
 mod guard;
 
-pub use cost::CostCurve;
+pub use cost::{CostCurve, LearnedCost};
 pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
 
 /// What sizing knows of a round before drafting.
@@ -124,6 +124,11 @@ impl Sizing {
         let Sizing::Sized(s) = self else {
             return;
         };
+        // A session alone in its forward learns what its verify costs (in a batch the
+        // forward's other rows are not its own).
+        if r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 {
+            s.cost.observe(r.nodes + 1, r.ms - r.draft_ms);
+        }
         if r.facts.trees {
             s.observe_tree(r.nodes, r.predicted, r.accepted, r.draft_ms);
         } else {
@@ -136,7 +141,8 @@ impl Sizing {
 /// Online acceptance statistics and the draft-size choice.
 #[derive(Clone, Debug)]
 pub struct Sizer {
-    pub curve: CostCurve,
+    /// The target's verify cost: the measured curve, corrected by what rounds took.
+    cost: LearnedCost,
     /// Per depth (1-based index d-1): drafts tried at depth d with depth d-1 accepted, and accepted.
     tried: Vec<f64>,
     accepted: Vec<f64>,
@@ -175,7 +181,7 @@ pub struct BatchShape {
 impl Sizer {
     pub fn new(curve: CostCurve) -> Self {
         Sizer {
-            curve,
+            cost: LearnedCost::new(curve),
             tried: vec![],
             accepted: vec![],
             draft_ms_per_node: 0.0,
@@ -284,7 +290,7 @@ impl Sizer {
     /// streams · rows) / streams. Alone (1 stream, no prefill) it is c(rows).
     fn share_ms(&self, rows: usize, b: BatchShape) -> f64 {
         let n = b.streams.max(1);
-        self.curve.ms(b.prefill + n * rows) / n as f64
+        self.cost.ms(b.prefill + n * rows) / n as f64
     }
 
     /// The draft size in 0..=max with the best expected tokens per ms. In a batch, every
@@ -325,7 +331,7 @@ impl Sizer {
             }
         }
         // Proposing that costs little next to a decode step (lookups) is left to the cut.
-        let cheap = self.tree_recent.1 > 0.0 && self.tree_recent.2 < 0.1 * self.curve.ms(1);
+        let cheap = self.tree_recent.1 > 0.0 && self.tree_recent.2 < 0.1 * self.cost.ms(1);
         if self.tree_gain >= 1.0 || cheap {
             max
         } else {
@@ -368,8 +374,8 @@ impl Sizer {
         );
         self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
         self.tree_predicted = self.decay * self.tree_predicted + predicted;
-        let ar = self.curve.ms(1);
-        let gain = (accepted as f64 + 1.0) * ar / (self.curve.ms(nodes + 1) + draft_ms);
+        let ar = self.cost.ms(1);
+        let gain = (accepted as f64 + 1.0) * ar / (self.cost.ms(nodes + 1) + draft_ms);
         self.tree_gain = 0.9 * self.tree_gain + 0.1 * gain;
     }
 
@@ -404,266 +410,4 @@ impl Sizer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn curve() -> CostCurve {
-        CostCurve {
-            points: vec![
-                (1, 5.0),
-                (2, 5.5),
-                (4, 6.5),
-                (8, 9.0),
-                (16, 15.0),
-                (32, 30.0),
-            ],
-        }
-    }
-
-    /// A pass with a large fixed part: the measured curve makes one long draft worth it where
-    /// the per-node average of short drafts would not.
-    #[test]
-    fn a_draft_cost_curve_prices_proposals() {
-        let mut s = Sizer::new(curve());
-        for _ in 0..50 {
-            s.observe(8, 8, 4.0, 8);
-        }
-        // 50 rounds of 0.5 ms per node, averaged with weight 0.2 from 0: 0.5 · (1 − 0.8⁵⁰).
-        let ema = 0.5 * (1.0 - 0.8f64.powi(50));
-        assert!((s.draft_ms(8) - 8.0 * ema).abs() < 1e-12);
-        let flat = CostCurve {
-            points: vec![(1, 1.5), (8, 1.6), (15, 1.7)],
-        };
-        let s = s.with_draft_curve(Some(flat));
-        assert_eq!(s.draft_ms(0), 0.0);
-        assert!((s.draft_ms(15) - 1.7).abs() < 1e-9);
-        assert!(
-            s.choose(15, BatchShape::default()) >= 8,
-            "cheap long drafts are chosen: {}",
-            s.choose(15, BatchShape::default())
-        );
-    }
-
-    /// The cut keeps nodes while their calibrated acceptance pays for their verify rows, and
-    /// the calibration follows what the target accepted.
-    #[test]
-    fn trees_are_cut_where_nodes_stop_paying() {
-        let mut s = Sizer::new(curve());
-        // Verify rows cost 0.25-1 ms each beyond the first; nodes of probability 0.9 pay,
-        // those of 0.01 do not.
-        let conf = [0.9, 0.8, 0.7, 0.5, 0.3, 0.05, 0.02, 0.01, 0.01, 0.01];
-        let n = s.cut(&conf, 1.0, BatchShape::default());
-        assert!((3..=6).contains(&n), "cut {n}");
-        assert_eq!(
-            s.cut(&[0.01, 0.01], 1.0, BatchShape::default()),
-            0,
-            "hopeless nodes are not verified"
-        );
-        // A drafter that is twice as confident as it should be gets a smaller tree.
-        let sum = |c: &[f32]| c.iter().map(|&p| p as f64).sum::<f64>();
-        for _ in 0..100 {
-            s.observe_tree(5, sum(&conf[..5]), 1, 1.0);
-        }
-        assert!(
-            (s.calibration() - 1.0 / 3.2).abs() < 0.05,
-            "{}",
-            s.calibration()
-        );
-        assert!(s.cut(&conf, 1.0, BatchShape::default()) < n);
-        // Trees that do not pay switch drafting off; AR rounds bring it back.
-        // One of five nodes accepted, 1 ms drafting: (1 + 1) · 5 / (c(6) + 1) ≈ 1.14 × AR.
-        assert_eq!(
-            s.choose_tree(32, BatchShape::default()),
-            32,
-            "gain {}",
-            s.tree_gain
-        );
-        for _ in 0..100 {
-            s.observe_tree(8, sum(&conf[..8]), 0, 20.0);
-        }
-        assert_eq!(s.choose_tree(32, BatchShape::default()), 0);
-        let back = (0..500).find(|_| {
-            s.observe_tree(0, 0.0, 0, 0.0);
-            s.choose_tree(32, BatchShape::default()) > 0
-        });
-        assert!(back.is_some());
-        // Trees that do not pay but cost little to propose (0.1 ms next to c(1) = 5 ms:
-        // lookups) are still drafted; the cut decides how much of them is verified.
-        let mut s = Sizer::new(curve());
-        for _ in 0..100 {
-            s.observe_tree(8, sum(&conf[..8]), 0, 0.1);
-        }
-        assert!(s.tree_gain < 1.0, "gain {}", s.tree_gain);
-        assert_eq!(s.choose_tree(32, BatchShape::default()), 32);
-    }
-
-    /// A forward that turns compute-bound (this machine's shape: c(16) ≈ 3 c(1), then linear):
-    /// alone a good drafter drafts long; in a batch of 64 streams the verify rows cost about
-    /// what the tokens they add are worth, so drafting stops, for chains and for trees.
-    #[test]
-    fn drafting_shrinks_and_stops_as_the_batch_grows() {
-        let bound = CostCurve {
-            points: vec![
-                (1, 4.2),
-                (4, 5.5),
-                (16, 12.0),
-                (64, 42.0),
-                (256, 168.0),
-                (1024, 672.0),
-            ],
-        };
-        let draft = CostCurve {
-            points: vec![(1, 1.0), (8, 1.2), (15, 1.4)],
-        };
-        let mut s = Sizer::new(bound).with_draft_curve(Some(draft));
-        for _ in 0..200 {
-            s.observe(8, 5, 1.2, 8); // 5 of 8 accepted each round
-        }
-        let sizes: Vec<usize> = [1, 4, 16, 64]
-            .iter()
-            .map(|&b| {
-                s.choose(
-                    15,
-                    BatchShape {
-                        streams: b,
-                        prefill: 0,
-                    },
-                )
-            })
-            .collect();
-        assert!(sizes[0] >= 4, "{sizes:?}");
-        assert!(sizes.windows(2).all(|w| w[1] <= w[0]), "{sizes:?}");
-        assert_eq!(sizes[3], 0, "{sizes:?}");
-        // Trees: 5 of 16 nodes accepted, 1 ms drafting, recently (1.9 × AR alone).
-        for _ in 0..50 {
-            s.observe_tree(16, 5.0, 5, 1.0);
-        }
-        assert_eq!(s.choose_tree(32, BatchShape::default()), 32);
-        let big = BatchShape {
-            streams: 64,
-            prefill: 0,
-        };
-        assert_eq!(s.choose_tree(32, big), 0);
-    }
-
-    /// Drafting that measures slower than AR is switched off for a while and measured afresh
-    /// after; drafting that pays stays on, with one AR probe round in 16.
-    #[test]
-    fn the_guard_switches_off_drafting_that_measures_slower_than_ar() {
-        let mut g = SpeedGuard::default();
-        // AR: 1 token in 4 ms; drafting: 1.1 tokens in 5 ms (0.22 vs 0.25 tokens per ms).
-        let mut drafted = 0;
-        for _ in 0..1000 {
-            if g.allows_draft() {
-                drafted += 1;
-                g.observe(1, 4.0 * 1.25 / 1.1, true);
-            } else {
-                g.observe(1, 4.0, false);
-            }
-        }
-        // 45 rounds before AR is measured three times, then 8 of every ~71 rounds.
-        assert!(drafted < 200, "{drafted} of 1000 rounds drafted");
-        // Drafting 1.5× faster: every round but the probes.
-        let mut g = SpeedGuard::default();
-        let mut drafted = 0;
-        for _ in 0..1000 {
-            if g.allows_draft() {
-                drafted += 1;
-                g.observe(3, 8.0, true);
-            } else {
-                g.observe(1, 4.0, false);
-            }
-        }
-        assert_eq!(drafted, 1000 - 1000 / 16);
-        assert!(g.round >= g.off_until, "drafting is on");
-    }
-
-    /// A sized round that drafts nothing says why: the guard's hold, its AR probe, or the
-    /// cost model; the counts and the line for people follow.
-    #[test]
-    fn undrafted_rounds_say_why() {
-        let b = BatchShape::default();
-        // Nothing is ever accepted and drafts are expensive: the cost model drafts nothing.
-        let mut s = Sizer::new(curve());
-        for _ in 0..200 {
-            s.observe(8, 0, 40.0, 8);
-        }
-        let mut reasons = vec![];
-        for _ in 0..32 {
-            let n = s.budget(12, b, false);
-            assert_eq!(n == 0, s.undrafted().is_some());
-            reasons.push(s.undrafted());
-        }
-        let c = UndraftedCounts::of(reasons.iter().copied());
-        assert_eq!((c.probe, c.speed_guard, c.cost_model), (2, 0, 30));
-        // The guard holding drafting off.
-        let mut s = Sizer::new(curve());
-        s.guard.off_until = 100;
-        assert_eq!(s.budget(12, b, false), 0);
-        assert_eq!(s.undrafted(), Some(Undrafted::SpeedGuard));
-        let line = UndraftedCounts::of([Some(Undrafted::SpeedGuard), None, Some(Undrafted::Probe)])
-            .explain(3, Some(&curve()));
-        assert!(line.starts_with("drafting off in 2 of 3 rounds"), "{line}");
-        assert!(
-            line.contains("speed guard") && line.contains("1 AR probes"),
-            "{line}"
-        );
-        assert!(line.contains("verifying 8 rows costs"), "{line}");
-        assert_eq!(UndraftedCounts::default().explain(5, None), "");
-    }
-
-    /// With ADL the size is ADL's (capped by the round's most), whatever the costs say.
-    #[test]
-    fn adl_sizes_chains_instead_of_the_cost_model() {
-        let mut s = Sizer::new(curve()).with_adl(crate::speculative::cps::AdlParams::for_block(12));
-        for _ in 0..200 {
-            s.observe(8, 0, 40.0, 8); // nothing accepted, expensive: the cost model says 0
-        }
-        assert_eq!(s.choose(12, BatchShape::default()), 12);
-        assert_eq!(s.choose(5, BatchShape::default()), 5);
-        for _ in 0..10 {
-            s.record_round(1, 4.0, true, 0, || Some(2));
-        }
-        assert_eq!(
-            s.choose(12, BatchShape::default()),
-            8,
-            "ADL's floor, ⌈2/3 · 12⌉"
-        );
-    }
-
-    #[test]
-    fn interpolates_and_extrapolates() {
-        let c = curve();
-        assert_eq!(c.ms(1), 5.0);
-        assert!((c.ms(3) - 6.0).abs() < 1e-9);
-        assert!((c.ms(12) - 12.0).abs() < 1e-9);
-        assert!((c.ms(48) - 45.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn drafts_more_when_acceptance_is_high_and_nothing_when_it_is_zero() {
-        let mut s = Sizer::new(curve());
-        for _ in 0..200 {
-            s.observe(8, 8, 0.1, 8);
-        }
-        let long = s.choose(16, BatchShape::default());
-        assert!(long >= 8, "{long}");
-        let mut s = Sizer::new(curve());
-        for _ in 0..200 {
-            s.observe(8, 0, 0.1, 8);
-        }
-        assert_eq!(s.choose(16, BatchShape::default()), 0);
-        // Rounds without drafts forget the bad statistics, so drafting is retried eventually.
-        let rounds = (0..2000).find(|_| {
-            s.observe(0, 0, 0.0, 0);
-            s.choose(16, BatchShape::default()) > 0
-        });
-        assert!(rounds.is_some());
-        // Expensive drafting also stops it.
-        let mut s = Sizer::new(curve());
-        for _ in 0..200 {
-            s.observe(4, 2, 40.0, 4);
-        }
-        assert_eq!(s.choose(16, BatchShape::default()), 0);
-    }
-}
+mod tests;
