@@ -9,6 +9,7 @@ mod common;
 use candle_core::{Device, Tensor};
 use common::load_tiny;
 use paradraft::drafters::dart::{dart_taps, Dart, DartConfig, DartModel};
+use paradraft::drafters::parts::Selection;
 use paradraft::drafters::vocab::DraftVocab;
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::Loaded;
@@ -261,9 +262,20 @@ fn speculative_decoding_with_dart_is_lossless() {
     };
     let mut kv = lm.model.new_kv(120);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
-    for (ngram, budget, masks) in [(false, 8, None), (true, 24, Some(2)), (true, 1, None)] {
+    // (n-gram trie, budget, masks, a sampled chain instead of the tree: its argmax at T = 0)
+    for (ngram, budget, masks, chain) in [
+        (false, 8, None, false),
+        (true, 24, Some(2), false),
+        (true, 1, None, false),
+        (false, 8, None, true),
+    ] {
         let (m, head) = DartModel::load(dir.path(), true).unwrap();
-        let mut d = Dart::new(m, head, &lm.model, 120, masks, tree(ngram, &lm)).unwrap();
+        let selection = if chain {
+            Selection::Sample
+        } else {
+            Selection::Tree(tree(ngram, &lm))
+        };
+        let mut d = Dart::new(m, head, &lm.model, 120, masks, selection).unwrap();
         let sp = speculative_generate(
             &lm.model,
             &lm.tokenizer,
@@ -281,7 +293,7 @@ fn speculative_decoding_with_dart_is_lossless() {
         .unwrap();
         assert_eq!(
             sp.out.token_ids, ar.token_ids,
-            "ngram={ngram} budget={budget}"
+            "ngram={ngram} budget={budget} chain={chain}"
         );
         assert!(sp.rounds.iter().all(|r| r.drafted <= budget));
     }

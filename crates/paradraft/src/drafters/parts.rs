@@ -222,6 +222,12 @@ pub enum Selection {
     Cps(CpsDrafting),
 }
 
+impl From<crate::speculative::tree_search::TreeDrafting> for Selection {
+    fn from(t: crate::speculative::tree_search::TreeDrafting) -> Self {
+        Selection::Tree(t)
+    }
+}
+
 impl Selection {
     /// The same settings for another request (a tree's scratch is its own).
     pub fn fork(&self) -> Selection {

@@ -284,6 +284,17 @@ fn sampling_matches_ar_distribution() {
         let d = paradraft::drafters::dart::Dart::new(m, head, &lm.model, 128, None, td).unwrap();
         Box::new(d) as Box<dyn Drafter + '_>
     };
+    // dart-sample: each slot sampled from its distribution, q attached (the per-request
+    // drafter is a fork with the request's sampling, as the engine makes it).
+    let dart_sample = {
+        let (m, head) = paradraft::drafters::dart::DartModel::load(dart_dir.path(), true).unwrap();
+        let d =
+            paradraft::drafters::dart::Dart::new(m, head, &lm.model, 128, None, Selection::Sample)
+                .unwrap();
+        Box::new(PerRequest::new(move |seed| {
+            Box::new(d.fork(128, sampling(seed)).unwrap()) as Box<dyn Drafter + '_>
+        })) as Box<dyn Drafter + '_>
+    };
     // PARD: an untrained drafter (the target's first layer, perturbed) over a reduced
     // vocabulary; greedy drafts by the one-hot rule, sampled drafts by the known-q rule.
     let pard_vocab = paradraft::drafters::vocab::DraftVocab::from_d2t(
@@ -385,6 +396,7 @@ fn sampling_matches_ar_distribution() {
         ("auto (pld, suffix, trie, recycle, dart)", auto),
         ("diffuspec, CPS chain (one-hot q)", diffuspec),
         ("dart", dart),
+        ("dart, sampled drafts", dart_sample),
         ("pard, greedy drafts", pard(|| Selection::Greedy)),
         ("pard, sampled drafts", pard(|| Selection::Sample)),
         ("dflash-tree", dflash_tree),

@@ -20,13 +20,12 @@ pub mod model;
 pub use config::{dart_taps, DartConfig};
 pub use model::DartModel;
 
-use crate::drafters::parts::{BlockDrafting, DraftHead, Selection};
+use crate::drafters::parts::{BlockDrafter, BlockDrafting, DraftHead, Selection};
 use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::sample::SamplingParams;
-use crate::speculative::tree_search::TreeDrafting;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 use std::sync::Arc;
@@ -43,7 +42,7 @@ pub struct Dart<'t> {
     pending: Vec<f32>,
     /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1).
     pub masks: usize,
-    /// The shared selection, always a searched tree.
+    /// The shared selection: a searched tree, or a sampled chain.
     drafting: BlockDrafting,
     s: model::Scratch,
     hidden: Vec<f32>,
@@ -52,13 +51,15 @@ pub struct Dart<'t> {
 
 impl<'t> Dart<'t> {
     /// `ctx`: the target's KV capacity. `masks`: mask slots per call (default: trained).
+    /// `selection`: DART's tree search ([`Selection::Tree`], the paper's), or a chain
+    /// ([`Selection::Sample`]: each slot sampled from its distribution, q attached).
     pub fn new(
         model: impl Into<Arc<DartModel>>,
         head: DraftHead,
         target: &'t Model,
         ctx: usize,
         masks: Option<usize>,
-        tree: TreeDrafting,
+        selection: impl Into<Selection>,
     ) -> Result<Self> {
         let model = model.into();
         model.config.check_target(&target.config)?;
@@ -78,7 +79,7 @@ impl<'t> Dart<'t> {
             kv,
             pending: vec![],
             masks,
-            drafting: BlockDrafting::new(SamplingParams::default(), Selection::Tree(tree))?,
+            drafting: BlockDrafting::new(SamplingParams::default(), selection.into())?,
             s: model::Scratch::default(),
             hidden: vec![],
             logits: vec![],
@@ -111,12 +112,12 @@ impl<'t> Dart<'t> {
 pub static METHOD: MethodEntry = MethodEntry {
     name: "dart",
     about: "DART: one-layer parallel drafter + n-gram-pruned tree search",
-    modes: &[Mode::Tree],
+    modes: &[Mode::Tree, Mode::Sample],
     options: &[
         ("model", None),
         ("block_size", None),
-        ("ngram", None),
-        ("no_ngram", None),
+        ("ngram", Some(Mode::Tree)),
+        ("no_ngram", Some(Mode::Tree)),
     ],
     default_dir: Some("smollm2-135m-dart"),
     load,
@@ -126,10 +127,12 @@ pub static METHOD: MethodEntry = MethodEntry {
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
     let (m, head) = DartModel::load(&a.dir, true).map_err(a.loading("DART drafter"))?;
     let masks = a.cfg.block_size.map(|b| b.saturating_sub(1));
-    let d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.tree_drafting()?)?;
+    let d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.selection()?)?;
+    // A sampled chain is a node per depth (the masks + 1); a tree is cut to the tree budget.
+    let max_draft = a.max_draft(d.masks + 1);
     Ok(LoadedMethod {
         template: Box::new(d),
-        max_draft: a.cfg.tree_budget,
+        max_draft,
     })
 }
 
@@ -142,6 +145,12 @@ impl<'t> Template<'t> for Dart<'t> {
     }
     fn kv_bytes_per_slot(&self) -> usize {
         self.kv.bytes_per_slot()
+    }
+}
+
+impl BlockDrafter for Dart<'_> {
+    fn drafting_mut(&mut self) -> &mut BlockDrafting {
+        &mut self.drafting
     }
 }
 
