@@ -168,9 +168,9 @@ const COST_DECAY: f64 = 0.98;
 
 /// The verify cost the rounds themselves pay: the measured [`CostCurve`] (the best of a few
 /// quiet forwards) corrected, per forward size, by the ratio of what rounds of that size took
-/// to what the curve predicted. On a 2-vCPU VM a round's forward of 4–16 rows takes 1.3–1.5×
-/// the curve's best-of-two time, against ≈ 1.1× for one row, so a curve taken at its best
-/// prices extra rows too cheaply. Sizes no round has used take the ratio of the nearest size
+/// to what the curve predicted. On a 2-vCPU Zen 4 VM the median forward of 4–16 rows took
+/// 1.4–1.5× the best one, against 1.2× for one row, so a curve taken at its best prices extra
+/// rows too cheaply. Sizes no round has used take the ratio of the nearest size
 /// that one has (1 before any round).
 #[derive(Clone, Debug)]
 pub struct LearnedCost {
