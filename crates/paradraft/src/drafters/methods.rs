@@ -123,7 +123,7 @@ mod tests {
         ] {
             assert_eq!(Method::named(name).unwrap().mode, mode, "{name}");
         }
-        let e = Method::named("dart-sample").unwrap_err().to_string();
+        let e = Method::named("dflash-beam").unwrap_err().to_string();
         assert!(
             e.contains("unknown drafter") && e.contains("dflash-tree"),
             "{e}"

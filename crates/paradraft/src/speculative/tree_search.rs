@@ -105,6 +105,12 @@ pub struct TreeSearch {
     ctx: Vec<TokenId>,
     ng: Vec<f32>,
     matched: Vec<u8>,
+    /// This depth's candidates scored after one-token contexts, by that token: a beam's
+    /// members share few last tokens, and one-token contexts have the longest child lists.
+    after_one: Vec<(TokenId, Vec<f32>, Vec<u8>)>,
+    /// This depth's ln(p̃ + ε) and stop flags, per candidate.
+    ln_q: Vec<f32>,
+    eos: Vec<bool>,
 }
 
 impl TreeSearch {
@@ -125,6 +131,10 @@ impl TreeSearch {
             ));
         }
         self.cands.clear();
+        // The best `budget` nodes are prefix-closed and a child never outscores its parent, so
+        // a beam wider than the budget expands nothing they need (but EOS parents, ranked last,
+        // whose continuations never commit).
+        let width = p.beam.min(budget.max(1));
         let mut beam: Vec<Option<u32>> = vec![None];
         let mut next: Vec<u32> = vec![];
         let ln = |x: f32| (x + p.eps).ln();
@@ -136,19 +146,22 @@ impl TreeSearch {
             let w_logit = p.logit_decay.powi(l as i32);
             let use_ng = ngram.filter(|_| l > 0 || p.ngram_on_first);
             next.clear();
+            self.after_one.clear();
+            self.ln_q.clear();
+            self.ln_q.extend(level.probs.iter().map(|&q| ln(q)));
+            self.eos.clear();
+            self.eos.extend(level.tokens.iter().map(|&t| is_eos(t)));
             for &b in &beam {
                 if let Some(trie) = use_ng {
                     self.context(b, committed, trie.order().saturating_sub(1));
-                    self.ng.resize(level.tokens.len(), 0.0);
-                    self.matched.resize(level.tokens.len(), 0);
-                    trie.probs(&self.ctx, &level.tokens, &mut self.ng, &mut self.matched);
+                    self.ngram_probs(trie, &level.tokens);
                 }
                 let (score, depth, prob) = b.map_or((0.0, 0, 1.0), |i| {
                     let c = &self.cands[i as usize];
                     (c.score, c.depth, c.prob)
                 });
                 for (i, (&t, &q)) in level.tokens.iter().zip(&level.probs).enumerate() {
-                    let mut d = w_logit * ln(q);
+                    let mut d = w_logit * self.ln_q[i];
                     if use_ng.is_some() {
                         d += p.ngram_weight * ln(self.ng[i]);
                     }
@@ -159,7 +172,7 @@ impl TreeSearch {
                         score: score + (w_level * d).min(0.0),
                         depth: depth + 1,
                         prob: prob * q,
-                        eos: is_eos(t),
+                        eos: self.eos[i],
                     });
                 }
             }
@@ -171,15 +184,48 @@ impl TreeSearch {
                     .then(y.score.total_cmp(&x.score))
                     .then(a.cmp(b))
             };
-            if next.len() > p.beam {
-                next.select_nth_unstable_by(p.beam - 1, order);
-                next.truncate(p.beam);
+            if next.len() > width {
+                next.select_nth_unstable_by(width - 1, order);
+                next.truncate(width);
             }
             next.sort_by(order);
             beam.clear();
             beam.extend(next.iter().map(|&i| Some(i)));
         }
         self.cut(budget)
+    }
+
+    /// `trie.probs(ctx, tokens)` into `self.ng` / `self.matched`, with the one-token context's
+    /// part looked up once per last token and depth.
+    fn ngram_probs(&mut self, trie: &NgramTrie, tokens: &[TokenId]) {
+        let n = tokens.len();
+        self.ng.clear();
+        self.ng.resize(n, 0.0);
+        self.matched.clear();
+        self.matched.resize(n, 0);
+        let left = trie.score_down_to(&self.ctx, tokens, &mut self.ng, &mut self.matched, 2);
+        let Some(&last) = self.ctx.last() else {
+            return;
+        };
+        if left == 0 {
+            return;
+        }
+        let i = match self.after_one.iter().position(|e| e.0 == last) {
+            Some(i) => i,
+            None => {
+                let (mut p, mut m) = (vec![0.0; n], vec![0; n]);
+                trie.score_down_to(&[last], tokens, &mut p, &mut m, 1);
+                self.after_one.push((last, p, m));
+                self.after_one.len() - 1
+            }
+        };
+        let (_, p, m) = &self.after_one[i];
+        for j in 0..n {
+            if self.matched[j] == 0 && m[j] != 0 {
+                self.ng[j] = p[j];
+                self.matched[j] = m[j];
+            }
+        }
     }
 
     /// The last `n` tokens of `committed ⧺ path(b)` into `self.ctx`.
@@ -241,7 +287,7 @@ pub struct TreeDrafting {
     pub ngram: Option<std::sync::Arc<NgramTrie>>,
     /// Tokens that end a sequence (ranked last in the beam).
     pub stop: Vec<TokenId>,
-    search: TreeSearch,
+    search: Box<TreeSearch>,
     levels: Vec<Level>,
     idx: Vec<u32>,
 }
@@ -256,7 +302,7 @@ impl TreeDrafting {
             params,
             ngram,
             stop,
-            search: TreeSearch::default(),
+            search: Box::default(),
             levels: vec![],
             idx: vec![],
         }
@@ -410,6 +456,98 @@ mod tests {
         let toks: Vec<_> = (0..3).map(|i| with.tree.token(NodeId(i)).0).collect();
         assert_eq!(toks, vec![2, 1, 3]);
         assert_eq!(with.tree.parent(NodeId(2)), Some(NodeId(1)));
+    }
+
+    /// The beam's n-gram scores, with one-token contexts looked up once per last token and
+    /// depth, equal the trie's longest-match probabilities for every context (3-gram and
+    /// 4-gram tries, contexts that match at every length or none).
+    #[test]
+    fn shared_one_token_lookups_equal_the_tries_own() {
+        let mut rng = 7u64;
+        let mut next = |m: u32| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((rng >> 33) % m as u64) as u32
+        };
+        for order in [3, 4] {
+            let mut b = TrieBuilder::new(order).unwrap();
+            for _ in 0..40 {
+                let doc: Vec<u32> = (0..30).map(|_| next(12)).collect();
+                b.add_document(&ids(&doc));
+            }
+            let trie = b
+                .finish(TrieStamp {
+                    vocab_size: 16,
+                    fingerprint: 0,
+                })
+                .unwrap();
+            let mut s = TreeSearch::default();
+            let cands = ids(&(0..16).collect::<Vec<_>>());
+            let (mut want, mut want_m) = (vec![0.0; 16], vec![0; 16]);
+            for _ in 0..200 {
+                let len = next(order as u32) as usize;
+                s.ctx = (0..len).map(|_| TokenId(next(16))).collect();
+                s.ngram_probs(&trie, &cands);
+                trie.probs(&s.ctx, &cands, &mut want, &mut want_m);
+                assert_eq!((&s.ng, &s.matched), (&want, &want_m), "{:?}", s.ctx);
+            }
+            assert!(s.after_one.len() <= 16, "one entry per last token");
+        }
+    }
+
+    /// A search for the best `budget` nodes, whose beam is then no wider than the budget,
+    /// keeps exactly the first `budget` nodes of a search for many more (random levels, no
+    /// stop tokens, with and without an n-gram trie).
+    #[test]
+    fn a_narrow_beam_for_a_small_budget_keeps_the_same_nodes() {
+        let mut rng = 11u64;
+        let mut next = |m: u32| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((rng >> 33) % m as u64) as u32
+        };
+        let mut b = TrieBuilder::new(3).unwrap();
+        for _ in 0..30 {
+            let doc: Vec<u32> = (0..40).map(|_| next(30)).collect();
+            b.add_document(&ids(&doc));
+        }
+        let trie = b
+            .finish(TrieStamp {
+                vocab_size: 30,
+                fingerprint: 0,
+            })
+            .unwrap();
+        let p = TreeSearchParams::default();
+        let mut s = TreeSearch::default();
+        for round in 0..40 {
+            let levels: Vec<Level> = (0..6)
+                .map(|_| {
+                    let mut w: Vec<f32> = (0..30).map(|_| 1.0 + next(1000) as f32).collect();
+                    let z: f32 = w.iter().sum();
+                    w.iter_mut().for_each(|x| *x /= z);
+                    let logits: Vec<f32> = w.iter().map(|x| x.ln()).collect();
+                    Level::from_logits(&logits, p.top_k, |i| TokenId(i as u32))
+                })
+                .collect();
+            let ng = (round % 2 == 0).then_some(&trie);
+            let wide = s
+                .search(&levels, &ids(&[3, 4]), ng, |_| false, 64, &p)
+                .unwrap();
+            for budget in [1, 3, 8, 12] {
+                let narrow = s
+                    .search(&levels, &ids(&[3, 4]), ng, |_| false, budget, &p)
+                    .unwrap();
+                assert_eq!(narrow.tree.len(), budget);
+                for i in 0..budget as u32 {
+                    let n = NodeId(i);
+                    assert_eq!(narrow.tree.token(n), wide.tree.token(n), "round {round}");
+                    assert_eq!(narrow.tree.parent(n), wide.tree.parent(n), "round {round}");
+                }
+                assert_eq!(narrow.path_prob[..], wide.path_prob[..budget]);
+            }
+        }
     }
 
     #[test]

@@ -16,6 +16,9 @@ mod guard;
 pub use cost::{CostCurve, LearnedCost};
 pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
 
+/// Nodes beyond twice the recent cuts' size that a costly tree proposal is asked for.
+const TREE_ROOM: usize = 4;
+
 /// What sizing knows of a round before drafting.
 #[derive(Clone, Copy, Debug)]
 pub struct RoundFacts {
@@ -332,8 +335,17 @@ impl Sizer {
         }
         // Proposing that costs little next to a decode step (lookups) is left to the cut.
         let cheap = self.tree_recent.1 > 0.0 && self.tree_recent.2 < 0.1 * self.cost.ms(1);
-        if self.tree_gain >= 1.0 || cheap {
+        if cheap {
             max
+        } else if self.tree_gain >= 1.0 {
+            // A model's tree search costs with the nodes asked for: ask for what recent cuts
+            // kept, with room to grow (twice as many, and 4 more), not for the most.
+            let recent = self.tree_recent.1;
+            if recent > 0.0 {
+                max.min((2.0 * recent).ceil() as usize + TREE_ROOM)
+            } else {
+                max
+            }
         } else {
             0
         }
