@@ -458,30 +458,45 @@ mod tests {
         assert_eq!(with.tree.parent(NodeId(2)), Some(NodeId(1)));
     }
 
+    /// A deterministic stream of numbers below `m`.
+    fn lcg(seed: u64) -> impl FnMut(u32) -> u32 {
+        let mut rng = seed;
+        move |m| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((rng >> 33) % m as u64) as u32
+        }
+    }
+
+    /// A trie of `order` over `docs` random documents of `len` tokens below `symbols`.
+    fn random_trie(
+        next: &mut impl FnMut(u32) -> u32,
+        order: usize,
+        docs: usize,
+        len: usize,
+        symbols: u32,
+    ) -> NgramTrie {
+        let mut b = TrieBuilder::new(order).unwrap();
+        for _ in 0..docs {
+            let doc: Vec<u32> = (0..len).map(|_| next(symbols)).collect();
+            b.add_document(&ids(&doc));
+        }
+        b.finish(TrieStamp {
+            vocab_size: 32,
+            fingerprint: 0,
+        })
+        .unwrap()
+    }
+
     /// The beam's n-gram scores, with one-token contexts looked up once per last token and
     /// depth, equal the trie's longest-match probabilities for every context (3-gram and
     /// 4-gram tries, contexts that match at every length or none).
     #[test]
     fn shared_one_token_lookups_equal_the_tries_own() {
-        let mut rng = 7u64;
-        let mut next = |m: u32| {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((rng >> 33) % m as u64) as u32
-        };
+        let mut next = lcg(7);
         for order in [3, 4] {
-            let mut b = TrieBuilder::new(order).unwrap();
-            for _ in 0..40 {
-                let doc: Vec<u32> = (0..30).map(|_| next(12)).collect();
-                b.add_document(&ids(&doc));
-            }
-            let trie = b
-                .finish(TrieStamp {
-                    vocab_size: 16,
-                    fingerprint: 0,
-                })
-                .unwrap();
+            let trie = random_trie(&mut next, order, 40, 30, 12);
             let mut s = TreeSearch::default();
             let cands = ids(&(0..16).collect::<Vec<_>>());
             let (mut want, mut want_m) = (vec![0.0; 16], vec![0; 16]);
@@ -501,24 +516,8 @@ mod tests {
     /// stop tokens, with and without an n-gram trie).
     #[test]
     fn a_narrow_beam_for_a_small_budget_keeps_the_same_nodes() {
-        let mut rng = 11u64;
-        let mut next = |m: u32| {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((rng >> 33) % m as u64) as u32
-        };
-        let mut b = TrieBuilder::new(3).unwrap();
-        for _ in 0..30 {
-            let doc: Vec<u32> = (0..40).map(|_| next(30)).collect();
-            b.add_document(&ids(&doc));
-        }
-        let trie = b
-            .finish(TrieStamp {
-                vocab_size: 30,
-                fingerprint: 0,
-            })
-            .unwrap();
+        let mut next = lcg(11);
+        let trie = random_trie(&mut next, 3, 30, 40, 30);
         let p = TreeSearchParams::default();
         let mut s = TreeSearch::default();
         for round in 0..40 {
