@@ -260,27 +260,10 @@ impl NgramTrie {
     ) {
         probs.fill(0.0);
         matched.fill(0);
-        self.score_down_to(context, candidates, probs, matched, 1);
-    }
-
-    /// [`NgramTrie::probs`]' work for the context lengths from the longest down to `shortest`
-    /// only, on candidates not `matched` yet; returns how many are left unmatched. A caller that
-    /// scores many contexts with one last token (a beam's) can score the shortest once.
-    pub fn score_down_to(
-        &self,
-        context: &[TokenId],
-        candidates: &[TokenId],
-        probs: &mut [f32],
-        matched: &mut [u8],
-        shortest: usize,
-    ) -> usize {
         let (token, count, first) = self.arrays();
-        let mut left = matched.iter().filter(|&&m| m == 0).count();
+        let mut left = candidates.len();
         let longest = self.order.saturating_sub(1).min(context.len());
-        for len in (shortest.max(1)..=longest).rev() {
-            if left == 0 {
-                break;
-            }
+        for len in (1..=longest).rev() {
             let Some(node) = self.find(&context[context.len() - len..]) else {
                 continue;
             };
@@ -297,8 +280,10 @@ impl NgramTrie {
                     left -= 1;
                 }
             }
+            if left == 0 {
+                break;
+            }
         }
-        left
     }
 
     /// The `k` most frequent tokens after the longest suffix of `context` (at most order − 1

@@ -105,9 +105,6 @@ pub struct TreeSearch {
     ctx: Vec<TokenId>,
     ng: Vec<f32>,
     matched: Vec<u8>,
-    /// This depth's candidates scored after one-token contexts, by that token: a beam's
-    /// members share few last tokens, and one-token contexts have the longest child lists.
-    after_one: Vec<(TokenId, Vec<f32>, Vec<u8>)>,
     /// This depth's ln(p̃ + ε) and stop flags, per candidate.
     ln_q: Vec<f32>,
     eos: Vec<bool>,
@@ -146,7 +143,6 @@ impl TreeSearch {
             let w_logit = p.logit_decay.powi(l as i32);
             let use_ng = ngram.filter(|_| l > 0 || p.ngram_on_first);
             next.clear();
-            self.after_one.clear();
             self.ln_q.clear();
             self.ln_q.extend(level.probs.iter().map(|&q| ln(q)));
             self.eos.clear();
@@ -154,7 +150,9 @@ impl TreeSearch {
             for &b in &beam {
                 if let Some(trie) = use_ng {
                     self.context(b, committed, trie.order().saturating_sub(1));
-                    self.ngram_probs(trie, &level.tokens);
+                    self.ng.resize(level.tokens.len(), 0.0);
+                    self.matched.resize(level.tokens.len(), 0);
+                    trie.probs(&self.ctx, &level.tokens, &mut self.ng, &mut self.matched);
                 }
                 let (score, depth, prob) = b.map_or((0.0, 0, 1.0), |i| {
                     let c = &self.cands[i as usize];
@@ -193,39 +191,6 @@ impl TreeSearch {
             beam.extend(next.iter().map(|&i| Some(i)));
         }
         self.cut(budget)
-    }
-
-    /// `trie.probs(ctx, tokens)` into `self.ng` / `self.matched`, with the one-token context's
-    /// part looked up once per last token and depth.
-    fn ngram_probs(&mut self, trie: &NgramTrie, tokens: &[TokenId]) {
-        let n = tokens.len();
-        self.ng.clear();
-        self.ng.resize(n, 0.0);
-        self.matched.clear();
-        self.matched.resize(n, 0);
-        let left = trie.score_down_to(&self.ctx, tokens, &mut self.ng, &mut self.matched, 2);
-        let Some(&last) = self.ctx.last() else {
-            return;
-        };
-        if left == 0 {
-            return;
-        }
-        let i = match self.after_one.iter().position(|e| e.0 == last) {
-            Some(i) => i,
-            None => {
-                let (mut p, mut m) = (vec![0.0; n], vec![0; n]);
-                trie.score_down_to(&[last], tokens, &mut p, &mut m, 1);
-                self.after_one.push((last, p, m));
-                self.after_one.len() - 1
-            }
-        };
-        let (_, p, m) = &self.after_one[i];
-        for j in 0..n {
-            if self.matched[j] == 0 && m[j] != 0 {
-                self.ng[j] = p[j];
-                self.matched[j] = m[j];
-            }
-        }
     }
 
     /// The last `n` tokens of `committed ⧺ path(b)` into `self.ctx`.
@@ -287,7 +252,7 @@ pub struct TreeDrafting {
     pub ngram: Option<std::sync::Arc<NgramTrie>>,
     /// Tokens that end a sequence (ranked last in the beam).
     pub stop: Vec<TokenId>,
-    search: Box<TreeSearch>,
+    search: TreeSearch,
     levels: Vec<Level>,
     idx: Vec<u32>,
 }
@@ -302,7 +267,7 @@ impl TreeDrafting {
             params,
             ngram,
             stop,
-            search: Box::default(),
+            search: TreeSearch::default(),
             levels: vec![],
             idx: vec![],
         }
@@ -487,28 +452,6 @@ mod tests {
             fingerprint: 0,
         })
         .unwrap()
-    }
-
-    /// The beam's n-gram scores, with one-token contexts looked up once per last token and
-    /// depth, equal the trie's longest-match probabilities for every context (3-gram and
-    /// 4-gram tries, contexts that match at every length or none).
-    #[test]
-    fn shared_one_token_lookups_equal_the_tries_own() {
-        let mut next = lcg(7);
-        for order in [3, 4] {
-            let trie = random_trie(&mut next, order, 40, 30, 12);
-            let mut s = TreeSearch::default();
-            let cands = ids(&(0..16).collect::<Vec<_>>());
-            let (mut want, mut want_m) = (vec![0.0; 16], vec![0; 16]);
-            for _ in 0..200 {
-                let len = next(order as u32) as usize;
-                s.ctx = (0..len).map(|_| TokenId(next(16))).collect();
-                s.ngram_probs(&trie, &cands);
-                trie.probs(&s.ctx, &cands, &mut want, &mut want_m);
-                assert_eq!((&s.ng, &s.matched), (&want, &want_m), "{:?}", s.ctx);
-            }
-            assert!(s.after_one.len() <= 16, "one entry per last token");
-        }
     }
 
     /// A search for the best `budget` nodes, whose beam is then no wider than the budget,

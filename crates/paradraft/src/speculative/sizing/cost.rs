@@ -168,9 +168,9 @@ const COST_DECAY: f64 = 0.98;
 
 /// The verify cost the rounds themselves pay: the measured [`CostCurve`] (the best of a few
 /// quiet forwards) corrected, per forward size, by the ratio of what rounds of that size took
-/// to what the curve predicted. On a 2-vCPU Zen 4 VM the median forward of 4–16 rows took
-/// 1.4–1.5× the best one, against 1.2× for one row, so a curve taken at its best prices extra
-/// rows too cheaply. Sizes no round has used take the ratio of the nearest size
+/// to what the curve predicted. On a 2-vCPU Zen 4 VM, MT-Bench rounds verifying 2–5 rows took
+/// 1.19–1.65× an AR round where the measured curve said 1.16 at 4 rows, so a curve taken at
+/// its best prices extra rows too cheaply. Sizes no round has used take the ratio of the nearest size
 /// that one has (1 before any round).
 #[derive(Clone, Debug)]
 pub struct LearnedCost {

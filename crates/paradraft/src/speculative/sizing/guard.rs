@@ -138,7 +138,8 @@ impl Excess {
 /// probes when it does not pay.
 #[derive(Clone, Debug)]
 pub struct SpeedGuard {
-    draft: Rate,
+    /// Drafting rounds since drafting was last (re)started.
+    drafted: u32,
     excess: Excess,
     ar: Rate,
     pub(super) round: u64,
@@ -152,7 +153,7 @@ pub struct SpeedGuard {
 impl Default for SpeedGuard {
     fn default() -> Self {
         SpeedGuard {
-            draft: Rate::default(),
+            drafted: 0,
             excess: Excess::default(),
             ar: Rate::default(),
             round: 0,
@@ -189,7 +190,7 @@ impl SpeedGuard {
             return;
         }
         if drafted {
-            self.draft.add(tokens as f64, ms);
+            self.drafted += 1;
             if self.ar.n > 0 {
                 let ar = self.ar.per_ms() * (1.0 - self.margin);
                 self.excess.add(tokens as f64 - ms * ar);
@@ -197,9 +198,9 @@ impl SpeedGuard {
         } else {
             self.ar.add(tokens as f64, ms);
         }
-        if self.draft.n >= 8 && self.ar.n >= 3 && self.excess.clearly_negative(self.z) {
+        if self.drafted >= 8 && self.ar.n >= 3 && self.excess.clearly_negative(self.z) {
             self.off_until = self.round + self.hold;
-            self.draft = Rate::default();
+            self.drafted = 0;
             self.excess = Excess::default();
         }
     }

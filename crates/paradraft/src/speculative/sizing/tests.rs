@@ -322,9 +322,8 @@ fn slow_rows_measured_in_rounds_shrink_the_cut() {
     let after = s.cut(&conf, 1.0, BatchShape::default());
     assert!(after < before, "{before} → {after}");
     // A batched round's forward holds other sessions' rows: it teaches nothing.
-    let mut batched = Sizer::new(curve());
-    let mut sz = Sizing::Sized(Box::new(batched.clone()));
-    sz.after(&RoundResult {
+    let mut batched = Sizing::new(Some(Sizer::new(curve())));
+    batched.after(&RoundResult {
         facts: RoundFacts {
             batch: BatchShape {
                 streams: 4,
@@ -340,10 +339,10 @@ fn slow_rows_measured_in_rounds_shrink_the_cut() {
         ms: 100.0,
         eos: None,
     });
-    if let Sizing::Sized(s) = sz {
-        batched = *s;
-    }
-    assert_eq!(batched.cost.ratio(4), 1.0);
+    let Sizing::Sized(s) = &batched else {
+        unreachable!()
+    };
+    assert_eq!(s.cost.ratio(4), 1.0);
 }
 
 #[test]
