@@ -45,13 +45,6 @@ fn default_ngram_models_are_built_once_and_rebuilt_when_damaged() {
     let (p4, _) = defaults::trie_in(tok, home.path(), Some(foreign)).unwrap();
     assert_eq!(p4, p);
 
-    // The ARPA model: built once, stamped with the tokenizer.
-    let (a, m) = defaults::arpa_in(tok, home.path(), None).unwrap();
-    assert_eq!(a, defaults::cache_path(home.path(), tok, Kind::Arpa));
-    m.check_stamp(stamp_of(tok), &a).unwrap();
-    let ids = tok.encode("The answer is").unwrap();
-    assert!(m.ln_token(&ids[..2], ids[2]).is_finite());
-
     // A home that cannot hold files: a clear error naming the path, before any work.
     let file = home.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
@@ -60,4 +53,22 @@ fn default_ngram_models_are_built_once_and_rebuilt_when_damaged() {
         .unwrap()
         .to_string();
     assert!(e.contains("a-file") && e.contains("PARADRAFT_HOME"), "{e}");
+}
+
+/// Built apart from the trie so that the two builds share the cores.
+#[test]
+fn the_default_arpa_model_is_built_once_and_stamped() {
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = paradraft::model::load(&path).unwrap();
+    let tok = &lm.tokenizer;
+    let home = tempfile::tempdir().unwrap();
+    let (a, m) = defaults::arpa_in(tok, home.path(), None).unwrap();
+    assert_eq!(a, defaults::cache_path(home.path(), tok, Kind::Arpa));
+    m.check_stamp(stamp_of(tok), &a).unwrap();
+    let ids = tok.encode("The answer is").unwrap();
+    assert!(m.ln_token(&ids[..2], ids[2]).is_finite());
+    let mtime = std::fs::metadata(&a).unwrap().modified().unwrap();
+    let (a2, _) = defaults::arpa_in(tok, home.path(), None).unwrap();
+    assert_eq!(a2, a);
+    assert_eq!(std::fs::metadata(&a).unwrap().modified().unwrap(), mtime);
 }

@@ -175,7 +175,8 @@ impl Pool {
     }
 }
 
-static POOL: OnceLock<std::sync::Mutex<Pool>> = OnceLock::new();
+/// The global pool and its size (read without taking the lock).
+static POOL: OnceLock<(usize, std::sync::Mutex<Pool>)> = OnceLock::new();
 static THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Sets the pool size; effective only before the first parallel call.
@@ -183,24 +184,31 @@ pub fn init(threads: usize) {
     THREADS.store(threads.max(1), SeqCst);
 }
 
-fn pool() -> &'static std::sync::Mutex<Pool> {
+fn pool() -> &'static (usize, std::sync::Mutex<Pool>) {
     POOL.get_or_init(|| {
         let n = match THREADS.load(SeqCst) {
             0 => super::default_threads(),
             n => n,
         };
-        std::sync::Mutex::new(Pool::new(n))
+        (n, std::sync::Mutex::new(Pool::new(n)))
     })
 }
 
-/// Runs `f(i)` for `i in 0..n` on the global pool.
+/// Runs `f(i)` for `i in 0..n` on the global pool. A one-thread pool runs the calls on the
+/// caller without taking the pool's lock, so callers on several threads (tests, one model per
+/// thread) do not queue behind each other.
 pub fn run(n: usize, f: impl Fn(usize) + Sync) {
-    let p = pool().lock().unwrap_or_else(|e| e.into_inner());
+    let (threads, p) = pool();
+    if *threads == 1 {
+        (0..n).for_each(f);
+        return;
+    }
+    let p = p.lock().unwrap_or_else(|e| e.into_inner());
     p.run(n, &f);
 }
 
 pub fn threads() -> usize {
-    pool().lock().unwrap_or_else(|e| e.into_inner()).threads()
+    pool().0
 }
 
 #[cfg(test)]

@@ -94,6 +94,7 @@ fn check_greedy(
 
 #[test]
 fn greedy_is_token_identical_on_tiny_models() {
+    one_thread();
     let ps = prompts();
     assert!(ps.len() >= 200);
     let paths = [
@@ -118,6 +119,7 @@ fn greedy_is_token_identical_on_tiny_models() {
 
 #[test]
 fn greedy_is_token_identical_on_smollm2() {
+    one_thread();
     let path = paradraft::fetch::ensure_default_model().unwrap();
     let lm = model::load(&path).unwrap();
     let mut sd = self_draft(&path, &lm, 8, SamplingParams::default());

@@ -90,6 +90,13 @@ fn auto<'t>(
     cfg.load(path, lm, ctx).unwrap()
 }
 
+/// Runs this binary's forwards on the calling thread (call first in every test). The models
+/// are tiny or the forwards short, so a 2-thread pool would mostly wait, and the tests share
+/// the cores by running side by side instead.
+fn one_thread() {
+    paradraft::runtime::init_threads(1);
+}
+
 mod greedy;
 mod sampling;
 mod state;

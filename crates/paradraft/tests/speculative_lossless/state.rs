@@ -35,6 +35,7 @@ impl Drafter for TapRecorder {
 
 #[test]
 fn drafters_receive_the_targets_hidden_states_of_committed_positions() {
+    one_thread();
     use paradraft::model::{Batch, Logits, OutputSpec, Rows, Scratch};
     let lm = load(&fixtures().join("tiny/llama-quant.gguf"));
     let prompt = encode(&lm, "count: 1 2 3 1 2 3 1 2 3 1 2", 64);
@@ -99,6 +100,7 @@ fn load(p: &std::path::Path) -> Loaded {
 
 #[test]
 fn stop_strings_cut_at_their_first_occurrence() {
+    one_thread();
     // Stop strings spanning several tokens, found wherever they end (the emitter searches only
     // the tail each token), with and without a drafter.
     let lm = load(&fixtures().join("tiny/qwen3"));
