@@ -19,11 +19,6 @@
 use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
 use std::arch::x86_64::*;
 
-/// Activation rows per tile (with one half of a group: 4 accumulators + 4 partial sums).
-/// Wider tiles (6 rows) and two halves × two rows measured no faster: the kernel is bound by
-/// its vector operations per MAC, not by loading weights.
-const TILE: usize = 4;
-
 /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127 (bit for bit the
 /// portable function).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -70,6 +65,17 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
         *o.s.add(bi) = d * sum as f32;
     }
 }
+
+/// Most activation rows per tile (with one half of a group) for AVX2. On a Zen 3 (AVX2 only,
+/// one core, weights in L2; `tile_heights`, interleaved) 16-row tiles ran Q4_1 at 16 rows
+/// 5–10 % faster than 4-row ones and Q8_0 0–4 % slower, 8-row tiles in between; but whole
+/// forwards (`bench-kernels`, Q4_1 layers in 16-row tiles, two interleaved rounds) showed no
+/// difference within that VM's noise, so tiles stay at 4 rows. (On a Zen 4 forced to AVX2, 6
+/// rows had measured no faster than 4.)
+const MADDUBS_TILE: usize = 4;
+
+/// VNNI's tile (two chains per row): not measured wider.
+const VNNI_TILE: usize = 4;
 
 /// The int8 dot products of a kernel family on 8-row registers.
 trait Dot {
@@ -215,7 +221,7 @@ impl<D: Dpbusd> Dot for Vnni<D> {
 /// AVX2 (`maddubs`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
-    groups::<Maddubs>(p, a, g0, g1, out, ld)
+    groups::<Maddubs, MADDUBS_TILE>(p, a, g0, g1, out, ld)
 }
 
 /// AVX-VNNI (VEX encoding: Intel Alder Lake and later).
@@ -228,7 +234,7 @@ pub unsafe fn matmul_groups_vnni_vex(
     out: *mut f32,
     ld: usize,
 ) {
-    groups::<Vnni<Vex>>(p, a, g0, g1, out, ld)
+    groups::<Vnni<Vex>, VNNI_TILE>(p, a, g0, g1, out, ld)
 }
 
 /// 256-bit VNNI through AVX-512 VL (CPUs with AVX-512 VNNI but no AVX-VNNI, e.g. Zen 4).
@@ -241,11 +247,18 @@ pub unsafe fn matmul_groups_vnni_evex(
     out: *mut f32,
     ld: usize,
 ) {
-    groups::<Vnni<Evex>>(p, a, g0, g1, out, ld)
+    groups::<Vnni<Evex>, VNNI_TILE>(p, a, g0, g1, out, ld)
 }
 
 #[inline(always)]
-unsafe fn groups<D: Dot>(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+unsafe fn groups<D: Dot, const TILE: usize>(
+    p: &Packed,
+    a: &QActs,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ld: usize,
+) {
     let q8 = p.ty == GgmlType::Q8_0;
     for g in g0..g1 {
         let r0 = g * GROUP;
@@ -266,13 +279,20 @@ unsafe fn groups<D: Dot>(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut 
             }
             let mut t0 = 0;
             while t0 < a.n {
-                let tn = (a.n - t0).min(TILE);
-                // Monomorphised per tile height so the loops unroll into independent chains.
+                // Monomorphised per tile height so the loops unroll into independent chains:
+                // the tallest of 16, 8, 4 that fits, then 3, 2 or 1 rows.
+                let left = a.n - t0;
+                let tn = [16, 8, 4]
+                    .into_iter()
+                    .find(|&t| t <= TILE && t <= left)
+                    .unwrap_or(left);
                 match tn {
                     1 => half_tile::<D, 1>(p, a, g, h, t0, out, ld),
                     2 => half_tile::<D, 2>(p, a, g, h, t0, out, ld),
                     3 => half_tile::<D, 3>(p, a, g, h, t0, out, ld),
-                    _ => half_tile::<D, 4>(p, a, g, h, t0, out, ld),
+                    4 => half_tile::<D, 4>(p, a, g, h, t0, out, ld),
+                    8 => half_tile::<D, 8>(p, a, g, h, t0, out, ld),
+                    _ => half_tile::<D, 16>(p, a, g, h, t0, out, ld),
                 }
                 t0 += tn;
             }
@@ -434,5 +454,110 @@ unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q4_1 and Q8_0 at 4, 8 and 16 rows with AVX2 tiles of at most 4, 8 and 16 rows,
+    /// interleaved (the numbers behind [`MADDUBS_TILE`]):
+    /// `cargo test --release -p paradraft --lib tile_heights -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn tile_heights() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        let variants: [(usize, GroupsFn); 3] = [
+            (4, groups_avx2::<4>),
+            (8, groups_avx2::<8>),
+            (16, groups_avx2::<16>),
+        ];
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, cols) = (1536, 576);
+            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
+                .map(|i| (i * 37 % 251) as u8 & 0x3F)
+                .collect();
+            let p = Packed::new(ty, rows, cols, &src);
+            for n in [4, 8, 16] {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
+                let mut qa = QActs::default();
+                qa.quantize(&x, cols);
+                let mut out = vec![0f32; n * rows];
+                let reps = 4000 / n;
+                let mut rates = vec![vec![]; variants.len()];
+                for it in 0..10 * variants.len() {
+                    let v = it % variants.len();
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        unsafe { variants[v].1(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
+                    }
+                    let dt = t.elapsed().as_secs_f64() / reps as f64;
+                    rates[v].push((rows * cols * n) as f64 / dt / 1e9);
+                }
+                let line: Vec<String> = variants
+                    .iter()
+                    .zip(&mut rates)
+                    .map(|((tile, _), r)| {
+                        r.sort_by(f64::total_cmp);
+                        format!(
+                            "tile {tile}: median {:.1} max {:.1}",
+                            r[r.len() / 2],
+                            r[r.len() - 1]
+                        )
+                    })
+                    .collect();
+                eprintln!("{ty:?} n={n} GMAC/s: {}", line.join(" | "));
+            }
+        }
+    }
+
+    /// Every tile height gives every row the same bits (a row's sums and epilogue do not
+    /// depend on the tile it is computed in).
+    #[test]
+    fn tile_heights_give_the_same_bits() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, cols) = (40, 96);
+            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
+                .map(|i| (i * 61 % 241) as u8 & 0x3F) // finite f16 scales
+                .collect();
+            let p = Packed::new(ty, rows, cols, &src);
+            for n in [5, 13, 16, 21] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7) % 23) as f32 - 11.0)
+                    .collect();
+                let mut qa = QActs::default();
+                qa.quantize(&x, cols);
+                let run = |f: GroupsFn| {
+                    let mut out = vec![0f32; n * rows];
+                    unsafe { f(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
+                    assert!(out.iter().all(|v| v.is_finite()));
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                };
+                let want = run(groups_avx2::<4>);
+                assert_eq!(run(groups_avx2::<8>), want, "{ty:?} n={n} tile 8");
+                assert_eq!(run(groups_avx2::<16>), want, "{ty:?} n={n} tile 16");
+            }
+        }
+    }
+
+    /// The AVX2 kernel with tiles of at most `TILE` rows.
+    type GroupsFn = unsafe fn(&Packed, &QActs, usize, usize, *mut f32, usize);
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn groups_avx2<const TILE: usize>(
+        p: &Packed,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        groups::<Maddubs, TILE>(p, a, g0, g1, out, ld)
     }
 }
