@@ -1,6 +1,6 @@
 #!/bin/bash
 # The Zen 3 (AVX2 only) runs of docs/performance.md (2026-11-25), from the repository root:
-#   LLAMA=path/to/llama-bench [TILE16_BIN=path/to/paradraft-16-row-tiles] \
+#   LLAMA=path/to/llama-bench [TILE16_BIN=path/to/paradraft-16-row-tiles] [OLD_BIN=path/to/a2764b9-build] \
 #     bash docs/results/performance/2026-11-25-zen3/run.sh [OUT]
 # LLAMA: llama-bench built natively (-DGGML_NATIVE=ON -DLLAMA_CURL=OFF) from the
 # llama-cpp-python 0.3.16 sdist. This tree's build gave quiet_llama.json and bench_t0/ (first,
@@ -27,4 +27,17 @@ if [[ -n "${TILE16_BIN:-}" ]]; then
   done
   "$TILE16_BIN" $K --llama-bench "$LLAMA" > "$OUT/tile16_llama.json"
   $NEW $K --llama-bench "$LLAMA" > "$OUT/tile4_llama.json"
+fi
+# Both halves of a group for 2-row tiles (WIDE_ROWS = 2, commit after a2764b9) against the build
+# before (OLD_BIN: a build of b1dc97c, whose kernels a2764b9 keeps), interleaved: wide/.
+if [[ -n "${OLD_BIN:-}" ]]; then
+  mkdir -p "$OUT/wide"
+  for r in 1 2; do
+    "$OLD_BIN" $K > "$OUT/wide/wide_old_$r.json"
+    $NEW $K > "$OUT/wide/wide_new_$r.json"
+  done
+  $NEW $K --llama-bench "$LLAMA" > "$OUT/wide/wide_llama.json"
+  B="bench --threads 2 --datasets gsm8k,mt_bench,humaneval,math500 --num-prompts 10 --max-new-tokens 128 --methods pld,dart,auto --temperature 0 --seed 0"
+  "$OLD_BIN" $B --out "$OUT/wide/bench_t0_old"
+  $NEW $B --out "$OUT/wide/bench_t0_wide"
 fi
