@@ -67,7 +67,7 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
 }
 
 /// Most activation rows per tile (with one half of a group) for AVX2. On a Zen 3 (AVX2 only,
-/// one core, weights in L2; `tile_heights`, interleaved) 16-row tiles ran Q4_1 at 16 rows
+/// one core, weights in L2; `tile_shapes`, interleaved) 16-row tiles ran Q4_1 at 16 rows
 /// 5–10 % faster than 4-row ones and Q8_0 0–4 % slower, 8-row tiles in between; but whole
 /// forwards (`bench-kernels`, Q4_1 layers in 16-row tiles, two interleaved rounds) showed no
 /// difference within that VM's noise, so tiles stay at 4 rows. (On a Zen 4 forced to AVX2, 6
@@ -76,7 +76,7 @@ const MADDUBS_TILE: usize = 4;
 
 /// Up to this many activation rows, a tile takes both halves of a group (as decode does): two
 /// rows ran 12–18 % faster so on a Zen 3 (Q4_1 and Q8_0, weights in L2 and beyond;
-/// `wide_small_tiles`, interleaved), three rows no faster.
+/// `tile_shapes`, interleaved), three rows no faster.
 const WIDE_ROWS: usize = 2;
 
 /// VNNI's tile (two chains per row): not measured wider.
@@ -264,22 +264,12 @@ unsafe fn groups<D: Dot, const TILE: usize, const WIDE: usize>(
     out: *mut f32,
     ld: usize,
 ) {
-    let q8 = p.ty == GgmlType::Q8_0;
     for g in g0..g1 {
         let r0 = g * GROUP;
-        if a.n == 1 {
-            let mut acc = [[_mm256_setzero_ps(); 1]; 2];
-            if q8 {
-                q8_tile::<D, 2, 1>(p, a, g, 0, 0, &mut acc);
-            } else {
-                q4_tile::<D, 2, 1>(p, a, g, 0, 0, &mut acc);
-            }
-            store(p, r0, acc[0][0], out);
-            store(p, r0 + 8, acc[1][0], out);
-            continue;
-        }
-        if a.n <= WIDE {
+        // Decode (one row) and up to WIDE rows: both halves at once, independent chains.
+        if a.n <= WIDE.max(1) {
             match a.n {
+                1 => group_tile::<D, 1>(p, a, g, out, ld),
                 2 => group_tile::<D, 2>(p, a, g, out, ld),
                 _ => group_tile::<D, 3>(p, a, g, out, ld),
             }
@@ -495,106 +485,83 @@ unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
 mod tests {
     use super::*;
 
-    /// Q4_1 and Q8_0 at 4, 8 and 16 rows with AVX2 tiles of at most 4, 8 and 16 rows,
-    /// interleaved (the numbers behind [`MADDUBS_TILE`]):
-    /// `cargo test --release -p paradraft --lib tile_heights -- --ignored --nocapture`.
+    /// Times AVX2 kernel variants on `ty` weights of `rows` × 576 for each activation row
+    /// count in `ns`, interleaved over ten rounds, and prints each variant's median and best
+    /// GMAC/s (one core).
+    fn time_variants(
+        label: &str,
+        variants: &[(&str, GroupsFn)],
+        ty: GgmlType,
+        rows: usize,
+        ns: &[usize],
+    ) {
+        let cols = 576;
+        let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
+            .map(|i| (i * 37 % 251) as u8 & 0x3F)
+            .collect();
+        let p = Packed::new(ty, rows, cols, &src);
+        for &n in ns {
+            let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
+            let mut qa = QActs::default();
+            qa.quantize(&x, cols);
+            let mut out = vec![0f32; n * rows];
+            let reps = 4000 / n * 1536 / rows + 3;
+            let mut rates = vec![vec![]; variants.len()];
+            for it in 0..10 * variants.len() {
+                let v = it % variants.len();
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    unsafe { variants[v].1(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
+                }
+                let dt = t.elapsed().as_secs_f64() / reps as f64;
+                rates[v].push((rows * cols * n) as f64 / dt / 1e9);
+            }
+            let line: Vec<String> = variants
+                .iter()
+                .zip(&mut rates)
+                .map(|((name, _), r)| {
+                    r.sort_by(f64::total_cmp);
+                    format!(
+                        "{name}: median {:.1} max {:.1}",
+                        r[r.len() / 2],
+                        r[r.len() - 1]
+                    )
+                })
+                .collect();
+            eprintln!(
+                "{label} {ty:?} {rows}×{cols} n={n} GMAC/s: {}",
+                line.join(" | ")
+            );
+        }
+    }
+
+    /// The numbers behind [`MADDUBS_TILE`] and [`WIDE_ROWS`]: tiles of at most 4, 8 and 16
+    /// rows at 4–16 rows, and one half against both halves of a group at 2–3 rows:
+    /// `cargo test --release -p paradraft --lib tile_shapes -- --ignored --nocapture`.
     #[test]
     #[ignore]
-    fn wide_small_tiles() {
+    fn tile_shapes() {
         if !std::is_x86_feature_detected!("avx2") {
             return;
         }
-        let variants: [(usize, GroupsFn); 2] = [(1, groups_avx2::<4, 1>), (3, groups_avx2::<4, 3>)];
+        let heights: [(&str, GroupsFn); 3] = [
+            ("tile 4", groups_avx2::<4, 1>),
+            ("tile 8", groups_avx2::<8, 1>),
+            ("tile 16", groups_avx2::<16, 1>),
+        ];
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            time_variants("heights", &heights, ty, 1536, &[4, 8, 16]);
+        }
+        let halves: [(&str, GroupsFn); 2] = [
+            ("one half", groups_avx2::<4, 1>),
+            ("both halves", groups_avx2::<4, 3>),
+        ];
         for (ty, rows) in [
             (GgmlType::Q4_1, 1536),
             (GgmlType::Q4_1, 49152),
             (GgmlType::Q8_0, 49152),
         ] {
-            let cols = 576;
-            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
-                .map(|i| (i * 37 % 251) as u8 & 0x3F)
-                .collect();
-            let p = Packed::new(ty, rows, cols, &src);
-            for n in [2, 3] {
-                let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
-                let mut qa = QActs::default();
-                qa.quantize(&x, cols);
-                let mut out = vec![0f32; n * rows];
-                let reps = 4000 / n * 1536 / rows + 3;
-                let mut rates = vec![vec![]; variants.len()];
-                for it in 0..10 * variants.len() {
-                    let v = it % variants.len();
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        unsafe { variants[v].1(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
-                    }
-                    let dt = t.elapsed().as_secs_f64() / reps as f64;
-                    rates[v].push((rows * cols * n) as f64 / dt / 1e9);
-                }
-                let line: Vec<String> = variants
-                    .iter()
-                    .zip(&mut rates)
-                    .map(|((w, _), r)| {
-                        r.sort_by(f64::total_cmp);
-                        format!(
-                            "wide<={w}: median {:.1} max {:.1}",
-                            r[r.len() / 2],
-                            r[r.len() - 1]
-                        )
-                    })
-                    .collect();
-                eprintln!("{ty:?} {rows} n={n} GMAC/s: {}", line.join(" | "));
-            }
-        }
-    }
-
-    #[test]
-    #[ignore]
-    fn tile_heights() {
-        if !std::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let variants: [(usize, GroupsFn); 3] = [
-            (4, groups_avx2::<4, 1>),
-            (8, groups_avx2::<8, 1>),
-            (16, groups_avx2::<16, 1>),
-        ];
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (rows, cols) = (1536, 576);
-            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
-                .map(|i| (i * 37 % 251) as u8 & 0x3F)
-                .collect();
-            let p = Packed::new(ty, rows, cols, &src);
-            for n in [4, 8, 16] {
-                let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
-                let mut qa = QActs::default();
-                qa.quantize(&x, cols);
-                let mut out = vec![0f32; n * rows];
-                let reps = 4000 / n;
-                let mut rates = vec![vec![]; variants.len()];
-                for it in 0..10 * variants.len() {
-                    let v = it % variants.len();
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
-                        unsafe { variants[v].1(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
-                    }
-                    let dt = t.elapsed().as_secs_f64() / reps as f64;
-                    rates[v].push((rows * cols * n) as f64 / dt / 1e9);
-                }
-                let line: Vec<String> = variants
-                    .iter()
-                    .zip(&mut rates)
-                    .map(|((tile, _), r)| {
-                        r.sort_by(f64::total_cmp);
-                        format!(
-                            "tile {tile}: median {:.1} max {:.1}",
-                            r[r.len() / 2],
-                            r[r.len() - 1]
-                        )
-                    })
-                    .collect();
-                eprintln!("{ty:?} n={n} GMAC/s: {}", line.join(" | "));
-            }
+            time_variants("halves", &halves, ty, rows, &[2, 3]);
         }
     }
 
