@@ -41,3 +41,6 @@ if [[ -n "${OLD_BIN:-}" ]]; then
   "$OLD_BIN" $B --out "$OUT/wide/bench_t0_old"
   $NEW $B --out "$OUT/wide/bench_t0_wide"
 fi
+# T = 1 with this tree's build (after the two-row change): bench_t1/.
+$NEW bench --threads 2 --datasets gsm8k,mt_bench,humaneval,math500 --num-prompts 10 \
+  --max-new-tokens 128 --methods pld,dart-sample,auto --temperature 1 --seed 0 --out "$OUT/bench_t1"
