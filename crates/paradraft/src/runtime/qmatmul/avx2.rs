@@ -75,7 +75,7 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
 const MADDUBS_TILE: usize = 4;
 
 /// Up to this many activation rows, a tile takes both halves of a group (as decode does): two
-/// rows ran 12–18 % faster so on a Zen 3 (Q4_1 and Q8_0, weights in L2 and beyond;
+/// rows ran 12–18 % faster that way on a Zen 3 (Q4_1 and Q8_0, weights in L2 and beyond;
 /// `tile_shapes`, interleaved), three rows no faster.
 const WIDE_ROWS: usize = 2;
 
