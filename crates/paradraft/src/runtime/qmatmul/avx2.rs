@@ -269,9 +269,9 @@ unsafe fn groups<D: Dot, const TILE: usize, const WIDE: usize>(
         // Decode (one row) and up to WIDE rows: both halves at once, independent chains.
         if a.n <= WIDE.max(1) {
             match a.n {
-                1 => group_tile::<D, 1>(p, a, g, out, ld),
-                2 => group_tile::<D, 2>(p, a, g, out, ld),
-                _ => group_tile::<D, 3>(p, a, g, out, ld),
+                1 => tile::<D, 2, 1>(p, a, g, 0, 0, out, ld),
+                2 => tile::<D, 2, 2>(p, a, g, 0, 0, out, ld),
+                _ => tile::<D, 2, 3>(p, a, g, 0, 0, out, ld),
             }
             continue;
         }
@@ -289,12 +289,12 @@ unsafe fn groups<D: Dot, const TILE: usize, const WIDE: usize>(
                     .find(|&t| t <= TILE && t <= left)
                     .unwrap_or(left);
                 match tn {
-                    1 => half_tile::<D, 1>(p, a, g, h, t0, out, ld),
-                    2 => half_tile::<D, 2>(p, a, g, h, t0, out, ld),
-                    3 => half_tile::<D, 3>(p, a, g, h, t0, out, ld),
-                    4 => half_tile::<D, 4>(p, a, g, h, t0, out, ld),
-                    8 => half_tile::<D, 8>(p, a, g, h, t0, out, ld),
-                    _ => half_tile::<D, 16>(p, a, g, h, t0, out, ld),
+                    1 => tile::<D, 1, 1>(p, a, g, h, t0, out, ld),
+                    2 => tile::<D, 1, 2>(p, a, g, h, t0, out, ld),
+                    3 => tile::<D, 1, 3>(p, a, g, h, t0, out, ld),
+                    4 => tile::<D, 1, 4>(p, a, g, h, t0, out, ld),
+                    8 => tile::<D, 1, 8>(p, a, g, h, t0, out, ld),
+                    _ => tile::<D, 1, 16>(p, a, g, h, t0, out, ld),
                 }
                 t0 += tn;
             }
@@ -302,47 +302,27 @@ unsafe fn groups<D: Dot, const TILE: usize, const WIDE: usize>(
     }
 }
 
-/// Both halves of group `g` for activation rows `0..N`.
+/// `H` halves (from half `h0`) of group `g` for activation rows `t0..t0 + N`.
 #[inline(always)]
-unsafe fn group_tile<D: Dot, const N: usize>(
+unsafe fn tile<D: Dot, const H: usize, const N: usize>(
     p: &Packed,
     a: &QActs,
     g: usize,
-    out: *mut f32,
-    ld: usize,
-) {
-    let mut acc = [[_mm256_setzero_ps(); N]; 2];
-    if p.ty == GgmlType::Q8_0 {
-        q8_tile::<D, 2, N>(p, a, g, 0, 0, &mut acc);
-    } else {
-        q4_tile::<D, 2, N>(p, a, g, 0, 0, &mut acc);
-    }
-    for (h, rows) in acc.iter().enumerate() {
-        for (t, v) in rows.iter().enumerate() {
-            store(p, g * GROUP + 8 * h, *v, out.add(t * ld));
-        }
-    }
-}
-
-/// Half `h` of group `g` for activation rows `t0..t0 + N`.
-#[inline(always)]
-unsafe fn half_tile<D: Dot, const N: usize>(
-    p: &Packed,
-    a: &QActs,
-    g: usize,
-    h: usize,
+    h0: usize,
     t0: usize,
     out: *mut f32,
     ld: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); N]; 1];
+    let mut acc = [[_mm256_setzero_ps(); N]; H];
     if p.ty == GgmlType::Q8_0 {
-        q8_tile::<D, 1, N>(p, a, g, h, t0, &mut acc);
+        q8_tile::<D, H, N>(p, a, g, h0, t0, &mut acc);
     } else {
-        q4_tile::<D, 1, N>(p, a, g, h, t0, &mut acc);
+        q4_tile::<D, H, N>(p, a, g, h0, t0, &mut acc);
     }
-    for (t, v) in acc[0].iter().enumerate() {
-        store(p, g * GROUP + 8 * h, *v, out.add((t0 + t) * ld));
+    for (h, rows) in acc.iter().enumerate() {
+        for (t, v) in rows.iter().enumerate() {
+            store(p, g * GROUP + 8 * (h0 + h), *v, out.add((t0 + t) * ld));
+        }
     }
 }
 
