@@ -44,3 +44,7 @@ fi
 # T = 1 with this tree's build (after the two-row change): bench_t1/.
 $NEW bench --threads 2 --datasets gsm8k,mt_bench,humaneval,math500 --num-prompts 10 \
   --max-new-tokens 128 --methods pld,dart-sample,auto --temperature 1 --seed 0 --out "$OUT/bench_t1"
+# suite/: the test suite's per-binary times before (b1dc97c^) and after (a2764b9), from
+#   scripts/campaign.sh pause; time cargo test --release --locked --workspace; scripts/campaign.sh resume
+# review/: decode A/B of the review commits (dec_wide/dec_final: 7d7aac1 vs 1f1ff20; rev_before/
+# rev_after: 1f1ff20 vs a71fa08), each `bench-kernels --threads 2 --repeats 3 --json`, interleaved.

@@ -68,7 +68,7 @@ pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
 
 /// Most activation rows per tile (with one half of a group) for AVX2. On a Zen 3 (AVX2 only,
 /// one core, weights in L2; `tile_shapes`, interleaved) 16-row tiles ran Q4_1 at 16 rows
-/// 5–10 % faster than 4-row ones and Q8_0 0–4 % slower, 8-row tiles in between; but whole
+/// 5–10 % faster than 4-row ones and Q8_0 3–5 % slower, 8-row tiles no faster; but whole
 /// forwards (`bench-kernels`, Q4_1 layers in 16-row tiles, two interleaved rounds) showed no
 /// difference within that VM's noise, so tiles stay at 4 rows. (On a Zen 4 forced to AVX2, 6
 /// rows had measured no faster than 4.)
