@@ -119,6 +119,10 @@ impl Noise {
     pub const TOKEN: u32 = 0;
     /// The stream of rejection-rule bonus draws; streams 1.. are acceptance tests by child.
     pub const RESIDUAL: u32 = u32::MAX;
+    /// The rejection rules' draws from p where nothing was drafted. Never [`Noise::TOKEN`]:
+    /// drafters may read that stream (Gumbel coupling), so what they drafted — and whether
+    /// they drafted at all — can depend on it.
+    pub const FREE: u32 = u32::MAX - 1;
 
     pub fn new(seed: u64) -> Noise {
         Noise { seed }
@@ -252,7 +256,7 @@ impl Sampler {
         } else {
             p.top_k.min(logits.len())
         };
-        let mut cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 {
+        let cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 {
             ops::top_k(logits, k)
         } else {
             logits
@@ -261,6 +265,12 @@ impl Sampler {
                 .map(|(i, &l)| (TokenId(i as u32), l))
                 .collect()
         };
+        self.normalise(cand)
+    }
+
+    /// Temperature, then top-p over `cand` (logits; sorted best first whenever top-p < 1).
+    fn normalise(&self, mut cand: Vec<(TokenId, f32)>) -> Dist {
+        let p = &self.params;
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let inv_t = 1.0 / p.temperature;
         let mut sum = 0f64;
@@ -291,15 +301,48 @@ impl Sampler {
         Dist { entries: cand }
     }
 
+    /// A drafter's candidates for absolute position `pos` as the coupled rule sees them
+    /// ([`crate::speculative::VerifyRule::Coupled`]): `cand` holds target ids with the
+    /// drafter's logits, best first; under this sampler's transform (temperature → top-k →
+    /// top-p, within the candidates) each is scored ln q(x) + G(x) with the target's own
+    /// Gumbel noise at `pos`, and they come back best score first. The best is the drafter's
+    /// Gumbel-coupled pick ([`Sampler::pick_at`] over the candidates): the target's own sample
+    /// if its distribution were q. Softmax of the scores is each candidate's chance of being
+    /// that sample when the target's log-probabilities differ from the drafter's by Gumbel
+    /// error. At temperature 0 the candidates come back as they are.
+    pub fn coupled(&self, mut cand: Vec<(TokenId, f32)>, pos: usize) -> Vec<(TokenId, f32)> {
+        let p = &self.params;
+        if p.is_greedy() || cand.is_empty() {
+            return cand;
+        }
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let key = self.noise.key(pos, Noise::TOKEN);
+        let mut out: Vec<(TokenId, f32)> = self
+            .normalise(cand)
+            .entries
+            .into_iter()
+            .filter(|e| e.1 > 0.0)
+            .map(|(t, q)| (t, ops::fast_ln(q) + key.gumbel(t.0)))
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        out
+    }
+
     /// The token at absolute position `pos` given the logits that predict it: argmax at
     /// temperature 0, else Gumbel-max with the position's [`Noise::TOKEN`] noise — a draw from
     /// [`Sampler::dist`] that is fixed before the logits are known.
     pub fn sample_at(&self, logits: &[f32], pos: usize) -> TokenId {
+        self.sample_keyed(logits, self.noise.key(pos, Noise::TOKEN))
+    }
+
+    /// [`Sampler::sample_at`] with the noise of `key` (a rejection rule's own draws).
+    pub fn sample_keyed(&self, logits: &[f32], key: NoiseKey) -> TokenId {
         let p = self.params;
         if p.is_greedy() {
             return ops::argmax(logits);
         }
-        let key = self.noise.key(pos, Noise::TOKEN);
         if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 {
             // Full vocabulary: log p = logits / T − const, so the distribution need not be built.
             return gumbel_argmax(logits, 1.0 / p.temperature, key);
@@ -373,6 +416,32 @@ mod tests {
     fn softmax(l: &[f32], t: f32) -> Vec<f32> {
         let z: f32 = l.iter().map(|x| (x / t).exp()).sum();
         l.iter().map(|x| (x / t).exp() / z).collect()
+    }
+
+    /// With the target's own logits as the drafter's, the best coupled candidate is the
+    /// target's sample at every position (temperature 0.7, with and without top-k); scores
+    /// come best first.
+    #[test]
+    fn coupled_candidates_lead_with_the_targets_sample() {
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 7) % 11) as f32 * 0.4).collect();
+        let cand = ops::top_k(&logits, logits.len());
+        for top_k in [0, 5] {
+            let s = Sampler::new(SamplingParams {
+                temperature: 0.7,
+                top_k,
+                seed: 3,
+                ..Default::default()
+            })
+            .unwrap();
+            for pos in 0..2_000 {
+                let c = s.coupled(cand.clone(), pos);
+                assert_eq!(c[0].0, s.sample_at(&logits, pos), "top-k {top_k} pos {pos}");
+                assert!(c.windows(2).all(|w| w[0].1 >= w[1].1));
+                assert_eq!(c.len(), if top_k > 0 { top_k } else { logits.len() });
+            }
+        }
+        let greedy = Sampler::new(SamplingParams::default()).unwrap();
+        assert_eq!(greedy.coupled(cand.clone(), 9), cand);
     }
 
     #[test]

@@ -216,7 +216,9 @@ pub enum Selection {
     /// A chain of samples, each slot drawn from its own distribution with the target's keyed
     /// noise; the distribution is attached as q (at temperature 0: the argmax chain).
     Sample,
-    /// A tree searched with DART's continuity-aware pruning (deterministic, one-hot q).
+    /// A tree searched with DART's continuity-aware pruning (one-hot q). When the request
+    /// samples, each depth ranks its tokens by the drafter's log-probability plus the target's
+    /// own Gumbel noise at that position (coupled drafting, [`crate::sample::Sampler::coupled`]).
     Tree(crate::speculative::tree_search::TreeDrafting),
     /// A chain chosen by DiffuSpec's causal-consistency path search.
     Cps(CpsDrafting),
@@ -333,9 +335,12 @@ impl BlockDrafting {
         self.conf.clear();
         let mut tree = crate::speculative::DraftTree::new();
         let mut parent = None;
+        let sampler = &self.sampler;
         let sample = match &mut self.selection {
             Selection::Tree(td) => {
-                let searched = td.draft(logits, v, |i| head.target_id(i), committed, max_nodes)?;
+                let coupled = Some((sampler, first));
+                let to_target = |i| head.target_id(i);
+                let searched = td.draft(logits, v, to_target, committed, max_nodes, coupled)?;
                 self.conf = searched.path_prob;
                 return Ok(searched.tree);
             }

@@ -70,7 +70,7 @@ pub fn trie(
         let t0 = Instant::now();
         for r in 0..rounds {
             let end = 3 + r % (toks.len() - 3);
-            td.draft(&logits, v, |i| TokenId(i as u32), &toks[..end], 60)?;
+            td.draft(&logits, v, |i| TokenId(i as u32), &toks[..end], 60, None)?;
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3 / rounds as f64;
         let t0 = Instant::now();

@@ -13,6 +13,7 @@
 use super::tree::{DraftTree, NodeId};
 use crate::error::{Error, Result};
 use crate::ngram::NgramTrie;
+use crate::sample::Sampler;
 use crate::types::TokenId;
 
 /// The search's weights (defaults: DART's `tree_search_config`).
@@ -76,6 +77,40 @@ impl Level {
         probs.iter_mut().for_each(|p| *p /= z);
         Level {
             tokens: idx.iter().map(|&i| to_target(i as usize)).collect(),
+            probs,
+        }
+    }
+}
+
+/// Candidates a coupled level draws from the drafter's row before scoring them with the
+/// target's noise (the best by the drafter's logit).
+const COUPLED_POOL: usize = 64;
+
+impl Level {
+    /// The level for absolute position `pos` of a request that samples under the coupled rule:
+    /// the row's best [`COUPLED_POOL`] tokens scored by [`Sampler::coupled`] (the drafter's
+    /// log-probability plus the target's own Gumbel noise at `pos`), the best `k` kept and
+    /// softmax-renormalised among themselves. Its first token is the drafter's coupled pick;
+    /// its probabilities estimate which token the target will sample there.
+    pub fn coupled(
+        row: &[f32],
+        k: usize,
+        to_target: impl Fn(usize) -> TokenId,
+        sampler: &Sampler,
+        pos: usize,
+    ) -> Level {
+        let cand = crate::runtime::ops::top_k(row, COUPLED_POOL.max(k))
+            .into_iter()
+            .map(|(i, l)| (to_target(i.idx()), l))
+            .collect();
+        let mut scored = sampler.coupled(cand, pos);
+        scored.truncate(k);
+        let max = scored.first().map_or(0.0, |e| e.1);
+        let mut probs: Vec<f32> = scored.iter().map(|e| (e.1 - max).exp()).collect();
+        let z: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= z);
+        Level {
+            tokens: scored.into_iter().map(|e| e.0).collect(),
             probs,
         }
     }
@@ -279,7 +314,10 @@ impl TreeDrafting {
     }
 
     /// `logits`: one row of `vocab` per depth (depth 1 first), over a vocabulary that
-    /// `to_target` maps to target ids. `committed` ends with the root.
+    /// `to_target` maps to target ids. `committed` ends with the root. `coupled`: the
+    /// request's sampler and the absolute position of depth 1 when the request samples, so
+    /// that each depth ranks its tokens by what the target will sample there
+    /// ([`Level::coupled`]); `None` (or temperature 0): by the drafter's probabilities.
     pub fn draft(
         &mut self,
         logits: &[f32],
@@ -287,17 +325,18 @@ impl TreeDrafting {
         to_target: impl Fn(usize) -> TokenId,
         committed: &[TokenId],
         budget: usize,
+        coupled: Option<(&Sampler, usize)>,
     ) -> Result<SearchedTree> {
         let depths = logits.len() / vocab.max(1);
+        let coupled = coupled.filter(|(s, _)| !s.params.is_greedy());
         self.levels.clear();
         for d in 0..depths.min(budget) {
             let row = &logits[d * vocab..(d + 1) * vocab];
-            self.levels.push(Level::from_logits_in(
-                row,
-                self.params.top_k,
-                &to_target,
-                &mut self.idx,
-            ));
+            let k = self.params.top_k;
+            self.levels.push(match coupled {
+                Some((s, first)) => Level::coupled(row, k, &to_target, s, first + d),
+                None => Level::from_logits_in(row, k, &to_target, &mut self.idx),
+            });
         }
         let stop = &self.stop;
         self.search.search(
@@ -337,6 +376,55 @@ mod tests {
         for (a, b) in l.probs.iter().zip(e) {
             assert!((a - b / z).abs() < 1e-6);
         }
+    }
+
+    /// A coupled level leads with the drafter's Gumbel-coupled pick (the target's own sample
+    /// when the drafter's logits are the target's), its probabilities renormalised; at
+    /// temperature 0 the search falls back to the drafter's probabilities.
+    #[test]
+    fn coupled_levels_lead_with_the_targets_sample() {
+        // A row no longer than the pool: every token is a candidate.
+        let row: Vec<f32> = (0..60).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        let to_target = |i: usize| TokenId(1000 + i as u32);
+        let target: Vec<f32> = (0..1060)
+            .map(|t| if t >= 1000 { row[t - 1000] } else { -1e9 })
+            .collect();
+        let s = Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            seed: 5,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut firsts = std::collections::HashSet::new();
+        for pos in 0..300 {
+            let l = Level::coupled(&row, 25, to_target, &s, pos);
+            assert_eq!(l.tokens.len(), 25);
+            assert_eq!(l.tokens[0], s.sample_at(&target, pos), "pos {pos}");
+            assert!((l.probs.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            assert!(l.probs.windows(2).all(|w| w[0] >= w[1]));
+            firsts.insert(l.tokens[0]);
+        }
+        assert!(
+            firsts.len() > 10,
+            "the pick follows the noise: {}",
+            firsts.len()
+        );
+        // In a search: the tree's first node is depth 1's coupled pick.
+        let mut td = TreeDrafting::new(TreeSearchParams::default(), None, vec![]);
+        let rows: Vec<f32> = row.iter().chain(&row).copied().collect();
+        for pos in 0..50 {
+            let t = td
+                .draft(&rows, 60, to_target, &ids(&[1]), 4, Some((&s, pos)))
+                .unwrap();
+            assert_eq!(t.tree.token(NodeId(0)), s.sample_at(&target, pos));
+        }
+        let greedy = Sampler::new(Default::default()).unwrap();
+        let a = td.draft(&rows, 60, to_target, &ids(&[1]), 4, Some((&greedy, 7)));
+        let b = td.draft(&rows, 60, to_target, &ids(&[1]), 4, None);
+        assert_eq!(
+            a.unwrap().tree.token(NodeId(0)),
+            b.unwrap().tree.token(NodeId(0))
+        );
     }
 
     /// The one-pass top-k equals a full sort (higher logit first, ties to the lower id), on

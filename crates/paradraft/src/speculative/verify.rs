@@ -27,8 +27,14 @@
 //!     (Leviathan et al.): P(out = y) = q(y)·min(1, p/q) + (1 − Σ min(p, q))·
 //!     max(p − q, 0)(y)/Σ max(p − q, 0) = min(p, q)(y) + max(p − q, 0)(y) = p(y).
 //!
-//!   Acceptance of a known-q draft is Σ min(p, q), at least the coupling's; the output equals
-//!   AR's only where nothing was rejected.
+//!   Acceptance of a known-q draft is Σ min(p, q), at least the coupling's.
+//!
+//!   These rules draw only from noise streams no drafter reads (the acceptance tests, the
+//!   residual, [`Noise::FREE`] where a node has no children); drafters may read the token
+//!   stream, so that coupled drafting can pick what the target will sample. A draft may then
+//!   depend on the target's token noise at any position — which tokens, how many, whether any
+//!   — and the rules above still hold: every draw they make is independent of the draft. The
+//!   output is a draw from AR's distribution, not AR's own tokens for the seed.
 //!
 //! Every rule draws from the same [`Sampler`] distribution (temperature → top-k → top-p) that AR
 //! decoding uses, so "the target's distribution" means the same thing in both.
@@ -196,8 +202,10 @@ pub fn verify_rejection<'a>(
         let uniform = |stream: u32| sampler.noise.key(pos, stream).uniform();
         let children: Vec<NodeId> = tree.children(cur).collect();
         if children.is_empty() {
-            // Nothing to verify below this node: an ordinary draw from p.
-            let bonus = sampler.sample_at(logits(row_of(cur)), pos);
+            // Nothing to verify below this node: an ordinary draw from p, with noise no
+            // drafter read (whether this node has children may depend on the token stream).
+            let bonus =
+                sampler.sample_keyed(logits(row_of(cur)), sampler.noise.key(pos, Noise::FREE));
             return finish(tree, accepted, bonus);
         }
         let p = sampler.dist(logits(row_of(cur)));
@@ -358,6 +366,22 @@ mod tests {
             let mut t = DraftTree::new();
             t.push(None, s.pick_at(&q, pos + 1), Some(q.clone()))
                 .unwrap();
+            t
+        });
+    }
+
+    /// Drafts that read the target's token noise — which token, and whether there is a draft
+    /// at all — leave both rules exact: the rejection rules draw from other streams. (Had the
+    /// rejection rule's draw below an undrafted node used the token stream, token 4 would come
+    /// out with probability p₄ + (1 − p₄)·p₄ here.)
+    #[test]
+    fn drafts_that_read_the_token_noise_keep_p() {
+        assert_first_token_follows_p(17, |s, pos| {
+            let mut t = DraftTree::new();
+            let sampled = s.sample_at(&LOGITS, pos + 1);
+            if sampled != TokenId(4) {
+                t.push(None, sampled, None).unwrap();
+            }
             t
         });
     }

@@ -3,9 +3,16 @@
 //! source's match class, depth and score bucket), and the nodes put in order of their path's
 //! estimated acceptance, so that any prefix is a tree and the sizer can cut it where nodes
 //! stop paying on this machine.
+//!
+//! A request that samples is verified by the coupled rule: a node is accepted when its token is
+//! the target's Gumbel-max sample at its position, argmax over x of ln p(x) + G(x), and the
+//! noise G is known before drafting. A token whose noise is high wins far more often than one
+//! whose noise is low (with p(x) = 0.3: about 10 % at G(x) = 0, 73 % at G(x) = 2), so such
+//! requests' nodes are also priced by their token's noise.
 
 use crate::error::Result;
 use crate::ngram::suffix::ContNode;
+use crate::sample::{Noise, Sampler};
 use crate::speculative::{DraftTree, NodeId, Outcome};
 use std::collections::HashMap;
 
@@ -28,30 +35,55 @@ pub struct Proposal {
 }
 
 /// What a node's acceptance is calibrated by: its source, the source's class, its depth and
-/// score bucket, and whether the request samples (T > 0 accepts far less of the same draft).
+/// score bucket, and for a request that samples its token's noise (T > 0 accepts far less of
+/// the same draft, and the noise decides much of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
     source: u8,
     class: u8,
     depth: u8,
     bucket: u8,
-    sampled: bool,
+    /// 0: a greedy request; 1–4: a sampling request's node, by its token's Gumbel noise
+    /// (below 0, 0–1, 1–2, above 2: about 37, 32, 18 and 13 % of draws).
+    noise: u8,
 }
 
 impl Key {
-    fn new(source: u8, class: u8, depth: usize, score: f32, sampled: bool) -> Key {
+    fn new(source: u8, class: u8, depth: usize, score: f32, noise: Option<f32>) -> Key {
         let bucket = match score {
             s if s < 0.25 => 0,
             s if s < 0.5 => 1,
             s if s < 0.8 => 2,
             _ => 3,
         };
+        let noise = match noise {
+            None => 0,
+            Some(g) if g < 0.0 => 1,
+            Some(g) if g < 1.0 => 2,
+            Some(g) if g < 2.0 => 3,
+            Some(_) => 4,
+        };
         Key {
             source,
             class,
             depth: (depth.min(DEPTHS as usize)) as u8,
             bucket,
-            sampled,
+            noise,
+        }
+    }
+}
+
+/// The prior of a node scored `score` (in [0, 1]): 0.8 · score; for a sampling request's node
+/// whose token has noise `g`, the chance that a token of that probability with that noise is
+/// the target's Gumbel-max sample, exp(−(1 − s)/s · e^(−g)) (the rest of the vocabulary's
+/// best ln p + G is Gumbel with location ln(1 − s)).
+fn prior(score: f32, noise: Option<f32>) -> f32 {
+    let s = 0.8 * score.clamp(0.0, 1.0);
+    match noise {
+        None => s,
+        Some(g) => {
+            let s = s.clamp(1e-3, 0.999);
+            (-(1.0 - s) / s * (-g).exp()).exp()
         }
     }
 }
@@ -64,12 +96,11 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// P(accepted | parent accepted) for a node of `key` scored `score`: the observed rate,
-    /// starting from a prior of 0.8 · score.
-    pub fn estimate(&self, key: Key, score: f32) -> f32 {
+    /// P(accepted | parent accepted) for a node of `key`: the observed rate, starting from
+    /// `prior` ([`prior`]).
+    pub fn estimate(&self, key: Key, prior: f32) -> f32 {
         let (tried, accepted) = self.table.get(&key).copied().unwrap_or_default();
-        let prior = 0.8 * score.clamp(0.0, 1.0) as f64;
-        ((accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)) as f32
+        ((accepted + prior as f64 * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)) as f32
     }
 
     fn record(&mut self, key: Key, accepted: bool) {
@@ -105,15 +136,18 @@ struct Cand {
 /// Nodes whose path's estimated acceptance is below this are not kept.
 const MIN_CONF: f32 = 0.02;
 
-/// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib` for a
-/// request that samples or not (`sampled`): a node proposed by several sources takes the best
-/// of their estimates; its path's estimate is the product down from the root.
+/// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib`: a node
+/// proposed by several sources takes the best of their estimates; its path's estimate is the
+/// product down from the root. `coupled`: for a request that samples, its sampler and the
+/// root's absolute position (a node at depth d stands at root + d), so that nodes are priced
+/// by their token's noise too; `None` for a greedy request.
 pub fn merge(
     proposals: &[Proposal],
     calib: &Calibration,
     max_nodes: usize,
-    sampled: bool,
+    coupled: Option<(&Sampler, usize)>,
 ) -> Result<Merged> {
+    let coupled = coupled.filter(|(s, _)| !s.params.is_greedy());
     let mut cands: Vec<Cand> = Vec::new();
     for p in proposals {
         let mut at: Vec<usize> = Vec::with_capacity(p.nodes.len());
@@ -124,8 +158,10 @@ pub fn merge(
                 None => None,
             };
             let depth = parent.map_or(1, |q| cands[q].depth + 1);
-            let key = Key::new(p.source, p.class, depth, n.share, sampled);
-            let est = calib.estimate(key, n.share);
+            let noise =
+                coupled.map(|(s, root)| s.noise.key(root + depth, Noise::TOKEN).gumbel(n.token.0));
+            let key = Key::new(p.source, p.class, depth, n.share, noise);
+            let est = calib.estimate(key, prior(n.share, noise));
             let i = match cands
                 .iter()
                 .position(|c| c.parent == parent && c.token == n.token)
@@ -245,7 +281,7 @@ mod tests {
             nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
         };
         let mut calib = Calibration::default();
-        let m = merge(&[a.clone(), b.clone()], &calib, 16, false).unwrap();
+        let m = merge(&[a.clone(), b.clone()], &calib, 16, None).unwrap();
         assert_eq!(m.tree.len(), 4, "token 1 is shared");
         assert_eq!(m.sources[0], 0b11);
         assert_eq!(m.tree.token(NodeId(0)), TokenId(1));
@@ -268,7 +304,7 @@ mod tests {
             };
             m.learn(&out, &mut calib);
         }
-        let m2 = merge(&[a.clone(), b.clone()], &calib, 16, false).unwrap();
+        let m2 = merge(&[a.clone(), b.clone()], &calib, 16, None).unwrap();
         assert_eq!(m2.tree.token(NodeId(1)), TokenId(5), "{:?}", m2.conf);
         assert!(m2.conf[1] > 0.9);
         // The never-accepted child of an accepted parent falls near zero; its child, never
@@ -283,11 +319,16 @@ mod tests {
             m2.conf
         );
         // A sampling request learns on its own: what greedy requests saw does not price its nodes.
-        let hot = merge(&[a, b], &calib, 16, true).unwrap();
-        let fresh = merge(&hot_fresh(), &Calibration::default(), 16, true).unwrap();
+        let t1 = Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        })
+        .unwrap();
+        let hot = merge(&[a, b], &calib, 16, Some((&t1, 40))).unwrap();
+        let fresh = merge(&hot_fresh(), &Calibration::default(), 16, Some((&t1, 40))).unwrap();
         assert_eq!(hot.conf[0], fresh.conf[0]);
         // Capped at max_nodes.
-        assert_eq!(merge(&[], &calib, 4, false).unwrap().tree.len(), 0);
+        assert_eq!(merge(&[], &calib, 4, None).unwrap().tree.len(), 0);
     }
 
     fn hot_fresh() -> Vec<Proposal> {
@@ -309,6 +350,38 @@ mod tests {
         ]
     }
 
+    /// A sampling request's siblings of equal score are ordered by their tokens' noise at
+    /// their position: the one more likely to be the target's sample comes first.
+    #[test]
+    fn a_sampling_request_prices_nodes_by_their_noise() {
+        let t1 = Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            seed: 4,
+            ..Default::default()
+        })
+        .unwrap();
+        let p = Proposal {
+            source: 0,
+            class: 0,
+            nodes: vec![node(None, 1, 0.5), node(None, 2, 0.5)],
+        };
+        let calib = Calibration::default();
+        let mut firsts = [0; 3];
+        for root in 0..200 {
+            let m = merge(std::slice::from_ref(&p), &calib, 8, Some((&t1, root))).unwrap();
+            let key = t1.noise.key(root + 1, Noise::TOKEN);
+            let best = if key.gumbel(1) > key.gumbel(2) { 1 } else { 2 };
+            assert_eq!(m.tree.token(NodeId(0)), TokenId(best), "root {root}");
+            // (A token whose noise leaves it almost no chance is not kept at all.)
+            assert!(m.conf.len() == 1 || m.conf[0] > m.conf[1]);
+            firsts[best as usize] += 1;
+        }
+        assert!(firsts[1] > 50 && firsts[2] > 50, "{firsts:?}");
+        // A greedy request prices them alike.
+        let m = merge(&[p], &calib, 8, None).unwrap();
+        assert_eq!(m.conf[0], m.conf[1]);
+    }
+
     /// A verified node whose parent was rejected teaches nothing.
     #[test]
     fn only_nodes_whose_parent_was_accepted_are_counted() {
@@ -318,7 +391,7 @@ mod tests {
             nodes: vec![node(None, 1, 0.9), node(Some(0), 2, 0.9)],
         };
         let mut calib = Calibration::default();
-        let m = merge(&[a], &calib, 8, false).unwrap();
+        let m = merge(&[a], &calib, 8, None).unwrap();
         let out = Outcome {
             accepted: vec![],
             tokens: vec![],

@@ -2,7 +2,8 @@
 //! suffix cache over earlier requests' text (shared by a server's requests), the n-gram trie,
 //! and a model drafter — merged into one tree whose nodes are priced by the acceptance observed
 //! for their source, depth and score ([`merge`]); the sizer then cuts the tree where nodes stop
-//! paying on this machine. Every node is a deterministic draft (one-hot q), so the core's
+//! paying on this machine. Every node is a deterministic draft (one-hot q: a function of the
+//! text and, when the request samples, of the target's keyed noise), so the core's
 //! verification keeps decoding lossless at any temperature.
 
 mod gate;
@@ -13,7 +14,7 @@ use super::registry::{DrafterConfig, LoadArgs, LoadedMethod, MethodEntry, Mode, 
 use crate::error::{Error, Result};
 use crate::ngram::suffix::{ContNode, Continuations, SuffixIndex};
 use crate::ngram::NgramTrie;
-use crate::sample::SamplingParams;
+use crate::sample::{Sampler, SamplingParams};
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 use gate::ModelGate;
@@ -125,8 +126,9 @@ pub struct Auto<'t> {
     model_bit: Option<u32>,
     /// Nodes verified last round.
     verified_last: usize,
-    /// The request samples (T > 0): its nodes are priced by what sampling requests accepted.
-    sampled: bool,
+    /// The request's sampler when it samples (T > 0): its nodes are priced by what sampling
+    /// requests accepted and by their tokens' noise.
+    sampler: Option<Sampler>,
     /// The last proposal's root (the committed text's last token).
     root: Option<TokenId>,
 }
@@ -157,7 +159,9 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
             gate: ModelGate::default(),
             model_bit: None,
             verified_last: 0,
-            sampled: !sampling.is_greedy(),
+            sampler: (!sampling.is_greedy())
+                .then(|| Sampler::new(sampling))
+                .transpose()?,
             root: None,
         }))
     }
@@ -374,7 +378,10 @@ impl Drafter for Auto<'_> {
         let t = std::time::Instant::now();
         let mut props = self.proposals(committed, max_nodes)?;
         let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-        self.last = merge(&props, &calib, max_nodes, self.sampled)?;
+        // The root stands at the committed text's last position.
+        let sampler = self.sampler;
+        let coupled = sampler.as_ref().map(|s| (s, committed.len() - 1));
+        self.last = merge(&props, &calib, max_nodes, coupled)?;
         drop(calib);
         let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
         if self.model.is_some() && self.gate.run(expected) {
@@ -382,7 +389,7 @@ impl Drafter for Auto<'_> {
                 Ok(p) => {
                     props.push(p);
                     let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-                    self.last = merge(&props, &calib, max_nodes, self.sampled)?;
+                    self.last = merge(&props, &calib, max_nodes, coupled)?;
                 }
                 // A source that fails is left out for the rest of the request; the
                 // request goes on with the others.

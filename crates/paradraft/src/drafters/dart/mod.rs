@@ -11,8 +11,10 @@
 //!   the n-gram trie of `crate::ngram` (spec §2.6).
 //! - §3.4 training (spec §2.7) → `crate::train::dart`.
 //!
-//! Verification is the core's: the greedy tree rule, and at T > 0 recursive rejection over
-//! siblings with one-hot q (the drafts are deterministic functions of the context).
+//! Verification is the core's: the greedy tree rule, and at T > 0 the coupled rule (or
+//! recursive rejection over siblings with one-hot q). At T > 0 the search ranks each depth's
+//! tokens by what the target will sample there: the drafter's log-probability plus the
+//! target's own keyed Gumbel noise at that position (coupled drafting).
 
 pub mod config;
 pub mod model;
