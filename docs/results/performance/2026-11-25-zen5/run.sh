@@ -21,6 +21,6 @@ for r in 1 2; do
 done
 # Speculative decoding at T = 0 beside them (bench_t0/), and the training throughput
 # (train campaign --bench 12 --dir /tmp/camp, twice; printed, noted in docs/performance.md).
-$BIN bench --threads 2 --datasets gsm8k,mt_bench,humaneval,math500 --num-prompts 10 \
-  --max-new-tokens 128 --methods pld,dart,auto --temperature 0 --seed 0 --out "$OUT/bench_t0"
+for r in "" _r2 _r3; do $BIN bench --threads 2 --datasets gsm8k,mt_bench,humaneval,math500 --num-prompts 10 \
+  --max-new-tokens 128 --methods pld,dart,auto --temperature 0 --seed 0 --out "$OUT/bench_t0$r"; done
 for r in 1 2; do $BIN train campaign --bench 12 --dir /tmp/camp 2>&1 | tail -n 1; done
