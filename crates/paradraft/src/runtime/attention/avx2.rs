@@ -44,25 +44,37 @@ unsafe fn scores<const H: usize, E: AttnElem>(
     }
 }
 
-/// `R` vectors of 8 dimensions of one head's output, accumulated over the slots.
+/// `R` vectors of 8 dimensions of the outputs of `H` heads (head h's probabilities at
+/// `p + h·len`, its output at `out + h·pw`), accumulated over the slots in slot order; each V
+/// vector is loaded once for the heads, and a head's chain of FMAs is the same whatever `H`.
 #[inline(always)]
-unsafe fn vsum<const R: usize, E: AttnElem>(
+unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
     p: *const f32,
     slots: &[u32],
     v: *const E,
     hd: usize,
     out: *mut f32,
+    pw: usize,
 ) {
-    let mut acc = [_mm256_setzero_ps(); R];
+    let len = slots.len();
+    let mut acc = [[_mm256_setzero_ps(); R]; H];
     for (i, &slot) in slots.iter().enumerate() {
-        let w = _mm256_set1_ps(*p.add(i));
         let vr = v.add(slot as usize * hd);
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_fmadd_ps(w, E::load8(vr.add(8 * r)), *a);
+        let mut vv = [_mm256_setzero_ps(); R];
+        for (r, x) in vv.iter_mut().enumerate() {
+            *x = E::load8(vr.add(8 * r));
+        }
+        for (h, ah) in acc.iter_mut().enumerate() {
+            let w = _mm256_set1_ps(*p.add(h * len + i));
+            for (a, x) in ah.iter_mut().zip(&vv) {
+                *a = _mm256_fmadd_ps(w, *x, *a);
+            }
         }
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm256_storeu_ps(out.add(8 * r), *a);
+    for (h, ah) in acc.iter().enumerate() {
+        for (r, a) in ah.iter().enumerate() {
+            _mm256_storeu_ps(out.add(h * pw + 8 * r), *a);
+        }
     }
 }
 
@@ -85,23 +97,36 @@ impl Inner for K {
         }
     }
 
+    /// Heads in pairs (8 accumulators and 4 V registers of 16).
     #[inline(always)]
     unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
         let len = slots.len();
-        for j in 0..p.len() / len.max(1) {
+        let group = p.len() / len.max(1);
+        let mut j = 0;
+        while j < group {
+            let two = group - j >= 2;
             let pj = p.as_ptr().add(j * len);
             let mut d = 0;
             while d < hd {
-                let o = r.out.add(j * r.pw + 2 + d);
-                let vd = v.as_ptr().add(d);
-                match (hd - d) / 8 {
-                    1 => vsum::<1, E>(pj, slots, vd, hd, o),
-                    2 => vsum::<2, E>(pj, slots, vd, hd, o),
-                    3 => vsum::<3, E>(pj, slots, vd, hd, o),
-                    _ => vsum::<4, E>(pj, slots, vd, hd, o),
+                let (o, vd) = (r.out.add(j * r.pw + 2 + d), v.as_ptr().add(d));
+                macro_rules! rs {
+                    ($h:literal) => {
+                        match (hd - d) / 8 {
+                            1 => vsum::<$h, 1, E>(pj, slots, vd, hd, o, r.pw),
+                            2 => vsum::<$h, 2, E>(pj, slots, vd, hd, o, r.pw),
+                            3 => vsum::<$h, 3, E>(pj, slots, vd, hd, o, r.pw),
+                            _ => vsum::<$h, 4, E>(pj, slots, vd, hd, o, r.pw),
+                        }
+                    };
+                }
+                if two {
+                    rs!(2)
+                } else {
+                    rs!(1)
                 }
                 d += 32;
             }
+            j += if two { 2 } else { 1 };
         }
     }
 }

@@ -30,25 +30,69 @@ unsafe fn scores<const H: usize, E: AttnElem>(
     }
 }
 
-/// `R` vectors of 16 dimensions of one head's output, accumulated over the slots.
+/// `R` vectors of 16 dimensions of the outputs of `H` heads (head h's probabilities at
+/// `p + h·len`, its output at `out + h·pw`), accumulated over the slots in slot order. Each V
+/// vector is loaded (and widened) once for all the heads; every accumulator's chain of FMAs is
+/// the same whatever `H`, so a head's output has the same bits alone or with others.
 #[inline(always)]
-unsafe fn vsum<const R: usize, E: AttnElem>(
+unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
     p: *const f32,
     slots: &[u32],
     v: *const E,
     hd: usize,
     out: *mut f32,
+    pw: usize,
 ) {
-    let mut acc = [_mm512_setzero_ps(); R];
+    let len = slots.len();
+    let mut acc = [[_mm512_setzero_ps(); R]; H];
     for (i, &slot) in slots.iter().enumerate() {
-        let w = _mm512_set1_ps(*p.add(i));
         let vr = v.add(slot as usize * hd);
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(w, E::load16(vr.add(16 * r)), *a);
+        let mut vv = [_mm512_setzero_ps(); R];
+        for (r, x) in vv.iter_mut().enumerate() {
+            *x = E::load16(vr.add(16 * r));
+        }
+        for (h, ah) in acc.iter_mut().enumerate() {
+            let w = _mm512_set1_ps(*p.add(h * len + i));
+            for (a, x) in ah.iter_mut().zip(&vv) {
+                *a = _mm512_fmadd_ps(w, *x, *a);
+            }
         }
     }
-    for (r, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(16 * r), *a);
+    for (h, ah) in acc.iter().enumerate() {
+        for (r, a) in ah.iter().enumerate() {
+            _mm512_storeu_ps(out.add(h * pw + 16 * r), *a);
+        }
+    }
+}
+
+/// [`vsum`] for `h` heads (1 to 4) and `r` vectors (1 to 4).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vsum_n<E: AttnElem>(
+    h: usize,
+    r: usize,
+    p: *const f32,
+    slots: &[u32],
+    v: *const E,
+    hd: usize,
+    out: *mut f32,
+    pw: usize,
+) {
+    macro_rules! rs {
+        ($h:literal) => {
+            match r {
+                1 => vsum::<$h, 1, E>(p, slots, v, hd, out, pw),
+                2 => vsum::<$h, 2, E>(p, slots, v, hd, out, pw),
+                3 => vsum::<$h, 3, E>(p, slots, v, hd, out, pw),
+                _ => vsum::<$h, 4, E>(p, slots, v, hd, out, pw),
+            }
+        };
+    }
+    match h {
+        1 => rs!(1),
+        2 => rs!(2),
+        3 => rs!(3),
+        _ => rs!(4),
     }
 }
 
@@ -74,20 +118,18 @@ impl Inner for K {
     #[inline(always)]
     unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
         let len = slots.len();
-        for j in 0..p.len() / len.max(1) {
+        let group = p.len() / len.max(1);
+        let mut j = 0;
+        while j < group {
+            let h = (group - j).min(4);
             let pj = p.as_ptr().add(j * len);
             let mut d = 0;
             while d < hd {
                 let o = r.out.add(j * r.pw + 2 + d);
-                let vd = v.as_ptr().add(d);
-                match (hd - d) / 16 {
-                    1 => vsum::<1, E>(pj, slots, vd, hd, o),
-                    2 => vsum::<2, E>(pj, slots, vd, hd, o),
-                    3 => vsum::<3, E>(pj, slots, vd, hd, o),
-                    _ => vsum::<4, E>(pj, slots, vd, hd, o),
-                }
+                vsum_n(h, (hd - d) / 16, pj, slots, v.as_ptr().add(d), hd, o, r.pw);
                 d += 64;
             }
+            j += h;
         }
     }
 }

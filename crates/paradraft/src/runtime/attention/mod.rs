@@ -405,17 +405,20 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
         slots.extend(lo as u32..hi.min(s.prefix) as u32);
     }
     if hi > s.prefix {
-        let visible = |j: &usize| match vis {
-            Visibility::Causal => *j <= t,
-            Visibility::Mask(bits) => bits[t * s.n_new + j],
-        };
-        slots.extend(
-            (0..s.n_new)
-                .filter(visible)
-                .skip(lo.saturating_sub(s.prefix))
-                .take(hi - lo.max(s.prefix))
-                .map(|j| (s.prefix + j) as u32),
-        );
+        match vis {
+            // New tokens 0..=t: one contiguous run of slots.
+            Visibility::Causal => {
+                let end = hi.min(s.prefix + t + 1);
+                slots.extend(lo.max(s.prefix) as u32..end.max(lo.max(s.prefix)) as u32);
+            }
+            Visibility::Mask(bits) => slots.extend(
+                (0..s.n_new)
+                    .filter(|&j| bits[t * s.n_new + j])
+                    .skip(lo.saturating_sub(s.prefix))
+                    .take(hi - lo.max(s.prefix))
+                    .map(|j| (s.prefix + j) as u32),
+            ),
+        }
     }
     let len = slots.len();
     let scores = &mut us.scores;
