@@ -37,6 +37,8 @@ case "${1:-start}" in
     kill -TERM "$pid"
     for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || { echo stopped; exit 0; }; sleep 1; done
     kill -KILL "$pid" 2>/dev/null || true
+    # Wait for it to go, so that a `start` right after does not find it still running.
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     echo "stopped (killed after 60 s)"
     ;;
   status)
