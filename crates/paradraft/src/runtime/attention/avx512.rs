@@ -65,37 +65,6 @@ unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
     }
 }
 
-/// [`vsum`] for `h` heads (1 to 4) and `r` vectors (1 to 4).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn vsum_n<E: AttnElem>(
-    h: usize,
-    r: usize,
-    p: *const f32,
-    slots: &[u32],
-    v: *const E,
-    hd: usize,
-    out: *mut f32,
-    pw: usize,
-) {
-    macro_rules! rs {
-        ($h:literal) => {
-            match r {
-                1 => vsum::<$h, 1, E>(p, slots, v, hd, out, pw),
-                2 => vsum::<$h, 2, E>(p, slots, v, hd, out, pw),
-                3 => vsum::<$h, 3, E>(p, slots, v, hd, out, pw),
-                _ => vsum::<$h, 4, E>(p, slots, v, hd, out, pw),
-            }
-        };
-    }
-    match h {
-        1 => rs!(1),
-        2 => rs!(2),
-        3 => rs!(3),
-        _ => rs!(4),
-    }
-}
-
 impl Inner for K {
     #[inline(always)]
     unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
@@ -115,6 +84,7 @@ impl Inner for K {
         }
     }
 
+    /// Heads in fours (16 accumulators and 4 V registers of 32).
     #[inline(always)]
     unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
         let len = slots.len();
@@ -125,8 +95,23 @@ impl Inner for K {
             let pj = p.as_ptr().add(j * len);
             let mut d = 0;
             while d < hd {
-                let o = r.out.add(j * r.pw + 2 + d);
-                vsum_n(h, (hd - d) / 16, pj, slots, v.as_ptr().add(d), hd, o, r.pw);
+                let (o, vd) = (r.out.add(j * r.pw + 2 + d), v.as_ptr().add(d));
+                macro_rules! rs {
+                    ($h:literal) => {
+                        match (hd - d) / 16 {
+                            1 => vsum::<$h, 1, E>(pj, slots, vd, hd, o, r.pw),
+                            2 => vsum::<$h, 2, E>(pj, slots, vd, hd, o, r.pw),
+                            3 => vsum::<$h, 3, E>(pj, slots, vd, hd, o, r.pw),
+                            _ => vsum::<$h, 4, E>(pj, slots, vd, hd, o, r.pw),
+                        }
+                    };
+                }
+                match h {
+                    1 => rs!(1),
+                    2 => rs!(2),
+                    3 => rs!(3),
+                    _ => rs!(4),
+                }
                 d += 64;
             }
             j += h;
