@@ -19,3 +19,7 @@ for r in 1 2; do for b in old new; do
   bin=$OLD; [ $b = new ] && bin=$NEW
   $bin train campaign --bench 12 --dir /tmp/camp 2>&1 | tail -n 1 | sed "s/^/$b $r: /"
 done; done | tee "$OUT/train_bench.txt"
+# After, beside llama.cpp (LLAMA: llama-bench as in ../run.sh): after_llama.json.
+if [[ -n "${LLAMA:-}" ]]; then
+  $NEW bench-kernels --threads 2 --repeats 5 --json --llama-bench "$LLAMA" > "$OUT/after_llama.json"
+fi
