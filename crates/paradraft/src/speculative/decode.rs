@@ -81,6 +81,9 @@ pub struct RoundOutput<'o> {
     pub vocab: usize,
     /// The tapped states of the session's batch rows (`rows × width`).
     pub hidden: &'o [f32],
+    /// The forward these rows came from when it held other sessions' rows too: its rows in
+    /// all (prompt rows included) and its ms, so that sizing learns what batched forwards cost.
+    pub batch_forward: Option<(usize, f64)>,
 }
 
 impl<'o> RoundOutput<'o> {
@@ -93,6 +96,7 @@ impl<'o> RoundOutput<'o> {
             logits: out.logits.get(out_row0 * out.vocab..).unwrap_or(&[]),
             vocab: out.vocab,
             hidden: out.hidden.get(batch_row0 * width..).unwrap_or(&[]),
+            batch_forward: None,
         }
     }
 
@@ -461,6 +465,7 @@ impl<'a> Session<'a> {
             accepted: stats.accepted,
             draft_ms: stats.draft_ms,
             ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
+            batch_forward: o.batch_forward,
             eos: self
                 .sizing
                 .reads_eos()

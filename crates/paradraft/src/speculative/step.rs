@@ -159,6 +159,7 @@ impl Stepper {
             }
             row += len;
         }
+        let forward_ms: f64;
         let out = {
             let mut seqs: Vec<(&mut KvCache, Batch)> = members
                 .iter_mut()
@@ -181,6 +182,7 @@ impl Stepper {
                 logits,
                 taps: taps.clone(),
             };
+            let t = std::time::Instant::now();
             model.forward_multi(&mut seqs, &spec, &mut self.scratch)?;
             if !arg_rows.is_empty() {
                 self.argmax.clone_from(&self.scratch.out.argmax);
@@ -197,8 +199,12 @@ impl Stepper {
                 self.argmax.clear();
                 self.top.clear();
             }
+            forward_ms = t.elapsed().as_secs_f64() * 1e3;
             &self.scratch.out
         };
+        // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
+        let shared = rep.planned.iter().filter(|&&p| p).count() > 1;
+        let batch_forward = shared.then_some((rows, forward_ms));
         for (i, b0, a0, f0, argmax_rows) in at {
             let m = &mut members[i];
             let w = m.session.width();
@@ -213,6 +219,7 @@ impl Stepper {
                 logits: out.logits.get(f0 * out.vocab..).unwrap_or(&[]),
                 vocab: out.vocab,
                 hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
+                batch_forward,
             };
             m.session.commit(m.kv, o, &mut m.on_text)?;
             if m.session.stop_reason().is_some() {

@@ -55,6 +55,9 @@ pub struct RoundResult {
     pub draft_ms: f64,
     /// The round from draft to commit.
     pub ms: f64,
+    /// The batched forward the round was verified in (rows in all, ms), when it held other
+    /// sessions' rows too.
+    pub batch_forward: Option<(usize, f64)>,
     /// The 1-based depth of the draft's first stop token (what ADL reads; found only when
     /// [`Sizing::reads_eos`]).
     pub eos: Option<usize>,
@@ -127,10 +130,14 @@ impl Sizing {
         let Sizing::Sized(s) = self else {
             return;
         };
-        // A session alone in its forward learns what its verify costs (in a batch the
-        // forward's other rows are not its own).
-        if r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 {
-            s.cost.observe(r.nodes + 1, r.ms - r.draft_ms);
+        // A session alone in its forward learns what its verify costs; in a batch, what the
+        // whole forward cost for its rows in all (the size the batch's share is priced at).
+        match r.batch_forward {
+            Some((rows, ms)) => s.cost.observe(rows, ms),
+            None if r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 => {
+                s.cost.observe(r.nodes + 1, r.ms - r.draft_ms)
+            }
+            None => {}
         }
         if r.facts.trees {
             s.observe_tree(r.nodes, r.predicted, r.accepted, r.draft_ms);

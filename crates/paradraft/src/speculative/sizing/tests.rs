@@ -313,6 +313,7 @@ fn slow_rows_measured_in_rounds_shrink_the_cut() {
             accepted: predicted.round() as usize,
             draft_ms: 1.0,
             ms,
+            batch_forward: None,
             eos: None,
         });
     }
@@ -321,28 +322,45 @@ fn slow_rows_measured_in_rounds_shrink_the_cut() {
     };
     let after = s.cut(&conf, 1.0, BatchShape::default());
     assert!(after < before, "{before} → {after}");
-    // A batched round's forward holds other sessions' rows: it teaches nothing.
-    let mut batched = Sizing::new(Some(Sizer::new(curve())));
-    batched.after(&RoundResult {
-        facts: RoundFacts {
-            batch: BatchShape {
-                streams: 4,
-                prefill: 0,
-            },
-            ..facts
+    // A batched round's own time holds other sessions' drafts and rows: it teaches nothing
+    // about its size. The batched forward does, at its rows in all.
+    let four = RoundFacts {
+        batch: BatchShape {
+            streams: 4,
+            prefill: 0,
         },
+        ..facts
+    };
+    let batched_round = |forward| RoundResult {
+        facts: four,
         nodes: 3,
         depth: 2,
         predicted: 0.0,
         accepted: 0,
         draft_ms: 0.0,
         ms: 100.0,
+        batch_forward: forward,
         eos: None,
-    });
+    };
+    let mut batched = Sizing::new(Some(Sizer::new(curve())));
+    batched.after(&batched_round(None));
     let Sizing::Sized(s) = &batched else {
         unreachable!()
     };
     assert_eq!(s.cost.ratio(4), 1.0);
+    let sure = [0.95f32, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6];
+    let before = s.cut(&sure, 0.0, four.batch);
+    // Forwards of 4 rows (4 sessions × 1) at the curve's price, of 16 rows (4 × 4) at twice it.
+    for _ in 0..30 {
+        batched.after(&batched_round(Some((4, curve().ms(4)))));
+        batched.after(&batched_round(Some((16, 2.0 * curve().ms(16)))));
+    }
+    let Sizing::Sized(s) = &batched else {
+        unreachable!()
+    };
+    assert!(s.cost.ratio(16) > 1.8, "{}", s.cost.ratio(16));
+    let after = s.cut(&sure, 0.0, four.batch);
+    assert!(after < before, "batched cut {before} → {after}");
 }
 
 #[test]
