@@ -22,3 +22,9 @@ for r in 1 2 3; do for b in old new; do
   python3 scripts/bench_serve.py --bin "$bin" --methods none,auto --concurrency 4,16 \
     --requests 48 --max-tokens 128 --out "$OUT/r48_${b}_$r"
 done; done
+# r24c1_*: one stream, 24 requests (a lone session: the change should not matter there).
+for r in 1 2; do for b in old new; do
+  bin=$OLD; [ $b = new ] && bin=$NEW
+  python3 scripts/bench_serve.py --bin "$bin" --methods none,auto --concurrency 1 \
+    --requests 24 --max-tokens 128 --out "$OUT/r24c1_${b}_$r"
+done; done
