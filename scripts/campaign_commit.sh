@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Commit the campaign's progress (issue #23 item 4): draw its held-out curve into docs/
-# (SVG and PNG), and when its best held-out alpha1 beats the committed DART drafter's by at least
+# (SVG and PNG), export the answers it distilled into data/distill/, and when its best held-out alpha1 beats the committed DART drafter's by at least
 # 0.02, replace drafters/smollm2-135m-dart with the campaign's best (f16) and its evaluation.
 # Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The campaign restarted from the GPU run's
 # weights on 2026-11-24 (docs/dart.md): its curve goes to *_after_gpu.*; the first CPU phase's
@@ -16,6 +16,17 @@ CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu.jsonl}"
 "$BIN" train campaign --dir "$DIR" --plot "$PLOT"
 rsvg-convert "$PLOT" -o "${PLOT%.svg}.png"
 cp "$DIR/curve.jsonl" "$CURVE"
+# The answers the campaign distilled (its samples.bin after the seed), so that a campaign on a new
+# machine starts with them (`train campaign --more-samples`, this file by default).
+python3 - "$DIR" data/distill/smollm2-135m-samples-more.bin.gz <<'PY'
+import gzip, pathlib, sys
+d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+seed, have = (d / "seed.bin").read_bytes(), (d / "samples.bin").read_bytes()
+if have[: len(seed)] != seed:
+    sys.exit("samples.bin does not start with the seed: not exporting")
+out.write_bytes(gzip.compress(seed[:8] + have[len(seed):], 9))
+print(f"wrote {out}")
+PY
 python3 - "$DIR" "$OUT" <<'PY'
 import json, shutil, sys, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])

@@ -25,6 +25,11 @@ pub struct CampaignArgs {
     /// Self-distilled samples the data starts from; their last 5 % are held out.
     #[arg(long, default_value = "data/distill/smollm2-135m-samples.bin.gz")]
     pub seed_samples: PathBuf,
+    /// More self-distilled samples a new campaign's data gets after the seed (answers earlier
+    /// campaigns distilled; samples of held-out or already answered prompts are left out).
+    /// Default: `data/distill/smollm2-135m-samples-more.bin.gz` when it is there.
+    #[arg(long)]
+    pub more_samples: Option<PathBuf>,
     /// Prompts of the samples, and of the samples the campaign distils.
     #[arg(long, default_value = "data/train/distill_prompts.jsonl.gz")]
     pub prompts: PathBuf,
@@ -116,8 +121,13 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     let config = net.config.clone();
     let stamp = Stamp::new(&lm, &config, &vocab);
     campaign::check_stamp(&dir, &stamp, &p)?;
+    let more = a.more_samples.clone().or_else(|| {
+        let d = PathBuf::from("data/distill/smollm2-135m-samples-more.bin.gz");
+        d.exists().then_some(d)
+    });
     let src = Sources {
         seed: a.seed_samples.clone(),
+        more,
         prompts: a.prompts.clone(),
         corpus: a.corpus.clone(),
         corpus_max_len: a.corpus_max_len,

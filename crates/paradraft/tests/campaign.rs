@@ -313,6 +313,7 @@ fn run_until(
     campaign::check_stamp(fx.dir.path(), &Stamp::new(lm, &cfg, &vocab), p).unwrap();
     let src = Sources {
         seed: fx.seed.clone(),
+        more: None,
         prompts: fx.prompts.clone(),
         corpus: vec![fx.corpus.clone()],
         corpus_max_len: 8,
@@ -511,6 +512,7 @@ fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
     // A samples file that no longer starts with the seed is refused, not overwritten.
     let src = Sources {
         seed: fx.seed.clone(),
+        more: None,
         prompts: fx.prompts.clone(),
         corpus: vec![],
         corpus_max_len: 8,
@@ -524,4 +526,59 @@ fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
         .to_string();
     assert!(e.contains("does not start with"), "{e}");
     assert_eq!(std::fs::read(&sp).unwrap(), b"PDTK0001");
+}
+
+/// Committed samples from earlier campaigns join a new campaign's data after the seed (compressed
+/// or not), except those of a held-out prompt, of a prompt already answered or of no prompt; the
+/// held-out split stays the seed's, and an existing campaign's data is left as it is.
+#[test]
+fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm);
+    let sample = |i: u32| Sample {
+        prompt_index: i,
+        prompt_len: 2,
+        tokens: vec![paradraft::types::TokenId(1 + i); 5],
+    };
+    // p/19 is held out, p/3 is answered by the seed, prompt 99 does not exist; 25 twice.
+    let plain = fx.dir.path().join("more.bin");
+    let (mut w, _) = SampleWriter::open(&plain).unwrap();
+    for i in [19, 3, 25, 99, 26, 25] {
+        w.append(&sample(i)).unwrap();
+    }
+    drop(w);
+    let gz = fx.dir.path().join("more.bin.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::default(),
+    );
+    enc.write_all(&std::fs::read(&plain).unwrap()).unwrap();
+    enc.finish().unwrap();
+    let (seed, _) = read_samples(&fx.seed).unwrap();
+    for more in [plain, gz] {
+        let dir = tempfile::tempdir().unwrap();
+        let src = Sources {
+            seed: fx.seed.clone(),
+            more: Some(more.clone()),
+            prompts: fx.prompts.clone(),
+            corpus: vec![],
+            corpus_max_len: 8,
+        };
+        let mut notes = vec![];
+        let prep = campaign::prepare(dir.path(), &lm, &src, |n| notes.push(n)).unwrap();
+        assert_eq!(prep.held_out, vec![19]);
+        let sp = dir.path().join("samples.bin");
+        let (have, _) = read_samples(&sp).unwrap();
+        assert_eq!(have.len(), seed.len() + 2, "{notes:?}");
+        assert_eq!(have[..seed.len()], seed[..]);
+        assert_eq!(have[seed.len()..], [sample(25), sample(26)]);
+        assert!(
+            notes.iter().any(|n| n.starts_with("2 committed samples")),
+            "{notes:?}"
+        );
+        assert!(!dir.path().join("samples.tmp").exists());
+        // Resumed: nothing is added twice.
+        campaign::prepare(dir.path(), &lm, &src, |_| {}).unwrap();
+        assert_eq!(read_samples(&sp).unwrap().0.len(), seed.len() + 2);
+    }
 }

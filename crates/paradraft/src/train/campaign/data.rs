@@ -102,6 +102,11 @@ pub struct Sources {
     /// campaign's data starts as them, and their last 5 % are its held-out set (the split the
     /// published drafter was evaluated on).
     pub seed: PathBuf,
+    /// More committed self-distilled samples (the same format): answers earlier campaigns
+    /// distilled, kept in the repository so that a campaign on a new machine starts with them.
+    /// A new campaign's data gets them after the seed, leaving out samples of held-out prompts
+    /// and of prompts already answered; an existing campaign's data is left as it is.
+    pub more: Option<PathBuf>,
     /// The prompts their `prompt_index` refers to (and new samples are distilled from).
     pub prompts: PathBuf,
     /// Corpus files (`{"id", "text"}` JSON Lines) for teacher-forced text.
@@ -130,16 +135,7 @@ pub fn prepare(
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let seed_copy = dir.join("seed.bin");
     if !seed_copy.exists() {
-        let mut bytes = vec![];
-        let f = std::fs::File::open(&src.seed).map_err(|e| Error::io(&src.seed, e))?;
-        use std::io::Read;
-        if src.seed.extension().is_some_and(|e| e == "gz") {
-            flate2::read::GzDecoder::new(f).read_to_end(&mut bytes)
-        } else {
-            std::io::BufReader::new(f).read_to_end(&mut bytes)
-        }
-        .map_err(|e| Error::io(&src.seed, e))?;
-        write_atomic(&seed_copy, &bytes)?;
+        write_atomic(&seed_copy, &read_maybe_gz(&src.seed)?)?;
     }
     let (seed, _) = read_samples(&seed_copy)?;
     if seed.len() < 20 {
@@ -149,10 +145,12 @@ pub fn prepare(
         ));
     }
     let samples_path = dir.join("samples.bin");
-    if !samples_path.exists() {
-        std::fs::copy(&seed_copy, &samples_path).map_err(|e| Error::io(&samples_path, e))?;
+    let fresh = !samples_path.exists();
+    let staged = dir.join("samples.tmp");
+    if fresh {
+        std::fs::copy(&seed_copy, &staged).map_err(|e| Error::io(&staged, e))?;
     }
-    let (have, _) = read_samples(&samples_path)?;
+    let (mut have, _) = read_samples(if fresh { &staged } else { &samples_path })?;
     if have.len() < seed.len() || have[..seed.len()] != seed[..] {
         return Err(bad(
             &samples_path,
@@ -183,6 +181,37 @@ pub fn prepare(
         .iter()
         .map(|&i| prompts[seed[i].prompt_index as usize].id.clone())
         .collect();
+    if fresh {
+        // The new campaign's data: the seed, then the committed answers it lacks. Written
+        // aside and renamed, so that a failure here leaves no half-made data behind.
+        if let Some(more) = &src.more {
+            let bytes = read_maybe_gz(more)?;
+            let unpacked = dir.join("more.tmp");
+            write_atomic(&unpacked, &bytes)?;
+            let (extra, _) = read_samples(&unpacked)?;
+            let _ = std::fs::remove_file(&unpacked);
+            let mut answered: HashSet<u32> = have.iter().map(|s| s.prompt_index).collect();
+            let (mut w, _) = SampleWriter::open(&staged)?;
+            let mut added = 0;
+            for s in extra {
+                let Some(p) = prompts.get(s.prompt_index as usize) else {
+                    continue;
+                };
+                if exclude.contains(&p.id) || !answered.insert(s.prompt_index) {
+                    continue;
+                }
+                w.append(&s)?;
+                have.push(s);
+                added += 1;
+            }
+            drop(w);
+            note(format!(
+                "{added} committed samples from {} join the seed",
+                more.display()
+            ));
+        }
+        std::fs::rename(&staged, &samples_path).map_err(|e| Error::io(&samples_path, e))?;
+    }
     let mut corpus = vec![];
     for path in &src.corpus {
         let len = std::fs::metadata(path)
@@ -224,6 +253,20 @@ pub fn prepare(
         held_out,
         corpus,
     })
+}
+
+/// A committed file's bytes, decompressed when its name ends in `.gz`.
+fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = vec![];
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(f).read_to_end(&mut bytes)
+    } else {
+        std::io::BufReader::new(f).read_to_end(&mut bytes)
+    }
+    .map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
 }
 
 /// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
