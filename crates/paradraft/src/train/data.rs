@@ -123,16 +123,27 @@ pub struct Prompt {
     pub prompt: String,
 }
 
-/// Reads a prompt file: JSON Lines, gzip-compressed when the name ends in `.gz`.
-pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let mut text = String::new();
+/// A file's bytes, decompressed when its name ends in `.gz`.
+pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = vec![];
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     if path.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(f).read_to_string(&mut text)
+        flate2::read::GzDecoder::new(f).read_to_end(&mut bytes)
     } else {
-        std::io::BufReader::new(f).read_to_string(&mut text)
+        std::io::BufReader::new(f).read_to_end(&mut bytes)
     }
     .map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
+}
+
+/// Reads a prompt file: JSON Lines, gzip-compressed when the name ends in `.gz`.
+pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
+    let text = String::from_utf8(read_maybe_gz(path)?).map_err(|e| {
+        Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())

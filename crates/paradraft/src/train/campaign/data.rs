@@ -5,7 +5,7 @@ use super::store::{bad, write_atomic};
 use super::{Setup, Teacher};
 use crate::error::{Error, Result};
 use crate::model::{Loaded, Message};
-use crate::train::data::{read_samples, Prompt, Sample};
+use crate::train::data::{read_maybe_gz, read_samples, Prompt, Sample};
 use crate::train::run;
 use candle_core::Device;
 use rand_chacha::ChaCha8Rng;
@@ -253,20 +253,6 @@ pub fn prepare(
         held_out,
         corpus,
     })
-}
-
-/// A committed file's bytes, decompressed when its name ends in `.gz`.
-fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = vec![];
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    if path.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(f).read_to_end(&mut bytes)
-    } else {
-        std::io::BufReader::new(f).read_to_end(&mut bytes)
-    }
-    .map_err(|e| Error::io(path, e))?;
-    Ok(bytes)
 }
 
 /// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
