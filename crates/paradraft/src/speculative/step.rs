@@ -203,8 +203,7 @@ impl Stepper {
             &self.scratch.out
         };
         // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
-        let shared = rep.planned.iter().filter(|&&p| p).count() > 1;
-        let batch_forward = shared.then_some((rows, forward_ms));
+        let batch_forward = (at.len() > 1).then_some((rows, forward_ms));
         for (i, b0, a0, f0, argmax_rows) in at {
             let m = &mut members[i];
             let w = m.session.width();

@@ -35,6 +35,11 @@ pub fn read_samples(path: &Path) -> Result<(Vec<Sample>, usize)> {
     std::fs::File::open(path)
         .and_then(|mut f| f.read_to_end(&mut bytes))
         .map_err(|e| Error::io(path, e))?;
+    parse_samples(&bytes, path)
+}
+
+/// [`read_samples`] of bytes already read (`path` names them in errors).
+pub fn parse_samples(bytes: &[u8], path: &Path) -> Result<(Vec<Sample>, usize)> {
     if bytes.len() < 8 || &bytes[..8] != MAGIC {
         return Err(bad(path, "missing PDTK0001 header".into()));
     }

@@ -5,7 +5,7 @@ use super::store::{bad, write_atomic};
 use super::{Setup, Teacher};
 use crate::error::{Error, Result};
 use crate::model::{Loaded, Message};
-use crate::train::data::{read_maybe_gz, read_samples, Prompt, Sample};
+use crate::train::data::{parse_samples, read_maybe_gz, read_samples, Prompt, Sample};
 use crate::train::run;
 use candle_core::Device;
 use rand_chacha::ChaCha8Rng;
@@ -185,14 +185,9 @@ pub fn prepare(
         // The new campaign's data: the seed, then the committed answers it lacks. Written
         // aside and renamed, so that a failure here leaves no half-made data behind.
         if let Some(more) = &src.more {
-            let bytes = read_maybe_gz(more)?;
-            let unpacked = dir.join("more.tmp");
-            write_atomic(&unpacked, &bytes)?;
-            let (extra, _) = read_samples(&unpacked)?;
-            let _ = std::fs::remove_file(&unpacked);
+            let (extra, _) = parse_samples(&read_maybe_gz(more)?, more)?;
             let mut answered: HashSet<u32> = have.iter().map(|s| s.prompt_index).collect();
             let (mut w, _) = SampleWriter::open(&staged)?;
-            let mut added = 0;
             for s in extra {
                 let Some(p) = prompts.get(s.prompt_index as usize) else {
                     continue;
@@ -202,11 +197,11 @@ pub fn prepare(
                 }
                 w.append(&s)?;
                 have.push(s);
-                added += 1;
             }
             drop(w);
             note(format!(
-                "{added} committed samples from {} join the seed",
+                "{} committed samples from {} join the seed",
+                have.len() - seed.len(),
                 more.display()
             ));
         }
