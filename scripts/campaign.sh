@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Start (or resume) THE DART training campaign in the background, nice'd, from a copy of the
-# release binary (so rebuilding the tree does not touch the running job). State, log and curve
-# live in $HOME/.cache/paradraft/campaign/dart; it resumes from its newest checkpoint, or from
-# drafters/smollm2-135m-dart when there is none.
+# Start (or resume) THE training campaign of a drafter in the background, nice'd, from a copy of
+# the release binary (so rebuilding the tree does not touch the running job). The drafter is
+# PARADRAFT_CAMPAIGN_METHOD (dart, the default, or dflash). State, log and curve live in
+# $HOME/.cache/paradraft/campaign/<method>; it resumes from its newest checkpoint, or from
+# drafters/smollm2-135m-<method> when there is none.
 #
 #   scripts/campaign.sh            start it (no-op when it already runs)
 #   scripts/campaign.sh pause      SIGSTOP it (before timing anything)
@@ -13,7 +14,8 @@
 #   scripts/campaign.sh status     pid, last log lines, last curve point
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
+METHOD="${PARADRAFT_CAMPAIGN_METHOD:-dart}"
+DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/$METHOD}"
 PIDF="$DIR/pid"
 mkdir -p "$DIR"
 running() { [[ -f "$PIDF" ]] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
@@ -24,7 +26,8 @@ case "${1:-start}" in
     mkdir -p "$DIR/bin"
     cp target/release/paradraft "$DIR/bin/paradraft"
     shift || true
-    nohup nice -n 19 "$DIR/bin/paradraft" train campaign --dir "$DIR" "$@" >>"$DIR/run.log" 2>&1 &
+    nohup nice -n 19 "$DIR/bin/paradraft" train campaign --method "$METHOD" --dir "$DIR" "$@" \
+      >>"$DIR/run.log" 2>&1 &
     echo $! >"$PIDF"
     echo "campaign started (pid $!), log $DIR/run.log"
     ;;

@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# Commit the campaign's progress (issue #23 item 4): draw its held-out curve into docs/
-# (SVG and PNG), export the answers it distilled into data/distill/, and when its best held-out alpha1 beats the committed DART drafter's by at least
-# 0.02, replace drafters/smollm2-135m-dart with the campaign's best (f16) and its evaluation.
+# Commit a campaign's progress (issue #23 item 4): draw its held-out curve into docs/ (SVG and
+# PNG), export the answers it distilled into data/distill/, and when its best held-out alpha1
+# beats the committed drafter's by at least 0.02, replace drafters/smollm2-135m-<method> with
+# the campaign's best (f16) and its evaluation. The method is PARADRAFT_CAMPAIGN_METHOD (dart,
+# the default, or dflash); a DFlash campaign's curve goes to docs/dflash_campaign.* and
+# docs/results/dflash_campaign_curve.jsonl.
 # Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The campaign restarted from the GPU run's
 # weights on 2026-11-24 (docs/dart.md): its curve goes to *_after_gpu.*; the first CPU phase's
 # curve (docs/dart_campaign.*, docs/results/dart_campaign_curve.jsonl) and the GPU run's
 # (docs/results/dart_campaign_gpu_curve.jsonl) stay as committed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
+METHOD="${PARADRAFT_CAMPAIGN_METHOD:-dart}"
+DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/$METHOD}"
 BIN="${PARADRAFT_BIN:-target/release/paradraft}"
-OUT=drafters/smollm2-135m-dart
-PLOT="${PARADRAFT_CURVE_PLOT:-docs/dart_campaign_after_gpu.svg}"
-CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu.jsonl}"
-"$BIN" train campaign --dir "$DIR" --plot "$PLOT"
+OUT="drafters/smollm2-135m-$METHOD"
+if [[ "$METHOD" == dart ]]; then
+  PLOT="${PARADRAFT_CURVE_PLOT:-docs/dart_campaign_after_gpu.svg}"
+  CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu.jsonl}"
+else
+  PLOT="${PARADRAFT_CURVE_PLOT:-docs/${METHOD}_campaign.svg}"
+  CURVE="${PARADRAFT_CURVE_OUT:-docs/results/${METHOD}_campaign_curve.jsonl}"
+fi
+"$BIN" train campaign --method "$METHOD" --dir "$DIR" --plot "$PLOT"
 rsvg-convert "$PLOT" -o "${PLOT%.svg}.png"
 cp "$DIR/curve.jsonl" "$CURVE"
 # The answers the campaign distilled (its samples.bin after the seed), so that a campaign on a new
@@ -32,7 +41,14 @@ import json, shutil, sys, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 best = json.loads((d / "best" / "eval.json").read_text())
 have = json.loads((out / "eval.json").read_text())
+# A DFlash drafter trained by `train dflash` keeps a list (at its block size, then at 8).
+have = have[0] if isinstance(have, list) else have
 a_best, a_have = best["eval"]["alpha"][0], have["alpha"][0]
+# The committed drafter may have been evaluated on other prompts (DFlash's own split): the
+# campaign's first evaluation of it, on the campaign's held-out set, is a baseline too.
+first = json.loads((d / "curve.jsonl").read_text().splitlines()[0])
+if first["step"] == 0:
+    a_have = max(a_have, first["eval"]["alpha"][0])
 print(f"campaign best alpha1 {a_best:.3f} at step {best['step']}; committed {a_have:.3f}")
 if a_best < a_have + 0.02:
     print("not replacing the committed drafter (needs +0.02)")

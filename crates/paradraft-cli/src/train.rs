@@ -26,9 +26,10 @@ pub enum TrainCmd {
     /// Train a DiffuSpec diffusion-LM drafter from the target's first layers (DiffuSpec §4.1:
     /// masked diffusion, eq. 3; Dream's shifted logits; block-bidirectional attention).
     Dlm(DlmArgs),
-    /// Start or resume the DART training campaign that accrues across sessions: online teacher
-    /// forcing on self-distilled samples and corpus text, checkpoints under
-    /// $HOME/.cache/paradraft/campaign, a held-out curve (safe to kill at any moment).
+    /// Start or resume a drafter's training campaign (DART or DFlash) that accrues across
+    /// sessions: online teacher forcing on self-distilled samples (and corpus text for DART),
+    /// checkpoints under $HOME/.cache/paradraft/campaign, a held-out curve (safe to kill at any
+    /// moment).
     Campaign(crate::train_campaign::CampaignArgs),
 }
 

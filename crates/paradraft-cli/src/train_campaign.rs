@@ -1,12 +1,11 @@
-//! `paradraft train campaign`: start or resume THE DART training campaign (see
-//! `paradraft::train::campaign`): argument mapping only.
+//! `paradraft train campaign`: start or resume THE training campaign of a drafter (DART or
+//! DFlash; see `paradraft::train::campaign`): argument mapping only.
 
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use paradraft::fetch::resource_path;
-use paradraft::train::campaign::{self, Params, Setup, Sources, Stamp};
-use paradraft::train::dart::load_exported;
+use paradraft::train::campaign::{self, Method, Params, Setup, Sources, Stamp};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,11 +14,14 @@ use std::sync::Arc;
 pub struct CampaignArgs {
     #[command(flatten)]
     pub m: ModelArgs,
-    /// The campaign's directory (default: $HOME/.cache/paradraft/campaign/dart).
+    /// The drafter the campaign trains.
+    #[arg(long, value_enum, default_value_t = MethodArg::Dart)]
+    pub method: MethodArg,
+    /// The campaign's directory (default: $HOME/.cache/paradraft/campaign/<method>).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// The drafter a campaign without a checkpoint starts from (its shape and draft vocabulary
-    /// fix the campaign's).
+    /// fix the campaign's; default: the committed drafters/smollm2-135m-<method>).
     #[arg(long)]
     pub from: Option<PathBuf>,
     /// Self-distilled samples the data starts from; their last 5 % are held out.
@@ -38,23 +40,29 @@ pub struct CampaignArgs {
     pub corpus: Vec<PathBuf>,
     #[arg(long, default_value_t = 512)]
     pub corpus_max_len: usize,
-    #[arg(long, default_value_t = Params::default().lr)]
-    pub lr: f64,
+    /// Learning rate (default: the method's; DART 1e-4, DFlash 3e-4).
+    #[arg(long)]
+    pub lr: Option<f64>,
     #[arg(long, default_value_t = Params::default().batch_seqs)]
     pub batch_seqs: usize,
+    /// DART prefixes or DFlash block anchors per sequence.
     #[arg(long, default_value_t = Params::default().anchors)]
     pub anchors: usize,
     #[arg(long, default_value_t = Params::default().kl_weight)]
     pub kl_weight: f64,
-    /// Share of sequences drawn from the corpus.
-    #[arg(long, default_value_t = Params::default().corpus_share)]
-    pub corpus_share: f64,
+    /// Loss decay over the drafts (default: the method's; DART 0.6, DFlash 7).
+    #[arg(long)]
+    pub gamma: Option<f32>,
+    /// Share of sequences drawn from the corpus (DART only; default 0).
+    #[arg(long)]
+    pub corpus_share: Option<f64>,
     /// Share of the time spent self-distilling new samples.
     #[arg(long, default_value_t = Params::default().distill_share)]
     pub distill_share: f64,
-    /// Temperature of sampled self-distillation, once every prompt has its greedy answer (0: greedy answers only).
-    #[arg(long, default_value_t = Params::default().sample_temp)]
-    pub sample_temp: f32,
+    /// Temperature of sampled self-distillation, once every prompt has its greedy answer (0:
+    /// greedy answers only; default: DART 0.8, DFlash 0).
+    #[arg(long)]
+    pub sample_temp: Option<f32>,
     /// Share of self-distilled sequences drawn from sampled ones (default: by their number).
     #[arg(long)]
     pub sampled_share: Option<f64>,
@@ -86,40 +94,62 @@ pub struct CampaignArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// `--method`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MethodArg {
+    Dart,
+    Dflash,
+}
+
+impl From<MethodArg> for Method {
+    fn from(m: MethodArg) -> Method {
+        match m {
+            MethodArg::Dart => Method::Dart,
+            MethodArg::Dflash => Method::Dflash,
+        }
+    }
+}
+
 pub fn run(a: CampaignArgs) -> Result<()> {
+    let method = Method::from(a.method);
+    let d = method.params();
     let p = Params {
-        lr: a.lr,
+        lr: a.lr.unwrap_or(d.lr),
         batch_seqs: a.batch_seqs,
         anchors: a.anchors,
         kl_weight: a.kl_weight,
-        corpus_share: a.corpus_share,
+        gamma: a.gamma.unwrap_or(d.gamma),
+        corpus_share: a.corpus_share.unwrap_or(d.corpus_share),
         distill_share: a.distill_share,
-        sample_temp: a.sample_temp,
+        sample_temp: a.sample_temp.unwrap_or(d.sample_temp),
         sampled_share: a.sampled_share,
         eval_every: a.eval_every,
         round_s: a.save_every_min * 60.0,
         seed: a.seed,
         bf16_matmul: !a.f32_matmul,
-        ..Params::default()
+        ..d
     };
     p.validate()?;
+    method.check(&p)?;
     if a.hours < 0.0 {
         bail!("--hours {}: must be at least 0", a.hours);
     }
-    let dir = a.dir.clone().unwrap_or_else(campaign::default_dir);
+    let dir = a.dir.clone().unwrap_or_else(|| method.default_dir());
     if let Some(out) = &a.plot {
-        campaign::plot_curve(&dir, out)?;
+        let title = format!("{} campaign: held-out", method.label());
+        campaign::plot_curve(&dir, out, &title)?;
         eprintln!("curve written to {}", out.display());
         return Ok(());
     }
     let from = a
         .from
         .clone()
-        .unwrap_or_else(|| resource_path("drafters/smollm2-135m-dart"));
+        .unwrap_or_else(|| resource_path(method.published()));
     let (lm, _) = a.m.load()?;
-    let (net, vocab) = load_exported(&from)?;
-    let config = net.config.clone();
-    let stamp = Stamp::new(&lm, &config, &vocab);
+    let target_vocab = lm.model.config.vocab_size;
+    let (net, vocab) = method.load(&from, target_vocab)?;
+    let shape = net.shape();
+    let stamp = Stamp::new(&lm, &shape, &vocab);
     campaign::check_stamp(&dir, &stamp, &p)?;
     let more = a.more_samples.clone().or_else(|| {
         let d = PathBuf::from("data/distill/smollm2-135m-samples-more.bin.gz");
@@ -129,16 +159,22 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         seed: a.seed_samples.clone(),
         more,
         prompts: a.prompts.clone(),
-        corpus: a.corpus.clone(),
+        // Tokenised (once per directory) only when drawn from.
+        corpus: if p.corpus_share > 0.0 {
+            a.corpus.clone()
+        } else {
+            vec![]
+        },
         corpus_max_len: a.corpus_max_len,
     };
     let prep = campaign::prepare(&dir, &lm, &src, |n| eprintln!("{n}"))?;
-    let start = move || Ok(load_exported(&from)?.0);
+    drop(net);
+    let start = move || Ok(method.load(&from, target_vocab)?.0);
     let setup = Setup {
         dir: &dir,
         lm: &lm,
         vocab: &vocab,
-        config: &config,
+        shape: &shape,
         held_out: prep.held_out,
         corpus: prep.corpus,
         prompts: &prep.prompts,

@@ -6,12 +6,12 @@
 
 mod common;
 
-use common::{load_tiny, tiny_dart_dir};
+use common::{load_tiny, tiny_dart_dir, tiny_dflash_config, tiny_dflash_dir};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{Loaded, Message};
 use paradraft::sample::SamplingParams;
-use paradraft::train::campaign::{self, Event, Params, Setup, Sources, Stamp};
-use paradraft::train::dart::{self, load_exported, net::Net};
+use paradraft::train::campaign::{self, Event, Method, Params, Setup, Sources, Stamp};
+use paradraft::train::dart::{self, net::Net};
 use paradraft::train::data::{read_samples, Sample, SampleWriter};
 use paradraft::train::features::{self, OnlineTaps, TapSource};
 use paradraft::train::run::Data;
@@ -235,6 +235,7 @@ fn teacher_mask_rows_are_trained_only_along_the_targets_greedy_chain() {
 }
 
 struct Fixture {
+    method: Method,
     dir: tempfile::TempDir,
     drafter: tempfile::TempDir,
     seed: std::path::PathBuf,
@@ -242,7 +243,8 @@ struct Fixture {
     corpus: std::path::PathBuf,
 }
 
-fn fixture(lm: &Loaded) -> Fixture {
+/// A campaign directory, its data and a start drafter of `method`.
+fn fixture(lm: &Loaded, method: Method) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let seed = data.path().join("seed.bin");
@@ -276,9 +278,13 @@ fn fixture(lm: &Loaded) -> Fixture {
     ] {
         writeln!(f, "{}", serde_json::json!({"id": id, "text": text})).unwrap();
     }
-    let drafter = tiny_dart_dir(lm, 3, 9);
+    let drafter = match method {
+        Method::Dart => tiny_dart_dir(lm, 3, 9),
+        Method::Dflash => tiny_dflash_dir(lm, &tiny_dflash_config(lm, 1, &[0, 1], 4), true),
+    };
     std::mem::forget(data);
     Fixture {
+        method,
         dir,
         drafter,
         seed,
@@ -308,9 +314,10 @@ fn run_until(
     p: &Params,
     until: usize,
 ) -> (campaign::Progress, Vec<String>) {
-    let (net0, vocab) = load_exported(fx.drafter.path()).unwrap();
-    let cfg = net0.config.clone();
-    campaign::check_stamp(fx.dir.path(), &Stamp::new(lm, &cfg, &vocab), p).unwrap();
+    let n = lm.model.config.vocab_size;
+    let (net0, vocab) = fx.method.load(fx.drafter.path(), n).unwrap();
+    let shape = net0.shape();
+    campaign::check_stamp(fx.dir.path(), &Stamp::new(lm, &shape, &vocab), p).unwrap();
     let src = Sources {
         seed: fx.seed.clone(),
         more: None,
@@ -320,13 +327,13 @@ fn run_until(
     };
     let mut notes = vec![];
     let prep = campaign::prepare(fx.dir.path(), lm, &src, |n| notes.push(n)).unwrap();
-    let from = fx.drafter.path().to_path_buf();
-    let start = move || Ok(load_exported(&from)?.0);
+    let (from, method) = (fx.drafter.path().to_path_buf(), fx.method);
+    let start = move || Ok(method.load(&from, n)?.0);
     let setup = Setup {
         dir: fx.dir.path(),
         lm,
         vocab: &vocab,
-        config: &cfg,
+        shape: &shape,
         held_out: prep.held_out.clone(),
         corpus: prep.corpus.clone(),
         prompts: &prep.prompts,
@@ -362,7 +369,7 @@ fn steps_logged(dir: &Path, file: &str) -> Vec<u64> {
 #[test]
 fn a_campaign_resumes_from_its_last_good_checkpoint() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm);
+    let fx = fixture(&lm, Method::Dart);
     let p = params();
     let (pr, notes) = run_until(&lm, &fx, &p, 3);
     assert_eq!(pr.step, 3);
@@ -434,10 +441,76 @@ fn a_campaign_resumes_from_its_last_good_checkpoint() {
     assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2, 4]);
 }
 
+/// DFlash on the same pipeline (#23 item 5): a campaign from a DFlash drafter trains on online
+/// taps, evaluates its block drafts on the held-out split, exports a drafter the engine loads,
+/// resumes from its checkpoint, and refuses teacher-forced text (its labels are the text's own
+/// tokens).
+#[test]
+fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm, Method::Dflash);
+    let d = Method::Dflash.params();
+    let p = Params {
+        lr: d.lr,
+        gamma: d.gamma,
+        sample_temp: d.sample_temp,
+        corpus_share: d.corpus_share,
+        ..params()
+    };
+    let (pr, notes) = run_until(&lm, &fx, &p, 3);
+    assert_eq!(pr.step, 3);
+    assert!(pr.positions > 0, "{notes:?}");
+    let d = fx.dir.path();
+    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
+    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
+    let curve = campaign::read_curve(d).unwrap();
+    assert_eq!(
+        curve[0].eval.block_size, 4,
+        "block drafts of the tiny DFlash"
+    );
+    assert!(curve.iter().all(|c| c.eval.blocks > 0));
+    let log = std::fs::read_to_string(d.join("train_log.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    assert!(first["loss"].as_f64().unwrap() > 0.0, "{first}");
+    // The best weights are a DFlash drafter in the published layout.
+    let cfg = paradraft::drafters::speculative_config::DrafterConfig {
+        method: paradraft::drafters::speculative_config::Method::named("dflash").unwrap(),
+        draft_model: Some(d.join("best")),
+        ..Default::default()
+    };
+    let target = common::fixtures().join("tiny/llama");
+    if let Err(e) = cfg.load(&target, &lm, 128) {
+        panic!("the exported DFlash drafter does not load: {e}");
+    }
+    let (pr, notes) = run_until(&lm, &fx, &p, 4);
+    assert_eq!(pr.step, 4);
+    assert!(
+        notes.iter().any(|n| n.contains("resumed at step 3")),
+        "{notes:?}"
+    );
+    let (net, _) = fx
+        .method
+        .load(fx.drafter.path(), lm.model.config.vocab_size)
+        .unwrap();
+    for bad in [
+        Params {
+            corpus_share: 0.5,
+            ..p.clone()
+        },
+        Params {
+            sample_temp: 0.8,
+            ..p.clone()
+        },
+    ] {
+        let e = net.shape().check(&bad).unwrap_err().to_string();
+        assert!(e.contains("greedy answers only"), "{e}");
+    }
+}
+
 #[test]
 fn a_campaign_grows_its_data_by_self_distillation() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm);
+    let fx = fixture(&lm, Method::Dart);
     let p = Params {
         round_s: 0.0,
         distill_share: 0.5,
@@ -491,10 +564,10 @@ fn a_campaign_grows_its_data_by_self_distillation() {
 #[test]
 fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm);
-    let (net, vocab) = load_exported(fx.drafter.path()).unwrap();
+    let fx = fixture(&lm, Method::Dart);
+    let (net, vocab) = dart::load_exported(fx.drafter.path()).unwrap();
     let p = params();
-    let stamp = Stamp::new(&lm, &net.config, &vocab);
+    let stamp = Stamp::new(&lm, &campaign::Shape::Dart(net.config), &vocab);
     campaign::check_stamp(fx.dir.path(), &stamp, &p).unwrap();
     campaign::check_stamp(fx.dir.path(), &stamp, &p).unwrap();
     let mut other = stamp.clone();
@@ -534,7 +607,7 @@ fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
 #[test]
 fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm);
+    let fx = fixture(&lm, Method::Dart);
     let sample = |i: u32| Sample {
         prompt_index: i,
         prompt_len: 2,

@@ -26,6 +26,28 @@ fn train_refuses_missing_devices_and_bad_prompts() {
     );
 }
 
+/// `train campaign` refuses settings its drafter cannot train with before it loads anything or
+/// writes its directory: teacher-forced text for DFlash, a DART chain decay above 1.
+#[test]
+fn train_campaign_refuses_settings_its_drafter_cannot_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("campaign");
+    let ds = d.to_str().unwrap();
+    let args = |extra: &[&str]| {
+        let mut v = vec!["train", "campaign", "--dir", ds];
+        v.extend_from_slice(extra);
+        run(&v)
+    };
+    for extra in [
+        &["--method", "dflash", "--corpus-share", "0.5"][..],
+        &["--method", "dflash", "--sample-temp", "0.8"],
+    ] {
+        assert_refused(&args(extra), "greedy answers only");
+    }
+    assert_refused(&args(&["--gamma", "7"]), "DART's gamma must be in (0, 1]");
+    assert!(!d.exists(), "nothing written for a refused run");
+}
+
 /// An empty prompt file and a truncated checkpoint are refused with clear errors; the broken
 /// checkpoint is left as it was.
 #[test]

@@ -1,8 +1,9 @@
-//! A DART training campaign that accrues across sessions: one directory (by default
-//! `$HOME/.cache/paradraft/campaign/dart`) holds THE run: its stamp, its growing self-distilled
-//! data, rotating checkpoints (weights + AdamW moments + progress), the step log and the
-//! held-out curve. Every start resumes from the newest checkpoint that loads, or from a
-//! published drafter when there is none; the process can be killed at any moment.
+//! A drafter training campaign that accrues across sessions (DART, then DFlash on the same
+//! pipeline: [`Method`]): one directory (by default `$HOME/.cache/paradraft/campaign/<method>`)
+//! holds THE run: its stamp, its growing self-distilled data, rotating checkpoints (weights +
+//! AdamW moments + progress), the step log and the held-out curve. Every start resumes from
+//! the newest checkpoint that loads, or from a published drafter when there is none; the
+//! process can be killed at any moment.
 //!
 //! Online teacher forcing: the target's taps and its distribution over the draft vocabulary are
 //! computed inside each step from token sequences ([`TapSource::Online`]), so the data is only
@@ -13,20 +14,19 @@
 
 mod data;
 mod store;
+mod student;
 
 pub use data::{corpus_samples, prepare, Prepared, Sources};
 use data::{Pools, Snapshot};
 pub use store::{
-    check_stamp, default_dir, process_cpu_s, read_curve, resume, save, CurvePoint, Progress, Stamp,
-    StepLog,
+    check_stamp, process_cpu_s, read_curve, resume, save, CurvePoint, Progress, Stamp, StepLog,
 };
+pub use student::{Method, Shape, Student};
 
-use crate::drafters::dart::DartConfig;
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::Loaded;
 use crate::train::bf16::{set_matmul_precision, MatmulPrecision};
-use crate::train::dart::{self, net::Net};
 use crate::train::data::{distill, distill_sampled, DistillParams, Prompt, Sample};
 use crate::train::dflash::net::FrozenHead;
 use crate::train::features::{OnlineTaps, TapSource};
@@ -140,8 +140,8 @@ impl Params {
                 "batch seqs and anchors must be ≥ 1",
             ),
             (
-                self.gamma > 0.0 && self.gamma <= 1.0,
-                "gamma must be in (0, 1]",
+                self.gamma > 0.0 && self.gamma.is_finite(),
+                "gamma must be > 0",
             ),
             (self.round_s >= 0.0, "the round (save every) must be ≥ 0"),
             (
@@ -179,13 +179,13 @@ pub struct Setup<'a> {
     pub dir: &'a Path,
     pub lm: &'a Loaded,
     pub vocab: &'a DraftVocab,
-    pub config: &'a DartConfig,
+    pub shape: &'a Shape,
     pub held_out: Vec<usize>,
     pub corpus: Vec<Sample>,
     /// Prompts for self-distillation (indices are the samples' `prompt_index`).
     pub prompts: &'a [Prompt],
     /// The drafter a campaign without a checkpoint starts from.
-    pub start: &'a dyn Fn() -> Result<Net>,
+    pub start: &'a dyn Fn() -> Result<Student>,
 }
 
 /// Something the campaign reports while it runs.
@@ -219,8 +219,8 @@ impl std::fmt::Display for Event<'_> {
 }
 
 /// Draws the held-out curve of the campaign in `dir` (α1 and expected τ against CPU-hours and
-/// trained positions, the goal α1 0.7) as an SVG at `out`.
-pub fn plot_curve(dir: &Path, out: &Path) -> Result<()> {
+/// trained positions, the goal α1 0.7) as an SVG at `out`, titled `title`.
+pub fn plot_curve(dir: &Path, out: &Path, title: &str) -> Result<()> {
     let pts: Vec<(f64, f64, f64, f64)> = read_curve(dir)?
         .iter()
         .map(|c| {
@@ -240,12 +240,7 @@ pub fn plot_curve(dir: &Path, out: &Path) -> Result<()> {
             dir.join("curve.jsonl").display()
         )));
     }
-    crate::train::plot::curve_svg(
-        &pts,
-        0.7,
-        "DART campaign for SmolLM2-135M-Instruct: held-out",
-        out,
-    )
+    crate::train::plot::curve_svg(&pts, 0.7, title, out)
 }
 
 /// Runs the campaign until `stop()` says so (checked between steps; a checkpoint is written
@@ -257,14 +252,15 @@ pub fn run(
     mut on: impl FnMut(Event),
 ) -> Result<Progress> {
     p.validate()?;
+    s.shape.check(p)?;
     set_matmul_precision(p.precision());
     let target = &s.lm.model;
     let teacher = Teacher::new(s)?;
     let head = &teacher.head;
     let samples_path = s.dir.join("samples.bin");
-    let (net, mut opt, mut pr, mut ema) = match resume(s.dir, s.config, |w| on(Event::Note(w))) {
+    let (net, mut opt, mut pr, mut ema) = match resume(s.dir, s.shape, |w| on(Event::Note(w))) {
         Some((net, tensors, pr, ema)) => {
-            let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            let mut opt = AdamW::new(net.vars(), 0.0).map_err(cerr)?;
             opt.load_state(&tensors, pr.step).map_err(cerr)?;
             on(Event::Note(format!("resumed at {pr}")));
             let ema = match ema {
@@ -272,17 +268,17 @@ pub fn run(
                     decay: p.ema_decay,
                     t,
                 },
-                None => Ema::of(&net.vars, p.ema_decay)?,
+                None => Ema::of(net.vars(), p.ema_decay)?,
             };
             (net, opt, pr, ema)
         }
         None => {
             let net = (s.start)()?;
-            let opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+            let opt = AdamW::new(net.vars(), 0.0).map_err(cerr)?;
             on(Event::Note(
                 "no checkpoint: starting from the drafter".into(),
             ));
-            let ema = Ema::of(&net.vars, p.ema_decay)?;
+            let ema = Ema::of(net.vars(), p.ema_decay)?;
             (net, opt, Progress::default(), ema)
         }
     };
@@ -306,7 +302,7 @@ pub fn run(
         let data = snap.data(s, &teacher);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
             let point = (&snap.pools, p.lr);
-            evaluate(s, &data, &ema.net(s.config)?, &mut pr, point, &now, &mut on)?;
+            evaluate(s, &data, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
         }
         // A round: at least one step, then until `round_s` has passed.
         let t_round = Instant::now();
@@ -317,12 +313,12 @@ pub fn run(
                 return Ok(pr);
             }
             let log = step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
-            ema.update(&net.vars)?;
+            ema.update(net.vars())?;
             append_line(&s.dir.join("train_log.jsonl"), &log)?;
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
                 let point = (&snap.pools, p.lr);
-                evaluate(s, &data, &ema.net(s.config)?, &mut pr, point, &now, &mut on)?;
+                evaluate(s, &data, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
             }
             if t_round.elapsed().as_secs_f64() >= p.round_s {
                 break;
@@ -380,6 +376,12 @@ fn sample_more(s: &Setup, pools: &Pools, p: &Params, dp: &DistillParams) -> Resu
 /// once), as its distillation rounds would; returns how many were added.
 pub fn grow_sampled(s: &Setup, p: &Params, n: usize) -> Result<usize> {
     p.validate()?;
+    s.shape.check(p)?;
+    if p.sample_temp <= 0.0 {
+        return Err(Error::BadRequest(
+            "sampled self-distillation needs a sampling temperature above 0".into(),
+        ));
+    }
     let pools = Snapshot::read(s)?.pools;
     let dp = DistillParams {
         samples: pools.n_greedy + n,
@@ -420,7 +422,7 @@ fn draw(pools: &Pools, p: &Params, rng: &mut ChaCha8Rng) -> usize {
 
 /// One optimiser step over `batch_seqs` sequences drawn (seeded by the step, see [`draw`]).
 fn step(
-    net: &Net,
+    net: &Student,
     head: &FrozenHead,
     data: &run::Data,
     pools: &Pools,
@@ -435,23 +437,17 @@ fn step(
         .collect();
     let items: Vec<(usize, Vec<usize>)> = chunk
         .iter()
-        .map(|&si| {
-            (
-                si,
-                dart::sample_prefixes(&data.samples[si], p.anchors, &mut rng),
-            )
-        })
+        .map(|&si| (si, net.positions(&data.samples[si], p.anchors, &mut rng)))
         .collect();
     let warm = ((pr.step + 1) as f64 / p.warmup_steps.max(1) as f64).min(1.0);
     let lr = p.lr * warm;
-    let (loss, gn, acc1, rows) =
-        match dart::sequences_loss(net, head, data, &items, p.gamma, p.kl_weight)? {
-            Some((l, acc1, rows)) => {
-                let (loss, gn) = run::optimise(&net.vars, opt, &l, lr, p.grad_clip)?;
-                (loss, gn, acc1, rows)
-            }
-            None => (0.0, 0.0, 0.0, 0),
-        };
+    let (loss, gn, acc1, rows) = match net.loss(head, data, &items, p)? {
+        Some((l, acc1, rows)) => {
+            let (loss, gn) = run::optimise(net.vars(), opt, &l, lr, p.grad_clip)?;
+            (loss, gn, acc1, rows)
+        }
+        None => (0.0, 0.0, 0.0, 0),
+    };
     pr.step += 1;
     pr.positions += rows as u64;
     Ok(StepLog {
@@ -468,7 +464,7 @@ fn step(
 fn evaluate(
     s: &Setup,
     data: &run::Data,
-    net: &Net,
+    net: &Student,
     pr: &mut Progress,
     (pools, lr): (&Pools, f64),
     now: &impl Fn(&mut Progress),
@@ -477,7 +473,7 @@ fn evaluate(
     let t0 = Instant::now();
     // In f32, so that the curve measures the weights alone, whatever the training precision.
     let was = set_matmul_precision(MatmulPrecision::F32);
-    let e = dart::evaluate(net, data, &s.held_out, 32);
+    let e = net.evaluate(data, &s.held_out);
     set_matmul_precision(was);
     let e = e?;
     now(pr);
@@ -507,7 +503,7 @@ fn evaluate(
     for d in dirs {
         let tmp = d.with_extension("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
-        dart::export(net, s.vocab, &tmp, candle_core::DType::F16)?;
+        net.export(s.vocab, &tmp)?;
         write_atomic(
             &tmp.join("eval.json"),
             serde_json::to_string_pretty(&point)
@@ -553,8 +549,8 @@ impl Ema {
         Ok(())
     }
 
-    fn net(&self, config: &DartConfig) -> Result<Net> {
-        Net::from_tensors(config.clone(), &self.t).map_err(cerr)
+    fn net(&self, shape: &Shape) -> Result<Student> {
+        shape.net(&self.t).map_err(cerr)
     }
 }
 
@@ -568,8 +564,7 @@ struct Teacher {
 impl Teacher {
     fn new(s: &Setup) -> Result<Self> {
         let target = &s.lm.model;
-        let taps = dart::stored_taps(target)?;
-        let ctx = 3 * target.config.hidden_size;
+        let (taps, ctx) = s.shape.taps(target)?;
         Ok(Teacher {
             source: TapSource::Online(OnlineTaps::new(target, &taps, ctx)?),
             head: crate::train::dflash::frozen_head(target, s.vocab).map_err(cerr)?,
@@ -580,13 +575,14 @@ impl Teacher {
 /// Training throughput: `steps` steps from the start drafter (nothing saved), in scored
 /// positions per second and seconds per step, after one warm-up step.
 pub fn bench(s: &Setup, p: &Params, steps: usize) -> Result<(f64, f64)> {
+    s.shape.check(p)?;
     set_matmul_precision(p.precision());
     let teacher = Teacher::new(s)?;
     let snap = Snapshot::read(s)?;
     let data = snap.data(s, &teacher);
     let head = &teacher.head;
     let net = (s.start)()?;
-    let mut opt = AdamW::new(&net.vars, 0.0).map_err(cerr)?;
+    let mut opt = AdamW::new(net.vars(), 0.0).map_err(cerr)?;
     let mut pr = Progress::default();
     step(&net, head, &data, &snap.pools, p, &mut opt, &mut pr)?;
     let (t0, pos0) = (Instant::now(), pr.positions);

@@ -1,12 +1,11 @@
 //! What a campaign keeps on disk: its stamp (`campaign.json`), rotating checkpoints, the step
 //! log and the held-out curve; every write atomic, every read of a broken file reported.
 
+use super::student::{Shape, Student};
 use super::Params;
-use crate::drafters::dart::DartConfig;
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::Loaded;
-use crate::train::dart::net::Net;
 use crate::train::optim::AdamW;
 use crate::train::run::{self, Eval};
 use candle_core::Tensor;
@@ -14,13 +13,6 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// `$HOME/.cache/paradraft/campaign/dart`: outside any work tree, so a campaign outlives clones.
-pub fn default_dir() -> PathBuf {
-    dirs::home_dir()
-        .unwrap_or_else(|| PathBuf::from("."))
-        .join(".cache/paradraft/campaign/dart")
-}
 
 /// What identifies a campaign: its target, tokenizer, drafter shape and draft vocabulary.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -34,7 +26,7 @@ pub struct Stamp {
 }
 
 impl Stamp {
-    pub fn new(lm: &Loaded, config: &DartConfig, vocab: &DraftVocab) -> Self {
+    pub fn new(lm: &Loaded, shape: &Shape, vocab: &DraftVocab) -> Self {
         let c = &lm.model.config;
         Stamp {
             target_layers: c.n_layers,
@@ -42,7 +34,7 @@ impl Stamp {
             target_vocab: c.vocab_size,
             tokenizer_fingerprint: format!("{:016x}", lm.tokenizer.fingerprint()),
             draft_vocab_fingerprint: format!("{:016x}", fnv(&vocab.d2t)),
-            drafter: config.to_json(),
+            drafter: shape.to_json(),
         }
     }
 }
@@ -188,7 +180,7 @@ fn checkpoints(dir: &Path) -> Vec<(usize, PathBuf)> {
 /// (atomic); the two newest are kept. A broken write never replaces a good checkpoint.
 pub fn save(
     dir: &Path,
-    net: &Net,
+    net: &Student,
     opt: &AdamW,
     ema: &HashMap<String, Tensor>,
     pr: &Progress,
@@ -196,14 +188,14 @@ pub fn save(
     let root = dir.join("ckpt");
     let tmp = root.join(format!("step-{:08}.tmp", pr.step));
     let _ = std::fs::remove_dir_all(&tmp);
-    run::save_checkpoint(&tmp, &net.vars, opt, pr.step, pr.wall_s)?;
+    run::save_checkpoint(&tmp, net.vars(), opt, pr.step, pr.wall_s)?;
     let ep = tmp.join("ema.safetensors");
     candle_core::safetensors::save(ema, &ep).map_err(|e| bad(&ep, e))?;
     write_atomic(
         &tmp.join("progress.json"),
         serde_json::to_string(pr).expect("json").as_bytes(),
     )?;
-    load_one(&tmp, &net.config)?;
+    load_one(&tmp, &net.shape())?;
     let done = root.join(format!("step-{:08}", pr.step));
     let _ = std::fs::remove_dir_all(&done);
     std::fs::rename(&tmp, &done).map_err(|e| Error::io(&done, e))?;
@@ -216,13 +208,13 @@ pub fn save(
 /// A checkpoint: the network, every saved tensor (for the optimiser), the progress and the
 /// weights' moving average (absent in checkpoints written before it was kept).
 type Restored = (
-    Net,
+    Student,
     HashMap<String, Tensor>,
     Progress,
     Option<HashMap<String, Tensor>>,
 );
 
-fn load_one(ck: &Path, config: &DartConfig) -> Result<Restored> {
+fn load_one(ck: &Path, shape: &Shape) -> Result<Restored> {
     let saved = run::load_checkpoint(ck)?.ok_or_else(|| bad(ck, "no state.safetensors"))?;
     let pp = ck.join("progress.json");
     let text = std::fs::read_to_string(&pp).map_err(|e| Error::io(&pp, e))?;
@@ -230,13 +222,14 @@ fn load_one(ck: &Path, config: &DartConfig) -> Result<Restored> {
     if pr.step != saved.step {
         return Err(bad(ck, "progress.json and state.json disagree on the step"));
     }
-    let net = Net::from_tensors(config.clone(), &saved.tensors)
+    let net = shape
+        .net(&saved.tensors)
         .map_err(|e| run::broken_checkpoint(ck, e))?;
     let ep = ck.join("ema.safetensors");
     let ema = if ep.exists() {
         let t = candle_core::safetensors::load(&ep, &candle_core::Device::Cpu)
             .map_err(|e| bad(&ep, e))?;
-        Net::from_tensors(config.clone(), &t).map_err(|e| bad(&ep, e))?;
+        shape.net(&t).map_err(|e| bad(&ep, e))?;
         Some(t)
     } else {
         None
@@ -245,12 +238,12 @@ fn load_one(ck: &Path, config: &DartConfig) -> Result<Restored> {
 }
 
 /// The newest checkpoint that loads (broken ones are reported through `warn` and skipped).
-pub fn resume(dir: &Path, config: &DartConfig, mut warn: impl FnMut(String)) -> Option<Restored> {
+pub fn resume(dir: &Path, shape: &Shape, mut warn: impl FnMut(String)) -> Option<Restored> {
     for (_, ck) in checkpoints(dir) {
         if ck.extension().is_some_and(|e| e == "tmp") {
             continue;
         }
-        match load_one(&ck, config) {
+        match load_one(&ck, shape) {
             Ok(r) => return Some(r),
             Err(e) => warn(format!("skipping checkpoint {}: {e}", ck.display())),
         }

@@ -1,0 +1,257 @@
+//! The drafters a campaign trains: what differs between DART and DFlash (their networks, the
+//! positions a step draws, their losses, held-out evaluations and published layouts), so that
+//! the campaign's loop, store and data are written once.
+
+use super::Params;
+use crate::drafters::dart::DartConfig;
+use crate::drafters::dflash::DflashConfig;
+use crate::drafters::vocab::DraftVocab;
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::train::data::Sample;
+use crate::train::dflash::net::{CResult, FrozenHead};
+use crate::train::run::{self, cerr, Data, Eval};
+use crate::train::{dart, dflash};
+use crate::types::TokenId;
+use candle_core::{DType, Tensor};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Held-out positions evaluated per sample (evenly spaced).
+const EVAL_ANCHORS: usize = 32;
+
+/// Which drafter a campaign trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// DART: one layer, mask slots after the last real slot (the campaign of issue #23).
+    Dart,
+    /// DFlash: block diffusion over the target's features (its block drafts are what
+    /// DFlash-tree and CPS build on).
+    Dflash,
+}
+
+impl Method {
+    /// Lower-case name: the campaign's default directory and the published drafter's suffix.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Dart => "dart",
+            Method::Dflash => "dflash",
+        }
+    }
+
+    /// The paper's spelling.
+    pub fn label(self) -> &'static str {
+        match self {
+            Method::Dart => "DART",
+            Method::Dflash => "DFlash",
+        }
+    }
+
+    /// `$HOME/.cache/paradraft/campaign/<name>`: outside any work tree, so a campaign outlives
+    /// clones.
+    pub fn default_dir(self) -> PathBuf {
+        dirs::home_dir()
+            .unwrap_or_else(|| PathBuf::from("."))
+            .join(".cache/paradraft/campaign")
+            .join(self.name())
+    }
+
+    /// The committed drafter a campaign without a checkpoint starts from.
+    pub fn published(self) -> &'static str {
+        match self {
+            Method::Dart => "drafters/smollm2-135m-dart",
+            Method::Dflash => "drafters/smollm2-135m-dflash",
+        }
+    }
+
+    /// The campaign's settings for this drafter. DFlash starts from a drafter trained once at
+    /// 6e-4 with a cosine decay (72 CPU-minutes), so it resumes at 3e-4, the rate DART's
+    /// campaign used before its late phase; its loss decays over the block as in its paper
+    /// (γ = 7). Its labels are the sample's own tokens, so it trains on greedy answers only.
+    pub fn params(self) -> Params {
+        match self {
+            Method::Dart => Params::default(),
+            Method::Dflash => Params {
+                lr: 3e-4,
+                gamma: 7.0,
+                corpus_share: 0.0,
+                sample_temp: 0.0,
+                ..Params::default()
+            },
+        }
+    }
+
+    /// Refuses settings this drafter cannot be trained with.
+    pub fn check(self, p: &Params) -> Result<()> {
+        let why = match self {
+            // DART's γ is the chain decay per depth (a probability), DFlash's a decay length.
+            Method::Dart if p.gamma > 1.0 => "DART's gamma must be in (0, 1]",
+            Method::Dflash if p.corpus_share > 0.0 || p.sample_temp > 0.0 => {
+                "a DFlash campaign trains on the target's greedy answers only (its labels are \
+                 the text's own tokens): corpus share and sampling temperature must be 0"
+            }
+            _ => return Ok(()),
+        };
+        Err(Error::BadRequest(format!("campaign settings: {why}")))
+    }
+
+    /// An exported (or published) drafter as a trainable network with its draft vocabulary.
+    pub fn load(self, dir: &Path, target_vocab: usize) -> Result<(Student, DraftVocab)> {
+        Ok(match self {
+            Method::Dart => {
+                let (n, v) = dart::load_exported(dir)?;
+                (Student::Dart(n), v)
+            }
+            Method::Dflash => {
+                let (n, v) = dflash::load_exported(dir, target_vocab)?;
+                (Student::Dflash(n), v)
+            }
+        })
+    }
+}
+
+/// A drafter's configuration: what a checkpoint's tensors are read as.
+#[derive(Clone, Debug)]
+pub enum Shape {
+    Dart(DartConfig),
+    Dflash(DflashConfig),
+}
+
+impl Shape {
+    pub fn method(&self) -> Method {
+        match self {
+            Shape::Dart(_) => Method::Dart,
+            Shape::Dflash(_) => Method::Dflash,
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Shape::Dart(c) => c.to_json(),
+            Shape::Dflash(c) => c.to_json(),
+        }
+    }
+
+    /// The network of this shape holding `t` (every tensor checked).
+    pub fn net(&self, t: &HashMap<String, Tensor>) -> CResult<Student> {
+        Ok(match self {
+            Shape::Dart(c) => Student::Dart(dart::net::Net::from_tensors(c.clone(), t)?),
+            Shape::Dflash(c) => Student::Dflash(dflash::net::Net::from_tensors(c.clone(), t)?),
+        })
+    }
+
+    /// The target layers the teacher taps (the drafter's own, then the target's last layer
+    /// for the distillation loss) and the width of the drafter's part.
+    pub fn taps(&self, target: &Model) -> Result<(Vec<usize>, usize)> {
+        let (n, h) = (target.config.n_layers, target.config.hidden_size);
+        match self {
+            Shape::Dart(_) => Ok((dart::stored_taps(target)?, 3 * h)),
+            Shape::Dflash(c) => {
+                if c.num_target_layers != n {
+                    return Err(Error::BadRequest(format!(
+                        "the DFlash drafter was made for a {}-layer target, this one has {n}",
+                        c.num_target_layers
+                    )));
+                }
+                let mut t = c.target_layer_ids.clone();
+                t.push(n - 1);
+                Ok((t, c.target_layer_ids.len() * h))
+            }
+        }
+    }
+
+    /// Refuses settings this drafter cannot be trained with.
+    pub fn check(&self, p: &Params) -> Result<()> {
+        self.method().check(p)
+    }
+}
+
+/// A trainable drafter.
+pub enum Student {
+    Dart(dart::net::Net),
+    Dflash(dflash::net::Net),
+}
+
+impl Student {
+    pub fn shape(&self) -> Shape {
+        match self {
+            Student::Dart(n) => Shape::Dart(n.config.clone()),
+            Student::Dflash(n) => Shape::Dflash(n.config.clone()),
+        }
+    }
+
+    pub fn vars(&self) -> &run::Vars {
+        match self {
+            Student::Dart(n) => &n.vars,
+            Student::Dflash(n) => &n.vars,
+        }
+    }
+
+    /// The positions a step trains on in sample `s`: up to `n` DART prefixes or DFlash block
+    /// anchors, uniformly without replacement, sorted.
+    pub(super) fn positions(&self, s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+        match self {
+            Student::Dart(_) => dart::sample_prefixes(s, n, rng),
+            Student::Dflash(_) => dflash::batch::sample_anchors(s, n, rng),
+        }
+    }
+
+    /// The weighted mean loss of `items` (sample index, its positions), the depth-1 accuracy
+    /// and the rows scored; `None` when nothing is labelled.
+    pub(super) fn loss(
+        &self,
+        head: &FrozenHead,
+        data: &Data,
+        items: &[(usize, Vec<usize>)],
+        p: &Params,
+    ) -> Result<Option<(Tensor, f64, usize)>> {
+        match self {
+            Student::Dart(n) => dart::sequences_loss(n, head, data, items, p.gamma, p.kl_weight),
+            Student::Dflash(n) => {
+                if let Some((si, _)) = items.iter().find(|(si, _)| *si >= data.teacher_from) {
+                    return Err(Error::BadRequest(format!(
+                        "sample {si} is teacher-forced text: DFlash trains on greedy answers only"
+                    )));
+                }
+                let c = &n.config;
+                let lb = dflash::batch::build(
+                    data.target,
+                    data.samples,
+                    data.features,
+                    items,
+                    c.block_size,
+                    TokenId(c.mask_token_id),
+                    data.vocab,
+                    p.gamma,
+                )
+                .map_err(cerr)?;
+                let rows = lb.weights.iter().filter(|&&w| w > 0.0).count();
+                Ok(dflash::loss(n, head, &lb, p.kl_weight)
+                    .map_err(cerr)?
+                    .map(|(l, acc1)| (l, acc1, rows)))
+            }
+        }
+    }
+
+    /// Held-out acceptance: DART's chain over its depths, DFlash's block drafts.
+    pub(super) fn evaluate(&self, data: &Data, held_out: &[usize]) -> Result<Eval> {
+        match self {
+            Student::Dart(n) => dart::evaluate(n, data, held_out, EVAL_ANCHORS),
+            Student::Dflash(n) => {
+                dflash::evaluate(n, data, held_out, n.config.block_size, EVAL_ANCHORS)
+            }
+        }
+    }
+
+    /// Writes the drafter in its published layout, weights in f16.
+    pub fn export(&self, vocab: &DraftVocab, dir: &Path) -> Result<()> {
+        match self {
+            Student::Dart(n) => dart::export(n, vocab, dir, DType::F16),
+            Student::Dflash(n) => {
+                let target_vocab = n.config.layers.vocab_size;
+                dflash::export(n, vocab, target_vocab, dir, DType::F16)
+            }
+        }
+    }
+}
