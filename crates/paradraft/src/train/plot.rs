@@ -108,7 +108,7 @@ pub fn curve_svg(
         .draw()
         .map_err(err)?;
     ch.configure_secondary_axes()
-        .y_desc("expected chain τ (8 drafts)")
+        .y_desc("expected chain τ (the drafter's depths)")
         .draw()
         .map_err(err)?;
     let goal_style = ShapeStyle::from(&GREEN).stroke_width(2);
