@@ -128,6 +128,16 @@ pub struct Prompt {
     pub prompt: String,
 }
 
+/// [`read_maybe_gz`] of a UTF-8 text file.
+pub fn read_text_maybe_gz(path: &Path) -> Result<String> {
+    String::from_utf8(read_maybe_gz(path)?).map_err(|e| {
+        Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        )
+    })
+}
+
 /// A file's bytes, decompressed when its name ends in `.gz`.
 pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
     let mut bytes = vec![];
@@ -143,13 +153,8 @@ pub fn read_maybe_gz(path: &Path) -> Result<Vec<u8>> {
 
 /// Reads a prompt file: JSON Lines, gzip-compressed when the name ends in `.gz`.
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
-    let text = String::from_utf8(read_maybe_gz(path)?).map_err(|e| {
-        Error::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
-        )
-    })?;
-    text.lines()
+    read_text_maybe_gz(path)?
+        .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {

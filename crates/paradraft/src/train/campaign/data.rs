@@ -5,7 +5,9 @@ use super::store::{bad, write_atomic};
 use super::{Setup, Teacher};
 use crate::error::{Error, Result};
 use crate::model::{Loaded, Message};
-use crate::train::data::{parse_samples, read_maybe_gz, read_samples, Prompt, Sample};
+use crate::train::data::{
+    parse_samples, read_maybe_gz, read_samples, read_text_maybe_gz, Prompt, Sample,
+};
 use crate::train::run;
 use candle_core::Device;
 use rand_chacha::ChaCha8Rng;
@@ -26,15 +28,7 @@ pub fn corpus_samples(
     exclude: &HashSet<String>,
     max_len: usize,
 ) -> Result<Vec<Sample>> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut text = String::new();
-    if path.extension().is_some_and(|e| e == "gz") {
-        flate2::read::GzDecoder::new(f).read_to_string(&mut text)
-    } else {
-        std::io::BufReader::new(f).read_to_string(&mut text)
-    }
-    .map_err(|e| Error::io(path, e))?;
+    let text = read_text_maybe_gz(path)?;
     let by_id: HashMap<&str, &str> = prompts
         .iter()
         .map(|p| (p.id.as_str(), p.prompt.as_str()))
