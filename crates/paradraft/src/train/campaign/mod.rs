@@ -484,6 +484,12 @@ fn evaluate(
         lr: Some(lr),
         eval: e,
     };
+    // The best α1 so far, before this point joins the curve: compared with the curve read
+    // back, a new maximum could lose to its own JSON round trip by an ulp and never be kept.
+    let best = read_curve(s.dir)?
+        .iter()
+        .map(|c| c.eval.alpha.first().copied().unwrap_or(0.0))
+        .fold(0.0, f64::max);
     append_line(&s.dir.join("curve.jsonl"), &point)?;
     on(Event::Note(format!(
         "held-out evaluation took {:.0} s",
@@ -491,10 +497,6 @@ fn evaluate(
     )));
     on(Event::Eval(&point));
     // The latest weights as a drafter, and the best so far by held-out α1.
-    let best = read_curve(s.dir)?
-        .iter()
-        .map(|c| c.eval.alpha.first().copied().unwrap_or(0.0))
-        .fold(0.0, f64::max);
     let a1 = point.eval.alpha.first().copied().unwrap_or(0.0);
     let mut dirs = vec![s.dir.join("latest")];
     if a1 >= best {
