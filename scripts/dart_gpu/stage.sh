@@ -4,30 +4,33 @@
 # tracked tree alone is larger, so the run travels as: this folder (untracked) + gpu_carry/.
 #
 #   scripts/dart_gpu/stage.sh carry     gpu_carry/: the GGUF in two parts (60 MB + 38 MB), the
-#                                       campaign's samples (gzip), the committed drafter
+#                                       campaign's greedy samples and the sampled answers so far
+#                                       (gzip; the campaign's sampled.bin, else the committed
+#                                       data/distill/smollm2-135m-sampled.bin.gz), the drafter
 #   scripts/dart_gpu/stage.sh hide      takes every tracked file off the index (backed up) and
 #                                       ignores all but scripts/dart_gpu/, so only it travels
 #   scripts/dart_gpu/stage.sh restore   puts the index and the ignore list back (run it as soon as
 #                                       the GPU calls are done; nothing in the work tree changes)
 #
-# The calls (each ≤ 10 minutes; the machine goes back after 30 s idle, so make them back to back):
-#   1. carry gpu_carry/model.part1:  mkdir -p /tmp/pd && cp gpu_carry/model.part1 /tmp/pd/
-#   2. carry gpu_carry/model.part2, gpu_carry/samples.bin.gz, gpu_carry/drafter:
+# The calls (each ≤ 10 minutes; the machine goes back after 30 s idle, so make them back to back;
+# the 2026-11-25 run, docs/dart.md, used these with 1,531 s of the 1,800 s of device time):
+#   1. carry gpu_carry/model.part1, gpu_carry/sampled.bin.gz:  mkdir -p /tmp/pd && cp
+#      gpu_carry/model.part1 /tmp/pd/ && gunzip -c gpu_carry/sampled.bin.gz > /tmp/pd/sampled.bin
+#   2. carry gpu_carry/model.part2, gpu_carry/samples.bin.gz, gpu_carry/drafter (63 MB):
 #      cat /tmp/pd/model.part1 gpu_carry/model.part2 > /tmp/pd/m.gguf && python3
 #      scripts/dart_gpu/train.py --model /tmp/pd/m.gguf --samples gpu_carry/samples.bin.gz
-#      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt --minutes 9.2 ...;
-#      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.; cp
-#      /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/
-#      The campaign's own sampled answers (gpu_carry/sampled.bin.gz, grown by its distillation
-#      rounds) do not fit this call beside the model part: carry them in a third call, then
-#      gunzip -c gpu_carry/sampled.bin.gz > /tmp/pd/sampled.bin and pass --sampled /tmp/pd/sampled.bin.
-#      To grow the data first (the 2026-11-24 run ended data-bound, docs/dart.md), add
-#      --sampled /tmp/pd/sampled.bin --generate 20000 --gen-minutes 4 --sampled-share 0.5, and
-#      bring the answers back: gzip -c /tmp/pd/sampled.bin | split -b 15M - $OUT/sampled.gz.
-#      (The generation ran on this CPU only: greedy answers equal the training forward's argmax.)
-#   3. the same training command again (it resumes from /tmp/pd/state.pt while the machine is warm)
+#      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt
+#      --sampled /tmp/pd/sampled.bin --generate 8192 --gen-batch 512 --gen-minutes 4.5
+#      --sampled-share 0.6 --minutes 9.0 > $OUT/log.txt 2>&1;
+#      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.;
+#      cp /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/;
+#      gzip -c /tmp/pd/sampled.bin > $OUT/sampled.bin.gz
+#      (generation ran at about 31 answers a second on an H100: 8,704 in 282 s)
+#   3. (4.) the same command without model.part2 (it resumes from /tmp/pd/state.pt and reuses
+#      /tmp/pd/m.gguf while the machine is warm); a shorter --generate, or none.
 # Then: cat drafter.st.* > model.safetensors, and evaluate it with the engine
-# (`paradraft train campaign --dir D --from DRAFTER`, its first curve point).
+# (`paradraft train campaign --dir D --from DRAFTER --max-steps 1 --distill-share 0`, its first
+# curve point); the answers in sampled.bin.gz replace data/distill/smollm2-135m-sampled.bin.gz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CAMPAIGN="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
@@ -37,14 +40,19 @@ BACKUP="$GIT/dart_gpu_backup"
 case "${1:-}" in
   carry)
     [[ -f "$MODEL" ]] || { echo "no model at $MODEL (set PARADRAFT_MODEL)" >&2; exit 1; }
-    [[ -f "$CAMPAIGN/samples.bin" ]] || { echo "no $CAMPAIGN/samples.bin" >&2; exit 1; }
+    [[ -f "$CAMPAIGN/samples.bin" ]] || { echo "no $CAMPAIGN/samples.bin (make it: paradraft train campaign --max-steps 1 --distill-share 0)" >&2; exit 1; }
     mkdir -p "$GIT/info" gpu_carry/drafter
     grep -qx 'gpu_carry/' "$GIT/info/exclude" 2>/dev/null || echo 'gpu_carry/' >>"$GIT/info/exclude"
     head -c 60000000 "$MODEL" >gpu_carry/model.part1
     tail -c +60000001 "$MODEL" >gpu_carry/model.part2
     gzip -c "$CAMPAIGN/samples.bin" >gpu_carry/samples.bin.gz
-    if [[ -f "$CAMPAIGN/sampled.bin" ]]; then gzip -c "$CAMPAIGN/sampled.bin" >gpu_carry/sampled.bin.gz; fi
+    if [[ -f "$CAMPAIGN/sampled.bin" ]]; then
+      gzip -c "$CAMPAIGN/sampled.bin" >gpu_carry/sampled.bin.gz
+    else
+      cp data/distill/smollm2-135m-sampled.bin.gz gpu_carry/sampled.bin.gz
+    fi
     cp drafters/smollm2-135m-dart/config.json drafters/smollm2-135m-dart/model.safetensors gpu_carry/drafter/
+    du -cb gpu_carry/model.part1 gpu_carry/sampled.bin.gz | tail -n 1
     du -cb gpu_carry/model.part2 gpu_carry/samples.bin.gz gpu_carry/drafter/* | tail -n 1
     ls -l gpu_carry
     ;;
