@@ -32,6 +32,12 @@ pub struct CampaignArgs {
     /// Default: `data/distill/smollm2-135m-samples-more.bin.gz` when it is there.
     #[arg(long)]
     pub more_samples: Option<PathBuf>,
+    /// Sampled answers a new DART campaign's data starts with (training prompts answered again
+    /// at a temperature; answers to held-out prompts are left out). Default:
+    /// `data/distill/smollm2-135m-sampled.bin.gz` when it is there; DFlash trains on greedy
+    /// answers only and takes none.
+    #[arg(long)]
+    pub more_sampled: Option<PathBuf>,
     /// Prompts of the samples, and of the samples the campaign distils.
     #[arg(long, default_value = "data/train/distill_prompts.jsonl.gz")]
     pub prompts: PathBuf,
@@ -131,6 +137,12 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     };
     p.validate()?;
     method.check(&p)?;
+    if let (Method::Dflash, Some(f)) = (method, &a.more_sampled) {
+        bail!(
+            "--more-sampled {}: a DFlash campaign trains on greedy answers only",
+            f.display()
+        );
+    }
     if a.hours < 0.0 {
         bail!("--hours {}: must be at least 0", a.hours);
     }
@@ -155,9 +167,17 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         let d = PathBuf::from("data/distill/smollm2-135m-samples-more.bin.gz");
         d.exists().then_some(d)
     });
+    let sampled = match method {
+        Method::Dflash => None,
+        Method::Dart => a.more_sampled.clone().or_else(|| {
+            let d = PathBuf::from("data/distill/smollm2-135m-sampled.bin.gz");
+            d.exists().then_some(d)
+        }),
+    };
     let src = Sources {
         seed: a.seed_samples.clone(),
         more,
+        sampled,
         prompts: a.prompts.clone(),
         // Tokenised (once per directory) only when drawn from.
         corpus: if p.corpus_share > 0.0 {

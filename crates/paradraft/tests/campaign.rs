@@ -321,6 +321,7 @@ fn run_until(
     let src = Sources {
         seed: fx.seed.clone(),
         more: None,
+        sampled: None,
         prompts: fx.prompts.clone(),
         corpus: vec![fx.corpus.clone()],
         corpus_max_len: 8,
@@ -586,6 +587,7 @@ fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
     let src = Sources {
         seed: fx.seed.clone(),
         more: None,
+        sampled: None,
         prompts: fx.prompts.clone(),
         corpus: vec![],
         corpus_max_len: 8,
@@ -633,6 +635,7 @@ fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
         let src = Sources {
             seed: fx.seed.clone(),
             more: Some(more.clone()),
+            sampled: None,
             prompts: fx.prompts.clone(),
             corpus: vec![],
             corpus_max_len: 8,
@@ -654,4 +657,72 @@ fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
         campaign::prepare(dir.path(), &lm, &src, |_| {}).unwrap();
         assert_eq!(read_samples(&sp).unwrap().0.len(), seed.len() + 2);
     }
+}
+
+/// Committed sampled answers become a new campaign's `sampled.bin`, less those of held-out
+/// prompts; a campaign that has its own keeps them; an answer to a prompt that does not exist
+/// is refused with the file named, and no half-written data is left.
+#[test]
+fn committed_sampled_answers_seed_a_new_campaign_but_never_held_out_ones() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm, Method::Dart);
+    let sample = |i: u32, t: u32| Sample {
+        prompt_index: i,
+        prompt_len: 2,
+        tokens: vec![paradraft::types::TokenId(1 + t); 6],
+    };
+    let write = |path: &std::path::Path, xs: &[Sample]| {
+        let (mut w, _) = SampleWriter::open(path).unwrap();
+        for x in xs {
+            w.append(x).unwrap();
+        }
+    };
+    // p/19 is held out; p/3 (answered greedily by the seed) may have sampled answers too.
+    let good = fx.dir.path().join("sampled-good.bin");
+    write(
+        &good,
+        &[sample(3, 1), sample(19, 2), sample(25, 3), sample(3, 4)],
+    );
+    let src = |f: &std::path::Path| Sources {
+        seed: fx.seed.clone(),
+        more: None,
+        sampled: Some(f.to_path_buf()),
+        prompts: fx.prompts.clone(),
+        corpus: vec![],
+        corpus_max_len: 8,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut notes = vec![];
+    campaign::prepare(dir.path(), &lm, &src(&good), |n| notes.push(n)).unwrap();
+    let sp = dir.path().join("sampled.bin");
+    let (have, _) = read_samples(&sp).unwrap();
+    assert_eq!(
+        have,
+        [sample(3, 1), sample(25, 3), sample(3, 4)],
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("3 committed sampled answers")),
+        "{notes:?}"
+    );
+    // Its own answers grown (appended), then resumed: they stay as they are.
+    write(&sp, &[sample(26, 5)]);
+    campaign::prepare(dir.path(), &lm, &src(&good), |_| {}).unwrap();
+    let want = [sample(3, 1), sample(25, 3), sample(3, 4), sample(26, 5)];
+    assert_eq!(read_samples(&sp).unwrap().0, want);
+    // An answer to prompt 99 of the fixture's few: refused, naming the file; nothing written.
+    let bad = fx.dir.path().join("sampled-bad.bin");
+    write(&bad, &[sample(25, 1), sample(99, 2)]);
+    let dir = tempfile::tempdir().unwrap();
+    let e = campaign::prepare(dir.path(), &lm, &src(&bad), |_| {})
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("sampled-bad.bin") && e.contains("prompt 99"),
+        "{e}"
+    );
+    assert!(!dir.path().join("sampled.bin").exists());
 }

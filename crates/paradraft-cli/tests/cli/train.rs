@@ -41,6 +41,7 @@ fn train_campaign_refuses_settings_its_drafter_cannot_use() {
     for extra in [
         &["--method", "dflash", "--corpus-share", "0.5"][..],
         &["--method", "dflash", "--sample-temp", "0.8"],
+        &["--method", "dflash", "--more-sampled", "x.bin.gz"],
     ] {
         assert_refused(&args(extra), "greedy answers only");
     }

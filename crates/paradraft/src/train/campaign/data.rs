@@ -101,6 +101,10 @@ pub struct Sources {
     /// A new campaign's data gets them after the seed, leaving out samples of held-out prompts
     /// and of prompts already answered; an existing campaign's data is left as it is.
     pub more: Option<PathBuf>,
+    /// Committed sampled answers (the same format; training prompts answered again at a
+    /// temperature, e.g. on a lent GPU): a new campaign's `sampled.bin` starts as them, less
+    /// those of held-out prompts. Only for drafters that train on teacher-labelled text (DART).
+    pub sampled: Option<PathBuf>,
     /// The prompts their `prompt_index` refers to (and new samples are distilled from).
     pub prompts: PathBuf,
     /// Corpus files (`{"id", "text"}` JSON Lines) for teacher-forced text.
@@ -199,6 +203,13 @@ pub fn prepare(
                 more.display()
             ));
         }
+        if let Some(path) = &src.sampled {
+            let n = seed_sampled(dir, path, &prompts, &exclude)?;
+            note(format!(
+                "{n} committed sampled answers from {}",
+                path.display()
+            ));
+        }
         std::fs::rename(&staged, &samples_path).map_err(|e| Error::io(&samples_path, e))?;
     }
     let mut corpus = vec![];
@@ -242,6 +253,48 @@ pub fn prepare(
         held_out,
         corpus,
     })
+}
+
+/// Writes `DIR/sampled.bin` from the committed sampled answers at `path`, leaving out answers to
+/// prompts in `exclude` (the held-out ones); returns how many were written. A campaign that
+/// already has sampled answers keeps them.
+fn seed_sampled(
+    dir: &Path,
+    path: &Path,
+    prompts: &[Prompt],
+    exclude: &HashSet<String>,
+) -> Result<usize> {
+    use crate::train::data::SampleWriter;
+    let out = dir.join("sampled.bin");
+    if out.exists() {
+        return Ok(0);
+    }
+    let (all, _) = parse_samples(&read_maybe_gz(path)?, path)?;
+    let mut keep = Vec::with_capacity(all.len());
+    for s in all {
+        let Some(p) = prompts.get(s.prompt_index as usize) else {
+            return Err(bad(
+                path,
+                format!(
+                    "a sample refers to prompt {} of {}",
+                    s.prompt_index,
+                    prompts.len()
+                ),
+            ));
+        };
+        if !exclude.contains(&p.id) {
+            keep.push(s);
+        }
+    }
+    let staged = dir.join("sampled.tmp");
+    let _ = std::fs::remove_file(&staged);
+    let (mut w, _) = SampleWriter::open(&staged)?;
+    for s in &keep {
+        w.append(s)?;
+    }
+    drop(w);
+    std::fs::rename(&staged, &out).map_err(|e| Error::io(&out, e))?;
+    Ok(keep.len())
 }
 
 /// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
