@@ -224,14 +224,7 @@ pub fn prepare(
         if !cache.exists() {
             let t0 = Instant::now();
             let got = corpus_samples(lm, path, &prompts, &exclude, src.corpus_max_len)?;
-            let tmp = cache.with_extension("tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let (mut w, _) = SampleWriter::open(&tmp)?;
-            for s in &got {
-                w.append(s)?;
-            }
-            drop(w);
-            std::fs::rename(&tmp, &cache).map_err(|e| Error::io(&cache, e))?;
+            write_samples_atomic(&cache, &got)?;
             note(format!(
                 "tokenised {} into {} sequences in {:.0} s",
                 path.display(),
@@ -264,7 +257,6 @@ fn seed_sampled(
     prompts: &[Prompt],
     exclude: &HashSet<String>,
 ) -> Result<usize> {
-    use crate::train::data::SampleWriter;
     let out = dir.join("sampled.bin");
     if out.exists() {
         return Ok(0);
@@ -286,15 +278,22 @@ fn seed_sampled(
             keep.push(s);
         }
     }
-    let staged = dir.join("sampled.tmp");
-    let _ = std::fs::remove_file(&staged);
-    let (mut w, _) = SampleWriter::open(&staged)?;
-    for s in &keep {
+    write_samples_atomic(&out, &keep)?;
+    Ok(keep.len())
+}
+
+/// Writes `samples` as a new token file at `path`: staged beside it (`.tmp`) and renamed, so
+/// that a failure leaves no half-written file under the final name.
+fn write_samples_atomic(path: &Path, samples: &[Sample]) -> Result<()> {
+    use crate::train::data::SampleWriter;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let (mut w, _) = SampleWriter::open(&tmp)?;
+    for s in samples {
         w.append(s)?;
     }
     drop(w);
-    std::fs::rename(&staged, &out).map_err(|e| Error::io(&out, e))?;
-    Ok(keep.len())
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
 /// The campaign's data as it stands: the greedy self-distilled samples on disk, the sampled
