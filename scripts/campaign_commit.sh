@@ -5,10 +5,11 @@
 # the campaign's best (f16) and its evaluation. The method is PARADRAFT_CAMPAIGN_METHOD (dart,
 # the default, or dflash); a DFlash campaign's curve goes to docs/dflash_campaign.* and
 # docs/results/dflash_campaign_curve.jsonl.
-# Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The campaign restarted from the GPU run's
-# weights on 2026-11-24 (docs/dart.md): its curve goes to *_after_gpu.*; the first CPU phase's
-# curve (docs/dart_campaign.*, docs/results/dart_campaign_curve.jsonl) and the GPU run's
-# (docs/results/dart_campaign_gpu_curve.jsonl) stay as committed.
+# Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The DART campaign restarted from the
+# second GPU run's weights on 2026-11-25 (docs/dart.md): its curve goes to *_after_gpu2.*; the
+# earlier phases' curves (docs/dart_campaign.*, *_after_gpu.*, the GPU runs' logs) stay as
+# committed. A DART campaign's sampled answers (its sampled.bin, which starts as the committed
+# ones) replace data/distill/smollm2-135m-sampled.bin.gz when it holds more of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 METHOD="${PARADRAFT_CAMPAIGN_METHOD:-dart}"
@@ -16,8 +17,8 @@ DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/$METHOD}"
 BIN="${PARADRAFT_BIN:-target/release/paradraft}"
 OUT="drafters/smollm2-135m-$METHOD"
 if [[ "$METHOD" == dart ]]; then
-  PLOT="${PARADRAFT_CURVE_PLOT:-docs/dart_campaign_after_gpu.svg}"
-  CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu.jsonl}"
+  PLOT="${PARADRAFT_CURVE_PLOT:-docs/dart_campaign_after_gpu2.svg}"
+  CURVE="${PARADRAFT_CURVE_OUT:-docs/results/dart_campaign_curve_after_gpu2.jsonl}"
 else
   PLOT="${PARADRAFT_CURVE_PLOT:-docs/${METHOD}_campaign.svg}"
   CURVE="${PARADRAFT_CURVE_OUT:-docs/results/${METHOD}_campaign_curve.jsonl}"
@@ -36,6 +37,27 @@ if have[: len(seed)] != seed:
 out.write_bytes(gzip.compress(seed[:8] + have[len(seed):], 9))
 print(f"wrote {out}")
 PY
+if [[ -f "$DIR/sampled.bin" ]]; then
+  python3 - "$DIR/sampled.bin" data/distill/smollm2-135m-sampled.bin.gz <<'PY'
+import gzip, pathlib, struct, sys
+src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def count(raw):
+    n, at = 0, 8
+    while at + 12 <= len(raw):
+        k = struct.unpack_from("<I", raw, at + 8)[0]
+        if at + 12 + 4 * k > len(raw):
+            break
+        n, at = n + 1, at + 12 + 4 * k
+    return n, at
+have, end = count(src.read_bytes())
+old = count(gzip.decompress(out.read_bytes()))[0] if out.exists() else 0
+if have > old:
+    out.write_bytes(gzip.compress(src.read_bytes()[:end], 9, mtime=0))
+    print(f"wrote {out}: {have} sampled answers (was {old})")
+else:
+    print(f"kept {out}: {old} sampled answers, the campaign has {have}")
+PY
+fi
 python3 - "$DIR" "$OUT" <<'PY'
 import json, shutil, sys, pathlib
 d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
