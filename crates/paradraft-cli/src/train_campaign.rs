@@ -137,10 +137,11 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     };
     p.validate()?;
     method.check(&p)?;
-    if let (Method::Dflash, Some(f)) = (method, &a.more_sampled) {
+    if let (false, Some(f)) = (method.takes_teacher_labels(), &a.more_sampled) {
         bail!(
-            "--more-sampled {}: a DFlash campaign trains on greedy answers only",
-            f.display()
+            "--more-sampled {}: a {} campaign trains on greedy answers only",
+            f.display(),
+            method.label()
         );
     }
     if a.hours < 0.0 {
@@ -167,13 +168,14 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         let d = PathBuf::from("data/distill/smollm2-135m-samples-more.bin.gz");
         d.exists().then_some(d)
     });
-    let sampled = match method {
-        Method::Dflash => None,
-        Method::Dart => a.more_sampled.clone().or_else(|| {
+    let sampled = a
+        .more_sampled
+        .clone()
+        .or_else(|| {
             let d = PathBuf::from("data/distill/smollm2-135m-sampled.bin.gz");
             d.exists().then_some(d)
-        }),
-    };
+        })
+        .filter(|_| method.takes_teacher_labels());
     let src = Sources {
         seed: a.seed_samples.clone(),
         more,

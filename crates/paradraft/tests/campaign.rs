@@ -712,6 +712,18 @@ fn committed_sampled_answers_seed_a_new_campaign_but_never_held_out_ones() {
     campaign::prepare(dir.path(), &lm, &src(&good), |_| {}).unwrap();
     let want = [sample(3, 1), sample(25, 3), sample(3, 4), sample(26, 5)];
     assert_eq!(read_samples(&sp).unwrap().0, want);
+    // A new directory that already holds sampled answers (copied in by hand, or left by a
+    // start that failed before its samples were in place) keeps them.
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("sampled.bin");
+    write(&own, &[sample(26, 5)]);
+    let mut notes = vec![];
+    campaign::prepare(dir.path(), &lm, &src(&good), |n| notes.push(n)).unwrap();
+    assert_eq!(read_samples(&own).unwrap().0, [sample(26, 5)]);
+    assert!(
+        !notes.iter().any(|n| n.contains("sampled answers")),
+        "{notes:?}"
+    );
     // An answer to prompt 99 of the fixture's few: refused, naming the file; nothing written.
     let bad = fx.dir.path().join("sampled-bad.bin");
     write(&bad, &[sample(25, 1), sample(99, 2)]);

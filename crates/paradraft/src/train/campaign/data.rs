@@ -204,11 +204,12 @@ pub fn prepare(
             ));
         }
         if let Some(path) = &src.sampled {
-            let n = seed_sampled(dir, path, &prompts, &exclude)?;
-            note(format!(
-                "{n} committed sampled answers from {}",
-                path.display()
-            ));
+            if let Some(n) = seed_sampled(dir, path, &prompts, &exclude)? {
+                note(format!(
+                    "{n} committed sampled answers from {}",
+                    path.display()
+                ));
+            }
         }
         std::fs::rename(&staged, &samples_path).map_err(|e| Error::io(&samples_path, e))?;
     }
@@ -249,17 +250,17 @@ pub fn prepare(
 }
 
 /// Writes `DIR/sampled.bin` from the committed sampled answers at `path`, leaving out answers to
-/// prompts in `exclude` (the held-out ones); returns how many were written. A campaign that
-/// already has sampled answers keeps them.
+/// prompts in `exclude` (the held-out ones); returns how many were written, or `None` when the
+/// directory already has sampled answers (they are kept).
 fn seed_sampled(
     dir: &Path,
     path: &Path,
     prompts: &[Prompt],
     exclude: &HashSet<String>,
-) -> Result<usize> {
+) -> Result<Option<usize>> {
     let out = dir.join("sampled.bin");
     if out.exists() {
-        return Ok(0);
+        return Ok(None);
     }
     let (all, _) = parse_samples(&read_maybe_gz(path)?, path)?;
     let mut keep = Vec::with_capacity(all.len());
@@ -279,7 +280,7 @@ fn seed_sampled(
         }
     }
     write_samples_atomic(&out, &keep)?;
-    Ok(keep.len())
+    Ok(Some(keep.len()))
 }
 
 /// Writes `samples` as a new token file at `path`: staged beside it (`.tmp`) and renamed, so

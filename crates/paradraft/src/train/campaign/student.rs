@@ -82,12 +82,18 @@ impl Method {
         }
     }
 
+    /// Whether it trains on text the target labels (corpus text, sampled answers): DART. A
+    /// DFlash drafter's labels are the text's own tokens, so it takes greedy answers only.
+    pub fn takes_teacher_labels(self) -> bool {
+        matches!(self, Method::Dart)
+    }
+
     /// Refuses settings this drafter cannot be trained with.
     pub fn check(self, p: &Params) -> Result<()> {
         let why = match self {
             // DART's γ is the chain decay per depth (a probability), DFlash's a decay length.
             Method::Dart if p.gamma > 1.0 => "DART's gamma must be in (0, 1]",
-            Method::Dflash if p.corpus_share > 0.0 || p.sample_temp > 0.0 => {
+            m if !m.takes_teacher_labels() && (p.corpus_share > 0.0 || p.sample_temp > 0.0) => {
                 "a DFlash campaign trains on the target's greedy answers only (its labels are \
                  the text's own tokens): corpus share and sampling temperature must be 0"
             }
