@@ -34,7 +34,7 @@ d, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 seed, have = (d / "seed.bin").read_bytes(), (d / "samples.bin").read_bytes()
 if have[: len(seed)] != seed:
     sys.exit("samples.bin does not start with the seed: not exporting")
-out.write_bytes(gzip.compress(seed[:8] + have[len(seed):], 9))
+out.write_bytes(gzip.compress(seed[:8] + have[len(seed):], 9, mtime=0))
 print(f"wrote {out}")
 PY
 if [[ -f "$DIR/sampled.bin" ]]; then
@@ -49,10 +49,13 @@ def count(raw):
             break
         n, at = n + 1, at + 12 + 4 * k
     return n, at
-have, end = count(src.read_bytes())
+raw = src.read_bytes()
+if raw[:8] != b"PDTK0001":
+    sys.exit(f"{src}: not a token file (no PDTK0001 header): not exporting")
+have, end = count(raw)
 old = count(gzip.decompress(out.read_bytes()))[0] if out.exists() else 0
 if have > old:
-    out.write_bytes(gzip.compress(src.read_bytes()[:end], 9, mtime=0))
+    out.write_bytes(gzip.compress(raw[:end], 9, mtime=0))
     print(f"wrote {out}: {have} sampled answers (was {old})")
 else:
     print(f"kept {out}: {old} sampled answers, the campaign has {have}")

@@ -25,7 +25,7 @@
 #      split -b 15M /tmp/pd/run/drafter/model.safetensors $OUT/drafter.st.;
 #      cp /tmp/pd/run/log.jsonl /tmp/pd/run/drafter/config.json $OUT/;
 #      gzip -c /tmp/pd/sampled.bin > $OUT/sampled.bin.gz
-#      (generation ran at about 31 answers a second on an H100: 8,704 in 282 s)
+#      (generation ran at about 30 answers a second on an H100: 8,704 in 282 s)
 #   3. (4.) the same command without model.part2 (it resumes from /tmp/pd/state.pt and reuses
 #      /tmp/pd/m.gguf while the machine is warm); a shorter --generate, or none.
 # Then: cat drafter.st.* > model.safetensors, and evaluate it with the engine
