@@ -8,9 +8,10 @@
 #   scripts/campaign.sh            start it (no-op when it already runs)
 #   scripts/campaign.sh pause      SIGSTOP it (before timing anything)
 #   scripts/campaign.sh resume     SIGCONT it
-#   scripts/campaign.sh stop       SIGTERM it: it checkpoints after its current step and exits
-#                                  (killed after 60 s, e.g. mid-distillation: it then loses
-#                                  nothing either, the round was saved before distilling)
+#   scripts/campaign.sh stop       SIGTERM it: it checkpoints after its current step and exits;
+#                                  mid-distillation it starts no new answer, lets those under
+#                                  way finish, then checkpoints (killed after 60 s regardless:
+#                                  then only that round's CPU time is lost from the counter)
 #   scripts/campaign.sh status     pid, last log lines, last curve point
 set -euo pipefail
 cd "$(dirname "$0")/.."

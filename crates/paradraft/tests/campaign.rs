@@ -314,6 +314,16 @@ fn run_until(
     p: &Params,
     until: usize,
 ) -> (campaign::Progress, Vec<String>) {
+    run_while(lm, fx, p, |pr| pr.step >= until)
+}
+
+/// Runs the campaign in `fx` until `stop` says so; returns its notes.
+fn run_while(
+    lm: &Loaded,
+    fx: &Fixture,
+    p: &Params,
+    stop: impl FnMut(&campaign::Progress) -> bool,
+) -> (campaign::Progress, Vec<String>) {
     let n = lm.model.config.vocab_size;
     let (net0, vocab) = fx.method.load(fx.drafter.path(), n).unwrap();
     let shape = net0.shape();
@@ -341,16 +351,11 @@ fn run_until(
         start: &start,
     };
     assert_eq!(prep.held_out, vec![19]);
-    let pr = campaign::run(
-        &setup,
-        p,
-        |pr| pr.step >= until,
-        |e| {
-            if let Event::Note(n) = e {
-                notes.push(n)
-            }
-        },
-    )
+    let pr = campaign::run(&setup, p, stop, |e| {
+        if let Event::Note(n) = e {
+            notes.push(n)
+        }
+    })
     .unwrap();
     (pr, notes)
 }
@@ -560,6 +565,45 @@ fn a_campaign_grows_its_data_by_self_distillation() {
     };
     let (pr, _) = run_until(&lm, &fx, &p, 19);
     assert_eq!(pr.step, 19);
+}
+
+/// A stop asked for during self-distillation starts no new answer: the answers under way finish
+/// and the campaign checkpoints before its next step, the distillation's CPU time counted.
+#[test]
+fn a_stop_during_self_distillation_checkpoints_after_the_answers_under_way() {
+    let lm = load_tiny("llama");
+    let fx = fixture(&lm, Method::Dart);
+    let p = Params {
+        round_s: 0.0,
+        distill_share: 0.5,
+        eval_every: 1000,
+        gen_seqs: 1,
+        ..params()
+    };
+    // Asked once before step 1, then before each prompt of the first distillation round (it
+    // wants 2 × gen_seqs = 2): yes from the second prompt on, so one answer is started.
+    let mut asked = 0;
+    let (pr, notes) = run_while(&lm, &fx, &p, |_| {
+        asked += 1;
+        asked > 2
+    });
+    assert_eq!(pr.step, 1, "{notes:?}");
+    let (samples, _) = read_samples(&fx.dir.path().join("samples.bin")).unwrap();
+    let (seed, _) = read_samples(&fx.seed).unwrap();
+    assert_eq!(samples.len(), seed.len() + 1, "{notes:?}");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("self-distilled 1 greedy")),
+        "{notes:?}"
+    );
+    // The checkpoint holds that step and resumes there.
+    let (pr, notes) = run_until(&lm, &fx, &p, 2);
+    assert_eq!(pr.step, 2);
+    assert!(
+        notes.iter().any(|n| n.starts_with("resumed at step 1")),
+        "{notes:?}"
+    );
 }
 
 #[test]

@@ -185,7 +185,9 @@ pub struct DistillParams {
 
 /// Generates responses for prompts not yet in `out` until it holds `p.samples` records.
 /// Samples are appended as they finish, so the file's order is finishing order; a rerun
-/// skips the prompts already answered. `progress(done, total)` is called after each sample.
+/// skips the prompts already answered. `progress(done, total)` is called after each sample;
+/// `stop()` before each new prompt is taken on: once it says so, no prompt is started and the
+/// answers under way finish (so a stop waits for at most one batch).
 pub fn distill(
     model: &Model,
     tok: &Tokenizer,
@@ -193,6 +195,7 @@ pub fn distill(
     out: &Path,
     p: &DistillParams,
     mut progress: impl FnMut(usize, usize),
+    mut stop: impl FnMut() -> bool,
 ) -> Result<Vec<Sample>> {
     let (mut w, mut have) = SampleWriter::open(out)?;
     let done: HashSet<u32> = have.iter().map(|s| s.prompt_index).collect();
@@ -223,7 +226,8 @@ pub fn distill(
                 }
             }
         })
-        .take(want);
+        .take(want)
+        .take_while(|_| !stop());
     let ctx = p.max_prompt_tokens + p.max_new_tokens + 1;
     let mut feats = match &p.capture {
         Some((taps, path)) => {
@@ -262,6 +266,8 @@ pub fn distill(
 /// many times with different seeds), and the samples are appended to `out` as they finish
 /// (prompts longer than `p.max_prompt_tokens` are skipped). Their tokens are not the target's
 /// argmax, so a trainer labels them as teacher-forced text. Returns how many were appended.
+/// `stop()` is asked before each new request, as in [`distill`].
+#[allow(clippy::too_many_arguments)]
 pub fn distill_sampled(
     model: &Model,
     tok: &Tokenizer,
@@ -270,6 +276,7 @@ pub fn distill_sampled(
     temperature: f32,
     out: &Path,
     p: &DistillParams,
+    mut stop: impl FnMut() -> bool,
 ) -> Result<usize> {
     if !(temperature > 0.0 && temperature.is_finite()) {
         return Err(Error::BadRequest(format!(
@@ -278,26 +285,29 @@ pub fn distill_sampled(
     }
     let (mut w, _) = SampleWriter::open(out)?;
     let mut err = None;
-    let reqs = which.iter().filter_map(|&(i, seed)| {
-        let pr = prompts.get(i)?;
-        match tok.encode_chat(&[Message::new("user", &pr.prompt)], true) {
-            Ok(ids) if ids.len() <= p.max_prompt_tokens => Some(Request {
-                id: i as u64,
-                prompt: ids,
-                max_new_tokens: p.max_new_tokens,
-                sampling: SamplingParams {
-                    temperature,
-                    seed,
-                    ..Default::default()
-                },
-            }),
-            Ok(_) => None,
-            Err(e) => {
-                err.get_or_insert(e);
-                None
+    let reqs = which
+        .iter()
+        .filter_map(|&(i, seed)| {
+            let pr = prompts.get(i)?;
+            match tok.encode_chat(&[Message::new("user", &pr.prompt)], true) {
+                Ok(ids) if ids.len() <= p.max_prompt_tokens => Some(Request {
+                    id: i as u64,
+                    prompt: ids,
+                    max_new_tokens: p.max_new_tokens,
+                    sampling: SamplingParams {
+                        temperature,
+                        seed,
+                        ..Default::default()
+                    },
+                }),
+                Ok(_) => None,
+                Err(e) => {
+                    err.get_or_insert(e);
+                    None
+                }
             }
-        }
-    });
+        })
+        .take_while(|_| !stop());
     let ctx = p.max_prompt_tokens + p.max_new_tokens + 1;
     let mut added = 0;
     generate_batched(model, tok, &[], reqs, p.seqs, ctx, |f| {

@@ -128,6 +128,7 @@ pub fn prepare(lm: Loaded, spec: &DataSpec, stored: Vec<usize>) -> Result<Option
             first.get_or_insert(d);
             pb.set_position(d as u64)
         },
+        || false,
     )?;
     pb.finish();
     if samples.len() < 2 {

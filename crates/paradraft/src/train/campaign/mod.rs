@@ -343,11 +343,14 @@ pub fn run(
                 capture: None,
             };
             let (tok, t0) = (&s.lm.tokenizer, Instant::now());
+            // A stop asked for meanwhile lets the answers under way finish; the next round
+            // then checkpoints before its first step, with this round's CPU time counted.
+            let halt = || stop(&pr);
             let (added, total) = if sampled {
-                let added = sample_more(s, &snap.pools, p, &dp)?;
+                let added = sample_more(s, &snap.pools, p, &dp, halt)?;
                 (added, snap.pools.sampled.len() + added)
             } else {
-                let got = distill(target, tok, s.prompts, &samples_path, &dp, |_, _| {})?;
+                let got = distill(target, tok, s.prompts, &samples_path, &dp, |_, _| {}, halt)?;
                 let added = got.len() - snap.pools.n_greedy;
                 prompts_left &= added > 0;
                 (added, got.len())
@@ -365,11 +368,27 @@ pub fn run(
 }
 
 /// Self-distils the next `dp.samples - pools.n_greedy` sampled samples (see
-/// [`Params::sample_temp`]) into `DIR/sampled.bin`; returns how many were added.
-fn sample_more(s: &Setup, pools: &Pools, p: &Params, dp: &DistillParams) -> Result<usize> {
+/// [`Params::sample_temp`]) into `DIR/sampled.bin`; returns how many were added. `stop()` is
+/// asked before each new answer is started.
+fn sample_more(
+    s: &Setup,
+    pools: &Pools,
+    p: &Params,
+    dp: &DistillParams,
+    stop: impl FnMut() -> bool,
+) -> Result<usize> {
     let which = pools.next_sampled(dp.samples.saturating_sub(pools.n_greedy), p.seed);
     let (model, tok, path) = (&s.lm.model, &s.lm.tokenizer, s.dir.join("sampled.bin"));
-    distill_sampled(model, tok, s.prompts, &which, p.sample_temp, &path, dp)
+    distill_sampled(
+        model,
+        tok,
+        s.prompts,
+        &which,
+        p.sample_temp,
+        &path,
+        dp,
+        stop,
+    )
 }
 
 /// Grows the campaign's sampled data by `n` samples now (at `p.sample_temp`, `p.gen_seqs` at
@@ -390,7 +409,7 @@ pub fn grow_sampled(s: &Setup, p: &Params, n: usize) -> Result<usize> {
         seqs: p.gen_seqs.max(1),
         capture: None,
     };
-    sample_more(s, &pools, p, &dp)
+    sample_more(s, &pools, p, &dp, || false)
 }
 
 /// Index of the sequence a step draws: with probability `corpus_share` a corpus sequence, else
