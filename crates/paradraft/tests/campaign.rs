@@ -307,6 +307,16 @@ fn params() -> Params {
     }
 }
 
+/// [`params`] with a self-distillation round after every step (rounds of 0 s).
+fn distilling_params() -> Params {
+    Params {
+        round_s: 0.0,
+        distill_share: 0.5,
+        eval_every: 1000,
+        ..params()
+    }
+}
+
 /// Runs the campaign in `fx` until step `until`; returns its notes.
 fn run_until(
     lm: &Loaded,
@@ -517,12 +527,7 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
 fn a_campaign_grows_its_data_by_self_distillation() {
     let lm = load_tiny("llama");
     let fx = fixture(&lm, Method::Dart);
-    let p = Params {
-        round_s: 0.0,
-        distill_share: 0.5,
-        eval_every: 1000,
-        ..params()
-    };
+    let p = distilling_params();
     // A round per step: the first answers 8 prompts, the next one each (the measured rate
     // times a round of 0 s), until all 40 are answered; then the rounds sample.
     let (pr, notes) = run_until(&lm, &fx, &p, 18);
@@ -574,11 +579,8 @@ fn a_stop_during_self_distillation_checkpoints_after_the_answers_under_way() {
     let lm = load_tiny("llama");
     let fx = fixture(&lm, Method::Dart);
     let p = Params {
-        round_s: 0.0,
-        distill_share: 0.5,
-        eval_every: 1000,
         gen_seqs: 1,
-        ..params()
+        ..distilling_params()
     };
     // Asked once before step 1, then before each prompt of the first distillation round (it
     // wants 2 × gen_seqs = 2): yes from the second prompt on, so one answer is started.
