@@ -91,7 +91,7 @@ impl KvElem for f16 {
                 Isa::Avx512Vnni => return unsafe { f16_avx512(src, dst) },
                 // SAFETY: the CPU has AVX2 and F16C.
                 Isa::Avx2 | Isa::AvxVnni => return unsafe { f16_avx2(src, dst) },
-                Isa::Portable => {}
+                Isa::Portable | Isa::NeonDot => {}
             }
         }
         for (d, &x) in dst.iter_mut().zip(src) {

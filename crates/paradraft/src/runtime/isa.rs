@@ -4,8 +4,9 @@
 
 use std::sync::OnceLock;
 
-/// The kernel families, each needing everything the ones before it need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// The kernel families. The x86 ones form a chain, each needing everything the ones before it
+/// need; NEON is the ARM one. [`Isa::runs_on`] says which a CPU can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     /// Scalar Rust (any CPU).
     Portable,
@@ -16,11 +17,20 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 F/BW/VNNI: 16-lane kernels.
     Avx512Vnni,
+    /// ARM (AArch64) NEON with the dot-product extension (`sdot`, Armv8.2 DotProd): the int8
+    /// matmul and activation quantization; the other operations run the portable code.
+    NeonDot,
 }
 
 impl Isa {
     /// Every family, in order.
-    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 5] = [
+        Isa::Portable,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512Vnni,
+        Isa::NeonDot,
+    ];
 
     /// The name `PARADRAFT_ISA` takes.
     pub fn name(self) -> &'static str {
@@ -29,7 +39,34 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Vnni => "avx512",
+            Isa::NeonDot => "neon",
         }
+    }
+
+    /// Position in the x86 chain (`None` for the ARM family and the portable code).
+    fn x86_rank(self) -> Option<u8> {
+        match self {
+            Isa::Avx2 => Some(1),
+            Isa::AvxVnni => Some(2),
+            Isa::Avx512Vnni => Some(3),
+            Isa::Portable | Isa::NeonDot => None,
+        }
+    }
+
+    /// Whether a CPU whose best family is `best` runs this one: the portable code runs
+    /// anywhere, an x86 family wherever a family at or above it in the chain does, NEON only
+    /// where NEON is the best.
+    pub fn runs_on(self, best: Isa) -> bool {
+        match (self.x86_rank(), best.x86_rank()) {
+            _ if self == Isa::Portable || self == best => true,
+            (Some(a), Some(b)) => a <= b,
+            _ => false,
+        }
+    }
+
+    /// Whether this family has the x86 family `floor` (x86 families only).
+    pub fn has_x86(self, floor: Isa) -> bool {
+        floor.x86_rank().is_some() && floor.runs_on(self)
     }
 
     fn parse(s: &str) -> Option<Isa> {
@@ -62,7 +99,7 @@ fn choose(want: Option<&str>, portable: bool, best: Isa) -> Result<Isa, String> 
         None if portable => Isa::Portable,
         None => return Ok(best),
     };
-    if want > best {
+    if !want.runs_on(best) {
         return Err(format!(
             "PARADRAFT_ISA={}: this CPU lacks it; it has {} (best kernel family: {})",
             want.name(),
@@ -94,7 +131,16 @@ fn detect_uncached() -> Isa {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn detect_uncached() -> Isa {
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        Isa::NeonDot
+    } else {
+        Isa::Portable
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect_uncached() -> Isa {
     Isa::Portable
 }
@@ -132,7 +178,19 @@ pub fn cpu_features() -> String {
             on.join(" ")
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        use std::arch::is_aarch64_feature_detected as has;
+        let all = [
+            ("neon", has!("neon")),
+            ("dotprod", has!("dotprod")),
+            ("fp16", has!("fp16")),
+            ("i8mm", has!("i8mm")),
+        ];
+        let on: Vec<_> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
+        format!("aarch64 {}", on.join(" "))
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         format!("{} (portable kernels only)", std::env::consts::ARCH)
     }
@@ -159,9 +217,19 @@ mod tests {
         assert_eq!(choose(None, false, Isa::Avx2), Ok(Isa::Avx2));
         assert_eq!(choose(None, true, Isa::Avx2), Ok(Isa::Portable));
         assert_eq!(choose(Some("avx2"), true, Isa::Avx512Vnni), Ok(Isa::Avx2));
-        for i in Isa::ALL {
+        for i in Isa::ALL.into_iter().filter(|&i| i != Isa::NeonDot) {
             assert_eq!(choose(Some(i.name()), false, Isa::Avx512Vnni), Ok(i));
         }
+        // The ARM and x86 families never stand in for each other.
+        assert!(choose(Some("neon"), false, Isa::Avx512Vnni).is_err());
+        assert!(choose(Some("avx2"), false, Isa::NeonDot).is_err());
+        assert_eq!(choose(Some("neon"), false, Isa::NeonDot), Ok(Isa::NeonDot));
+        assert_eq!(
+            choose(Some("portable"), false, Isa::NeonDot),
+            Ok(Isa::Portable)
+        );
+        assert!(Isa::Avx512Vnni.has_x86(Isa::Avx2) && !Isa::Avx2.has_x86(Isa::AvxVnni));
+        assert!(!Isa::NeonDot.has_x86(Isa::Avx2) && !Isa::Portable.has_x86(Isa::Avx2));
         let lacks = choose(Some("avx512"), false, Isa::Avx2).unwrap_err();
         assert!(
             lacks.contains("lacks") && lacks.contains("best kernel family: avx2"),
@@ -170,7 +238,7 @@ mod tests {
         assert!(lacks.contains(&cpu_features()), "{lacks}");
         let unknown = choose(Some("sse"), false, Isa::Avx2).unwrap_err();
         assert!(
-            unknown.contains("portable, avx2, avxvnni, avx512"),
+            unknown.contains("portable, avx2, avxvnni, avx512, neon"),
             "{unknown}"
         );
     }

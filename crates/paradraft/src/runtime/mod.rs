@@ -26,7 +26,7 @@ macro_rules! multiversion {
                 match isa() {
                     Isa::Avx512Vnni => return unsafe { fast512($($arg),*) },
                     Isa::Avx2 | Isa::AvxVnni => return unsafe { fast256($($arg),*) },
-                    Isa::Portable => {}
+                    Isa::Portable | Isa::NeonDot => {}
                 }
             }
             inner($($arg),*)

@@ -62,9 +62,9 @@ fn kernel_for(s: &AttnShape) -> Kernel {
 
 /// The fastest attention kernel of an instruction set for a head size.
 fn kernel_of(isa: Isa, head_dim: usize) -> Kernel {
-    if isa >= Isa::Avx512Vnni && head_dim.is_multiple_of(16) {
+    if isa.has_x86(Isa::Avx512Vnni) && head_dim.is_multiple_of(16) {
         Kernel::Avx512
-    } else if isa >= Isa::Avx2 && head_dim.is_multiple_of(8) {
+    } else if isa.has_x86(Isa::Avx2) && head_dim.is_multiple_of(8) {
         Kernel::Avx2
     } else {
         Kernel::Portable

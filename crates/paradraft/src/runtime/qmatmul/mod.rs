@@ -1,4 +1,6 @@
 //! Quantized matmul for few activation rows (decode, verification, prefill tiles).
+//! Kernels: AVX-512 VNNI, 256-bit VNNI and AVX2 on x86-64, NEON with `sdot` on AArch64, and a
+//! portable scalar one that every other kernel is tested against.
 //!
 //! Weights (Q4_0, Q4_1, Q8_0) are repacked at load into groups of 16 output rows so that one
 //! 512-bit register holds 4 consecutive weights of each of the 16 rows: a VNNI `dpbusd` against a
@@ -122,6 +124,8 @@ unsafe fn quantize_blocks(kern: Isa, x: &[f32], o: BlockOut) {
         Isa::Avx512Vnni => avx512::quantize(x, o),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => avx2::quantize(x, o),
+        #[cfg(target_arch = "aarch64")]
+        Isa::NeonDot => neon::quantize(x, o),
         _ => quantize_blocks_portable(x, o),
     }
 }
@@ -351,6 +355,8 @@ impl Packed {
             }
             #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni => avx2::matmul_groups_vnni_vex(self, a, g0, g1, out, ld),
+            #[cfg(target_arch = "aarch64")]
+            Isa::NeonDot => neon::matmul_groups(self, a, g0, g1, out, ld),
             _ => self.matmul_groups_portable(a, g0, g1, out, ld),
         }
     }
@@ -422,6 +428,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+#[cfg(target_arch = "aarch64")]
+mod neon;
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -465,7 +474,7 @@ pub(super) mod tests {
     pub(in crate::runtime) fn runnable() -> Vec<Isa> {
         Isa::ALL
             .into_iter()
-            .filter(|&k| k <= crate::runtime::isa::detect())
+            .filter(|&k| k.runs_on(crate::runtime::isa::detect()))
             .collect()
     }
 

@@ -69,8 +69,9 @@ pub struct View<'a> {
     pub cs: usize,
 }
 
-/// Rows per tile, and 16-column vectors per tile.
+/// Rows per tile, and 16-column vectors per tile (the AVX-512 BF16 kernel's).
 const MR: usize = 4;
+#[cfg(target_arch = "x86_64")]
 const NV: usize = 4;
 
 /// `C = A · Bᵀ`: `c[i * n + j] = Σ_p a(i, p) · b(j, p)` with bf16 products and f32 sums, `n`

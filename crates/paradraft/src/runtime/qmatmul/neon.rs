@@ -1,0 +1,214 @@
+//! AArch64 NEON kernels with the dot-product extension: activation quantization and the
+//! `sdot` matmul tiles.
+//!
+//! A 16-byte slice of a packed chunk (`chunk[i][16q .. 16q + 16]`) holds 4 consecutive weights
+//! of each of 4 output rows (4q .. 4q + 4); `sdot` by element multiplies it with one 4-byte
+//! group of an activation register and adds each row's 4 products into its 32-bit lane, the
+//! same per-row integer sums the x86 kernels form with `dpbusd`. `sdot` is signed × signed, so
+//! Q8 weights need no unsigned shift (and no weight-sum correction), and Q4 nibbles (0..15)
+//! are already valid signed bytes.
+//!
+//! `sdot` and the f16 → f32 widening (`fcvtl`) go through inline assembly: their intrinsics
+//! are not stable Rust.
+
+use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+/// Activation rows per pass over a row group's weights.
+const TILE: usize = 4;
+
+/// `acc += sdot(w, x[lane])`: each 32-bit lane of `acc` gains the dot of its 4 bytes of `w`
+/// with bytes `4·lane .. 4·lane + 4` of `x`.
+macro_rules! sdot {
+    ($acc:expr, $w:expr, $x:expr, $lane:literal) => {
+        asm!(
+            concat!("sdot {a:v}.4s, {w:v}.16b, {x:v}.4b[", $lane, "]"),
+            a = inout(vreg) $acc,
+            w = in(vreg) $w,
+            x = in(vreg) $x,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+}
+
+/// The 16 f16 values at `p` as four f32 vectors.
+#[inline(always)]
+unsafe fn load_f16x16(p: *const half::f16) -> [float32x4_t; 4] {
+    let lo = vld1q_u16(p as *const u16);
+    let hi = vld1q_u16((p as *const u16).add(8));
+    let mut out = [vdupq_n_f32(0.0); 4];
+    for (k, h) in [lo, hi].into_iter().enumerate() {
+        let (a, b): (float32x4_t, float32x4_t);
+        asm!(
+            "fcvtl {a:v}.4s, {h:v}.4h",
+            "fcvtl2 {b:v}.4s, {h:v}.8h",
+            a = out(vreg) a,
+            b = out(vreg) b,
+            h = in(vreg) h,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+        out[2 * k] = a;
+        out[2 * k + 1] = b;
+    }
+    out
+}
+
+/// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127 (the portable
+/// quantization's bits).
+#[target_feature(enable = "neon")]
+pub(super) unsafe fn quantize(x: &[f32], o: BlockOut) {
+    for (bi, xb) in x.chunks_exact(QK).enumerate() {
+        let v: [float32x4_t; 8] = std::array::from_fn(|j| vld1q_f32(xb.as_ptr().add(4 * j)));
+        let mut m = vabsq_f32(v[0]);
+        for vj in &v[1..] {
+            m = vmaxq_f32(m, vabsq_f32(*vj));
+        }
+        let amax = vmaxvq_f32(m);
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        // `fcvtns`: round to nearest, ties to even, as the portable code; |x · id| ≤ 127.
+        let q: [int32x4_t; 8] = std::array::from_fn(|j| vcvtnq_s32_f32(vmulq_n_f32(v[j], id)));
+        let h: [int16x8_t; 4] =
+            std::array::from_fn(|j| vcombine_s16(vqmovn_s32(q[2 * j]), vqmovn_s32(q[2 * j + 1])));
+        let b0 = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));
+        let b1 = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+        vst1q_s8(o.qs.add(bi * QK), b0);
+        vst1q_s8(o.qs.add(bi * QK + 16), b1);
+        let flip = vdupq_n_u8(0x80);
+        vst1q_u8(o.us.add(bi * QK), veorq_u8(vreinterpretq_u8_s8(b0), flip));
+        vst1q_u8(
+            o.us.add(bi * QK + 16),
+            veorq_u8(vreinterpretq_u8_s8(b1), flip),
+        );
+        let sum = vaddlvq_s16(vaddq_s16(vpaddlq_s8(b0), vpaddlq_s8(b1)));
+        *o.d.add(bi) = d;
+        *o.s.add(bi) = d * sum as f32;
+    }
+}
+
+#[target_feature(enable = "neon,dotprod")]
+pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *mut f32, ld: usize) {
+    for g in g0..g1 {
+        let mut t0 = 0;
+        while t0 < a.n {
+            let tn = (a.n - t0).min(TILE);
+            let mut acc = [[vdupq_n_f32(0.0); 4]; TILE];
+            match (p.ty == GgmlType::Q8_0, tn) {
+                (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
+                (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
+                (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
+                (false, _) => q4_tile::<4>(p, a, g, t0, &mut acc),
+                (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
+                (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
+                (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
+                (true, _) => q8_tile::<4>(p, a, g, t0, &mut acc),
+            }
+            let r0 = g * GROUP;
+            let valid = (p.rows - r0).min(GROUP);
+            for (t, v) in acc.iter().enumerate().take(tn) {
+                let mut tmp = [0f32; GROUP];
+                for (q, vq) in v.iter().enumerate() {
+                    vst1q_f32(tmp.as_mut_ptr().add(4 * q), *vq);
+                }
+                let dst = out.add((t0 + t) * ld + r0);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
+            }
+            t0 += tn;
+        }
+    }
+}
+
+/// The activation bytes of block `b` of rows `t0 .. t0 + N`: inputs 0..16 and 16..32.
+#[inline(always)]
+unsafe fn acts<const N: usize>(a: &QActs, t0: usize, b: usize) -> [[int8x16_t; 2]; N] {
+    std::array::from_fn(|t| {
+        let y = a.qs.as_ptr().add((t0 + t) * a.k + b * QK);
+        [vld1q_s8(y), vld1q_s8(y.add(16))]
+    })
+}
+
+/// Q4 (Q4_0, Q4_1): per block, for each 4-row quarter q of the group, the low nibbles of
+/// `chunk[i]` meet inputs 4i.. and the high ones inputs 16 + 4i..; then
+/// `acc += f32(Σ) · d_w · d_x + m_w · s_x`, in that order for every tile height.
+#[inline(always)]
+unsafe fn q4_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [[float32x4_t; 4]; TILE],
+) {
+    let nb = p.cols / QK;
+    let mask = vdupq_n_u8(0x0F);
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        let y = acts::<N>(a, t0, b);
+        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+        let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+        for q in 0..4 {
+            let mut s = [vdupq_n_s32(0); N];
+            let w: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
+            let lo: [int8x16_t; 4] =
+                std::array::from_fn(|i| vreinterpretq_s8_u8(vandq_u8(w[i], mask)));
+            let hi: [int8x16_t; 4] =
+                std::array::from_fn(|i| vreinterpretq_s8_u8(vshrq_n_u8::<4>(w[i])));
+            for t in 0..N {
+                sdot!(s[t], lo[0], y[t][0], 0);
+                sdot!(s[t], lo[1], y[t][0], 1);
+                sdot!(s[t], lo[2], y[t][0], 2);
+                sdot!(s[t], lo[3], y[t][0], 3);
+                sdot!(s[t], hi[0], y[t][1], 0);
+                sdot!(s[t], hi[1], y[t][1], 1);
+                sdot!(s[t], hi[2], y[t][1], 2);
+                sdot!(s[t], hi[3], y[t][1], 3);
+            }
+            for t in 0..N {
+                let row = t0 + t;
+                let dx = *a.d.get_unchecked(row * nb + b);
+                let sx = *a.s.get_unchecked(row * nb + b);
+                let v = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s[t]), vmulq_n_f32(dw[q], dx));
+                acc[t][q] = vfmaq_n_f32(v, mw[q], sx);
+            }
+        }
+    }
+}
+
+/// Q8_0: `chunk[i]` meets inputs 4i.. (i < 4) and 16 + 4(i − 4).. (i ≥ 4), signed × signed;
+/// `acc += f32(Σ) · d_w · d_x`.
+#[inline(always)]
+unsafe fn q8_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [[float32x4_t; 4]; TILE],
+) {
+    let nb = p.cols / QK;
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 512);
+        let y = acts::<N>(a, t0, b);
+        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+        for q in 0..4 {
+            let mut s = [vdupq_n_s32(0); N];
+            let w: [int8x16_t; 8] =
+                std::array::from_fn(|i| vld1q_s8(base.add(i * 64 + q * 16) as _));
+            for t in 0..N {
+                sdot!(s[t], w[0], y[t][0], 0);
+                sdot!(s[t], w[1], y[t][0], 1);
+                sdot!(s[t], w[2], y[t][0], 2);
+                sdot!(s[t], w[3], y[t][0], 3);
+                sdot!(s[t], w[4], y[t][1], 0);
+                sdot!(s[t], w[5], y[t][1], 1);
+                sdot!(s[t], w[6], y[t][1], 2);
+                sdot!(s[t], w[7], y[t][1], 3);
+            }
+            for t in 0..N {
+                let dx = *a.d.get_unchecked((t0 + t) * nb + b);
+                acc[t][q] = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s[t]), vmulq_n_f32(dw[q], dx));
+            }
+        }
+    }
+}
