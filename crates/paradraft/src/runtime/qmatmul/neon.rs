@@ -32,6 +32,22 @@ macro_rules! sdot {
     };
 }
 
+/// One 4-row quarter of a group over a 32-input block: `w[i]` holds the 4 rows' weights of
+/// inputs 4i.. for i < 4 and 16 + 4(i − 4).. for i ≥ 4, `y` the block's inputs 0..16 and
+/// 16..32; each row's lane of `s` gains its 32 products.
+#[inline(always)]
+unsafe fn dot_block(mut s: int32x4_t, w: &[int8x16_t; 8], y: &[int8x16_t; 2]) -> int32x4_t {
+    sdot!(s, w[0], y[0], 0);
+    sdot!(s, w[1], y[0], 1);
+    sdot!(s, w[2], y[0], 2);
+    sdot!(s, w[3], y[0], 3);
+    sdot!(s, w[4], y[1], 0);
+    sdot!(s, w[5], y[1], 1);
+    sdot!(s, w[6], y[1], 2);
+    sdot!(s, w[7], y[1], 3);
+    s
+}
+
 /// The 16 f16 values at `p` as four f32 vectors.
 #[inline(always)]
 unsafe fn load_f16x16(p: *const half::f16) -> [float32x4_t; 4] {
@@ -154,15 +170,9 @@ unsafe fn q4_tile<const N: usize>(
                 std::array::from_fn(|i| vreinterpretq_s8_u8(vandq_u8(w[i], mask)));
             let hi: [int8x16_t; 4] =
                 std::array::from_fn(|i| vreinterpretq_s8_u8(vshrq_n_u8::<4>(w[i])));
+            let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
             for t in 0..N {
-                sdot!(s[t], lo[0], y[t][0], 0);
-                sdot!(s[t], lo[1], y[t][0], 1);
-                sdot!(s[t], lo[2], y[t][0], 2);
-                sdot!(s[t], lo[3], y[t][0], 3);
-                sdot!(s[t], hi[0], y[t][1], 0);
-                sdot!(s[t], hi[1], y[t][1], 1);
-                sdot!(s[t], hi[2], y[t][1], 2);
-                sdot!(s[t], hi[3], y[t][1], 3);
+                s[t] = dot_block(s[t], &w, &y[t]);
             }
             for t in 0..N {
                 let row = t0 + t;
@@ -196,14 +206,7 @@ unsafe fn q8_tile<const N: usize>(
             let w: [int8x16_t; 8] =
                 std::array::from_fn(|i| vld1q_s8(base.add(i * 64 + q * 16) as _));
             for t in 0..N {
-                sdot!(s[t], w[0], y[t][0], 0);
-                sdot!(s[t], w[1], y[t][0], 1);
-                sdot!(s[t], w[2], y[t][0], 2);
-                sdot!(s[t], w[3], y[t][0], 3);
-                sdot!(s[t], w[4], y[t][1], 0);
-                sdot!(s[t], w[5], y[t][1], 1);
-                sdot!(s[t], w[6], y[t][1], 2);
-                sdot!(s[t], w[7], y[t][1], 3);
+                s[t] = dot_block(s[t], &w, &y[t]);
             }
             for t in 0..N {
                 let dx = *a.d.get_unchecked((t0 + t) * nb + b);
