@@ -84,7 +84,7 @@ struct BenchArgs {
     /// Speculative methods to run next to the AR baseline (which always runs).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "pld")]
     methods: Vec<MethodArg>,
-    /// Datasets: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca.
+    /// Datasets: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca, copy (copy-heavy Alpaca edits).
     #[arg(
         long,
         value_delimiter = ',',
