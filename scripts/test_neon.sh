@@ -2,8 +2,10 @@
 # Builds paradraft for AArch64 and runs its kernel tests there under emulation (qemu-user),
 # so the NEON `sdot` kernels are checked against the portable reference on an x86 machine.
 #
-#   scripts/test_neon.sh            install what is missing (Debian packages), build, test
-#   scripts/test_neon.sh FILTER...  run only the tests matching FILTER (default: runtime::)
+#   scripts/test_neon.sh            install what is missing (Debian packages), build, then run
+#                                   the kernel tests (runtime::) and, on the tiny models, the
+#                                   forward tests: kv_forward, tiny_parity, batching (≈ 3 min)
+#   scripts/test_neon.sh FILTER...  only the library tests matching FILTER
 #
 # The toolchain comes from Debian: `rustc-web`/`cargo-web` (Rust ≥ 1.85, this crate's minimum)
 # with the AArch64 standard library `libstd-rust-web-dev:arm64` (multiarch), the cross linker
@@ -28,7 +30,10 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS="-C target-feature=+crt-
 # A CPU with the dot-product extension (Neoverse N1), so the `neon` kernels are the ones detected.
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu neoverse-n1"
 echo "rustc: $($RUSTC --version); qemu: $(qemu-aarch64 --version | head -1)"
-filters=("$@")
-[[ ${#filters[@]} -gt 0 ]] || filters=(runtime::)
-/usr/bin/cargo test --locked --release -p paradraft --lib --target aarch64-unknown-linux-gnu \
-  -- "${filters[@]}"
+run() { /usr/bin/cargo test --locked --release -p paradraft --target aarch64-unknown-linux-gnu "$@"; }
+if [[ $# -gt 0 ]]; then
+  run --lib -- "$@"
+else
+  run --lib -- runtime::
+  run --test kv_forward --test tiny_parity --test batching
+fi
