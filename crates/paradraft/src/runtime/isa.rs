@@ -23,7 +23,7 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// Every family, in order.
+    /// Every family: the x86 chain in order, then the ARM one.
     pub const ALL: [Isa; 5] = [
         Isa::Portable,
         Isa::Avx2,
