@@ -436,6 +436,21 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
             hd,
             &mut us.tile,
         );
+        // A whole tile of consecutive slots (most of the cached prefix): its scores in one
+        // vector pass per head; the same products as the slot-by-slot loop below.
+        let t0 = tile * KV_TILE;
+        if i + KV_TILE <= len && slots[i + KV_TILE - 1] as usize == t0 + KV_TILE - 1 {
+            // Slots rise strictly, so slots[i..i + 16] are t0..t0 + 16.
+            for j in 0..group {
+                let src = &us.tile[j * KV_TILE..][..KV_TILE];
+                let dst = &mut scores[j * len + i..][..KV_TILE];
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = v * scale;
+                }
+            }
+            i += KV_TILE;
+            continue;
+        }
         while i < len && slots[i] as usize / KV_TILE == tile {
             let l = slots[i] as usize % KV_TILE;
             for j in 0..group {
@@ -448,7 +463,7 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     let (base, pw) = (a.out.0.add(unit * group * (hd + 2)), hd + 2);
     for j in 0..group {
         let sc = &mut scores[j * len..(j + 1) * len];
-        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = lane_max(sc);
         let mut sum = 0.0;
         if max > f32::NEG_INFINITY {
             for x in sc.iter_mut() {
@@ -461,6 +476,23 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     }
     let vh = &kv.v[g * kv.capacity * hd..][..kv.capacity * hd];
     I::weighted_v(scores, slots, vh, hd, Records { out: base, pw });
+}
+
+/// The largest of `x` (NaNs ignored, −∞ when empty) in 16 lanes, so that it vectorises
+/// (`f32::max`'s NaN rule keeps a plain fold scalar). The maximum does not depend on the order.
+#[inline(always)]
+fn lane_max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let mut ch = x.chunks_exact(16);
+    for c in &mut ch {
+        for l in 0..16 {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    for (l, &v) in ch.remainder().iter().enumerate() {
+        acc[l] = if v > acc[l] { v } else { acc[l] };
+    }
+    acc.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Σ x in a fixed order: 16 lane sums (element i into lane i mod 16), then the lanes in order.
@@ -485,6 +517,21 @@ mod tests {
     use crate::kv::{KvCache, KvDtype};
 
     use crate::runtime::qmatmul::tests::{runnable, Lcg};
+
+    /// The vectorised maximum equals the scalar fold, NaNs and empty slices included.
+    #[test]
+    fn lane_max_is_the_fold() {
+        let mut rng = Lcg(3);
+        for n in [0, 1, 5, 16, 17, 40, 333] {
+            let mut x: Vec<f32> = (0..n).map(|_| sym(&mut rng) * 50.0).collect();
+            if n > 3 {
+                x[2] = f32::NAN;
+            }
+            let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(lane_max(&x).to_bits(), want.to_bits(), "n = {n}");
+        }
+        assert_eq!(lane_max(&[f32::NEG_INFINITY; 20]), f32::NEG_INFINITY);
+    }
 
     /// Uniform in [−1, 1).
     fn sym(rng: &mut Lcg) -> f32 {
