@@ -160,19 +160,7 @@ pub fn prepare(
         ));
     }
     let prompts = crate::train::data::read_prompts(&src.prompts)?;
-    if let Some(s) = have
-        .iter()
-        .find(|s| s.prompt_index as usize >= prompts.len())
-    {
-        return Err(bad(
-            &src.prompts,
-            format!(
-                "a sample refers to prompt {} of {}",
-                s.prompt_index,
-                prompts.len()
-            ),
-        ));
-    }
+    known_prompts(&have, prompts.len(), &src.prompts)?;
     let n = seed.len();
     let held_out: Vec<usize> = (n - n / 20..n).collect();
     let exclude: HashSet<String> = held_out
@@ -262,25 +250,22 @@ fn seed_sampled(
     if out.exists() {
         return Ok(None);
     }
-    let (all, _) = parse_samples(&read_maybe_gz(path)?, path)?;
-    let mut keep = Vec::with_capacity(all.len());
-    for s in all {
-        let Some(p) = prompts.get(s.prompt_index as usize) else {
-            return Err(bad(
-                path,
-                format!(
-                    "a sample refers to prompt {} of {}",
-                    s.prompt_index,
-                    prompts.len()
-                ),
-            ));
-        };
-        if !exclude.contains(&p.id) {
-            keep.push(s);
-        }
-    }
+    let (mut keep, _) = parse_samples(&read_maybe_gz(path)?, path)?;
+    known_prompts(&keep, prompts.len(), path)?;
+    keep.retain(|s| !exclude.contains(&prompts[s.prompt_index as usize].id));
     write_samples_atomic(&out, &keep)?;
     Ok(Some(keep.len()))
+}
+
+/// Refuses samples (read from `path`) that answer a prompt beyond the `n` prompts there are.
+fn known_prompts(samples: &[Sample], n: usize, path: &Path) -> Result<()> {
+    match samples.iter().find(|s| s.prompt_index as usize >= n) {
+        Some(s) => Err(bad(
+            path,
+            format!("a sample refers to prompt {} of {n}", s.prompt_index),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Writes `samples` as a new token file at `path`: staged beside it (`.tmp`) and renamed, so
