@@ -121,7 +121,7 @@ impl BlockOut {
 unsafe fn quantize_blocks(kern: Isa, x: &[f32], o: BlockOut) {
     match kern {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => avx512::quantize(x, o),
+        Isa::Avx512Vnni | Isa::Amx => avx512::quantize(x, o),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => avx2::quantize(x, o),
         #[cfg(target_arch = "aarch64")]
@@ -348,6 +348,8 @@ impl Packed {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
             #[cfg(target_arch = "x86_64")]
+            Isa::Amx => amx::matmul_groups(self, a, g0, g1, out, ld),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::matmul_groups(self, a, g0, g1, out, ld),
             #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni if super::isa::vnni_evex() => {
@@ -427,6 +429,9 @@ mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -537,7 +542,7 @@ pub(super) mod tests {
                     p.row_into(r, &mut row);
                     assert_eq!(row, w[r * cols..(r + 1) * cols], "{ty:?} row {r}");
                 }
-                for n in [1, 3, 4, 5, 9, 16] {
+                for n in [1, 3, 4, 5, 8, 9, 16, 17] {
                     let x: Vec<f32> = (0..n * cols).map(|_| rng.unif() * 4.0 - 2.0).collect();
                     let mut qa = QActs::default();
                     qa.quantize(&x, cols);
@@ -628,9 +633,9 @@ mod timing {
                 .map(|i| (i * 37 % 251) as u8 & 0x3F)
                 .collect();
             let p = Packed::new(ty, rows, cols, &src);
-            for n in [1, 4, 6, 16]
+            for n in [1, 4, 6, 8, 12, 16]
                 .into_iter()
-                .filter(|&n| rows < 10_000 || n == 1)
+                .filter(|&n| rows < 10_000 || n == 1 || n == 16)
             {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
                 let mut qa = QActs::default();
