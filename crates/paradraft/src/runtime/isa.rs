@@ -17,9 +17,6 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 F/BW/VNNI: 16-lane kernels.
     Avx512Vnni,
-    /// AVX-512 VNNI plus Intel AMX-INT8 (Sapphire Rapids and later, where the OS grants the
-    /// tile state): multi-row matmuls on 16 × 16 int32 tiles, everything else as `avx512`.
-    Amx,
     /// ARM (AArch64) NEON with the dot-product extension (`sdot`, Armv8.2 DotProd): the int8
     /// matmul and activation quantization; the other operations run the portable code.
     NeonDot,
@@ -27,12 +24,11 @@ pub enum Isa {
 
 impl Isa {
     /// Every family: the x86 chain in order, then the ARM one.
-    pub const ALL: [Isa; 6] = [
+    pub const ALL: [Isa; 5] = [
         Isa::Portable,
         Isa::Avx2,
         Isa::AvxVnni,
         Isa::Avx512Vnni,
-        Isa::Amx,
         Isa::NeonDot,
     ];
 
@@ -43,7 +39,6 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Vnni => "avx512",
-            Isa::Amx => "amx",
             Isa::NeonDot => "neon",
         }
     }
@@ -54,7 +49,6 @@ impl Isa {
             Isa::Avx2 => Some(1),
             Isa::AvxVnni => Some(2),
             Isa::Avx512Vnni => Some(3),
-            Isa::Amx => Some(4),
             Isa::Portable | Isa::NeonDot => None,
         }
     }
@@ -127,11 +121,7 @@ fn detect_uncached() -> Isa {
     use std::arch::is_x86_feature_detected as has;
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
     if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-        if amx_int8() && amx_granted() {
-            Isa::Amx
-        } else {
-            Isa::Avx512Vnni
-        }
+        Isa::Avx512Vnni
     } else if avx2 && (has!("avxvnni") || (has!("avx512vnni") && has!("avx512vl"))) {
         Isa::AvxVnni
     } else if avx2 {
@@ -153,51 +143,6 @@ fn detect_uncached() -> Isa {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect_uncached() -> Isa {
     Isa::Portable
-}
-
-/// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25) with the
-/// palette the kernels use (leaf 0x1D: 8 tiles of 16 rows × 64 bytes).
-#[cfg(target_arch = "x86_64")]
-fn amx_int8() -> bool {
-    use std::arch::x86_64::__cpuid_count;
-    // Leaves above the maximum would repeat the highest one's values.
-    let max = __cpuid_count(0, 0).eax;
-    if max < 0x1D {
-        return false;
-    }
-    let edx = __cpuid_count(7, 0).edx;
-    if edx & (3 << 24) != 3 << 24 {
-        return false;
-    }
-    // Palette 1 (SDM, leaf 0x1D sub-leaf 1): EAX[31:16] bytes per tile, EBX[15:0] bytes per
-    // row, EBX[31:16] tile names, ECX[15:0] rows.
-    let p = __cpuid_count(0x1D, 1);
-    let (bytes_per_tile, names) = (p.eax >> 16, p.ebx >> 16);
-    let (bytes_per_row, max_rows) = (p.ebx & 0xFFFF, p.ecx & 0xFFFF);
-    bytes_per_tile >= 1024 && names >= 8 && bytes_per_row >= 64 && max_rows >= 16
-}
-
-/// Whether the OS lets this process use the tile data: Linux asks each process to request it
-/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); elsewhere the tiles are not used.
-#[cfg(target_arch = "x86_64")]
-fn amx_granted() -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a plain system call with integer arguments; failure is a return value.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            ) == 0
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        false
-    }
 }
 
 /// Whether the 256-bit VNNI kernels must use the EVEX (AVX-512 VL) encoding: the CPU has
@@ -225,7 +170,6 @@ pub fn cpu_features() -> String {
             ("avx512vl", has!("avx512vl")),
             ("avx512vnni", has!("avx512vnni")),
             ("avx512bf16", has!("avx512bf16")),
-            ("amx-int8", amx_int8()),
         ];
         let on: Vec<_> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
         if on.is_empty() {
@@ -274,11 +218,8 @@ mod tests {
         assert_eq!(choose(None, true, Isa::Avx2), Ok(Isa::Portable));
         assert_eq!(choose(Some("avx2"), true, Isa::Avx512Vnni), Ok(Isa::Avx2));
         for i in Isa::ALL.into_iter().filter(|&i| i != Isa::NeonDot) {
-            assert_eq!(choose(Some(i.name()), false, Isa::Amx), Ok(i));
+            assert_eq!(choose(Some(i.name()), false, Isa::Avx512Vnni), Ok(i));
         }
-        // AMX needs its tiles: an AVX-512 CPU without them refuses it.
-        assert!(choose(Some("amx"), false, Isa::Avx512Vnni).is_err());
-        assert!(Isa::Amx.has_x86(Isa::Avx512Vnni) && !Isa::Avx512Vnni.has_x86(Isa::Amx));
         // The ARM and x86 families never stand in for each other.
         assert!(choose(Some("neon"), false, Isa::Avx512Vnni).is_err());
         assert!(choose(Some("avx2"), false, Isa::NeonDot).is_err());
@@ -297,7 +238,7 @@ mod tests {
         assert!(lacks.contains(&cpu_features()), "{lacks}");
         let unknown = choose(Some("sse"), false, Isa::Avx2).unwrap_err();
         assert!(
-            unknown.contains("portable, avx2, avxvnni, avx512, amx, neon"),
+            unknown.contains("portable, avx2, avxvnni, avx512, neon"),
             "{unknown}"
         );
     }
