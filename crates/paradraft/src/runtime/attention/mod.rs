@@ -667,4 +667,62 @@ mod tests {
             }
         }
     }
+
+    /// Time of one layer's attention in SmolLM2-135M's geometry (9 heads, 3 KV heads, head
+    /// size 64, f16 cache) for cached prefixes and new-token counts, and the K/V bytes it reads
+    /// per second (run with `--ignored --nocapture`; 2 threads).
+    #[test]
+    #[ignore]
+    fn attention_timing() {
+        crate::runtime::init_threads(2);
+        let mut rng = Lcg(9);
+        let (n_heads, n_kv, hd) = (9, 3, 64);
+        for prefix in [64, 320, 640] {
+            for n_new in [1, 4, 16] {
+                let s = AttnShape {
+                    n_heads,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    prefix,
+                    n_new,
+                };
+                let total = prefix + n_new;
+                let row = n_kv * hd;
+                let k: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
+                let v: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
+                let q: Vec<f32> = (0..n_new * n_heads * hd).map(|_| sym(&mut rng)).collect();
+                // 30 layers' caches, as a forward reads them one after the other.
+                let mut kv = KvCache::with_dtype(30, n_kv, hd, total, KvDtype::F16);
+                for l in 0..30 {
+                    kv.write(l, 0, &k, &v);
+                }
+                let mut out = vec![0f32; q.len()];
+                let reps = 20;
+                let dt = (0..5)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        for _ in 0..reps {
+                            for l in 0..30 {
+                                let job = AttnJob {
+                                    q: &q,
+                                    kv: kv.layer(l),
+                                    s: &s,
+                                    vis: Visibility::Causal,
+                                    out: &mut out,
+                                };
+                                attention_many(&mut [job]);
+                            }
+                        }
+                        t.elapsed().as_secs_f64() / reps as f64
+                    })
+                    .fold(f64::INFINITY, f64::min);
+                let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * row * 2) as f64;
+                eprintln!(
+                    "prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
+                    dt * 1e3,
+                    bytes / dt / 1e9
+                );
+            }
+        }
+    }
 }
