@@ -128,8 +128,9 @@ impl Excess {
 }
 
 /// The cost model checked against the clock: the measured committed tokens per ms of the rounds
-/// that drafted and of those that did not (each round timed from its draft to its commit, the
-/// target's forward included). When drafting measures slower than AR by more than `margin`,
+/// that drafted (whose drafter was asked for a draft, whether or not any of it was verified)
+/// and of those that did not (each round timed from its draft to its commit, the target's
+/// forward included). When drafting measures slower than AR by more than `margin`,
 /// clearly (by `z` standard errors of the drafting rounds' excess over AR: a round commits 1 to
 /// 8 tokens, so a few rounds prove nothing), nothing is drafted for `hold` rounds (then
 /// drafting is measured afresh); while drafting, one round in `probe_every` runs without a

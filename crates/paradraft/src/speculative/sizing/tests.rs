@@ -363,6 +363,76 @@ fn slow_rows_measured_in_rounds_shrink_the_cut() {
     assert!(after < before, "batched cut {before} → {after}");
 }
 
+/// Trees proposed and then cut to nothing cost their proposal: the guard counts those rounds
+/// as drafting rounds, so when they measure slower than the AR probes it holds drafting off
+/// (and so proposing). Counted as AR rounds, they would never trip it.
+#[test]
+fn trees_cut_to_nothing_that_cost_their_proposal_trip_the_guard() {
+    let facts = RoundFacts {
+        max: 8,
+        room: 100,
+        batch: BatchShape::default(),
+        trees: true,
+    };
+    let mut sizing = Sizing::new(Some(Sizer::new(curve())));
+    let mut asked = 0;
+    let held = (0..400).find(|_| {
+        let budget = sizing.before(&facts);
+        let Sizing::Sized(s) = &sizing else {
+            unreachable!()
+        };
+        if s.undrafted() == Some(Undrafted::SpeedGuard) {
+            return true;
+        }
+        asked += usize::from(budget > 0);
+        // Proposing and cutting cost a tenth of a round; nothing was verified.
+        let draft_ms = if budget > 0 { 0.5 } else { 0.0 };
+        sizing.after(&RoundResult {
+            facts,
+            nodes: 0,
+            depth: 0,
+            predicted: 0.0,
+            accepted: 0,
+            draft_ms,
+            ms: 5.0 + draft_ms,
+            batch_forward: None,
+            eos: None,
+        });
+        false
+    });
+    assert!(held.is_some(), "the guard held drafting off");
+    assert!(asked >= 8, "{asked}");
+}
+
+/// Proposals that the cut keeps nothing of are asked for less and less often (2, 4, 8, 16
+/// rounds skipped after 4, 5, 6, 7+ empty cuts in a row); a verified node asks every round
+/// again.
+#[test]
+fn empty_cuts_back_off_proposing() {
+    let facts = RoundFacts {
+        max: 8,
+        room: 100,
+        batch: BatchShape::default(),
+        trees: true,
+    };
+    let mut s = Sizer::new(curve());
+    s.guard.probe_every = u64::MAX; // no probes in this test
+    let mut asked = vec![];
+    for round in 0..60 {
+        let budget = s.budget(facts.max, facts.batch, true);
+        asked.push(budget > 0);
+        // Nothing kept until round 40, then one node every round.
+        let nodes = usize::from(budget > 0 && round >= 40);
+        s.observe_cut(nodes);
+    }
+    let asked_at: Vec<usize> = (0..60).filter(|&r| asked[r]).collect();
+    assert_eq!(&asked_at[..8], &[0, 1, 2, 3, 6, 11, 20, 37]);
+    // The first round asked after 40 keeps a node; from then on every round is asked.
+    let first = asked_at.iter().copied().find(|&r| r >= 40).unwrap();
+    assert!(first <= 40 + MAX_SKIP as usize, "{first}");
+    assert!((first + 1..60).all(|r| asked[r]), "{asked:?}");
+}
+
 #[test]
 fn interpolates_and_extrapolates() {
     let c = curve();
