@@ -538,6 +538,32 @@ mod tests {
         rng.unif() * 2.0 - 1.0
     }
 
+    /// A random attention call: its shape (heads, KV heads, head size; `prefix` cached and
+    /// `n_new` new tokens), then K and V for every slot and the new tokens' queries, K and Q
+    /// uniform in ±`kq`, V in ±1.
+    fn case(
+        rng: &mut Lcg,
+        (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+        prefix: usize,
+        n_new: usize,
+        kq: f32,
+    ) -> (AttnShape, Vec<f32>, Vec<f32>, Vec<f32>) {
+        let s = AttnShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            prefix,
+            n_new,
+        };
+        let cache = (prefix + n_new) * n_kv_heads * head_dim;
+        let k = (0..cache).map(|_| sym(rng) * kq).collect();
+        let v = (0..cache).map(|_| sym(rng)).collect();
+        let q = (0..n_new * n_heads * head_dim)
+            .map(|_| sym(rng) * kq)
+            .collect();
+        (s, k, v, q)
+    }
+
     /// f64 softmax attention, straight from the definition.
     fn reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, mask: &[bool]) -> Vec<f32> {
         let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
@@ -592,20 +618,8 @@ mod tests {
         for &(n_heads, n_kv, hd) in &[(4, 4, 16), (9, 3, 64), (8, 2, 80), (4, 1, 8), (6, 2, 20)] {
             for &(prefix, n_new) in &[(0, 1), (5, 3), (37, 16), (130, 9), (255, 2), (300, 1)] {
                 for tree in [false, true] {
-                    let s = AttnShape {
-                        n_heads,
-                        n_kv_heads: n_kv,
-                        head_dim: hd,
-                        prefix,
-                        n_new,
-                    };
+                    let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 2.0);
                     let total = prefix + n_new;
-                    let row = n_kv * hd;
-                    let k: Vec<f32> = (0..total * row).map(|_| sym(&mut rng) * 2.0).collect();
-                    let v: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
-                    let q: Vec<f32> = (0..n_new * n_heads * hd)
-                        .map(|_| sym(&mut rng) * 2.0)
-                        .collect();
                     // A tree: node i's parent is (i − 1) / 2.
                     let mut mask = vec![false; n_new * n_new];
                     for i in 0..n_new {
@@ -679,18 +693,8 @@ mod tests {
         let (n_heads, n_kv, hd) = (9, 3, 64);
         for prefix in [64, 320, 640] {
             for n_new in [1, 4, 16] {
-                let s = AttnShape {
-                    n_heads,
-                    n_kv_heads: n_kv,
-                    head_dim: hd,
-                    prefix,
-                    n_new,
-                };
+                let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 1.0);
                 let total = prefix + n_new;
-                let row = n_kv * hd;
-                let k: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
-                let v: Vec<f32> = (0..total * row).map(|_| sym(&mut rng)).collect();
-                let q: Vec<f32> = (0..n_new * n_heads * hd).map(|_| sym(&mut rng)).collect();
                 // 30 layers' caches, as a forward reads them one after the other.
                 let mut kv = KvCache::with_dtype(30, n_kv, hd, total, KvDtype::F16);
                 for l in 0..30 {
@@ -716,7 +720,7 @@ mod tests {
                         t.elapsed().as_secs_f64() / reps as f64
                     })
                     .fold(f64::INFINITY, f64::min);
-                let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * row * 2) as f64;
+                let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * n_kv * hd * 2) as f64;
                 eprintln!(
                     "prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
                     dt * 1e3,
