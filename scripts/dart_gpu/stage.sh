@@ -3,7 +3,8 @@
 # GPU"). The device tool copies the working tree plus carried paths, 64 MiB in all, and the
 # tracked tree alone is larger, so the run travels as: this folder (untracked) + gpu_carry/.
 #
-#   scripts/dart_gpu/stage.sh carry     gpu_carry/: the GGUF in two parts (60 MB + 38 MB), the
+#   scripts/dart_gpu/stage.sh carry     gpu_carry/: the GGUF in two parts (split so the two calls
+#                                       below weigh the same, ≈ 65 MB each), the
 #                                       campaign's greedy samples and the sampled answers so far
 #                                       (gzip; the campaign's sampled.bin, else the committed
 #                                       data/distill/smollm2-135m-sampled.bin.gz), the drafter
@@ -16,7 +17,7 @@
 # the 2026-11-25 run, docs/dart.md, used these with 1,531 s of the 1,800 s of device time):
 #   1. carry gpu_carry/model.part1, gpu_carry/sampled.bin.gz:  mkdir -p /tmp/pd && cp
 #      gpu_carry/model.part1 /tmp/pd/ && gunzip -c gpu_carry/sampled.bin.gz > /tmp/pd/sampled.bin
-#   2. carry gpu_carry/model.part2, gpu_carry/samples.bin.gz, gpu_carry/drafter (63 MB):
+#   2. carry gpu_carry/model.part2, gpu_carry/samples.bin.gz, gpu_carry/drafter:
 #      cat /tmp/pd/model.part1 gpu_carry/model.part2 > /tmp/pd/m.gguf && python3
 #      scripts/dart_gpu/train.py --model /tmp/pd/m.gguf --samples gpu_carry/samples.bin.gz
 #      --drafter gpu_carry/drafter --out /tmp/pd/run --state /tmp/pd/state.pt
@@ -43,17 +44,30 @@ case "${1:-}" in
     [[ -f "$CAMPAIGN/samples.bin" ]] || { echo "no $CAMPAIGN/samples.bin (make it: paradraft train campaign --max-steps 1 --distill-share 0)" >&2; exit 1; }
     mkdir -p "$GIT/info" gpu_carry/drafter
     grep -qx 'gpu_carry/' "$GIT/info/exclude" 2>/dev/null || echo 'gpu_carry/' >>"$GIT/info/exclude"
-    head -c 60000000 "$MODEL" >gpu_carry/model.part1
-    tail -c +60000001 "$MODEL" >gpu_carry/model.part2
-    gzip -c "$CAMPAIGN/samples.bin" >gpu_carry/samples.bin.gz
+    gzip -9 -c "$CAMPAIGN/samples.bin" >gpu_carry/samples.bin.gz
     if [[ -f "$CAMPAIGN/sampled.bin" ]]; then
-      gzip -c "$CAMPAIGN/sampled.bin" >gpu_carry/sampled.bin.gz
+      gzip -9 -c "$CAMPAIGN/sampled.bin" >gpu_carry/sampled.bin.gz
     else
       cp data/distill/smollm2-135m-sampled.bin.gz gpu_carry/sampled.bin.gz
     fi
     cp drafters/smollm2-135m-dart/config.json drafters/smollm2-135m-dart/model.safetensors gpu_carry/drafter/
-    du -cb gpu_carry/model.part1 gpu_carry/sampled.bin.gz | tail -n 1
-    du -cb gpu_carry/model.part2 gpu_carry/samples.bin.gz gpu_carry/drafter/* | tail -n 1
+    # The GGUF is split where both calls weigh the same: call 1 carries part 1 and the sampled
+    # answers, call 2 part 2, the greedy samples and the drafter (a fixed 60 MB part 1 went
+    # over the limit once the sampled answers passed 7.1 MB).
+    m=$(stat -c %s "$MODEL")
+    s1=$(stat -c %s gpu_carry/sampled.bin.gz)
+    s2=$(du -cb gpu_carry/samples.bin.gz gpu_carry/drafter/* | tail -n 1 | cut -f1)
+    p1=$(((m - s1 + s2) / 2))
+    head -c "$p1" "$MODEL" >gpu_carry/model.part1
+    tail -c +"$((p1 + 1))" "$MODEL" >gpu_carry/model.part2
+    limit=$((64 * 1024 * 1024 - 512 * 1024)) # 64 MiB less room for the tracked scripts
+    c1=$((p1 + s1))
+    c2=$((m - p1 + s2))
+    echo "call 1: $c1 bytes, call 2: $c2 bytes (limit $limit)"
+    if ((c1 > limit || c2 > limit)); then
+      echo "too large for two calls: split the sampled answers into a call of their own" >&2
+      exit 1
+    fi
     ls -l gpu_carry
     ;;
   hide)
