@@ -683,8 +683,8 @@ mod tests {
     }
 
     /// Time of attention over 30 layers' caches in SmolLM2-135M's geometry (9 heads, 3 KV
-    /// heads, head size 64, f16 cache) for cached prefixes and new-token counts, and the K/V bytes it reads
-    /// per second (run with `--ignored --nocapture`; 2 threads).
+    /// heads, head size 64, f16 cache) for cached prefixes and new-token counts, and the K/V
+    /// bytes it reads per second (run with `--ignored --nocapture`; 2 threads).
     #[test]
     #[ignore]
     fn attention_timing() {

@@ -11,7 +11,8 @@ pub enum Undrafted {
     SpeedGuard,
     /// One round in `probe_every` runs without a draft so that AR's speed stays measured.
     Probe,
-    /// The cost model found no draft worth its verify rows here (c(k) against acceptance).
+    /// The cost model found no draft worth its verify rows here (c(k) against acceptance), or
+    /// a tree drafter's recent proposals were all cut to nothing and it backs off.
     CostModel,
 }
 

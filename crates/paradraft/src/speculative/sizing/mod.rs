@@ -251,8 +251,7 @@ impl Sizer {
         }
         let n = if trees && self.skip > 0 {
             // Recent proposals were all cut to nothing: each cost its lookups or its model
-            // pass for no node (on a 2-vCPU Xeon at T = 1, `auto`'s such rounds took 1.07×
-            // an AR round, and they were two rounds in three).
+            // pass for no node ([`Sizer::record_round`]).
             self.skip -= 1;
             0
         } else if trees {
@@ -277,7 +276,7 @@ impl Sizer {
     /// draft's first stop token), or the speed guard's. The guard weighs the rounds whose
     /// drafter was asked for a draft against those whose drafter was not: a tree proposed and
     /// then cut to nothing cost its proposal, and counted as an AR round it hid that cost (on
-    /// a 2-vCPU Xeon at T = 1, such `auto` rounds took 1.06× an AR round, four rounds in five).
+    /// a 2-vCPU Xeon at T = 1, 3,160 of `auto`'s 5,679 rounds, each 1.04× an AR round).
     fn record_round(
         &mut self,
         tokens: usize,
