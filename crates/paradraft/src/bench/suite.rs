@@ -131,7 +131,13 @@ impl Suite<'_> {
         );
         crate::train::pipeline::write_json(
             &out.join("summary.json"),
-            &serde_json::json!({"header": header, "summaries": summaries, "drafters": notes}),
+            &serde_json::json!({
+                "header": header,
+                "summaries": summaries,
+                "drafters": notes,
+                // The verify-cost curve the sizers started from: (rows, ms).
+                "verify_curve": curve.as_ref().map(|c| &c.points),
+            }),
         )?;
         let mut md = report::markdown(&header, &summaries);
         for (name, note) in &notes {

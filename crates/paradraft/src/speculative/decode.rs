@@ -32,6 +32,20 @@ pub struct RoundStats {
     pub tree_ms: f64,
     pub verify_ms: f64,
     pub commit_ms: f64,
+    /// Nodes the drafter proposed before the sizer's cut (`drafted` were kept).
+    pub proposed: usize,
+    /// Σ of the kept nodes' path probabilities as the drafter (or `auto`'s calibration) gave
+    /// them, before the sizer's calibration κ: what the cut expected to be accepted, over κ
+    /// (trees only; 0 otherwise).
+    pub predicted: f64,
+    /// The kept nodes' path probabilities, in node order (trees only): with `path`, what any
+    /// smaller cut of this round would have had accepted (every prefix of a tree in score
+    /// order is a tree), for calibrating the cut offline.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conf: Vec<f32>,
+    /// The accepted nodes' ids, root to leaf.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<u32>,
     /// Why a sized round verified no draft (absent when it did, or when nothing sizes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub undrafted: Option<super::sizing::Undrafted>,
@@ -301,11 +315,16 @@ impl<'a> Session<'a> {
         } else {
             self.drafter.selection_ms()
         };
+        stats.proposed = tree.len();
         let conf = self.drafter.node_confidence();
         let cut = self
             .sizing
             .cut(&mut tree, conf, stats.draft_ms, budget, &facts);
         stats.undrafted = cut.undrafted;
+        stats.predicted = cut.predicted;
+        if let Some(c) = conf {
+            stats.conf = c[..tree.len().min(c.len())].to_vec();
+        }
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -456,6 +475,7 @@ impl<'a> Session<'a> {
         self.drafter.observe(&outcome, hidden)?;
         stats.drafted = outcome.drafted;
         stats.accepted = outcome.accepted.len();
+        stats.path = outcome.accepted.iter().map(|n| n.0).collect();
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
         self.sizing.after(&RoundResult {
             facts,

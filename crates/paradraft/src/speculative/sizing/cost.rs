@@ -16,8 +16,9 @@ pub struct CostCurve {
 }
 
 impl CostCurve {
-    /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`) after `context` cached
-    /// tokens. Costs a few hundred ms on a small model.
+    /// Times forwards of 1, 2, 4, 8, 16, 32 rows (min of `repeats`, the sizes interleaved)
+    /// after `context` cached tokens and [`WARM_FORWARDS`] untimed one-row forwards. Costs a few
+    /// hundred ms on a small model.
     pub fn measure(model: &Model, context: usize, repeats: usize) -> Result<CostCurve> {
         Self::measure_up_to(model, context, repeats, 32)
     }
@@ -69,34 +70,46 @@ impl CostCurve {
             },
             taps: vec![],
         };
-        let mut points = vec![];
-        let sizes = std::iter::successors(Some(1usize), |&r| {
+        let sizes: Vec<usize> = std::iter::successors(Some(1usize), |&r| {
             (r < max_rows).then(|| (r * 2).min(max_rows))
-        });
-        for rows in sizes {
-            let mut best = f64::INFINITY;
-            for _ in 0..repeats.max(1) {
-                let t = Instant::now();
-                model.forward(
-                    &mut kv,
-                    &Batch {
-                        tokens: &toks[base..base + rows],
-                        positions: &pos(base, rows),
-                        mask: None,
-                    },
-                    &spec,
-                    &mut s,
-                )?;
-                if let Some(sampler) = sampler {
-                    for r in 0..rows {
-                        std::hint::black_box(sampler.dist(s.out.logits_row(r)));
-                    }
+        })
+        .collect();
+        let mut once = |rows: usize| -> Result<f64> {
+            let t = Instant::now();
+            model.forward(
+                &mut kv,
+                &Batch {
+                    tokens: &toks[base..base + rows],
+                    positions: &pos(base, rows),
+                    mask: None,
+                },
+                &spec,
+                &mut s,
+            )?;
+            if let Some(sampler) = sampler {
+                for r in 0..rows {
+                    std::hint::black_box(sampler.dist(s.out.logits_row(r)));
                 }
-                best = best.min(t.elapsed().as_secs_f64() * 1e3);
-                kv.truncate(base);
             }
-            points.push((rows, best));
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            kv.truncate(base);
+            Ok(ms)
+        };
+        // The first forwards after loading or after a long prefill run slow (on a 2-vCPU Xeon
+        // the first three one-row forwards after a 320-token prefill took 1.3–1.7× the steady
+        // ones), and a curve whose c(1) is taken there prices extra rows too cheaply: decoding
+        // runs in the steady state, so the curve is measured there.
+        for _ in 0..WARM_FORWARDS {
+            once(1)?;
         }
+        // Sizes interleaved, so a slow stretch of a shared machine spreads over all of them.
+        let mut best = vec![f64::INFINITY; sizes.len()];
+        for _ in 0..repeats.max(1) {
+            for (b, &rows) in best.iter_mut().zip(&sizes) {
+                *b = b.min(once(rows)?);
+            }
+        }
+        let points = sizes.into_iter().zip(best).collect();
         Ok(CostCurve { points })
     }
 
@@ -158,6 +171,9 @@ impl CostCurve {
         c1 + (c1 - c0) / (r1 - r0) as f64 * (rows - r1) as f64
     }
 }
+
+/// Untimed one-row forwards before a curve is timed ([`CostCurve::measure`]).
+pub const WARM_FORWARDS: usize = 6;
 
 /// Forward sizes (rows) whose cost is learned from rounds.
 const LEARNED_ROWS: usize = 64;

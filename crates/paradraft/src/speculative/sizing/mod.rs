@@ -13,7 +13,7 @@
 mod cost;
 mod guard;
 
-pub use cost::{CostCurve, LearnedCost};
+pub use cost::{CostCurve, LearnedCost, WARM_FORWARDS};
 pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
 
 /// Nodes beyond twice the recent cuts' size that a costly tree proposal is asked for.
@@ -23,6 +23,13 @@ const TREE_ROOM: usize = 4;
 /// then twice as many after each further empty cut, at most [`MAX_SKIP`].
 const ZERO_CUTS: u32 = 4;
 const MAX_SKIP: u32 = 16;
+
+/// A session's first rounds teach neither the verify cost nor the speed guard: the forwards
+/// right after a prefill run slow for a while (on a 2-vCPU Intel Xeon an AR round took 1.5×,
+/// 1.4×, 1.2×, 1.1× the steady one over the first four rounds after a 130-token prompt), and a
+/// round priced or judged there would be held against its draft size (or against drafting) for
+/// the rest of the session.
+const SETTLING_ROUNDS: u64 = 4;
 
 /// What sizing knows of a round before drafting.
 #[derive(Clone, Copy, Debug)]
@@ -135,17 +142,20 @@ impl Sizing {
         let Sizing::Sized(s) = self else {
             return;
         };
+        s.rounds += 1;
         // A session alone in its forward learns what its verify costs; in a batch, what the
         // whole forward cost for its rows in all (the size the batch's share is priced at).
+        // Not from its first rounds: they run in the prefill's wake ([`SETTLING_ROUNDS`]).
+        let settled = s.rounds > SETTLING_ROUNDS;
         match r.batch_forward {
-            Some((rows, ms)) => s.cost.observe(rows, ms),
-            None if r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 => {
+            Some((rows, ms)) if settled => s.cost.observe(rows, ms),
+            None if settled && r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 => {
                 s.cost.observe(r.nodes + 1, r.ms - r.draft_ms)
             }
-            None => {}
+            _ => {}
         }
         if r.facts.trees {
-            s.observe_cut(r.nodes);
+            s.observe_cut(r.nodes, r.accepted);
             s.observe_tree(r.nodes, r.predicted, r.accepted, r.draft_ms);
         } else {
             s.observe(r.depth, r.accepted, r.draft_ms, r.nodes);
@@ -173,8 +183,6 @@ pub struct Sizer {
     /// probabilities) of the nodes verified, decayed.
     tree_accepted: f64,
     tree_predicted: f64,
-    /// Tree sizing: EMA of each tree round's speed relative to AR (tokens per ms over AR's).
-    tree_gain: f64,
     /// Tree rounds, recent average: (accepted nodes, verified nodes, drafting ms).
     tree_recent: (f64, f64, f64),
     /// The cost model checked against the clock.
@@ -190,6 +198,8 @@ pub struct Sizer {
     /// rounds left that ask for none.
     zero_cuts: u32,
     skip: u32,
+    /// Rounds verified so far.
+    rounds: u64,
 }
 
 /// The batch a session's round is verified in: how many sessions decode in it (this one
@@ -212,7 +222,6 @@ impl Sizer {
             decay: 0.98,
             tree_accepted: 0.0,
             tree_predicted: 0.0,
-            tree_gain: 1.0,
             tree_recent: (0.0, 0.0, 0.0),
             guard: SpeedGuard::default(),
             adl: None,
@@ -220,6 +229,7 @@ impl Sizer {
             asked: false,
             zero_cuts: 0,
             skip: 0,
+            rounds: 0,
         }
     }
 
@@ -288,7 +298,8 @@ impl Sizer {
         match &mut self.adl {
             Some(a) if drafted => a.observe(eos(), accepted),
             Some(_) => {}
-            None => self.guard.observe(tokens, ms, self.asked),
+            None if self.rounds > SETTLING_ROUNDS => self.guard.observe(tokens, ms, self.asked),
+            None => {}
         }
     }
 
@@ -350,9 +361,8 @@ impl Sizer {
         (self.tree_accepted + 1.0) / (self.tree_predicted + 1.0)
     }
 
-    /// Tree sizing, before drafting: the full `max` while trees have paid recently or cost
-    /// little to propose (their size is cut after drafting), none when they have not (AR rounds then drift the
-    /// estimate back so trees are retried). In a batch, a tree is drafted only if a recent
+    /// Tree sizing, before drafting: the full `max` when proposing costs little (the size is
+    /// cut after drafting), else about what recent cuts kept. In a batch, a tree is drafted only if a recent
     /// tree round (its nodes, accepted tokens and drafting ms, averaged) would beat no draft
     /// with every session of the batch doing the same.
     pub fn choose_tree(&self, max: usize, b: BatchShape) -> usize {
@@ -366,21 +376,20 @@ impl Sizer {
                 }
             }
         }
-        // Proposing that costs little next to a decode step (lookups) is left to the cut.
+        // Proposing that costs little next to a decode step (lookups) is left to the cut. A
+        // model's tree search costs with the nodes asked for: ask for what recent cuts kept,
+        // with room to grow (twice as many, and 4 more), not for the most. Whether proposing
+        // pays at all is the speed guard's call, on the clock: a gate on the trees' estimated
+        // gain (an average that AR rounds drifted back to 1 over dozens of rounds) kept a
+        // Xeon's `auto` from proposing in most of the 1,372 of 3,870 T = 0 rounds it asked for
+        // nothing once the verify curve was measured right, while the cut alone, replayed on
+        // rounds that proposed, lost nothing.
         let cheap = self.tree_recent.1 > 0.0 && self.tree_recent.2 < 0.1 * self.cost.ms(1);
-        if cheap {
+        let recent = self.tree_recent.1;
+        if cheap || recent == 0.0 {
             max
-        } else if self.tree_gain >= 1.0 {
-            // A model's tree search costs with the nodes asked for: ask for what recent cuts
-            // kept, with room to grow (twice as many, and 4 more), not for the most.
-            let recent = self.tree_recent.1;
-            if recent > 0.0 {
-                max.min((2.0 * recent).ceil() as usize + TREE_ROOM)
-            } else {
-                max
-            }
         } else {
-            0
+            max.min((2.0 * recent).ceil() as usize + TREE_ROOM)
         }
     }
 
@@ -399,14 +408,24 @@ impl Sizer {
                 (best, best_score) = (i + 1, score);
             }
         }
+        if best == 0 && self.zero_cuts >= ZERO_CUTS && !conf.is_empty() {
+            // The first proposal after a backoff verifies its best node: κ learns only from
+            // verified nodes, so a run of empty cuts would otherwise never learn that they
+            // were too cautious (`auto` on MATH-500 at T = 0 on a Xeon: 1-node rounds accepted
+            // 0.40 when verified, and with the backoff alone 490 of 858 rounds drafted nothing).
+            best = 1;
+        }
         best
     }
 
-    /// After a tree round that verified `nodes`: a proposal cut to nothing lengthens the run
-    /// of empty cuts, and from [`ZERO_CUTS`] of them on the next 2, 4, … [`MAX_SKIP`] rounds
-    /// ask for no proposal; any verified node ends the run.
-    fn observe_cut(&mut self, nodes: usize) {
-        if nodes > 0 {
+    /// After a tree round that verified `nodes` (`accepted` of them): a proposal cut to
+    /// nothing lengthens the run of empty cuts, and from [`ZERO_CUTS`] of them on the next 2,
+    /// 4, … [`MAX_SKIP`] rounds ask for no proposal, the first proposal after them verifying
+    /// its best node ([`Sizer::cut`]); a node cut in on its merits, or an explored one that
+    /// was accepted, ends the run.
+    fn observe_cut(&mut self, nodes: usize, accepted: usize) {
+        let explored = nodes > 0 && self.zero_cuts >= ZERO_CUTS;
+        if nodes > 0 && (!explored || accepted > 0) {
             self.zero_cuts = 0;
         } else if self.asked {
             self.zero_cuts += 1;
@@ -421,7 +440,6 @@ impl Sizer {
     /// round).
     fn observe_tree(&mut self, nodes: usize, predicted: f64, accepted: usize, draft_ms: f64) {
         if nodes == 0 {
-            self.tree_gain = 0.95 * self.tree_gain + 0.05 * 1.02;
             return;
         }
         let r = &mut self.tree_recent;
@@ -433,9 +451,6 @@ impl Sizer {
         );
         self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
         self.tree_predicted = self.decay * self.tree_predicted + predicted;
-        let ar = self.cost.ms(1);
-        let gain = (accepted as f64 + 1.0) * ar / (self.cost.ms(nodes + 1) + draft_ms);
-        self.tree_gain = 0.9 * self.tree_gain + 0.1 * gain;
     }
 
     /// Records a round: `drafted_depth` = deepest proposed depth, `accepted` = accepted length.
