@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch};
+use crate::speculative::sizing::WARM_FORWARDS;
 use crate::types::{Pos, TokenId};
 use serde::Serialize;
 use std::path::Path;
@@ -265,6 +266,21 @@ fn time_forward(
         taps: vec![],
     };
     let base = kv.len();
+    // The forwards right after a prefill run slow for a while (see `WARM_FORWARDS`); decoding
+    // does not, so neither is timed there.
+    for _ in 0..WARM_FORWARDS {
+        model.forward(
+            &mut kv,
+            &Batch {
+                tokens: &toks[..1],
+                positions: &pos[..1],
+                mask: None,
+            },
+            &spec,
+            s,
+        )?;
+        kv.truncate(base);
+    }
     // The median of a few back-to-back forwards (the new tokens dropped after each), so one
     // repeat is not one scheduler hiccup on a shared machine.
     let mut times = Vec::with_capacity(FORWARDS_PER_REPEAT);

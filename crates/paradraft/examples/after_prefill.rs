@@ -1,0 +1,76 @@
+//! One-row forwards right after a prompt's prefill, timed by their place after it: on some
+//! machines the first few run far slower than the steady ones (docs/performance.md, "Verify
+//! rows at real context lengths").
+//!
+//!     cargo run --release --example after_prefill -- [CONTEXT] [MODEL]
+//!
+//! CONTEXT: prompt tokens prefilled before each series (default 320); MODEL: a .gguf file or
+//! HF directory (default: the fetched SmolLM2). Prints, for the 1st … 10th forward after a
+//! prefill, the median ms over 50 series (10 more untimed first), two threads.
+use paradraft::model::{self, Batch, Logits, OutputSpec, Rows, Scratch};
+use paradraft::{Pos, TokenId};
+use std::time::Instant;
+
+fn main() -> paradraft::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let ctx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(320);
+    let path = args
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(paradraft::fetch::default_model_path);
+    paradraft::runtime::init_threads(2);
+    let lm = model::load(&path)?;
+    let m = &lm.model;
+    let vocab = m.config.vocab_size;
+    let prompt: Vec<TokenId> = (0..ctx)
+        .map(|i| TokenId(((i * 7919 + 13) % vocab) as u32))
+        .collect();
+    let pos: Vec<Pos> = (0..ctx as u32).map(Pos).collect();
+    let quiet = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::None,
+        taps: vec![],
+    };
+    let argmax = OutputSpec {
+        rows: Rows::All,
+        logits: Logits::Argmax,
+        taps: vec![],
+    };
+    let mut s = Scratch::default();
+    let mut kv = m.new_kv(ctx + 2);
+    let mut by_place = vec![vec![]; 10];
+    for series in 0..60 {
+        kv.truncate(0);
+        let prefill = Batch {
+            tokens: &prompt,
+            positions: &pos,
+            mask: None,
+        };
+        m.forward(&mut kv, &prefill, &quiet, &mut s)?;
+        for times in by_place.iter_mut() {
+            let t = Instant::now();
+            let one = Batch {
+                tokens: &[TokenId(100)],
+                positions: &[Pos(ctx as u32)],
+                mask: None,
+            };
+            m.forward(&mut kv, &one, &argmax, &mut s)?;
+            if series >= 10 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            kv.truncate(ctx);
+        }
+    }
+    let medians: Vec<String> = by_place
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            format!("{:.2}", v[v.len() / 2])
+        })
+        .collect();
+    println!(
+        "context {ctx}: median ms of the 1st..10th one-row forward after the prefill: {}",
+        medians.join(" ")
+    );
+    Ok(())
+}
