@@ -96,8 +96,8 @@ impl CostCurve {
             Ok(ms)
         };
         // The first forwards after loading or after a long prefill run slow (on a 2-vCPU Xeon
-        // the first three one-row forwards after a 320-token prefill took 1.3–1.7× the steady
-        // ones), and a curve whose c(1) is taken there prices extra rows too cheaply: decoding
+        // the first three one-row forwards after a 320-token prefill took 1.8×, 1.7×, 1.3× the
+        // steady ones: `examples/after_prefill.rs`), and a curve whose c(1) is taken there prices extra rows too cheaply: decoding
         // runs in the steady state, so the curve is measured there.
         for _ in 0..WARM_FORWARDS {
             once(1)?;

@@ -25,8 +25,8 @@ const ZERO_CUTS: u32 = 4;
 const MAX_SKIP: u32 = 16;
 
 /// A session's first rounds teach neither the verify cost nor the speed guard: the forwards
-/// right after a prefill run slow for a while (on a 2-vCPU Intel Xeon an AR round took 1.5×,
-/// 1.4×, 1.2×, 1.1× the steady one over the first four rounds after a 130-token prompt), and a
+/// right after a prefill run slow for a while (on a 2-vCPU Intel Xeon a bench's AR rounds took
+/// 1.5×, 1.4×, 1.2×, 1.1× the steady one over the first four rounds after the prompt), and a
 /// round priced or judged there would be held against its draft size (or against drafting) for
 /// the rest of the session.
 const SETTLING_ROUNDS: u64 = 4;
@@ -146,7 +146,7 @@ impl Sizing {
         // A session alone in its forward learns what its verify costs; in a batch, what the
         // whole forward cost for its rows in all (the size the batch's share is priced at).
         // Not from its first rounds: they run in the prefill's wake ([`SETTLING_ROUNDS`]).
-        let settled = s.rounds > SETTLING_ROUNDS;
+        let settled = s.settled();
         match r.batch_forward {
             Some((rows, ms)) if settled => s.cost.observe(rows, ms),
             None if settled && r.facts.batch.streams <= 1 && r.facts.batch.prefill == 0 => {
@@ -276,6 +276,11 @@ impl Sizer {
         n
     }
 
+    /// Whether this session's rounds are past the prefill's wake ([`SETTLING_ROUNDS`]).
+    fn settled(&self) -> bool {
+        self.rounds > SETTLING_ROUNDS
+    }
+
     /// Why the last budget was 0 (`None` when it was not).
     fn undrafted(&self) -> Option<Undrafted> {
         self.undrafted
@@ -295,10 +300,11 @@ impl Sizer {
         accepted: usize,
         eos: impl FnOnce() -> Option<usize>,
     ) {
+        let settled = self.settled();
         match &mut self.adl {
             Some(a) if drafted => a.observe(eos(), accepted),
             Some(_) => {}
-            None if self.rounds > SETTLING_ROUNDS => self.guard.observe(tokens, ms, self.asked),
+            None if settled => self.guard.observe(tokens, ms, self.asked),
             None => {}
         }
     }
@@ -362,8 +368,8 @@ impl Sizer {
     }
 
     /// Tree sizing, before drafting: the full `max` when proposing costs little (the size is
-    /// cut after drafting), else about what recent cuts kept. In a batch, a tree is drafted only if a recent
-    /// tree round (its nodes, accepted tokens and drafting ms, averaged) would beat no draft
+    /// cut after drafting), else about what recent cuts kept. In a batch, a tree is drafted
+    /// only if a recent tree round (its nodes, accepted tokens and drafting ms, averaged) would beat no draft
     /// with every session of the batch doing the same.
     pub fn choose_tree(&self, max: usize, b: BatchShape) -> usize {
         if b.streams > 1 || b.prefill > 0 {
