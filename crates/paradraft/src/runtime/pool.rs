@@ -337,5 +337,7 @@ pub fn par_ranges(n: usize, f: impl Fn(usize, usize) + Sync) {
 const MAX_RANGES: usize = 64;
 
 /// Rows (tokens) from which per-token work is split across threads: below it a region's
-/// barrier costs more than the work.
-pub const PAR_ROWS: usize = 4;
+/// barrier costs more than the work. At 4 (the old value) a 4-row forward spent 9–10 % more
+/// than at 16 on a 2-vCPU Xeon, and 64 was no better at 16 and 32 rows (docs/performance.md,
+/// "Few-row forwards").
+pub const PAR_ROWS: usize = 16;

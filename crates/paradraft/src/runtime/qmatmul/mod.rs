@@ -628,9 +628,9 @@ mod timing {
                 .map(|i| (i * 37 % 251) as u8 & 0x3F)
                 .collect();
             let p = Packed::new(ty, rows, cols, &src);
-            for n in [1, 4, 6, 8, 12, 16]
+            for n in [1, 2, 3, 4, 5, 6, 8, 12, 16]
                 .into_iter()
-                .filter(|&n| rows < 10_000 || n == 1 || n == 16)
+                .filter(|&n| rows < 10_000 || [1, 2, 4, 8, 16].contains(&n))
             {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
                 let mut qa = QActs::default();

@@ -1,0 +1,79 @@
+//! k-row forwards after a 64-token prefill, in a loop: the median and least ms of ITERS
+//! forwards (20 more untimed first), two threads; a steady target for `perf record`
+//! (docs/performance.md, "Few-row forwards").
+//!
+//!     cargo run --release --example rows_loop -- [K] [ITERS] [argmax]
+//!
+//! K: rows per forward (default 4); ITERS (default 500); `argmax`: the fused argmax output
+//! instead of full logits. The model is the fetched SmolLM2.
+use paradraft::model::{self, Batch, Logits, OutputSpec, Rows, Scratch};
+use paradraft::{Pos, TokenId};
+use std::time::Instant;
+
+fn main() -> paradraft::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let k: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4);
+    let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(500);
+    let logits = match args.next().as_deref() {
+        Some("argmax") => Logits::Argmax,
+        _ => Logits::Full,
+    };
+    let ctx = 64;
+    paradraft::runtime::init_threads(2);
+    let lm = model::load(&paradraft::fetch::default_model_path())?;
+    let m = &lm.model;
+    let vocab = m.config.vocab_size;
+    let prompt: Vec<TokenId> = (0..ctx)
+        .map(|i| TokenId(((i * 7919 + 13) % vocab) as u32))
+        .collect();
+    let pos: Vec<Pos> = (0..ctx as u32).map(Pos).collect();
+    let quiet = OutputSpec {
+        rows: Rows::Last,
+        logits: Logits::None,
+        taps: vec![],
+    };
+    let spec = OutputSpec {
+        rows: Rows::All,
+        logits,
+        taps: vec![],
+    };
+    let mut s = Scratch::default();
+    let mut kv = m.new_kv(ctx + k + 1);
+    m.forward(
+        &mut kv,
+        &Batch {
+            tokens: &prompt,
+            positions: &pos,
+            mask: None,
+        },
+        &quiet,
+        &mut s,
+    )?;
+    let toks: Vec<TokenId> = (0..k).map(|i| TokenId(100 + i as u32)).collect();
+    let ps: Vec<Pos> = (0..k).map(|i| Pos((ctx + i) as u32)).collect();
+    let mut times = vec![];
+    for i in 0..iters + 20 {
+        let t = Instant::now();
+        m.forward(
+            &mut kv,
+            &Batch {
+                tokens: &toks,
+                positions: &ps,
+                mask: None,
+            },
+            &spec,
+            &mut s,
+        )?;
+        if i >= 20 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        kv.truncate(ctx);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "k={k}: median {:.3} ms, min {:.3}",
+        times[times.len() / 2],
+        times[0]
+    );
+    Ok(())
+}
