@@ -97,6 +97,8 @@ struct Shared {
     recycle: Option<Mutex<RecycleTable>>,
     calib: Mutex<Calibration>,
     stats: Mutex<SourceStats>,
+    /// The model gate's timed rounds, greedy sessions' and sampling ones'.
+    arms: [gate::Arms; 2],
 }
 
 /// `auto` loaded: its sources and what they share.
@@ -156,7 +158,7 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
             last: Merged::default(),
             select_ms: 0.0,
             model_ms: 0.0,
-            gate: ModelGate::default(),
+            gate: ModelGate::sharing(&self.shared.arms[!sampling.is_greedy() as usize]),
             model_bit: None,
             verified_last: 0,
             sampler: (!sampling.is_greedy())
@@ -411,6 +413,7 @@ impl Drafter for Auto<'_> {
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
         self.verified_last = outcome.drafted;
+        self.gate.committed(outcome.accepted.len() + 1);
         if let (Some(t), Some(root)) = (&self.shared.recycle, self.root) {
             let tree = &self.last.tree;
             t.lock()
@@ -545,6 +548,7 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
             verified: vec![0; n],
             accepted: vec![0; n],
         }),
+        arms: Default::default(),
     });
     Ok(LoadedMethod {
         template: Box::new(AutoTemplate {
