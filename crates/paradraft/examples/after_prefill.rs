@@ -7,7 +7,9 @@
 //! CONTEXT: prompt tokens prefilled before each series (default 320); MODEL: a .gguf file or
 //! HF directory (default: the fetched SmolLM2). Prints, for the 1st … 10th forward after a
 //! prefill, the median ms over 50 series (10 more untimed first), two threads.
-use paradraft::model::{self, Batch, Logits, OutputSpec, Rows, Scratch};
+mod common;
+
+use paradraft::model::{Batch, Logits, Scratch};
 use paradraft::{Pos, TokenId};
 use std::time::Instant;
 
@@ -18,24 +20,10 @@ fn main() -> paradraft::Result<()> {
         .next()
         .map(std::path::PathBuf::from)
         .unwrap_or_else(paradraft::fetch::default_model_path);
-    paradraft::runtime::init_threads(2);
-    let lm = model::load(&path)?;
+    let (lm, prompt, pos) = common::setup(&path, ctx)?;
     let m = &lm.model;
-    let vocab = m.config.vocab_size;
-    let prompt: Vec<TokenId> = (0..ctx)
-        .map(|i| TokenId(((i * 7919 + 13) % vocab) as u32))
-        .collect();
-    let pos: Vec<Pos> = (0..ctx as u32).map(Pos).collect();
-    let quiet = OutputSpec {
-        rows: Rows::Last,
-        logits: Logits::None,
-        taps: vec![],
-    };
-    let argmax = OutputSpec {
-        rows: Rows::All,
-        logits: Logits::Argmax,
-        taps: vec![],
-    };
+    let quiet = common::quiet();
+    let argmax = common::rows(Logits::Argmax);
     let mut s = Scratch::default();
     let mut kv = m.new_kv(ctx + 2);
     let mut by_place = vec![vec![]; 10];

@@ -6,7 +6,9 @@
 //!
 //! K: rows per forward (default 4); ITERS (default 500); `argmax`: the fused argmax output
 //! instead of full logits. The model is the fetched SmolLM2.
-use paradraft::model::{self, Batch, Logits, OutputSpec, Rows, Scratch};
+mod common;
+
+use paradraft::model::{Batch, Logits, Scratch};
 use paradraft::{Pos, TokenId};
 use std::time::Instant;
 
@@ -19,51 +21,28 @@ fn main() -> paradraft::Result<()> {
         _ => Logits::Full,
     };
     let ctx = 64;
-    paradraft::runtime::init_threads(2);
-    let lm = model::load(&paradraft::fetch::default_model_path())?;
+    let (lm, prompt, pos) = common::setup(&paradraft::fetch::default_model_path(), ctx)?;
     let m = &lm.model;
-    let vocab = m.config.vocab_size;
-    let prompt: Vec<TokenId> = (0..ctx)
-        .map(|i| TokenId(((i * 7919 + 13) % vocab) as u32))
-        .collect();
-    let pos: Vec<Pos> = (0..ctx as u32).map(Pos).collect();
-    let quiet = OutputSpec {
-        rows: Rows::Last,
-        logits: Logits::None,
-        taps: vec![],
-    };
-    let spec = OutputSpec {
-        rows: Rows::All,
-        logits,
-        taps: vec![],
-    };
+    let spec = common::rows(logits);
     let mut s = Scratch::default();
     let mut kv = m.new_kv(ctx + k + 1);
-    m.forward(
-        &mut kv,
-        &Batch {
-            tokens: &prompt,
-            positions: &pos,
-            mask: None,
-        },
-        &quiet,
-        &mut s,
-    )?;
+    let prefill = Batch {
+        tokens: &prompt,
+        positions: &pos,
+        mask: None,
+    };
+    m.forward(&mut kv, &prefill, &common::quiet(), &mut s)?;
     let toks: Vec<TokenId> = (0..k).map(|i| TokenId(100 + i as u32)).collect();
     let ps: Vec<Pos> = (0..k).map(|i| Pos((ctx + i) as u32)).collect();
+    let step = Batch {
+        tokens: &toks,
+        positions: &ps,
+        mask: None,
+    };
     let mut times = vec![];
     for i in 0..iters + 20 {
         let t = Instant::now();
-        m.forward(
-            &mut kv,
-            &Batch {
-                tokens: &toks,
-                positions: &ps,
-                mask: None,
-            },
-            &spec,
-            &mut s,
-        )?;
+        m.forward(&mut kv, &step, &spec, &mut s)?;
         if i >= 20 {
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }

@@ -1,5 +1,5 @@
 """c(k) (median ms, all logits / argmax), decode and prefill per run of run.sh (or, given
-`avx2`, of run_avx2.sh).
+`avx2`, of `ISA=avx2 run.sh`).
     python3 docs/results/performance/2026-11-26-xeon-parrows/table.py [avx2]"""
 import json, os, sys
 
