@@ -12,8 +12,9 @@
 //! (those the lookups alone would not fill): tokens committed per ms from one round's start
 //! to the next, with the model and without, pooled over the process's sessions at one kind of
 //! temperature ([`Arms`]). Once both are measured the model runs only while its rounds are as
-//! fast, and one decided round in [`PROBE_EVERY`] takes the other arm so both stay measured. At T = 1 on a 2-vCPU Xeon the model's rounds committed 0.81 tokens per
-//! AR round's time, the lookups' 1.04 (docs/auto.md, "Model rounds on the clock").
+//! fast, and one decided round in [`PROBE_EVERY`] takes the other arm so both stay measured.
+//! At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.81 tokens per AR round's
+//! time, the lookups' 1.04 (docs/auto.md, "Model rounds on the clock").
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -43,7 +44,7 @@ impl Arms {
 /// Moving averages of one arm's decided rounds: ms from a round's start to the next's, and
 /// tokens committed in between.
 #[derive(Clone, Debug, Default)]
-pub struct Arm {
+struct Arm {
     ms: f64,
     tokens: f64,
     rounds: usize,
