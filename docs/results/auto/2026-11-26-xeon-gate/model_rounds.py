@@ -13,7 +13,8 @@ def lines(d):
 
 
 def ms_of(x):
-    return x["draft_ms"] + x["select_ms"] + x["tree_ms"] + x["verify_ms"] + x["commit_ms"]
+    # As sizer/2026-11-25-xeon/rounds.py: `draft_ms` already holds `select_ms`.
+    return x["draft_ms"] + x["tree_ms"] + x["verify_ms"] + x["commit_ms"]
 
 
 for run in sys.argv[1:]:

@@ -13,8 +13,8 @@
 //! to the next, with the model and without, pooled over the process's sessions at one kind of
 //! temperature ([`Arms`]). Once both are measured the model runs only while its rounds are as
 //! fast, and one decided round in [`PROBE_EVERY`] takes the other arm so both stay measured.
-//! At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.81 tokens per AR round's
-//! time, the lookups' 1.04 (docs/auto.md, "Model rounds on the clock").
+//! At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.86 tokens per AR round's
+//! time, the lookups' 1.05 (docs/auto.md, "Model rounds on the clock").
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
