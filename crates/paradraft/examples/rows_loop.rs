@@ -5,7 +5,8 @@
 //!     cargo run --release --example rows_loop -- [K] [ITERS] [argmax]
 //!
 //! K: rows per forward (default 4); ITERS (default 500); `argmax`: the fused argmax output
-//! instead of full logits. The model is the fetched SmolLM2.
+//! instead of full logits; `last` / `last-full`: the argmax / the logits of the last row alone;
+//! `none`: no output layer (the body's cost). The model is the fetched SmolLM2.
 mod common;
 
 use paradraft::model::{Batch, Logits, Scratch};
@@ -16,14 +17,20 @@ fn main() -> paradraft::Result<()> {
     let mut args = std::env::args().skip(1);
     let k: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4);
     let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(500);
-    let logits = match args.next().as_deref() {
-        Some("argmax") => Logits::Argmax,
+    let mode = args.next();
+    let logits = match mode.as_deref() {
+        Some("argmax" | "last") => Logits::Argmax,
+        Some("last-full") => Logits::Full,
+        Some("none") => Logits::None,
         _ => Logits::Full,
     };
     let ctx = 64;
     let (lm, prompt, pos) = common::setup(&paradraft::fetch::default_model_path(), ctx)?;
     let m = &lm.model;
-    let spec = common::rows(logits);
+    let mut spec = common::rows(logits);
+    if matches!(mode.as_deref(), Some("last" | "last-full")) {
+        spec.rows = paradraft::model::Rows::Last;
+    }
     let mut s = Scratch::default();
     let mut kv = m.new_kv(ctx + k + 1);
     let prefill = Batch {
