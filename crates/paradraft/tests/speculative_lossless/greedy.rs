@@ -137,3 +137,80 @@ fn greedy_is_token_identical_on_smollm2() {
     // The chain drafter follows the true continuation, so it must be accepted in full.
     assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
 }
+
+/// Rows on demand: with every node reported unlikely, a round's output layer runs first on the
+/// root's row alone and on any other row only when the verification reaches it, in further
+/// output rounds over the forward's final states. Two sessions stepped in one batch, random
+/// trees that hold the true continuation: each output is AR's, and rows were asked for.
+#[test]
+fn rows_on_demand_are_token_identical() {
+    use paradraft::speculative::step::{Member, Stepper};
+    use paradraft::speculative::Session;
+    one_thread();
+    let lm = load_tiny("llama");
+    let vocab = lm.model.config.vocab_size as u32;
+    let ps = prompts();
+    let params = greedy(24);
+    let mut later_rounds = 0;
+    for (i, pair) in ps.chunks(2).take(12).enumerate() {
+        let prompts: Vec<Vec<TokenId>> = pair.iter().map(|p| encode(&lm, p, 96)).collect();
+        let mut kvs: Vec<_> = prompts
+            .iter()
+            .map(|p| lm.model.new_kv(p.len() + 24 + 40))
+            .collect();
+        let ars: Vec<_> = prompts
+            .iter()
+            .zip(kvs.iter_mut())
+            .map(|(p, kv)| generate(&lm.model, &lm.tokenizer, kv, p, &params, |_| {}).unwrap())
+            .collect();
+        let mut sessions: Vec<Session> = prompts
+            .iter()
+            .zip(&ars)
+            .zip(kvs.iter_mut())
+            .enumerate()
+            .map(|(j, ((p, ar), kv))| {
+                let (truth, n0) = (ar.token_ids.clone(), p.len());
+                let mut rng = Lcg((i * 2 + j) as u64);
+                let trees = Replay::new(move |c: &[TokenId], max: usize| {
+                    let done = c.len() - n0;
+                    random_tree(&mut rng, truth.get(done..).unwrap_or(&[]), vocab, max)
+                });
+                let sp = Speculation {
+                    drafter: Box::new(OnDemand::new(trees)),
+                    max_draft: 12,
+                    sizer: None,
+                    rule: Default::default(),
+                };
+                let h = lm.model.config.hidden_size;
+                Session::new(&lm.tokenizer, kv, p, &params, sp, h).unwrap()
+            })
+            .collect();
+        let mut stepper = Stepper::default();
+        let mut sinks: Vec<fn(&str)> = vec![|_| {}; sessions.len()];
+        loop {
+            let mut members: Vec<Member> = kvs
+                .iter_mut()
+                .zip(sessions.iter_mut())
+                .zip(sinks.iter_mut())
+                .map(|((kv, session), on_text)| Member {
+                    kv,
+                    session,
+                    on_text,
+                })
+                .collect();
+            let r = stepper.step(&lm.model, &mut members, usize::MAX).unwrap();
+            if r.rows == 0 {
+                break;
+            }
+            later_rounds += (r.output_rounds > 1) as usize;
+        }
+        for (s, ar) in sessions.into_iter().zip(&ars) {
+            let out = s.finish(&mut |_| {});
+            assert_eq!(out.out.token_ids, ar.token_ids, "pair {i}");
+        }
+    }
+    assert!(
+        later_rounds > 20,
+        "{later_rounds} steps asked for more rows"
+    );
+}
