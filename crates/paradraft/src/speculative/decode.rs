@@ -5,13 +5,13 @@
 //! and the accepted path, and commits the accepted tokens plus the target's bonus token, which
 //! becomes the next root.
 
-use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing, LIKELY};
+use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
-use super::verify::{row_of, verify_walk, Candidates, Outcome, VerifyRule, Walk};
+use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Tokenizer};
+use crate::model::{Batch, Logits, Output, Tokenizer};
 use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::runtime::ops;
 use crate::sample::Sampler;
@@ -74,31 +74,23 @@ pub struct Speculation<'a> {
 }
 
 /// What a session's rows need from the output layer of the forward.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowNeeds {
     /// `Logits::None`: nothing (a prompt chunk that is not the last).
     pub logits: Logits,
-    /// The session's rows (0-based in its batch) to run the output layer on first: the
-    /// prompt's last row, or a round's rows likely to be read ([`Session::resolve`] asks for
-    /// others the verification reaches).
-    pub rows: Vec<usize>,
+    /// Only the last row (the prompt's last chunk), else every row.
+    pub last_only: bool,
 }
-
-/// [`RoundOutput::index`] of a row without output-layer results.
-pub const NO_ROW: u32 = u32::MAX;
-/// Flags a [`RoundOutput::index`] entry as an index into `logits`.
-pub const FULL_ROW: u32 = 1 << 31;
 
 /// The forward's results for one session's rows.
 #[derive(Clone, Copy, Debug)]
 pub struct RoundOutput<'o> {
-    /// Per row of the session's batch: the index of its results in `argmax` and `top`, or
-    /// (flagged [`FULL_ROW`]) in `logits`; [`NO_ROW`] when it has none.
-    pub index: &'o [u32],
+    /// One per output row (when the session's rows asked for argmaxes).
     pub argmax: &'o [TokenId],
-    /// The best ids, best first (when the rows asked for `Logits::ArgmaxTop`).
+    /// One per output row: the best ids, best first (when they asked for
+    /// `Logits::ArgmaxTop`).
     pub top: &'o [Vec<(TokenId, f32)>],
-    /// `results × vocab` (when the rows asked for full logits).
+    /// `output rows × vocab` (when they asked for full logits).
     pub logits: &'o [f32],
     pub vocab: usize,
     /// The tapped states of the session's batch rows (`rows × width`).
@@ -109,26 +101,21 @@ pub struct RoundOutput<'o> {
 }
 
 impl<'o> RoundOutput<'o> {
-    /// Row `r`'s index into `logits` (`full`) or into `argmax` and `top`, if it has one.
-    fn at(&self, r: usize, full: bool) -> Option<usize> {
-        let i = *self.index.get(r)?;
-        (i != NO_ROW && (i & FULL_ROW != 0) == full).then_some((i & !FULL_ROW) as usize)
+    /// A session's part of `out`: its batch rows start at `batch_row0`, its output rows at
+    /// `out_row0`, and each row has `width` floats of tapped states.
+    pub fn of(out: &'o Output, batch_row0: usize, out_row0: usize, width: usize) -> Self {
+        RoundOutput {
+            argmax: out.argmax.get(out_row0..).unwrap_or(&[]),
+            top: out.top.get(out_row0..).unwrap_or(&[]),
+            logits: out.logits.get(out_row0 * out.vocab..).unwrap_or(&[]),
+            vocab: out.vocab,
+            hidden: out.hidden.get(batch_row0 * width..).unwrap_or(&[]),
+            batch_forward: None,
+        }
     }
 
-    /// Row `r`'s argmax, if computed.
-    pub fn argmax_at(&self, r: usize) -> Option<TokenId> {
-        self.argmax.get(self.at(r, false)?).copied()
-    }
-
-    /// Row `r`'s best ids, if computed.
-    pub fn top_at(&self, r: usize) -> Option<&'o [(TokenId, f32)]> {
-        self.top.get(self.at(r, false)?).map(|t| &t[..])
-    }
-
-    /// Row `r`'s logits, if computed.
-    pub fn logits_at(&self, r: usize) -> Option<&'o [f32]> {
-        let i = self.at(r, true)?;
-        self.logits.get(i * self.vocab..(i + 1) * self.vocab)
+    pub fn logits_row(&self, r: usize) -> &'o [f32] {
+        &self.logits[r * self.vocab..(r + 1) * self.vocab]
     }
 }
 
@@ -137,9 +124,11 @@ impl<'o> RoundOutput<'o> {
 fn candidates(k: usize, rows: usize, greedy: bool, o: &RoundOutput) -> Candidates {
     let mut ids = Vec::with_capacity(k * rows);
     for r in (0..rows).take_while(|_| k > 0) {
-        match (greedy, o.top_at(r), o.logits_at(r)) {
-            (true, Some(t), _) => ids.extend(t.iter().map(|e| e.0).take(k)),
-            (false, _, Some(l)) => ids.extend(ops::top_k(l, k).iter().map(|e| e.0)),
+        match (greedy, o.top.get(r)) {
+            (true, Some(t)) => ids.extend(t.iter().map(|e| e.0).take(k)),
+            (false, _) if o.logits.len() >= (r + 1) * o.vocab => {
+                ids.extend(ops::top_k(o.logits_row(r), k).iter().map(|e| e.0))
+            }
             _ => return Candidates::default(),
         }
         // A vocabulary smaller than k repeats its best id.
@@ -164,58 +153,8 @@ struct Planned {
     facts: RoundFacts,
     /// Σ path probability of the nodes kept (trees cut by sizing).
     predicted: f64,
-    /// Per node: how likely the verification is to accept it (and so to read its row).
-    reach: Vec<f32>,
-    /// The verification so far, and its outcome once it has walked to the end.
-    walk: Walk,
-    outcome: Option<Outcome>,
     stats: RoundStats,
     verify_start: Instant,
-}
-
-impl Planned {
-    /// Walks the verification on over the rows `o` has results for; whether it is complete
-    /// (its outcome then kept).
-    fn verify(&mut self, rule: VerifyRule, sampler: &Sampler, o: &RoundOutput) -> bool {
-        if self.outcome.is_none() {
-            let base = self.lin.positions[0].0 as usize;
-            self.outcome = verify_walk(
-                rule,
-                &self.tree,
-                &mut self.walk,
-                |r| o.argmax_at(r),
-                |r| o.logits_at(r),
-                sampler,
-                base,
-            );
-        }
-        self.outcome.is_some()
-    }
-
-    /// Rows of nodes likely to be accepted, given that `from` (`None`: the root) is: `from`'s
-    /// row, then down its likeliest children while each is [`LIKELY`] given its parent (from
-    /// the root, also every node that likely anywhere in the tree).
-    fn likely_rows(&self, from: Option<NodeId>) -> Vec<usize> {
-        let reach = |n: Option<NodeId>| n.map_or(1.0, |n| self.reach[n.idx()]);
-        let mut rows = vec![row_of(from)];
-        let mut cur = from;
-        while let Some(c) = self
-            .tree
-            .children(cur)
-            .max_by(|&a, &b| reach(Some(a)).total_cmp(&reach(Some(b))))
-            .filter(|&c| reach(Some(c)) >= LIKELY * reach(cur))
-        {
-            rows.push(row_of(Some(c)));
-            cur = Some(c);
-        }
-        if from.is_none() {
-            let more = (0..self.tree.len()).filter(|&i| self.reach[i] >= LIKELY);
-            rows.extend(more.map(|i| i + 1));
-            rows.sort_unstable();
-            rows.dedup();
-        }
-        rows
-    }
 }
 
 /// One request's speculative decoding as a state machine. [`Session::new`] checks the request;
@@ -386,12 +325,6 @@ impl<'a> Session<'a> {
         if let Some(c) = conf {
             stats.conf = c[..tree.len().min(c.len())].to_vec();
         }
-        // Candidates (a drafter's top lists) are read from every row.
-        let reach = if self.drafter.candidates() > 0 {
-            vec![1.0; tree.len()]
-        } else {
-            self.sizing.reach(&tree, conf)
-        };
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -400,9 +333,6 @@ impl<'a> Session<'a> {
             lin,
             facts,
             predicted: cut.predicted,
-            reach,
-            walk: Walk::default(),
-            outcome: None,
             stats,
             verify_start: Instant::now(),
         }));
@@ -439,7 +369,7 @@ impl<'a> Session<'a> {
 
     /// What the planned rows need from the output layer: the prompt's last row gets full
     /// logits (the first token is sampled from them), earlier chunks nothing; a round's rows
-    /// argmaxes (greedy) or full logits (sampling), first on the rows likely to be read.
+    /// argmaxes (greedy) or full logits (sampling).
     pub fn needs(&self) -> RowNeeds {
         match self.pending.as_ref().expect("a planned step") {
             Pending::Prefill { n, .. } => RowNeeds {
@@ -448,29 +378,16 @@ impl<'a> Session<'a> {
                 } else {
                     Logits::None
                 },
-                rows: vec![n - 1],
+                last_only: true,
             },
-            Pending::Round(p) => RowNeeds {
+            Pending::Round(_) => RowNeeds {
                 logits: match (self.greedy, self.drafter.candidates()) {
                     (true, 0) => Logits::Argmax,
                     (true, k) => Logits::ArgmaxTop(k),
                     (false, _) => Logits::Full,
                 },
-                rows: p.likely_rows(None),
+                last_only: false,
             },
-        }
-    }
-
-    /// Verifies the planned round as far as the rows with results in `o` go: `None` when the
-    /// verification is complete (or there is no round), else the rows it needs next — the row
-    /// it reached and the likely ones below it.
-    pub fn resolve(&mut self, o: &RoundOutput) -> Option<Vec<usize>> {
-        let Some(Pending::Round(p)) = self.pending.as_mut() else {
-            return None;
-        };
-        match p.verify(self.rule, &self.sampler, o) {
-            true => None,
-            false => Some(p.likely_rows(p.walk.node())),
         }
     }
 
@@ -501,10 +418,7 @@ impl<'a> Session<'a> {
         if self.prefilling() {
             return Ok(());
         }
-        let last = o
-            .logits_at(n - 1)
-            .ok_or_else(|| Error::BadRequest("the prompt's last row came without logits".into()))?;
-        self.root = self.sampler.sample_at(last, self.prompt_len);
+        self.root = self.sampler.sample_at(o.logits_row(0), self.prompt_len);
         let start = self.prefill_start.unwrap_or_else(Instant::now);
         self.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
@@ -531,14 +445,6 @@ impl<'a> Session<'a> {
         o: RoundOutput,
         on_text: &mut impl FnMut(&str),
     ) -> Result<()> {
-        let mut p = p;
-        p.verify(self.rule, &self.sampler, &o);
-        let Some(mut outcome) = p.outcome.take() else {
-            return Err(Error::BadRequest(format!(
-                "the verification reached row {} without its results",
-                p.walk.row()
-            )));
-        };
         let Planned {
             tree,
             lin,
@@ -546,9 +452,16 @@ impl<'a> Session<'a> {
             predicted,
             mut stats,
             verify_start,
-            ..
         } = p;
         let base = lin.positions[0].0 as usize;
+        let mut outcome: Outcome = verify(
+            self.rule,
+            &tree,
+            o.argmax,
+            |r| o.logits_row(r),
+            &self.sampler,
+            base,
+        );
         outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, self.greedy, &o);
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 

@@ -4,11 +4,11 @@
 //! member commits its results. A row's results are those it would get alone (the forward is
 //! batch-invariant), so a session's tokens do not depend on what it was batched with.
 
-use super::decode::{RoundOutput, Session, SpecGeneration, Speculation, FULL_ROW, NO_ROW};
+use super::decode::{RoundOutput, Session, SpecGeneration, Speculation};
 use super::sizing::BatchShape;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Model, Output, OutputSpec, Rows, Scratch, Tokenizer};
+use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};
 use crate::request::GenerateParams;
 use crate::types::TokenId;
 
@@ -57,125 +57,17 @@ pub struct StepReport {
     pub rows: usize,
     /// Prompt tokens among them.
     pub prefill_rows: usize,
-    /// Rounds of output-layer passes over the forward's final states: 1, or more when a
-    /// verification reached rows outside the first ones ([`Session::resolve`]).
-    pub output_rounds: usize,
 }
 
 /// Scratch kept between steps.
 #[derive(Default)]
 pub struct Stepper {
     scratch: Scratch,
-    results: RowResults,
-}
-
-/// What a member's rows take from the output layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    None,
-    /// Argmaxes (and top lists when some member asks for them).
-    Argmax,
-    Full,
-}
-
-impl Kind {
-    fn of(logits: Logits) -> Kind {
-        match logits {
-            Logits::None => Kind::None,
-            Logits::Full => Kind::Full,
-            Logits::Argmax | Logits::ArgmaxTop(_) | Logits::TopK(_) => Kind::Argmax,
-        }
-    }
-}
-
-fn argmax_logits(top_k: usize) -> Logits {
-    match top_k {
-        0 => Logits::Argmax,
-        k => Logits::ArgmaxTop(k),
-    }
-}
-
-/// A step's output-layer results, gathered over its passes: per batch row the index of its
-/// results in `argmax` and `top` (argmax rows) or in `logits` (full rows, flagged [`FULL_ROW`]),
-/// [`NO_ROW`] for a row without any.
-#[derive(Default)]
-struct RowResults {
-    index: Vec<u32>,
     argmax: Vec<TokenId>,
     top: Vec<Vec<(TokenId, f32)>>,
-    logits: Vec<f32>,
-    vocab: usize,
-}
-
-impl RowResults {
-    fn reset(&mut self, rows: usize) {
-        self.index.clear();
-        self.index.resize(rows, NO_ROW);
-        self.argmax.clear();
-        self.top.clear();
-        self.logits.clear();
-    }
-
-    /// Takes `out`'s results for batch `rows` (in `out`'s row order): full logits or argmaxes.
-    fn add(&mut self, rows: &[usize], out: &mut Output, full: bool) {
-        self.vocab = out.vocab;
-        for (i, &r) in rows.iter().enumerate() {
-            if full {
-                self.index[r] = FULL_ROW | (self.logits.len() / out.vocab.max(1)) as u32;
-                self.logits.extend_from_slice(out.logits_row(i));
-            } else {
-                self.index[r] = self.argmax.len() as u32;
-                self.argmax.push(out.argmax[i]);
-                self.top
-                    .push(out.top.get_mut(i).map(std::mem::take).unwrap_or_default());
-            }
-        }
-    }
 }
 
 impl Stepper {
-    /// One more output pass over the last forward's final states: argmaxes for `arg` rows,
-    /// full logits for `full` rows.
-    fn output(&mut self, model: &Model, arg: &[usize], full: &[usize], top_k: usize) -> Result<()> {
-        for (rows, logits, is_full) in [
-            (arg, argmax_logits(top_k), false),
-            (full, Logits::Full, true),
-        ] {
-            if rows.is_empty() {
-                continue;
-            }
-            let spec = OutputSpec {
-                rows: Rows::Some(rows.to_vec()),
-                logits,
-                taps: vec![],
-            };
-            model.output_again(&spec, &mut self.scratch)?;
-            self.results.add(rows, &mut self.scratch.out, is_full);
-        }
-        Ok(())
-    }
-
-    /// A member's view of the step's results: its `len` rows from batch row `b0`, each with
-    /// `width` floats of tapped states.
-    fn view(
-        &self,
-        b0: usize,
-        len: usize,
-        width: usize,
-        batch_forward: Option<(usize, f64)>,
-    ) -> RoundOutput<'_> {
-        let r = &self.results;
-        RoundOutput {
-            index: &r.index[b0..b0 + len],
-            argmax: &r.argmax,
-            top: &r.top,
-            logits: &r.logits,
-            vocab: r.vocab,
-            hidden: self.scratch.out.hidden.get(b0 * width..).unwrap_or(&[]),
-            batch_forward,
-        }
-    }
-
     /// Runs one step over `members`: at most `prefill_budget` prompt tokens in all (split in
     /// member order, so a long prompt is prefilled over several steps while the others keep
     /// decoding), every decoding member one round.
@@ -230,9 +122,7 @@ impl Stepper {
             return Ok(rep);
         }
         // Output rows: argmaxes in one pass, full logits in a second pass over the same final
-        // states (`Model::output_again`), each member's likely rows first; then, while a
-        // member's verification reaches a row without results, that row and the likely ones
-        // below it (usually no second round). Tapped states come with the forward.
+        // states (`Model::output_again`); tapped states come with the forward.
         let taps = {
             let first = (0..n).find(|&i| rep.planned[i]).expect("a planned member");
             members[first].session.taps().to_vec()
@@ -240,7 +130,7 @@ impl Stepper {
         let (mut arg_rows, mut full_rows) = (Vec::new(), Vec::new());
         // Argmax rows get the top `top_k` candidates too when a member's drafter wants them.
         let mut top_k = 0;
-        // (member, batch row0, rows, its output kind)
+        // (member, batch row0, argmax row0, full row0, whether its rows are argmax rows)
         let mut at = Vec::with_capacity(n);
         let mut row = 0;
         for (i, m) in members.iter().enumerate().filter(|(i, _)| rep.planned[*i]) {
@@ -251,77 +141,85 @@ impl Stepper {
             }
             let len = m.session.batch().tokens.len();
             let need = m.session.needs();
-            let kind = Kind::of(need.logits);
-            at.push((i, row, len, kind));
-            let mine = need.rows.iter().filter(|&&r| r < len).map(|&r| row + r);
-            match kind {
-                Kind::Argmax => arg_rows.extend(mine),
-                Kind::Full => full_rows.extend(mine),
-                Kind::None => {}
-            }
-            if let Logits::ArgmaxTop(k) = need.logits {
-                top_k = top_k.max(k);
+            let argmax_rows = matches!(need.logits, Logits::Argmax | Logits::ArgmaxTop(_));
+            at.push((i, row, arg_rows.len(), full_rows.len(), argmax_rows));
+            let mine = if need.last_only {
+                row + len - 1..row + len
+            } else {
+                row..row + len
+            };
+            match need.logits {
+                Logits::Argmax => arg_rows.extend(mine),
+                Logits::ArgmaxTop(k) => {
+                    arg_rows.extend(mine);
+                    top_k = top_k.max(k);
+                }
+                Logits::Full => full_rows.extend(mine),
+                _ => {}
             }
             row += len;
         }
-        let t = std::time::Instant::now();
-        {
+        let forward_ms: f64;
+        let out = {
             let mut seqs: Vec<(&mut KvCache, Batch)> = members
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, _)| rep.planned[*i])
                 .map(|(_, m)| (&mut *m.kv, m.session.batch()))
                 .collect();
-            let (first, logits) = match (arg_rows.is_empty(), full_rows.is_empty()) {
-                (false, _) => (&arg_rows, argmax_logits(top_k)),
-                (true, false) => (&full_rows, Logits::Full),
-                (true, true) => (&arg_rows, Logits::None),
+            let first = match (arg_rows.is_empty(), top_k) {
+                (true, _) => (&full_rows, Logits::Full),
+                (false, 0) => (&arg_rows, Logits::Argmax),
+                (false, k) => (&arg_rows, Logits::ArgmaxTop(k)),
+            };
+            let logits = if first.0.is_empty() {
+                Logits::None
+            } else {
+                first.1
             };
             let spec = OutputSpec {
-                rows: Rows::Some(first.clone()),
+                rows: Rows::Some(first.0.clone()),
                 logits,
                 taps: taps.clone(),
             };
+            let t = std::time::Instant::now();
             model.forward_multi(&mut seqs, &spec, &mut self.scratch)?;
-        }
-        self.results.reset(rows);
-        if !arg_rows.is_empty() {
-            self.results.add(&arg_rows, &mut self.scratch.out, false);
-            self.output(model, &[], &full_rows, top_k)?;
-        } else if !full_rows.is_empty() {
-            self.results.add(&full_rows, &mut self.scratch.out, true);
-        }
-        rep.output_rounds = 1;
-        loop {
-            let (mut arg, mut full) = (Vec::new(), Vec::new());
-            for &(i, b0, len, kind) in &at {
-                let o = self.view(b0, len, 0, None);
-                let Some(more) = members[i].session.resolve(&o) else {
-                    continue;
-                };
-                let new = more
-                    .into_iter()
-                    .filter(|&r| r < len && self.results.index[b0 + r] == NO_ROW)
-                    .map(|r| b0 + r);
-                match kind {
-                    Kind::Argmax => arg.extend(new),
-                    Kind::Full => full.extend(new),
-                    Kind::None => {}
+            if !arg_rows.is_empty() {
+                self.argmax.clone_from(&self.scratch.out.argmax);
+                self.top = std::mem::take(&mut self.scratch.out.top);
+                if !full_rows.is_empty() {
+                    let spec = OutputSpec {
+                        rows: Rows::Some(full_rows.clone()),
+                        logits: Logits::Full,
+                        taps: vec![],
+                    };
+                    model.output_again(&spec, &mut self.scratch)?;
                 }
+            } else {
+                self.argmax.clear();
+                self.top.clear();
             }
-            if arg.is_empty() && full.is_empty() {
-                break;
-            }
-            self.output(model, &arg, &full, top_k)?;
-            rep.output_rounds += 1;
-        }
-        let forward_ms = t.elapsed().as_secs_f64() * 1e3;
+            forward_ms = t.elapsed().as_secs_f64() * 1e3;
+            &self.scratch.out
+        };
         // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
         let batch_forward = (at.len() > 1).then_some((rows, forward_ms));
-        for (i, b0, len, _) in at {
+        for (i, b0, a0, f0, argmax_rows) in at {
             let m = &mut members[i];
             let w = m.session.width();
-            let o = self.view(b0, len, w, batch_forward);
+            let o = RoundOutput {
+                argmax: &self.argmax[a0.min(self.argmax.len())..],
+                // Only a session whose rows are argmax rows has top lists.
+                top: if argmax_rows {
+                    &self.top[a0.min(self.top.len())..]
+                } else {
+                    &[]
+                },
+                logits: out.logits.get(f0 * out.vocab..).unwrap_or(&[]),
+                vocab: out.vocab,
+                hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
+                batch_forward,
+            };
             m.session.commit(m.kv, o, &mut m.on_text)?;
             if m.session.stop_reason().is_some() {
                 rep.finished[i] = true;

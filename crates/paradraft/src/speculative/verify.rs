@@ -120,45 +120,11 @@ pub fn row_of(n: Option<NodeId>) -> usize {
     n.map_or(0, |n| n.idx() + 1)
 }
 
-/// A verification walk in progress: the node reached (`None`: the root) and the nodes accepted
-/// on the way. Every rule reads only the rows of the path it accepts and the row below its
-/// last node, so a forward need not run the output layer on the other rows: a walk that
-/// reaches a row without results stops there ([`Walk::row`]) and resumes once it has them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Walk {
-    cur: Option<NodeId>,
-    accepted: Vec<NodeId>,
-}
-
-impl Walk {
-    /// The row the walk reads next.
-    pub fn row(&self) -> usize {
-        row_of(self.cur)
-    }
-
-    /// The node reached (`None`: the root).
-    pub fn node(&self) -> Option<NodeId> {
-        self.cur
-    }
-
-    fn accept(&mut self, n: NodeId) {
-        self.accepted.push(n);
-        self.cur = Some(n);
-    }
-
-    fn finish(&mut self, tree: &DraftTree, bonus: TokenId) -> Outcome {
-        finish(tree, std::mem::take(&mut self.accepted), bonus)
-    }
-}
-
-#[cfg(test)]
 /// Greedy rule over per-row argmaxes (`argmax[row]`).
 pub fn verify_greedy(tree: &DraftTree, argmax: &[TokenId]) -> Outcome {
-    let target = |row: usize| argmax.get(row).copied();
-    verify_match(tree, &mut Walk::default(), target).expect("every row's argmax")
+    verify_match(tree, |row| argmax[row])
 }
 
-#[cfg(test)]
 /// Coupled rule: the target's keyed sample at each node (row 0 is the root, at position
 /// `root_pos`; a row's logits predict the position after its node).
 pub fn verify_coupled<'a>(
@@ -167,39 +133,28 @@ pub fn verify_coupled<'a>(
     sampler: &Sampler,
     root_pos: usize,
 ) -> Outcome {
-    let mut walk = Walk::default();
-    coupled(tree, &mut walk, |r| Some(logits(r)), sampler, root_pos).expect("every row's logits")
-}
-
-fn coupled<'a>(
-    tree: &DraftTree,
-    walk: &mut Walk,
-    logits: impl Fn(usize) -> Option<&'a [f32]>,
-    sampler: &Sampler,
-    root_pos: usize,
-) -> Option<Outcome> {
-    verify_match(tree, walk, |row| {
+    verify_match(tree, |row| {
         let depth = if row == 0 {
             0
         } else {
             tree.depth(NodeId(row as u32 - 1)) as usize
         };
-        Some(sampler.sample_at(logits(row)?, root_pos + depth + 1))
+        sampler.sample_at(logits(row), root_pos + depth + 1)
     })
 }
 
-/// Walks on from `walk` accepting the child whose token is the target's own (`target(row)`);
-/// `None` when a row's target is not known yet.
-fn verify_match(
-    tree: &DraftTree,
-    walk: &mut Walk,
-    mut target: impl FnMut(usize) -> Option<TokenId>,
-) -> Option<Outcome> {
+/// Walks from the root accepting the child whose token is the target's own (`target(row)`).
+fn verify_match(tree: &DraftTree, mut target: impl FnMut(usize) -> TokenId) -> Outcome {
+    let mut cur: Option<NodeId> = None;
+    let mut accepted = Vec::new();
     loop {
-        let want = target(walk.row())?;
-        match tree.children(walk.cur).find(|&c| tree.token(c) == want) {
-            Some(c) => walk.accept(c),
-            None => return Some(walk.finish(tree, want)),
+        let want = target(row_of(cur));
+        match tree.children(cur).find(|&c| tree.token(c) == want) {
+            Some(c) => {
+                accepted.push(c);
+                cur = Some(c);
+            }
+            None => return finish(tree, accepted, want),
         }
     }
 }
@@ -232,34 +187,35 @@ fn draw_weighted(entries: impl Iterator<Item = (TokenId, f32)> + Clone, u: f32) 
 }
 
 /// Rejection rules over per-row target logits, with uniforms keyed by position (row 0 is the
-/// root, at position `root_pos`), walking on from `walk`; `None` when a row's logits are not
-/// known yet.
-fn rejection<'a>(
+/// root, at position `root_pos`).
+pub fn verify_rejection<'a>(
     tree: &DraftTree,
-    walk: &mut Walk,
-    logits: impl Fn(usize) -> Option<&'a [f32]>,
+    logits: impl Fn(usize) -> &'a [f32],
     sampler: &Sampler,
     root_pos: usize,
-) -> Option<Outcome> {
+) -> Outcome {
+    let mut cur: Option<NodeId> = None;
+    let mut accepted = Vec::new();
     loop {
-        let row = logits(walk.row())?;
-        // The position the children of the node reached stand at.
-        let pos = root_pos + walk.accepted.len() + 1;
+        // The position the children of `cur` stand at.
+        let pos = root_pos + accepted.len() + 1;
         let uniform = |stream: u32| sampler.noise.key(pos, stream).uniform();
-        let children: Vec<NodeId> = tree.children(walk.cur).collect();
+        let children: Vec<NodeId> = tree.children(cur).collect();
         if children.is_empty() {
             // Nothing to verify below this node: an ordinary draw from p, with noise no
             // drafter read (whether this node has children may depend on the token stream).
-            let bonus = sampler.sample_keyed(row, sampler.noise.key(pos, Noise::FREE));
-            return Some(walk.finish(tree, bonus));
+            let bonus =
+                sampler.sample_keyed(logits(row_of(cur)), sampler.noise.key(pos, Noise::FREE));
+            return finish(tree, accepted, bonus);
         }
-        let p = sampler.dist(row);
+        let p = sampler.dist(logits(row_of(cur)));
         // Known q on the only child: standard speculative sampling.
         if let (1, Some(q)) = (children.len(), tree.q(children[0])) {
             let x = tree.token(children[0]);
             let (px, qx) = (p.prob(x), q.prob(x));
             if qx > 0.0 && uniform(1) < (px / qx).min(1.0) {
-                walk.accept(children[0]);
+                accepted.push(children[0]);
+                cur = Some(children[0]);
                 continue;
             }
             let residual = residual(&p, q);
@@ -269,7 +225,7 @@ fn rejection<'a>(
             } else {
                 key.pick(&p)
             };
-            return Some(walk.finish(tree, bonus));
+            return finish(tree, accepted, bonus);
         }
         // One-hot proposals: recursive rejection over the siblings. The residual r is p with
         // the rejected tokens removed; it is kept implicitly (the removed tokens and their mass).
@@ -291,43 +247,23 @@ fn rejection<'a>(
             removed_mass += px;
         }
         match next {
-            Some(c) => walk.accept(c),
+            Some(c) => {
+                accepted.push(c);
+                cur = Some(c);
+            }
             None => {
                 let u = uniform(Noise::RESIDUAL);
                 let r = p
                     .entries
                     .iter()
                     .map(|&(t, w)| (t, if removed.contains(&t) { 0.0 } else { w }));
-                return Some(walk.finish(tree, draw_weighted(r, u)));
+                return finish(tree, accepted, draw_weighted(r, u));
             }
         }
     }
 }
 
-/// Verifies a round by `rule` at temperature > 0, or greedily at 0 (a row's argmax then),
-/// walking on from `walk` over the rows whose results the forward has (`argmax(row)`,
-/// `logits(row)`: `None` for a row without them). `None` when the walk reached such a row
-/// ([`Walk::row`]); it resumes from there when called again with that row's results.
-pub fn verify_walk<'a>(
-    rule: VerifyRule,
-    tree: &DraftTree,
-    walk: &mut Walk,
-    argmax: impl Fn(usize) -> Option<TokenId>,
-    logits: impl Fn(usize) -> Option<&'a [f32]>,
-    sampler: &Sampler,
-    root_pos: usize,
-) -> Option<Outcome> {
-    if sampler.params.is_greedy() {
-        return verify_match(tree, walk, argmax);
-    }
-    match rule {
-        VerifyRule::Coupled => coupled(tree, walk, logits, sampler, root_pos),
-        VerifyRule::Rejection => rejection(tree, walk, logits, sampler, root_pos),
-    }
-}
-
-#[cfg(test)]
-/// [`verify_walk`] over a forward with every row's results.
+/// Verifies a round by `rule` at temperature > 0, or greedily at 0 (`argmax` per row then).
 pub fn verify<'a>(
     rule: VerifyRule,
     tree: &DraftTree,
@@ -336,18 +272,13 @@ pub fn verify<'a>(
     sampler: &Sampler,
     root_pos: usize,
 ) -> Outcome {
-    let mut walk = Walk::default();
-    let argmax = |r: usize| argmax.get(r).copied();
-    verify_walk(
-        rule,
-        tree,
-        &mut walk,
-        argmax,
-        |r| Some(logits(r)),
-        sampler,
-        root_pos,
-    )
-    .expect("every row's results")
+    if sampler.params.is_greedy() {
+        return verify_greedy(tree, argmax);
+    }
+    match rule {
+        VerifyRule::Coupled => verify_coupled(tree, logits, sampler, root_pos),
+        VerifyRule::Rejection => verify_rejection(tree, logits, sampler, root_pos),
+    }
 }
 
 /// max(p − q, 0) over p's support (outside it the difference is never positive).

@@ -40,49 +40,6 @@ impl<F: FnMut(&[TokenId], usize) -> DraftTree> Drafter for Replay<F> {
     }
 }
 
-/// `D` with every node reported as unlikely to be accepted (path probability 0), so that a
-/// round's output layer runs first on the root's row alone and on every other row only when
-/// the verification reaches it.
-pub struct OnDemand<D: Drafter> {
-    pub inner: D,
-    zeros: Vec<f32>,
-}
-
-impl<D: Drafter> OnDemand<D> {
-    pub fn new(inner: D) -> Self {
-        OnDemand {
-            inner,
-            zeros: vec![],
-        }
-    }
-}
-
-impl<D: Drafter> Drafter for OnDemand<D> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn taps(&self) -> &[usize] {
-        self.inner.taps()
-    }
-    fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
-        self.inner.begin(prompt, hidden)
-    }
-    fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
-        let t = self.inner.propose(committed, max_nodes)?;
-        self.zeros = vec![0.0; t.len()];
-        Ok(t)
-    }
-    fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
-        self.inner.observe(outcome, hidden)
-    }
-    fn node_confidence(&self) -> Option<&[f32]> {
-        Some(&self.zeros)
-    }
-    fn selection_ms(&self) -> f64 {
-        self.inner.selection_ms()
-    }
-}
-
 /// A small deterministic generator for test trees.
 pub struct Lcg(pub u64);
 

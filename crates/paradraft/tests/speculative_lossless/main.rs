@@ -7,7 +7,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-use common::replay::{random_tree, Lcg, OnDemand, Replay};
+use common::replay::{random_tree, Lcg, Replay};
 use common::*;
 use paradraft::drafters::dflash::{Dflash, DflashModel};
 use paradraft::drafters::draft_model::DraftModel;

@@ -468,28 +468,6 @@ fn check_sampling(group: Group) {
         ),
         (
             Known,
-            "trees of likely tokens, rows on demand",
-            Box::new(OnDemand::new(Replay::new({
-                // The second token's likeliest ids, three under the root and two under each.
-                let top = top.clone();
-                move |_: &[TokenId], max: usize| {
-                    let mut t = DraftTree::new();
-                    for &a in top.iter().take(3) {
-                        if t.len() < max {
-                            let n = t.push(None, a, None).unwrap();
-                            for &b in top.iter().take(2) {
-                                if t.len() < max {
-                                    t.push(Some(n), b, None).unwrap();
-                                }
-                            }
-                        }
-                    }
-                    t
-                }
-            }))),
-        ),
-        (
-            Known,
             "q chain",
             Box::new(QChain {
                 q: q.clone(),

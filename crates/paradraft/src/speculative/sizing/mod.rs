@@ -13,8 +13,6 @@
 mod cost;
 mod guard;
 
-use crate::speculative::tree::NodeId;
-
 pub use cost::{CostCurve, LearnedCost, WARM_FORWARDS};
 pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
 
@@ -25,13 +23,6 @@ const TREE_ROOM: usize = 4;
 /// then twice as many after each further empty cut, at most [`MAX_SKIP`].
 const ZERO_CUTS: u32 = 4;
 const MAX_SKIP: u32 = 16;
-
-/// Path probability from which a node's row is in a round's first output rows: below it, the
-/// row's output layer runs only if the verification reaches the node. On a 2-vCPU Xeon with
-/// SmolLM2 one more row in a pass of several costs about 0.07 ms, a pass of its own 0.5 ms
-/// (argmax) to 0.9 ms (full logits): a row pays its place in the first pass from a chance of
-/// about a tenth of being read (docs/performance.md, "Output rows on demand").
-pub const LIKELY: f32 = 0.1;
 
 /// A session's first rounds teach neither the verify cost nor the speed guard: the forwards
 /// right after a prefill run slow for a while (on a 2-vCPU Intel Xeon a bench's AR rounds took
@@ -138,40 +129,6 @@ impl Sizing {
         Cut {
             predicted,
             undrafted,
-        }
-    }
-
-    /// How likely the verification is to accept each node of `tree` (and so to read the
-    /// target's results at its row): for trees with path probabilities `conf`, those times the
-    /// calibration κ (1 when sizing is fixed); otherwise the product of the per-depth
-    /// acceptance rates down to the node's depth, or 1 when sizing is fixed (nothing is
-    /// tracked).
-    pub fn reach(&self, tree: &crate::speculative::DraftTree, conf: Option<&[f32]>) -> Vec<f32> {
-        match (self, conf) {
-            (_, Some(c)) if c.len() >= tree.len() => {
-                let k = match self {
-                    Sizing::Sized(s) => s.calibration(),
-                    Sizing::Fixed => 1.0,
-                };
-                c[..tree.len()]
-                    .iter()
-                    .map(|&p| (k * p as f64).min(1.0) as f32)
-                    .collect()
-            }
-            (Sizing::Fixed, _) => vec![1.0; tree.len()],
-            (Sizing::Sized(s), _) => {
-                let mut run = vec![1.0f64];
-                let depths = (0..tree.len() as u32).map(|i| tree.depth(NodeId(i)) as usize);
-                depths
-                    .map(|d| {
-                        while run.len() <= d {
-                            let next = run[run.len() - 1] * s.rate(run.len());
-                            run.push(next);
-                        }
-                        run[d] as f32
-                    })
-                    .collect()
-            }
         }
     }
 
