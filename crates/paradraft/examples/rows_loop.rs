@@ -2,11 +2,12 @@
 //! forwards (20 more untimed first), two threads; a steady target for `perf record`
 //! (docs/performance.md, "Few-row forwards").
 //!
-//!     cargo run --release --example rows_loop -- [K] [ITERS] [argmax]
+//!     cargo run --release --example rows_loop -- [K] [ITERS] [full|argmax|last|last-full|none]
 //!
-//! K: rows per forward (default 4); ITERS (default 500); `argmax`: the fused argmax output
-//! instead of full logits; `last` / `last-full`: the argmax / the logits of the last row alone;
-//! `none`: no output layer (the body's cost). The model is the fetched SmolLM2.
+//! K: rows per forward (default 4); ITERS (default 500); `full` (default): every row's logits;
+//! `argmax`: the fused argmax output instead; `last` / `last-full`: the argmax / the logits of
+//! the last row alone; `none`: no output layer (the body's cost). The model is the fetched
+//! SmolLM2.
 mod common;
 
 use paradraft::model::{Batch, Logits, Scratch};
@@ -22,7 +23,12 @@ fn main() -> paradraft::Result<()> {
         Some("argmax" | "last") => Logits::Argmax,
         Some("last-full") => Logits::Full,
         Some("none") => Logits::None,
-        _ => Logits::Full,
+        None | Some("full") => Logits::Full,
+        Some(other) => {
+            return Err(paradraft::Error::BadRequest(format!(
+                "output mode `{other}`: expected full, argmax, last, last-full or none"
+            )))
+        }
     };
     let ctx = 64;
     let (lm, prompt, pos) = common::setup(&paradraft::fetch::default_model_path(), ctx)?;
