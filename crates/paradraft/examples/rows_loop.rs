@@ -10,7 +10,7 @@
 //! SmolLM2.
 mod common;
 
-use paradraft::model::{Batch, Logits, Scratch};
+use paradraft::model::{Batch, Logits, OutputSpec, Rows, Scratch};
 use paradraft::{Pos, TokenId};
 use std::time::Instant;
 
@@ -18,12 +18,12 @@ fn main() -> paradraft::Result<()> {
     let mut args = std::env::args().skip(1);
     let k: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4);
     let iters: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(500);
-    let mode = args.next();
-    let logits = match mode.as_deref() {
-        Some("argmax" | "last") => Logits::Argmax,
-        Some("last-full") => Logits::Full,
-        Some("none") => Logits::None,
-        None | Some("full") => Logits::Full,
+    let (logits, rows) = match args.next().as_deref() {
+        None | Some("full") => (Logits::Full, Rows::All),
+        Some("argmax") => (Logits::Argmax, Rows::All),
+        Some("last") => (Logits::Argmax, Rows::Last),
+        Some("last-full") => (Logits::Full, Rows::Last),
+        Some("none") => (Logits::None, Rows::All),
         Some(other) => {
             return Err(paradraft::Error::BadRequest(format!(
                 "output mode `{other}`: expected full, argmax, last, last-full or none"
@@ -33,10 +33,10 @@ fn main() -> paradraft::Result<()> {
     let ctx = 64;
     let (lm, prompt, pos) = common::setup(&paradraft::fetch::default_model_path(), ctx)?;
     let m = &lm.model;
-    let mut spec = common::rows(logits);
-    if matches!(mode.as_deref(), Some("last" | "last-full")) {
-        spec.rows = paradraft::model::Rows::Last;
-    }
+    let spec = OutputSpec {
+        rows,
+        ..common::rows(logits)
+    };
     let mut s = Scratch::default();
     let mut kv = m.new_kv(ctx + k + 1);
     let prefill = Batch {
