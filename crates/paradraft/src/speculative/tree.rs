@@ -113,6 +113,19 @@ impl DraftTree {
             .map(|n| self.depth(n) as usize)
     }
 
+    /// How many of `tokens` (a path from the root: e.g. what the target accepted) this tree
+    /// holds, from the first on.
+    pub fn path_len(&self, tokens: &[TokenId]) -> usize {
+        let mut at = None;
+        for (n, &t) in tokens.iter().enumerate() {
+            match self.children(at).find(|&c| self.token(c) == t) {
+                Some(c) => at = Some(c),
+                None => return n,
+            }
+        }
+        tokens.len()
+    }
+
     pub fn max_depth(&self) -> u32 {
         self.depths.iter().copied().max().unwrap_or(0)
     }
@@ -168,6 +181,21 @@ impl DraftTree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_len_follows_the_tree_from_the_root() {
+        let mut t = DraftTree::new();
+        let a = t.push(None, TokenId(1), None).unwrap();
+        t.push(None, TokenId(2), None).unwrap();
+        let c = t.push(Some(a), TokenId(3), None).unwrap();
+        t.push(Some(c), TokenId(4), None).unwrap();
+        let tok = |v: &[u32]| v.iter().map(|&x| TokenId(x)).collect::<Vec<_>>();
+        assert_eq!(t.path_len(&tok(&[1, 3, 4, 9])), 3);
+        assert_eq!(t.path_len(&tok(&[1, 3])), 2);
+        assert_eq!(t.path_len(&tok(&[2, 3])), 1, "3 is under 1, not 2");
+        assert_eq!(t.path_len(&tok(&[3])), 0);
+        assert_eq!(t.path_len(&[]), 0);
+    }
 
     #[test]
     fn linearisation_positions_and_mask() {

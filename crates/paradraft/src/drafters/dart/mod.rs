@@ -17,19 +17,21 @@
 //! target's own keyed Gumbel noise at that position (coupled drafting).
 
 pub mod config;
+pub mod depth;
 pub mod model;
 
 pub use config::{dart_taps, DartConfig};
 pub use model::DartModel;
 
 use crate::drafters::parts::{BlockDrafter, BlockDrafting, DraftHead, Selection};
-use crate::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
+use crate::drafters::registry::{DraftLength, LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::sample::SamplingParams;
 use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
+use depth::SharedDepths;
 use std::sync::Arc;
 
 /// A DART drafter bound to its target (whose embedding it uses).
@@ -42,8 +44,16 @@ pub struct Dart<'t> {
     kv: KvCache,
     /// Target states of committed positions `kv.len()..` not yet fed to the drafter.
     pending: Vec<f32>,
-    /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1).
+    /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1): the most.
     pub masks: usize,
+    /// Under adaptive sizing a tree drafts only the depths the target accepts often enough
+    /// ([`depth`]), learned with the process's other requests; `None`: always `masks + 1`.
+    depths: Option<SharedDepths>,
+    /// Whether this request samples (its depths are learned apart).
+    sampled: bool,
+    /// Depths of the last proposal (0: none) and the proposal (tokens only).
+    drafted_depth: usize,
+    proposed: DraftTree,
     /// The shared selection: a searched tree, or a sampled chain.
     drafting: BlockDrafting,
     s: model::Scratch,
@@ -81,6 +91,10 @@ impl<'t> Dart<'t> {
             kv,
             pending: vec![],
             masks,
+            depths: None,
+            sampled: false,
+            drafted_depth: 0,
+            proposed: DraftTree::new(),
             drafting: BlockDrafting::new(SamplingParams::default(), selection.into())?,
             s: model::Scratch::default(),
             hidden: vec![],
@@ -99,6 +113,10 @@ impl<'t> Dart<'t> {
             kv: self.model.new_kv(ctx + self.masks + 1),
             pending: vec![],
             masks: self.masks,
+            depths: self.depths.clone(),
+            sampled: !sampling.is_greedy(),
+            drafted_depth: 0,
+            proposed: DraftTree::new(),
             drafting: self.drafting.fork(sampling)?,
             s: model::Scratch::default(),
             hidden: vec![],
@@ -108,6 +126,15 @@ impl<'t> Dart<'t> {
 
     pub fn config(&self) -> &DartConfig {
         &self.model.config
+    }
+
+    /// Trees draft only the depths worth their mask slots ([`depth`]); chains are sized by
+    /// the session's sizer already.
+    pub fn learning_depth(mut self) -> Self {
+        if self.drafting.is_tree() {
+            self.depths = Some(SharedDepths::default());
+        }
+        self
     }
 }
 
@@ -129,7 +156,10 @@ pub static METHOD: MethodEntry = MethodEntry {
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
     let (m, head) = DartModel::load(&a.dir, true).map_err(a.loading("DART drafter"))?;
     let masks = a.cfg.block_size.map(|b| b.saturating_sub(1));
-    let d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.selection()?)?;
+    let mut d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.selection()?)?;
+    if a.cfg.draft_length == DraftLength::Auto {
+        d = d.learning_depth();
+    }
     // A sampled chain is a node per depth (the masks + 1); a tree is cut to the tree budget.
     let max_draft = a.max_draft(d.masks + 1);
     Ok(LoadedMethod {
@@ -208,7 +238,12 @@ impl Drafter for Dart<'_> {
             return Ok(DraftTree::new());
         }
         let room = self.kv.capacity().saturating_sub(p0 + m);
-        let masks = self.masks.min(max_nodes - 1).min(room);
+        let most = match &self.depths {
+            Some(d) => d.with(self.sampled, |r| r.depth(self.masks + 1)) - 1,
+            None => self.masks,
+        };
+        let masks = most.min(max_nodes - 1).min(room);
+        self.drafted_depth = masks + 1;
         // Slot i (position p0 + i) reads the token one to its right.
         self.model.forward(
             self.target,
@@ -224,11 +259,25 @@ impl Drafter for Dart<'_> {
             .head
             .logits(self.target, &self.hidden, &mut self.logits);
         // Slot i predicts position s + 1 + i.
-        self.drafting
-            .draft(&self.logits, v, &self.head, committed, s + 1, max_nodes)
+        let tree = self
+            .drafting
+            .draft(&self.logits, v, &self.head, committed, s + 1, max_nodes)?;
+        if self.depths.is_some() {
+            self.proposed.clone_from(&tree);
+        }
+        Ok(tree)
     }
 
-    fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
+    fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
+        if let Some(d) = &self.depths {
+            // Rounds with verified nodes teach how deep the target accepts this drafter's
+            // tree (under `auto` the accepted path may be another source's).
+            if outcome.drafted > 0 && self.drafted_depth > 0 {
+                let (depth, reach) = (self.drafted_depth, self.proposed.path_len(&outcome.tokens));
+                d.with(self.sampled, |r| r.observe(depth, reach));
+            }
+        }
+        self.drafted_depth = 0;
         self.pending.extend_from_slice(hidden.rows);
         Ok(())
     }
