@@ -299,6 +299,61 @@ fn speculative_decoding_with_dart_is_lossless() {
     }
 }
 
+/// A tree drafter learning its depth stays token-identical to AR while its depth changes, and
+/// an untrained drafter (whose nodes the target rarely accepts) ends up drafting one depth.
+#[test]
+fn a_dart_tree_learns_to_draft_fewer_depths_and_stays_lossless() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 3);
+    let prompt = lm
+        .tokenizer
+        .encode("the quick brown fox jumps over")
+        .unwrap();
+    let greedy = GenerateParams {
+        max_new_tokens: 60,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+    };
+    let mut kv = lm.model.new_kv(120);
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
+    let (m, head) = DartModel::load(dir.path(), true).unwrap();
+    let mut d = Dart::new(
+        m,
+        head,
+        &lm.model,
+        120,
+        None,
+        Selection::Tree(tree(false, &lm)),
+    )
+    .unwrap()
+    .learning_depth();
+    assert_eq!(d.depths(), MASKS + 1, "untried depths are drafted");
+    let sp = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        &prompt,
+        &greedy,
+        Speculation {
+            drafter: Box::new(&mut d),
+            max_draft: 8,
+            sizer: None,
+            rule: Default::default(),
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sp.out.token_ids, ar.token_ids);
+    let accepted: usize = sp.rounds.iter().map(|r| r.accepted).sum();
+    assert!(
+        accepted * 4 < sp.rounds.len(),
+        "{accepted} accepted in {} rounds",
+        sp.rounds.len()
+    );
+    assert_eq!(d.depths(), 1);
+}
+
 #[test]
 fn drafters_that_do_not_fit_are_refused() {
     let lm = load_tiny("llama");

@@ -128,6 +128,15 @@ impl<'t> Dart<'t> {
         &self.model.config
     }
 
+    /// The depths the next proposal may draft (before the node budget): the learned ones, or
+    /// every trained one.
+    pub fn depths(&self) -> usize {
+        match &self.depths {
+            Some(d) => d.with(self.sampled, |r| r.depth(self.masks + 1)),
+            None => self.masks + 1,
+        }
+    }
+
     /// Trees draft only the depths worth their mask slots ([`depth`]); chains are sized by
     /// the session's sizer already.
     pub fn learning_depth(mut self) -> Self {
@@ -238,11 +247,7 @@ impl Drafter for Dart<'_> {
             return Ok(DraftTree::new());
         }
         let room = self.kv.capacity().saturating_sub(p0 + m);
-        let most = match &self.depths {
-            Some(d) => d.with(self.sampled, |r| r.depth(self.masks + 1)) - 1,
-            None => self.masks,
-        };
-        let masks = most.min(max_nodes - 1).min(room);
+        let masks = (self.depths() - 1).min(max_nodes - 1).min(room);
         self.drafted_depth = masks + 1;
         // Slot i (position p0 + i) reads the token one to its right.
         self.model.forward(
