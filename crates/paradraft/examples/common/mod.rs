@@ -1,4 +1,5 @@
 //! What the timing examples share: the model on two threads, a prompt, and output specs.
+#![allow(dead_code)] // each example uses part of it
 use paradraft::model::{self, Loaded, Logits, OutputSpec, Rows};
 use paradraft::{Pos, TokenId};
 use std::path::Path;
