@@ -296,6 +296,11 @@ impl BlockDrafting {
         &self.selection
     }
 
+    /// Whether the request samples (T > 0).
+    pub fn samples(&self) -> bool {
+        !self.sampler.params.is_greedy()
+    }
+
     /// Whether drafts are searched trees.
     pub fn is_tree(&self) -> bool {
         matches!(self.selection, Selection::Tree(_))
@@ -359,7 +364,7 @@ impl BlockDrafting {
                 }
                 return Ok(tree);
             }
-            Selection::Sample => !self.sampler.params.is_greedy(),
+            Selection::Sample => self.samples(),
             Selection::Greedy => false,
         };
         let slots = (logits.len() / v.max(1)).min(max_nodes);

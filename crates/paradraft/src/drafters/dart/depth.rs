@@ -7,69 +7,34 @@
 //! at least [`WORTH`]. The rates are kept for the process's requests at one kind of
 //! temperature (greedy or sampled: a sample accepts far less deep).
 
+use crate::speculative::sizing::DepthRates;
 use std::sync::{Arc, Mutex};
 
 /// Least chance of accepting at least d nodes for depth d to be drafted: a mask row's cost
-/// against a decode step's. On a 2-vCPU Xeon a DART proposal took 0.46–0.55 ms with 2 masks
+/// against a decode step's. On a 2-vCPU Xeon a DART proposal took 0.43–0.55 ms with 2 masks
 /// and 0.72–0.88 ms with 7 (0.066 ms a mask) against a 2.7 ms decode step (docs/dart.md,
 /// "How deep to draft").
 pub const WORTH: f64 = 0.025;
 /// Weight of the past in the per-depth counts (per observed round).
 const DECAY: f64 = 0.99;
 
-/// Per-depth acceptance, decayed: `tried[d - 1]` rounds drafted depth d with depth d − 1
-/// accepted, `hit[d - 1]` of them accepted depth d.
-#[derive(Clone, Debug, Default)]
-pub struct DepthRates {
-    tried: Vec<f64>,
-    hit: Vec<f64>,
-}
-
-impl DepthRates {
-    /// A round that drafted `depth` levels and had `accepted` nodes accepted.
-    pub fn observe(&mut self, depth: usize, accepted: usize) {
-        if self.tried.len() < depth {
-            self.tried.resize(depth, 0.0);
-            self.hit.resize(depth, 0.0);
-        }
-        for (t, h) in self.tried.iter_mut().zip(self.hit.iter_mut()) {
-            *t *= DECAY;
-            *h *= DECAY;
-        }
-        for d in 1..=depth.min(accepted + 1) {
-            self.tried[d - 1] += 1.0;
-            if accepted >= d {
-                self.hit[d - 1] += 1.0;
-            }
-        }
-    }
-
-    /// Acceptance rate at depth d given depth d − 1 accepted (Beta(1, 1) prior).
-    pub fn rate(&self, d: usize) -> f64 {
-        let t = self.tried.get(d - 1).copied().unwrap_or(0.0);
-        let h = self.hit.get(d - 1).copied().unwrap_or(0.0);
-        (h + 1.0) / (t + 2.0)
-    }
-
-    /// The depths worth drafting, at most `max` (at least 1): the deepest d whose chance of
-    /// at least d accepted nodes is [`WORTH`] or more.
-    pub fn depth(&self, max: usize) -> usize {
-        let mut reach = 1.0;
-        let mut depth = 1;
-        for d in 1..=max {
-            reach *= self.rate(d);
-            if reach < WORTH {
-                break;
-            }
-            depth = d;
-        }
-        depth
-    }
+/// The depths worth drafting, at most `max`, by `rates`.
+pub fn worth(rates: &DepthRates, max: usize) -> usize {
+    rates.deepest(max, WORTH)
 }
 
 /// [`DepthRates`] shared by a process's requests: greedy ones and sampling ones apart.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SharedDepths(Arc<Mutex<[DepthRates; 2]>>);
+
+impl Default for SharedDepths {
+    fn default() -> Self {
+        SharedDepths(Arc::new(Mutex::new([
+            DepthRates::new(DECAY),
+            DepthRates::new(DECAY),
+        ])))
+    }
+}
 
 impl SharedDepths {
     pub fn with<R>(&self, sampled: bool, f: impl FnOnce(&mut DepthRates) -> R) -> R {
@@ -87,50 +52,50 @@ mod tests {
     /// depth 2 kept (a third of the rounds accept two).
     #[test]
     fn drops_depths_the_target_never_accepts() {
-        let mut r = DepthRates::default();
+        let mut r = DepthRates::new(DECAY);
         assert_eq!(
-            r.depth(8),
+            worth(&r, 8),
             5,
             "untried: half the depth above, down to WORTH"
         );
         for i in 0..300 {
-            let d = r.depth(8);
+            let d = worth(&r, 8);
             r.observe(d, (i % 3).min(d));
         }
-        assert_eq!(r.depth(8), 2);
+        assert_eq!(worth(&r, 8), 2);
     }
 
     /// Rounds that accept everything drafted keep asking for one more depth, up to the cap.
     #[test]
     fn grows_while_everything_is_accepted() {
-        let mut r = DepthRates::default();
+        let mut r = DepthRates::new(DECAY);
         for _ in 0..200 {
-            let d = r.depth(7);
+            let d = worth(&r, 7);
             r.observe(d, d);
         }
-        assert_eq!(r.depth(7), 7);
-        assert_eq!(r.depth(3), 3);
+        assert_eq!(worth(&r, 7), 7);
+        assert_eq!(worth(&r, 3), 3);
     }
 
     /// After the text turns hard (nothing accepted), depth falls to 1 and comes back
     /// when it turns easy again.
     #[test]
     fn follows_the_text() {
-        let mut r = DepthRates::default();
+        let mut r = DepthRates::new(DECAY);
         for _ in 0..200 {
-            let d = r.depth(8);
+            let d = worth(&r, 8);
             r.observe(d, d);
         }
         for _ in 0..400 {
-            let d = r.depth(8);
+            let d = worth(&r, 8);
             r.observe(d, 0);
         }
-        assert_eq!(r.depth(8), 1);
+        assert_eq!(worth(&r, 8), 1);
         for _ in 0..600 {
-            let d = r.depth(8);
+            let d = worth(&r, 8);
             r.observe(d, d);
         }
-        assert_eq!(r.depth(8), 8);
+        assert_eq!(worth(&r, 8), 8);
     }
 
     #[test]
@@ -140,7 +105,7 @@ mod tests {
         for _ in 0..300 {
             t.with(true, |r| r.observe(1, 0));
         }
-        assert_eq!(s.with(true, |r| r.depth(8)), 1);
-        assert_eq!(s.with(false, |r| r.depth(8)), 5);
+        assert_eq!(s.with(true, |r| worth(r, 8)), 1);
+        assert_eq!(s.with(false, |r| worth(r, 8)), 5);
     }
 }

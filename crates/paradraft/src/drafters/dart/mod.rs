@@ -49,9 +49,9 @@ pub struct Dart<'t> {
     /// Under adaptive sizing a tree drafts only the depths the target accepts often enough
     /// ([`depth`]), learned with the process's other requests; `None`: always `masks + 1`.
     depths: Option<SharedDepths>,
-    /// Whether this request samples (its depths are learned apart).
-    sampled: bool,
-    /// Depths of the last proposal (0: none) and the proposal (tokens only).
+    /// Depths the last proposal computed (its masks + 1; 0: none) — a depth counts as tried
+    /// even when the cut verified none of its nodes: its mask was paid for — and the
+    /// proposal itself.
     drafted_depth: usize,
     proposed: DraftTree,
     /// The shared selection: a searched tree, or a sampled chain.
@@ -92,7 +92,6 @@ impl<'t> Dart<'t> {
             pending: vec![],
             masks,
             depths: None,
-            sampled: false,
             drafted_depth: 0,
             proposed: DraftTree::new(),
             drafting: BlockDrafting::new(SamplingParams::default(), selection.into())?,
@@ -114,7 +113,6 @@ impl<'t> Dart<'t> {
             pending: vec![],
             masks: self.masks,
             depths: self.depths.clone(),
-            sampled: !sampling.is_greedy(),
             drafted_depth: 0,
             proposed: DraftTree::new(),
             drafting: self.drafting.fork(sampling)?,
@@ -132,7 +130,7 @@ impl<'t> Dart<'t> {
     /// every trained one.
     pub fn depths(&self) -> usize {
         match &self.depths {
-            Some(d) => d.with(self.sampled, |r| r.depth(self.masks + 1)),
+            Some(d) => d.with(self.drafting.samples(), |r| depth::worth(r, self.masks + 1)),
             None => self.masks + 1,
         }
     }
@@ -279,7 +277,7 @@ impl Drafter for Dart<'_> {
             // tree (under `auto` the accepted path may be another source's).
             if outcome.drafted > 0 && self.drafted_depth > 0 {
                 let (depth, reach) = (self.drafted_depth, self.proposed.path_len(&outcome.tokens));
-                d.with(self.sampled, |r| r.observe(depth, reach));
+                d.with(self.drafting.samples(), |r| r.observe(depth, reach));
             }
         }
         self.drafted_depth = 0;

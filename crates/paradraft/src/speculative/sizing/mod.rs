@@ -11,10 +11,15 @@
 //! [`crate::speculative::Drafter::node_confidence`].
 
 mod cost;
+mod depths;
 mod guard;
 
 pub use cost::{CostCurve, LearnedCost, WARM_FORWARDS};
+pub use depths::DepthRates;
 pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
+
+/// Forgetting factor of the acceptance statistics, per round (1 = never forget).
+const DECAY: f64 = 0.98;
 
 /// Nodes beyond twice the recent cuts' size that a costly tree proposal is asked for.
 const TREE_ROOM: usize = 4;
@@ -169,16 +174,13 @@ impl Sizing {
 pub struct Sizer {
     /// The target's verify cost: the measured curve, corrected by what rounds took.
     cost: LearnedCost,
-    /// Per depth (1-based index d-1): drafts tried at depth d with depth d-1 accepted, and accepted.
-    tried: Vec<f64>,
-    accepted: Vec<f64>,
+    /// Chains: acceptance per depth given the depth above accepted.
+    depths: DepthRates,
     /// Drafting ms per proposed node (exponential moving average).
     draft_ms_per_node: f64,
     /// The drafter's measured cost of a proposal of n nodes, when known (instead of the
     /// per-node average).
     draft_curve: Option<CostCurve>,
-    /// Forgetting factor for the statistics (1 = never forget).
-    decay: f64,
     /// Tree sizing: accepted nodes and the drafter's predicted acceptance (Σ path
     /// probabilities) of the nodes verified, decayed.
     tree_accepted: f64,
@@ -215,11 +217,9 @@ impl Sizer {
     pub fn new(curve: CostCurve) -> Self {
         Sizer {
             cost: LearnedCost::new(curve),
-            tried: vec![],
-            accepted: vec![],
+            depths: DepthRates::new(DECAY),
             draft_ms_per_node: 0.0,
             draft_curve: None,
-            decay: 0.98,
             tree_accepted: 0.0,
             tree_predicted: 0.0,
             tree_recent: (0.0, 0.0, 0.0),
@@ -320,12 +320,7 @@ impl Sizer {
 
     /// Acceptance rate at depth d (≥ 1) given depth d−1 accepted, with a Beta(1, 1) prior.
     pub fn rate(&self, d: usize) -> f64 {
-        let i = d - 1;
-        let (a, t) = (
-            self.accepted.get(i).copied().unwrap_or(0.0),
-            self.tried.get(i).copied().unwrap_or(0.0),
-        );
-        (a + 1.0) / (t + 2.0)
+        self.depths.rate(d)
     }
 
     /// Expected committed tokens of a chain of n drafts: 1 + Σ_i Π_{j≤i} rate(j).
@@ -455,8 +450,8 @@ impl Sizer {
             (1.0 - w) * r.1 + w * nodes as f64,
             (1.0 - w) * r.2 + w * draft_ms,
         );
-        self.tree_accepted = self.decay * self.tree_accepted + accepted as f64;
-        self.tree_predicted = self.decay * self.tree_predicted + predicted;
+        self.tree_accepted = DECAY * self.tree_accepted + accepted as f64;
+        self.tree_predicted = DECAY * self.tree_predicted + predicted;
     }
 
     /// Records a round: `drafted_depth` = deepest proposed depth, `accepted` = accepted length.
@@ -469,19 +464,7 @@ impl Sizer {
         draft_ms: f64,
         drafted_nodes: usize,
     ) {
-        if self.tried.len() < drafted_depth {
-            self.tried.resize(drafted_depth, 0.0);
-            self.accepted.resize(drafted_depth, 0.0);
-        }
-        for v in self.tried.iter_mut().chain(self.accepted.iter_mut()) {
-            *v *= self.decay;
-        }
-        for d in 1..=drafted_depth.min(accepted + 1) {
-            self.tried[d - 1] += 1.0;
-            if d <= accepted {
-                self.accepted[d - 1] += 1.0;
-            }
-        }
+        self.depths.observe(drafted_depth, accepted);
         if drafted_nodes > 0 {
             let per = draft_ms / drafted_nodes as f64;
             self.draft_ms_per_node = 0.8 * self.draft_ms_per_node + 0.2 * per;
