@@ -1,6 +1,6 @@
 //! AVX2 + FMA inner loops of attention: 8 lanes, a K tile in two registers per dimension.
 
-use super::{AttnElem, Inner, Records, KV_TILE};
+use super::{AttnElem, Inner, Probs, Records, KV_TILE};
 use std::arch::x86_64::*;
 
 pub struct K;
@@ -45,19 +45,26 @@ unsafe fn scores<const H: usize, E: AttnElem>(
 }
 
 /// `R` vectors of 8 dimensions of the outputs of `H` heads (head h's probabilities at
-/// `p + h·len`, its output at `out + h·pw`), accumulated over the slots in slot order; each V
-/// vector is loaded once for the heads, and a head's chain of FMAs is the same whatever `H`.
+/// `p.p + h·p.stride`, its output at `out + h·pw`, which it goes on from when `p.cont`),
+/// accumulated over the slots in slot order; each V vector is loaded once for the heads, and a
+/// head's chain of FMAs is the same whatever `H`.
 #[inline(always)]
 unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
-    p: *const f32,
+    p: Probs,
     slots: &[u32],
     v: *const E,
     hd: usize,
     out: *mut f32,
     pw: usize,
 ) {
-    let len = slots.len();
     let mut acc = [[_mm256_setzero_ps(); R]; H];
+    if p.cont {
+        for (h, ah) in acc.iter_mut().enumerate() {
+            for (r, a) in ah.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(out.add(h * pw + 8 * r));
+            }
+        }
+    }
     for (i, &slot) in slots.iter().enumerate() {
         let vr = v.add(slot as usize * hd);
         let mut vv = [_mm256_setzero_ps(); R];
@@ -65,7 +72,7 @@ unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
             *x = E::load8(vr.add(8 * r));
         }
         for (h, ah) in acc.iter_mut().enumerate() {
-            let w = _mm256_set1_ps(*p.add(h * len + i));
+            let w = _mm256_set1_ps(*p.p.add(h * p.stride + i));
             for (a, x) in ah.iter_mut().zip(&vv) {
                 *a = _mm256_fmadd_ps(w, *x, *a);
             }
@@ -99,13 +106,14 @@ impl Inner for K {
 
     /// Heads in pairs (8 accumulators and 4 V registers of 16).
     #[inline(always)]
-    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
-        let len = slots.len();
-        let group = p.len() / len.max(1);
+    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records) {
         let mut j = 0;
-        while j < group {
-            let two = group - j >= 2;
-            let pj = p.as_ptr().add(j * len);
+        while j < p.heads {
+            let two = p.heads - j >= 2;
+            let pj = Probs {
+                p: p.p.add(j * p.stride),
+                ..p
+            };
             let mut d = 0;
             while d < hd {
                 let (o, vd) = (r.out.add(j * r.pw + 2 + d), v.as_ptr().add(d));

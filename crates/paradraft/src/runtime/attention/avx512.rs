@@ -1,6 +1,6 @@
 //! AVX-512 inner loops of attention: 16 lanes, a K tile in one register per dimension.
 
-use super::{AttnElem, Inner, Records, KV_TILE};
+use super::{AttnElem, Inner, Probs, Records, KV_TILE};
 use std::arch::x86_64::*;
 
 pub struct K;
@@ -31,20 +31,27 @@ unsafe fn scores<const H: usize, E: AttnElem>(
 }
 
 /// `R` vectors of 16 dimensions of the outputs of `H` heads (head h's probabilities at
-/// `p + h·len`, its output at `out + h·pw`), accumulated over the slots in slot order. Each V
-/// vector is loaded (and widened) once for all the heads; every accumulator's chain of FMAs is
-/// the same whatever `H`, so a head's output has the same bits alone or with others.
+/// `p.p + h·p.stride`, its output at `out + h·pw`, which it goes on from when `p.cont`),
+/// accumulated over the slots in slot order. Each V vector is loaded (and widened) once for all
+/// the heads; every accumulator's chain of FMAs is the same whatever `H`, so a head's output
+/// has the same bits alone or with others.
 #[inline(always)]
 unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
-    p: *const f32,
+    p: Probs,
     slots: &[u32],
     v: *const E,
     hd: usize,
     out: *mut f32,
     pw: usize,
 ) {
-    let len = slots.len();
     let mut acc = [[_mm512_setzero_ps(); R]; H];
+    if p.cont {
+        for (h, ah) in acc.iter_mut().enumerate() {
+            for (r, a) in ah.iter_mut().enumerate() {
+                *a = _mm512_loadu_ps(out.add(h * pw + 16 * r));
+            }
+        }
+    }
     for (i, &slot) in slots.iter().enumerate() {
         let vr = v.add(slot as usize * hd);
         let mut vv = [_mm512_setzero_ps(); R];
@@ -52,7 +59,7 @@ unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
             *x = E::load16(vr.add(16 * r));
         }
         for (h, ah) in acc.iter_mut().enumerate() {
-            let w = _mm512_set1_ps(*p.add(h * len + i));
+            let w = _mm512_set1_ps(*p.p.add(h * p.stride + i));
             for (a, x) in ah.iter_mut().zip(&vv) {
                 *a = _mm512_fmadd_ps(w, *x, *a);
             }
@@ -86,13 +93,14 @@ impl Inner for K {
 
     /// Heads in fours (16 accumulators and 4 V registers of 32).
     #[inline(always)]
-    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
-        let len = slots.len();
-        let group = p.len() / len.max(1);
+    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records) {
         let mut j = 0;
-        while j < group {
-            let h = (group - j).min(4);
-            let pj = p.as_ptr().add(j * len);
+        while j < p.heads {
+            let h = (p.heads - j).min(4);
+            let pj = Probs {
+                p: p.p.add(j * p.stride),
+                ..p
+            };
             let mut d = 0;
             while d < hd {
                 let (o, vd) = (r.out.add(j * r.pw + 2 + d), v.as_ptr().add(d));

@@ -1,8 +1,11 @@
 //! Attention of `n_new` queries over the KV cache, with a causal or tree mask among the new
 //! tokens and GQA without copying K/V.
 //!
-//! Work units are (new token, KV head, range of [`SLOT_CHUNK`] visible slots). The query heads
-//! sharing a KV head are done together, so each K/V row is read once per unit, and the slot
+//! Work units are (block of up to [`TOKEN_BLOCK`] new tokens, KV head, range of [`SLOT_CHUNK`]
+//! visible slots). The query heads sharing a KV head are done together, and so are the block's
+//! tokens over the slots they all see in that range (the cached prefix, and in a tree or a
+//! causal chunk their common ancestors): each K/V tile of those slots is read and widened once
+//! for all of them, and each token then goes on alone over the slots only it sees. The slot
 //! ranges (split-K) give every thread work even in decode. Each range yields an unnormalised
 //! partial softmax, merged in slot order afterwards.
 //!
@@ -23,6 +26,9 @@ use std::cell::RefCell;
 
 /// Slots per split-K range of attention.
 pub const SLOT_CHUNK: usize = 128;
+
+/// New tokens per work unit (SmolLM2's GQA group of 3: 12 query heads over each shared tile).
+pub const TOKEN_BLOCK: usize = 4;
 
 /// Geometry of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -88,7 +94,7 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
                 KvLayerRef::F16(_) => panic!("{wrong}"),
             })
             .collect();
-        attention_with(kern, typed)
+        attention_with(kern, TOKEN_BLOCK, typed)
     } else {
         let typed = jobs
             .iter_mut()
@@ -97,14 +103,15 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
                 KvLayerRef::F32(_) => panic!("{wrong}"),
             })
             .collect();
-        attention_with(kern, typed)
+        attention_with(kern, TOKEN_BLOCK, typed)
     }
 }
 
-/// One job's attention with a chosen kernel.
+/// One job's attention with a chosen kernel and `tb` tokens per work unit.
 #[cfg(test)]
 pub(crate) fn attention_kern(
     kern: Kernel,
+    tb: usize,
     q: &[f32],
     kv: KvLayerRef,
     s: &AttnShape,
@@ -112,8 +119,8 @@ pub(crate) fn attention_kern(
     out: &mut [f32],
 ) {
     match kv {
-        KvLayerRef::F32(l) => attention_with(kern, vec![(q, l, s, vis, out)]),
-        KvLayerRef::F16(l) => attention_with(kern, vec![(q, l, s, vis, out)]),
+        KvLayerRef::F32(l) => attention_with(kern, tb, vec![(q, l, s, vis, out)]),
+        KvLayerRef::F16(l) => attention_with(kern, tb, vec![(q, l, s, vis, out)]),
     }
 }
 
@@ -173,12 +180,13 @@ type TypedJob<'a, E> = (
     &'a mut [f32],
 );
 
-fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
+fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) {
     thread_local! {
         static PARTIAL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     }
     let hd = jobs[0].2.head_dim;
-    let group = jobs[0].2.n_heads / jobs[0].2.n_kv_heads;
+    // Partial records per unit: one per (token of its block, query head of its KV head).
+    let group = tb * (jobs[0].2.n_heads / jobs[0].2.n_kv_heads);
     let pw = hd + 2;
     // Per job: its first unit (and so its first partial record); its slot ranges.
     let chunks = |s: &AttnShape| (s.prefix + s.n_new).div_ceil(SLOT_CHUNK);
@@ -192,7 +200,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
         assert_eq!(out.len(), s.n_new * s.n_heads * hd);
         assert_eq!(q.len(), out.len());
         first_unit.push(units);
-        units += s.n_new * s.n_kv_heads * chunks(s);
+        units += s.n_new.div_ceil(tb) * s.n_kv_heads * chunks(s);
     }
     first_unit.push(units);
     PARTIAL.with_borrow_mut(|partial| {
@@ -207,6 +215,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
                 s,
                 vis: *vis,
                 chunks: chunks(s),
+                tb,
                 kern,
                 // SAFETY: job i's records start after those of the jobs before it.
                 out: SendPtr(unsafe { base.add(first_unit[i] * group * pw) }),
@@ -227,17 +236,24 @@ fn attention_with<E: AttnElem>(kern: Kernel, jobs: Vec<TypedJob<E>>) {
         });
         for (i, (.., out)) in jobs.into_iter().enumerate() {
             let recs = &partial[first_unit[i] * group * pw..first_unit[i + 1] * group * pw];
-            merge(recs, args[i].chunks, group, hd, out);
+            merge(recs, &args[i], out);
         }
     });
 }
 
 /// Merges the partial softmaxes of each (token, head) in slot-range order.
-fn merge(partial: &[f32], chunks: usize, group: usize, hd: usize, out: &mut [f32]) {
+fn merge<E>(partial: &[f32], a: &Args<E>, out: &mut [f32]) {
+    let (s, chunks, tb) = (a.s, a.chunks, a.tb);
+    let (hd, n_kv) = (s.head_dim, s.n_kv_heads);
+    let group = s.n_heads / n_kv;
     let pw = hd + 2;
-    for (bu, o) in out.chunks_exact_mut(group * hd).enumerate() {
+    for (tg, o) in out.chunks_exact_mut(group * hd).enumerate() {
+        // Token t's heads of KV head g: records (t mod tb) of the units of its block.
+        let (t, g) = (tg / n_kv, tg % n_kv);
+        let unit0 = ((t / tb) * n_kv + g) * chunks;
         for (j, oh) in o.chunks_exact_mut(hd).enumerate() {
-            let rec = |c: usize| &partial[((bu * chunks + c) * group + j) * pw..][..pw];
+            let at = |c: usize| (((unit0 + c) * tb + t % tb) * group + j) * pw;
+            let rec = |c: usize| &partial[at(c)..][..pw];
             let m = (0..chunks)
                 .map(|c| rec(c)[0])
                 .fold(f32::NEG_INFINITY, f32::max);
@@ -267,6 +283,8 @@ struct Args<'a, E> {
     vis: Visibility<'a>,
     /// Slot ranges per (token, KV head).
     chunks: usize,
+    /// Tokens per unit.
+    tb: usize,
     kern: Kernel,
     /// Partial records: per (unit, head) running max, sum of exponentials, unnormalised output.
     out: SendPtr,
@@ -275,10 +293,14 @@ struct Args<'a, E> {
 /// Per-thread buffers of a unit.
 #[derive(Default)]
 struct UnitScratch {
+    /// The block's tokens' slot lists, one after the other; token i's is `ends[i]..ends[i + 1]`.
     slots: Vec<u32>,
-    /// `group × len` scores, then probabilities.
+    ends: Vec<usize>,
+    /// The block's query heads, token by token.
+    q: Vec<f32>,
+    /// One row of `stride` scores, then probabilities, per query head of the block.
     scores: Vec<f32>,
-    /// `group × 16` scores of one K tile.
+    /// `heads × 16` scores of one K tile.
     tile: Vec<f32>,
 }
 
@@ -325,9 +347,20 @@ trait Inner {
     /// `out[j·16 + l] = Σ_d q[j·hd + d] · kt[d·16 + l]` for the `group` heads of `q`, summed as
     /// even dimensions plus odd dimensions, each in dimension order.
     unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]);
-    /// Head `j`'s output `Σ_i p[j·len + i] · v[slots[i]·hd + d]`, summed in slot order, into
-    /// its record, for each of the `p.len() / slots.len()` heads.
-    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records);
+    /// Head `j`'s output `Σ_i p[j·stride + i] · v[slots[i]·hd + d]` for `heads` heads, summed
+    /// in slot order, into its record; `cont`: added to the sum the record holds (so a sum
+    /// split over two calls has the bits of one call over all its slots).
+    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records);
+}
+
+/// The probabilities [`Inner::weighted_v`] weighs V rows with: `heads` rows of `stride`
+/// floats from `p`, and whether the records' sums go on (`cont`) or start at zero.
+#[derive(Clone, Copy)]
+struct Probs {
+    p: *const f32,
+    stride: usize,
+    heads: usize,
+    cont: bool,
 }
 
 struct Portable;
@@ -354,13 +387,14 @@ impl Inner for Portable {
     }
 
     #[inline(always)]
-    unsafe fn weighted_v<E: AttnElem>(p: &[f32], slots: &[u32], v: &[E], hd: usize, r: Records) {
-        let len = slots.len();
-        for j in 0..p.len() / len.max(1) {
+    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records) {
+        for j in 0..p.heads {
             let o = std::slice::from_raw_parts_mut(r.out.add(j * r.pw + 2), hd);
-            o.fill(0.0);
+            if !p.cont {
+                o.fill(0.0);
+            }
             for (i, &slot) in slots.iter().enumerate() {
-                let w = p[j * len + i];
+                let w = *p.p.add(j * p.stride + i);
                 let vr = &v[slot as usize * hd..][..hd];
                 for (a, &b) in o.iter_mut().zip(vr) {
                     *a += w * b.get();
@@ -376,31 +410,12 @@ mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
-/// One unit: token `t`'s query heads of KV head `g` over the `c`-th range of its visible slots.
-#[inline(always)]
-unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
-    let Args {
-        q,
-        kv,
-        s,
-        vis,
-        chunks,
-        ..
-    } = *a;
-    let hd = s.head_dim;
-    let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let (t, g, c) = (
-        unit / (s.n_kv_heads * chunks),
-        unit / chunks % s.n_kv_heads,
-        unit % chunks,
-    );
-    // The c-th run of SLOT_CHUNK slots among those this token sees, in slot order: the cached
-    // prefix, then its visible new tokens (for a tree: its ancestors, by depth). A token sees
-    // the same sequence of K/V rows whether it runs alone, in a chain or in a tree.
+/// Token `t`'s `c`-th run of [`SLOT_CHUNK`] slots among those it sees, in slot order, onto
+/// `slots`: the cached prefix, then its visible new tokens (for a tree: its ancestors, by
+/// depth). A token sees the same sequence of K/V rows whether it runs alone, in a chain or in
+/// a tree.
+fn visible_slots(s: &AttnShape, vis: Visibility, t: usize, c: usize, slots: &mut Vec<u32>) {
     let (lo, hi) = (c * SLOT_CHUNK, (c + 1) * SLOT_CHUNK);
-    let slots = &mut us.slots;
-    slots.clear();
     if lo < s.prefix {
         slots.extend(lo as u32..hi.min(s.prefix) as u32);
     }
@@ -420,30 +435,37 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
             ),
         }
     }
+}
+
+/// Scaled scores of `q`'s heads (`q.len() / hd` of them) for `slots`, into columns `col..` of
+/// rows `stride` apart of `scores`. A slot's score is its lane of its K tile's pass, the same
+/// bits whichever heads and slots share the pass.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn score_slots<I: Inner, E: AttnElem>(
+    kh: &[E],
+    slots: &[u32],
+    q: &[f32],
+    hd: usize,
+    scale: f32,
+    tile: &mut [f32],
+    scores: &mut [f32],
+    (stride, col): (usize, usize),
+) {
+    let heads = q.len() / hd;
     let len = slots.len();
-    let scores = &mut us.scores;
-    scores.clear();
-    scores.resize(group * len, f32::NEG_INFINITY);
-    us.tile.resize(group * KV_TILE, 0.0);
-    let qs = &q[(t * s.n_heads + g * group) * hd..][..group * hd];
-    let kh = &kv.k[g * kv.tiles * hd * KV_TILE..][..kv.tiles * hd * KV_TILE];
     let mut i = 0;
     while i < len {
-        let tile = slots[i] as usize / KV_TILE;
-        I::tile_scores(
-            &kh[tile * hd * KV_TILE..][..hd * KV_TILE],
-            qs,
-            hd,
-            &mut us.tile,
-        );
+        let t = slots[i] as usize / KV_TILE;
+        I::tile_scores(&kh[t * hd * KV_TILE..][..hd * KV_TILE], q, hd, tile);
         // A whole tile of consecutive slots (most of the cached prefix): its scores in one
         // vector pass per head; the same products as the slot-by-slot loop below.
-        let t0 = tile * KV_TILE;
+        let t0 = t * KV_TILE;
         if i + KV_TILE <= len && slots[i + KV_TILE - 1] as usize == t0 + KV_TILE - 1 {
             // Slots rise strictly, so slots[i..i + 16] are t0..t0 + 16.
-            for j in 0..group {
-                let src = &us.tile[j * KV_TILE..][..KV_TILE];
-                let dst = &mut scores[j * len + i..][..KV_TILE];
+            for j in 0..heads {
+                let src = &tile[j * KV_TILE..][..KV_TILE];
+                let dst = &mut scores[j * stride + col + i..][..KV_TILE];
                 for (d, &v) in dst.iter_mut().zip(src) {
                     *d = v * scale;
                 }
@@ -451,18 +473,84 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
             i += KV_TILE;
             continue;
         }
-        while i < len && slots[i] as usize / KV_TILE == tile {
+        while i < len && slots[i] as usize / KV_TILE == t {
             let l = slots[i] as usize % KV_TILE;
-            for j in 0..group {
-                *scores.get_unchecked_mut(j * len + i) = us.tile[j * KV_TILE + l] * scale;
+            for j in 0..heads {
+                *scores.get_unchecked_mut(j * stride + col + i) = tile[j * KV_TILE + l] * scale;
             }
             i += 1;
         }
     }
+}
+
+/// One unit: the query heads of KV head `g` of the tokens of block `b`, each over the `c`-th
+/// range of its visible slots. The slots all the block's tokens see first (the longest common
+/// start of their ranges) are scored and summed for all their heads at once; each token's
+/// other slots, for its heads alone, continuing the same sums in slot order.
+#[inline(always)]
+unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitScratch) {
+    let Args {
+        q,
+        kv,
+        s,
+        vis,
+        chunks,
+        tb,
+        ..
+    } = *a;
+    let hd = s.head_dim;
+    let group = s.n_heads / s.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let (b, g, c) = (
+        unit / (s.n_kv_heads * chunks),
+        unit / chunks % s.n_kv_heads,
+        unit % chunks,
+    );
+    let t0 = b * tb;
+    let nt = tb.min(s.n_new - t0);
+    let UnitScratch {
+        slots,
+        ends,
+        q: qb,
+        scores,
+        tile,
+    } = us;
+    slots.clear();
+    ends.clear();
+    ends.push(0);
+    qb.clear();
+    for t in t0..t0 + nt {
+        visible_slots(s, vis, t, c, slots);
+        ends.push(slots.len());
+        qb.extend_from_slice(&q[(t * s.n_heads + g * group) * hd..][..group * hd]);
+    }
+    let own = |i: usize| ends[i]..ends[i + 1];
+    let first = &slots[own(0)];
+    let shared = (1..nt).fold(first.len(), |n, i| {
+        first[..n]
+            .iter()
+            .zip(&slots[own(i)])
+            .take_while(|(x, y)| x == y)
+            .count()
+    });
+    let stride = (0..nt).map(|i| own(i).len()).max().unwrap_or(0);
+    let heads = nt * group;
+    scores.clear();
+    scores.resize(heads * stride, f32::NEG_INFINITY);
+    tile.resize(heads * KV_TILE, 0.0);
+    let kh = &kv.k[g * kv.tiles * hd * KV_TILE..][..kv.tiles * hd * KV_TILE];
+    let sh = &slots[..shared];
+    score_slots::<I, E>(kh, sh, qb, hd, scale, tile, scores, (stride, 0));
+    for i in 0..nt {
+        let mine = &slots[ends[i] + shared..ends[i + 1]];
+        let qi = &qb[i * group * hd..][..group * hd];
+        let rows = &mut scores[i * group * stride..];
+        score_slots::<I, E>(kh, mine, qi, hd, scale, tile, rows, (stride, shared));
+    }
     // This unit's partial records: m, l, then the unnormalised output.
-    let (base, pw) = (a.out.0.add(unit * group * (hd + 2)), hd + 2);
-    for j in 0..group {
-        let sc = &mut scores[j * len..(j + 1) * len];
+    let (base, pw) = (a.out.0.add(unit * tb * group * (hd + 2)), hd + 2);
+    for j in 0..heads {
+        let sc = &mut scores[j * stride..][..own(j / group).len()];
         let max = lane_max(sc);
         let mut sum = 0.0;
         if max > f32::NEG_INFINITY {
@@ -475,7 +563,27 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
         *base.add(j * pw + 1) = sum;
     }
     let vh = &kv.v[g * kv.capacity * hd..][..kv.capacity * hd];
-    I::weighted_v(scores, slots, vh, hd, Records { out: base, pw });
+    let probs = |at: usize, heads: usize, cont: bool| Probs {
+        p: scores.as_ptr().add(at),
+        stride,
+        heads,
+        cont,
+    };
+    I::weighted_v(
+        probs(0, heads, false),
+        sh,
+        vh,
+        hd,
+        Records { out: base, pw },
+    );
+    for i in 0..nt {
+        let mine = &slots[ends[i] + shared..ends[i + 1]];
+        if !mine.is_empty() {
+            let out = base.add(i * group * pw);
+            let p = probs(i * group * stride + shared, group, true);
+            I::weighted_v(p, mine, vh, hd, Records { out, pw });
+        }
+    }
 }
 
 /// The largest of `x` (NaNs ignored, −∞ when empty) in 16 lanes, so that it vectorises
@@ -512,221 +620,4 @@ fn lane_sum(x: &[f32]) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kv::{KvCache, KvDtype};
-
-    use crate::runtime::qmatmul::tests::{runnable, Lcg};
-
-    /// The vectorised maximum equals the scalar fold, NaNs and empty slices included.
-    #[test]
-    fn lane_max_is_the_fold() {
-        let mut rng = Lcg(3);
-        for n in [0, 1, 5, 16, 17, 40, 333] {
-            let mut x: Vec<f32> = (0..n).map(|_| sym(&mut rng) * 50.0).collect();
-            if n > 3 {
-                x[2] = f32::NAN;
-            }
-            let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            assert_eq!(lane_max(&x).to_bits(), want.to_bits(), "n = {n}");
-        }
-        assert_eq!(lane_max(&[f32::NEG_INFINITY; 20]), f32::NEG_INFINITY);
-    }
-
-    /// Uniform in [−1, 1).
-    fn sym(rng: &mut Lcg) -> f32 {
-        rng.unif() * 2.0 - 1.0
-    }
-
-    /// A random attention call: its shape (heads, KV heads, head size; `prefix` cached and
-    /// `n_new` new tokens), then K and V for every slot and the new tokens' queries, K and Q
-    /// uniform in ±`kq`, V in ±1.
-    fn case(
-        rng: &mut Lcg,
-        (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
-        prefix: usize,
-        n_new: usize,
-        kq: f32,
-    ) -> (AttnShape, Vec<f32>, Vec<f32>, Vec<f32>) {
-        let s = AttnShape {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            prefix,
-            n_new,
-        };
-        let cache = (prefix + n_new) * n_kv_heads * head_dim;
-        let k = (0..cache).map(|_| sym(rng) * kq).collect();
-        let v = (0..cache).map(|_| sym(rng)).collect();
-        let q = (0..n_new * n_heads * head_dim)
-            .map(|_| sym(rng) * kq)
-            .collect();
-        (s, k, v, q)
-    }
-
-    /// f64 softmax attention, straight from the definition.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, mask: &[bool]) -> Vec<f32> {
-        let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
-        let row = s.n_kv_heads * hd;
-        let mut out = vec![0f32; q.len()];
-        for t in 0..s.n_new {
-            let seen: Vec<usize> = (0..s.prefix)
-                .chain(
-                    (0..s.n_new)
-                        .filter(|&j| mask[t * s.n_new + j])
-                        .map(|j| s.prefix + j),
-                )
-                .collect();
-            for h in 0..s.n_heads {
-                let g = h / group;
-                let qh = &q[(t * s.n_heads + h) * hd..][..hd];
-                let sc: Vec<f64> = seen
-                    .iter()
-                    .map(|&sl| {
-                        let kr = &k[sl * row + g * hd..][..hd];
-                        qh.iter()
-                            .zip(kr)
-                            .map(|(&a, &b)| a as f64 * b as f64)
-                            .sum::<f64>()
-                            / (hd as f64).sqrt()
-                    })
-                    .collect();
-                let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for d in 0..hd {
-                    let o: f64 = seen
-                        .iter()
-                        .zip(&e)
-                        .map(|(&sl, &w)| w * v[sl * row + g * hd + d] as f64)
-                        .sum();
-                    out[(t * s.n_heads + h) * hd + d] = (o / z) as f32;
-                }
-            }
-        }
-        out
-    }
-
-    /// Every kernel against the f64 reference (max abs error 2e-5 on unit-scale values), on
-    /// prefixes that are and are not multiples of the tile and the slot range, causal and tree
-    /// masks, GQA groups of 1, 3 and 4, head sizes 16, 64, 80 (AVX-512: multiples of 16 only;
-    /// AVX2 also 8; portable also 20).
-    #[test]
-    fn kernels_match_reference() {
-        crate::runtime::init_threads(2);
-        let mut rng = Lcg(7);
-        for &(n_heads, n_kv, hd) in &[(4, 4, 16), (9, 3, 64), (8, 2, 80), (4, 1, 8), (6, 2, 20)] {
-            for &(prefix, n_new) in &[(0, 1), (5, 3), (37, 16), (130, 9), (255, 2), (300, 1)] {
-                for tree in [false, true] {
-                    let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 2.0);
-                    let total = prefix + n_new;
-                    // A tree: node i's parent is (i − 1) / 2.
-                    let mut mask = vec![false; n_new * n_new];
-                    for i in 0..n_new {
-                        let mut j = Some(i);
-                        while let Some(x) = j {
-                            mask[i * n_new + x] = true;
-                            j = if !tree {
-                                x.checked_sub(1)
-                            } else if x == 0 {
-                                None
-                            } else {
-                                Some((x - 1) / 2)
-                            };
-                        }
-                    }
-                    let vis = Visibility::Mask(&mask);
-                    // Every kernel this CPU runs for this head size.
-                    let mut kerns: Vec<Kernel> =
-                        runnable().into_iter().map(|i| kernel_of(i, hd)).collect();
-                    kerns.dedup();
-                    for (kern, dtype) in kerns
-                        .into_iter()
-                        .flat_map(|k| [(k, KvDtype::F32), (k, KvDtype::F16)])
-                    {
-                        let mut kv = KvCache::with_dtype(1, n_kv, hd, total + 3, dtype);
-                        kv.write(0, 0, &k, &v);
-                        // The reference sees what the cache holds (f16-rounded K/V for f16).
-                        let round = |x: &Vec<f32>| -> Vec<f32> {
-                            match dtype {
-                                KvDtype::F32 => x.clone(),
-                                KvDtype::F16 => {
-                                    x.iter().map(|&y| f16::from_f32(y).to_f32()).collect()
-                                }
-                            }
-                        };
-                        let want = reference(&q, &round(&k), &round(&v), &s, &mask);
-                        let mut out = vec![0f32; q.len()];
-                        attention_kern(kern, &q, kv.layer(0), &s, vis, &mut out);
-                        let err = out
-                            .iter()
-                            .zip(&want)
-                            .map(|(a, b)| (a - b).abs())
-                            .fold(0f32, f32::max);
-                        assert!(err < 2e-5, "{kern:?} {dtype:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: {err}");
-                        if !tree {
-                            let mut causal = vec![0f32; q.len()];
-                            attention_kern(
-                                kern,
-                                &q,
-                                kv.layer(0),
-                                &s,
-                                Visibility::Causal,
-                                &mut causal,
-                            );
-                            assert_eq!(causal, out, "Causal and its explicit mask differ");
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Time of attention over 30 layers' caches in SmolLM2-135M's geometry (9 heads, 3 KV
-    /// heads, head size 64, f16 cache) for cached prefixes and new-token counts, and the K/V
-    /// bytes it reads per second (run with `--ignored --nocapture`; 2 threads).
-    #[test]
-    #[ignore]
-    fn attention_timing() {
-        crate::runtime::init_threads(2);
-        let mut rng = Lcg(9);
-        let (n_heads, n_kv, hd) = (9, 3, 64);
-        for prefix in [64, 320, 640] {
-            for n_new in [1, 4, 16] {
-                let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 1.0);
-                let total = prefix + n_new;
-                // 30 layers' caches, as a forward reads them one after the other.
-                let mut kv = KvCache::with_dtype(30, n_kv, hd, total, KvDtype::F16);
-                for l in 0..30 {
-                    kv.write(l, 0, &k, &v);
-                }
-                let mut out = vec![0f32; q.len()];
-                let reps = 20;
-                let dt = (0..5)
-                    .map(|_| {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            for l in 0..30 {
-                                let job = AttnJob {
-                                    q: &q,
-                                    kv: kv.layer(l),
-                                    s: &s,
-                                    vis: Visibility::Causal,
-                                    out: &mut out,
-                                };
-                                attention_many(&mut [job]);
-                            }
-                        }
-                        t.elapsed().as_secs_f64() / reps as f64
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * n_kv * hd * 2) as f64;
-                eprintln!(
-                    "prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
-                    dt * 1e3,
-                    bytes / dt / 1e9
-                );
-            }
-        }
-    }
-}
+mod tests;

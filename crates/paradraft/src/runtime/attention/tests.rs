@@ -1,0 +1,229 @@
+//! The attention kernels against an f64 reference, bit for bit against each other, and timed.
+
+use super::*;
+use crate::kv::{KvCache, KvDtype};
+
+use crate::runtime::qmatmul::tests::{runnable, Lcg};
+
+/// The vectorised maximum equals the scalar fold, NaNs and empty slices included.
+#[test]
+fn lane_max_is_the_fold() {
+    let mut rng = Lcg(3);
+    for n in [0, 1, 5, 16, 17, 40, 333] {
+        let mut x: Vec<f32> = (0..n).map(|_| sym(&mut rng) * 50.0).collect();
+        if n > 3 {
+            x[2] = f32::NAN;
+        }
+        let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(lane_max(&x).to_bits(), want.to_bits(), "n = {n}");
+    }
+    assert_eq!(lane_max(&[f32::NEG_INFINITY; 20]), f32::NEG_INFINITY);
+}
+
+/// Uniform in [−1, 1).
+fn sym(rng: &mut Lcg) -> f32 {
+    rng.unif() * 2.0 - 1.0
+}
+
+/// A random attention call: its shape (heads, KV heads, head size; `prefix` cached and
+/// `n_new` new tokens), then K and V for every slot and the new tokens' queries, K and Q
+/// uniform in ±`kq`, V in ±1.
+fn case(
+    rng: &mut Lcg,
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    prefix: usize,
+    n_new: usize,
+    kq: f32,
+) -> (AttnShape, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let s = AttnShape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        prefix,
+        n_new,
+    };
+    let cache = (prefix + n_new) * n_kv_heads * head_dim;
+    let k = (0..cache).map(|_| sym(rng) * kq).collect();
+    let v = (0..cache).map(|_| sym(rng)).collect();
+    let q = (0..n_new * n_heads * head_dim)
+        .map(|_| sym(rng) * kq)
+        .collect();
+    (s, k, v, q)
+}
+
+/// f64 softmax attention, straight from the definition.
+fn reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, mask: &[bool]) -> Vec<f32> {
+    let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
+    let row = s.n_kv_heads * hd;
+    let mut out = vec![0f32; q.len()];
+    for t in 0..s.n_new {
+        let seen: Vec<usize> = (0..s.prefix)
+            .chain(
+                (0..s.n_new)
+                    .filter(|&j| mask[t * s.n_new + j])
+                    .map(|j| s.prefix + j),
+            )
+            .collect();
+        for h in 0..s.n_heads {
+            let g = h / group;
+            let qh = &q[(t * s.n_heads + h) * hd..][..hd];
+            let sc: Vec<f64> = seen
+                .iter()
+                .map(|&sl| {
+                    let kr = &k[sl * row + g * hd..][..hd];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..hd {
+                let o: f64 = seen
+                    .iter()
+                    .zip(&e)
+                    .map(|(&sl, &w)| w * v[sl * row + g * hd + d] as f64)
+                    .sum();
+                out[(t * s.n_heads + h) * hd + d] = (o / z) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// Every kernel against the f64 reference (max abs error 2e-5 on unit-scale values), on
+/// prefixes that are and are not multiples of the tile and the slot range, causal and tree
+/// masks, GQA groups of 1, 3 and 4, head sizes 16, 64, 80 (AVX-512: multiples of 16 only;
+/// AVX2 also 8; portable also 20); and a token's output has the same bits whichever tokens
+/// share its work units.
+#[test]
+fn kernels_match_reference() {
+    crate::runtime::init_threads(2);
+    let mut rng = Lcg(7);
+    for &(n_heads, n_kv, hd) in &[(4, 4, 16), (9, 3, 64), (8, 2, 80), (4, 1, 8), (6, 2, 20)] {
+        for &(prefix, n_new) in &[(0, 1), (5, 3), (37, 16), (130, 9), (255, 2), (300, 1)] {
+            for tree in [false, true] {
+                let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 2.0);
+                let total = prefix + n_new;
+                // A tree: node i's parent is (i − 1) / 2.
+                let mut mask = vec![false; n_new * n_new];
+                for i in 0..n_new {
+                    let mut j = Some(i);
+                    while let Some(x) = j {
+                        mask[i * n_new + x] = true;
+                        j = if !tree {
+                            x.checked_sub(1)
+                        } else if x == 0 {
+                            None
+                        } else {
+                            Some((x - 1) / 2)
+                        };
+                    }
+                }
+                let vis = Visibility::Mask(&mask);
+                // Every kernel this CPU runs for this head size.
+                let mut kerns: Vec<Kernel> =
+                    runnable().into_iter().map(|i| kernel_of(i, hd)).collect();
+                kerns.dedup();
+                for (kern, dtype) in kerns
+                    .into_iter()
+                    .flat_map(|k| [(k, KvDtype::F32), (k, KvDtype::F16)])
+                {
+                    let mut kv = KvCache::with_dtype(1, n_kv, hd, total + 3, dtype);
+                    kv.write(0, 0, &k, &v);
+                    // The reference sees what the cache holds (f16-rounded K/V for f16).
+                    let round = |x: &Vec<f32>| -> Vec<f32> {
+                        match dtype {
+                            KvDtype::F32 => x.clone(),
+                            KvDtype::F16 => x.iter().map(|&y| f16::from_f32(y).to_f32()).collect(),
+                        }
+                    };
+                    let want = reference(&q, &round(&k), &round(&v), &s, &mask);
+                    let mut out = vec![0f32; q.len()];
+                    attention_kern(kern, TOKEN_BLOCK, &q, kv.layer(0), &s, vis, &mut out);
+                    let err = out
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    assert!(err < 2e-5, "{kern:?} {dtype:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: {err}");
+                    if !tree {
+                        let mut causal = vec![0f32; q.len()];
+                        attention_kern(
+                            kern,
+                            TOKEN_BLOCK,
+                            &q,
+                            kv.layer(0),
+                            &s,
+                            Visibility::Causal,
+                            &mut causal,
+                        );
+                        assert_eq!(causal, out, "Causal and its explicit mask differ");
+                    }
+                    // Each token alone in its units: the same bits as in blocks of
+                    // TOKEN_BLOCK (and of 3, which leaves other remainders).
+                    for tb in [1, 3] {
+                        let mut alone = vec![0f32; q.len()];
+                        attention_kern(kern, tb, &q, kv.layer(0), &s, vis, &mut alone);
+                        let same = alone
+                            .iter()
+                            .zip(&out)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{kern:?} {dtype:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: blocks of {tb} differ");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Time of attention over 30 layers' caches in SmolLM2-135M's geometry (9 heads, 3 KV
+/// heads, head size 64, f16 cache) for cached prefixes and new-token counts, and the K/V
+/// bytes it reads per second (run with `--ignored --nocapture`; 2 threads).
+#[test]
+#[ignore]
+fn attention_timing() {
+    crate::runtime::init_threads(2);
+    let mut rng = Lcg(9);
+    let (n_heads, n_kv, hd) = (9, 3, 64);
+    for prefix in [64, 320, 640] {
+        for n_new in [1, 4, 16] {
+            let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 1.0);
+            let total = prefix + n_new;
+            // 30 layers' caches, as a forward reads them one after the other.
+            let mut kv = KvCache::with_dtype(30, n_kv, hd, total, KvDtype::F16);
+            for l in 0..30 {
+                kv.write(l, 0, &k, &v);
+            }
+            let mut out = vec![0f32; q.len()];
+            let reps = 20;
+            let dt = (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    for _ in 0..reps {
+                        for l in 0..30 {
+                            let job = AttnJob {
+                                q: &q,
+                                kv: kv.layer(l),
+                                s: &s,
+                                vis: Visibility::Causal,
+                                out: &mut out,
+                            };
+                            attention_many(&mut [job]);
+                        }
+                    }
+                    t.elapsed().as_secs_f64() / reps as f64
+                })
+                .fold(f64::INFINITY, f64::min);
+            let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * n_kv * hd * 2) as f64;
+            eprintln!(
+                "prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
+                dt * 1e3,
+                bytes / dt / 1e9
+            );
+        }
+    }
+}
