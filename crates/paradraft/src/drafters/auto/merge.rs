@@ -4,6 +4,13 @@
 //! estimated acceptance, so that any prefix is a tree and the sizer can cut it where nodes
 //! stop paying on this machine.
 //!
+//! Those path estimates compound: a node takes the best of its sources' estimates, and
+//! siblings from sources that disagree each keep the rate their source has overall, though at
+//! most one of them can be accepted (on GSM8K the merged trees' estimates summed to 1.4–1.8×
+//! what was accepted). So a second stage corrects each path estimate by what the verified
+//! nodes with estimates in its tenth of [0, 1] turned out to be worth, kept apart for greedy
+//! and sampling requests.
+//!
 //! A request that samples is verified by the coupled rule: a node is accepted when its token is
 //! the target's Gumbel-max sample at its position, argmax over x of ln p(x) + G(x), and the
 //! noise G is known before drafting. A token whose noise is high wins far more often than one
@@ -22,6 +29,10 @@ const DEPTHS: u8 = 8;
 const MEMORY: f64 = 400.0;
 /// Weight of the prior, in observations.
 const PRIOR_WEIGHT: f64 = 2.0;
+/// Buckets of a path estimate that the second stage corrects apart.
+const PATH_BUCKETS: usize = 10;
+/// Weight of the second stage's prior (no correction), in expected accepted nodes.
+const PATH_PRIOR: f64 = 2.0;
 
 /// One source's proposal: a tree of continuations (parents first), each node scored in [0, 1]
 /// by the source (its share of the matches, its probability given its parent).
@@ -89,13 +100,38 @@ fn prior(score: f32, noise: Option<f32>) -> f32 {
 }
 
 /// Acceptance observed per [`Key`]: how often a node with that key was verified with its
-/// parent accepted, and how often it was accepted.
+/// parent accepted, and how often it was accepted; and per kind of request (greedy, sampling)
+/// and bucket of path estimate, the verified nodes, their estimates summed and how many of
+/// them were accepted.
 #[derive(Clone, Debug, Default)]
 pub struct Calibration {
     table: HashMap<Key, (f64, f64)>,
+    paths: [[(f64, f64, f64); PATH_BUCKETS]; 2],
+}
+
+fn path_bucket(raw: f32) -> usize {
+    ((raw.clamp(0.0, 1.0) * PATH_BUCKETS as f32) as usize).min(PATH_BUCKETS - 1)
 }
 
 impl Calibration {
+    /// A path estimate `raw` of the first stage, corrected by the ratio of accepted nodes to
+    /// estimated ones among the verified nodes of its bucket (`kind`: 0 greedy, 1 sampling).
+    pub fn path_estimate(&self, kind: usize, raw: f32) -> f32 {
+        let (_, sum, accepted) = self.paths[kind][path_bucket(raw)];
+        let ratio = (accepted + PATH_PRIOR) / (sum + PATH_PRIOR);
+        (raw as f64 * ratio).min(1.0) as f32
+    }
+
+    fn record_path(&mut self, kind: usize, raw: f32, accepted: bool) {
+        let e = &mut self.paths[kind][path_bucket(raw)];
+        e.0 += 1.0;
+        e.1 += raw as f64;
+        e.2 += accepted as u8 as f64;
+        if e.0 > MEMORY {
+            *e = (e.0 * 0.5, e.1 * 0.5, e.2 * 0.5);
+        }
+    }
+
     /// P(accepted | parent accepted) for a node of `key`: the observed rate, starting from
     /// `prior` ([`prior`]).
     pub fn estimate(&self, key: Key, prior: f32) -> f32 {
@@ -114,12 +150,15 @@ impl Calibration {
     }
 }
 
-/// The merged tree with, per node, its path's estimated acceptance, the keys it was priced by
-/// and which sources proposed it.
+/// The merged tree with, per node, its path's estimated acceptance (corrected, and as the
+/// first stage gave it), the keys it was priced by and which sources proposed it.
 #[derive(Clone, Debug, Default)]
 pub struct Merged {
     pub tree: DraftTree,
     pub conf: Vec<f32>,
+    raw: Vec<f32>,
+    /// 0: a greedy request's tree, 1: a sampling one's.
+    kind: usize,
     pub keys: Vec<Vec<Key>>,
     pub sources: Vec<u32>,
 }
@@ -138,7 +177,8 @@ const MIN_CONF: f32 = 0.02;
 
 /// Merges `proposals` into one tree of at most `max_nodes` nodes, priced by `calib`: a node
 /// proposed by several sources takes the best of their estimates; its path's estimate is the
-/// product down from the root. `coupled`: for a request that samples, its sampler and the
+/// product down from the root, corrected by the second stage (and never above its parent's).
+/// `coupled`: for a request that samples, its sampler and the
 /// root's absolute position (a node at depth d stands at root + d), so that nodes are priced
 /// by their token's noise too; `None` for a greedy request.
 pub fn merge(
@@ -187,9 +227,13 @@ pub fn merge(
         }
     }
     // Parents precede children in `cands`, so one pass computes every path's estimate.
-    let mut conf = vec![0f32; cands.len()];
+    let kind = coupled.is_some() as usize;
+    let (mut raw, mut conf) = (vec![0f32; cands.len()], vec![0f32; cands.len()]);
     for i in 0..cands.len() {
-        conf[i] = cands[i].parent.map_or(1.0, |q| conf[q]) * cands[i].cond;
+        let parent = cands[i].parent;
+        raw[i] = parent.map_or(1.0, |q| raw[q]) * cands[i].cond;
+        let c = calib.path_estimate(kind, raw[i]);
+        conf[i] = parent.map_or(c, |q| c.min(conf[q]));
     }
     let mut order: Vec<usize> = (0..cands.len()).filter(|&i| conf[i] >= MIN_CONF).collect();
     order.sort_by(|&a, &b| {
@@ -198,7 +242,10 @@ pub fn merge(
             .then(cands[a].depth.cmp(&cands[b].depth))
             .then(a.cmp(&b))
     });
-    let mut out = Merged::default();
+    let mut out = Merged {
+        kind,
+        ..Default::default()
+    };
     let mut id: Vec<Option<NodeId>> = vec![None; cands.len()];
     for i in order {
         if out.tree.len() >= max_nodes {
@@ -213,6 +260,7 @@ pub fn merge(
         };
         id[i] = Some(out.tree.push(parent, cands[i].token, None)?);
         out.conf.push(conf[i]);
+        out.raw.push(raw[i]);
         out.keys.push(std::mem::take(&mut cands[i].keys));
         out.sources.push(cands[i].sources);
     }
@@ -221,8 +269,8 @@ pub fn merge(
 
 impl Merged {
     /// Learns from the verified part of this tree: every node verified with its parent
-    /// accepted counts for its keys, accepted or not. Returns, per source bit, the accepted
-    /// nodes it had proposed.
+    /// accepted counts for its keys, accepted or not, and every verified node for the bucket
+    /// of its path estimate. Returns, per source bit, the accepted nodes it had proposed.
     pub fn learn(&self, outcome: &Outcome, calib: &mut Calibration) -> Vec<(u32, bool)> {
         let verified = outcome.drafted.min(self.tree.len());
         let mut accepted = vec![false; self.tree.len()];
@@ -233,6 +281,7 @@ impl Merged {
         }
         let mut seen = Vec::new();
         for i in 0..verified {
+            calib.record_path(self.kind, self.raw[i], accepted[i]);
             let parent_ok = self
                 .tree
                 .parent(NodeId(i as u32))
@@ -380,6 +429,55 @@ mod tests {
         // A greedy request prices them alike.
         let m = merge(&[p], &calib, 8, None).unwrap();
         assert_eq!(m.conf[0], m.conf[1]);
+    }
+
+    /// Two sources right half the time each, but together: where they agree (one node) it is
+    /// accepted, where they disagree (two siblings) neither is. Each source's own rate is 1/2,
+    /// so the first stage expects 1/2 accepted node where they agree and 1 where they do not,
+    /// 3/4 a round against the 1/2 accepted; the second stage brings the estimate to what is
+    /// accepted, and no node is estimated above its parent.
+    #[test]
+    fn path_estimates_are_corrected_by_what_was_accepted() {
+        let one = |t: u32| Proposal {
+            source: 0,
+            class: 0,
+            nodes: vec![node(None, t, 1.0), node(Some(0), 9, 1.0)],
+        };
+        let other = |t: u32| Proposal {
+            source: 1,
+            class: 0,
+            nodes: vec![node(None, t, 1.0)],
+        };
+        let rounds = |calib: &Calibration| {
+            [1u32, 2].map(|t| merge(&[one(1), other(t)], calib, 8, None).unwrap())
+        };
+        let mut calib = Calibration::default();
+        for _ in 0..300 {
+            for (agree, m) in rounds(&calib).into_iter().enumerate() {
+                let agree = agree == 0;
+                let out = Outcome {
+                    accepted: if agree { vec![NodeId(0)] } else { vec![] },
+                    tokens: vec![],
+                    bonus: TokenId(7),
+                    drafted: m.tree.len(),
+                    top: Default::default(),
+                };
+                m.learn(&out, &mut calib);
+            }
+        }
+        let [agree, disagree] = rounds(&calib);
+        let sum = |m: &Merged| m.conf.iter().sum::<f32>();
+        let raw = |m: &Merged| m.raw.iter().filter(|&&r| r >= MIN_CONF).sum::<f32>();
+        assert!((raw(&agree) + raw(&disagree)) / 2.0 > 0.7);
+        let expected = (sum(&agree) + sum(&disagree)) / 2.0;
+        assert!((expected - 0.5).abs() < 0.08, "{expected}");
+        for m in [&agree, &disagree] {
+            for i in 0..m.tree.len() {
+                if let Some(p) = m.tree.parent(NodeId(i as u32)) {
+                    assert!(m.conf[i] <= m.conf[p.idx()], "{:?}", m.conf);
+                }
+            }
+        }
     }
 
     /// A verified node whose parent was rejected teaches nothing.
