@@ -186,7 +186,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
     }
     let hd = jobs[0].2.head_dim;
     // Partial records per unit: one per (token of its block, query head of its KV head).
-    let group = tb * (jobs[0].2.n_heads / jobs[0].2.n_kv_heads);
+    let per_unit = tb * (jobs[0].2.n_heads / jobs[0].2.n_kv_heads);
     let pw = hd + 2;
     // Per job: its first unit (and so its first partial record); its slot ranges.
     let chunks = |s: &AttnShape| (s.prefix + s.n_new).div_ceil(SLOT_CHUNK);
@@ -204,7 +204,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
     }
     first_unit.push(units);
     PARTIAL.with_borrow_mut(|partial| {
-        partial.resize(units * group * pw, 0.0);
+        partial.resize(units * per_unit * pw, 0.0);
         let base = partial.as_mut_ptr();
         let args: Vec<Args<E>> = jobs
             .iter()
@@ -218,7 +218,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
                 tb,
                 kern,
                 // SAFETY: job i's records start after those of the jobs before it.
-                out: SendPtr(unsafe { base.add(first_unit[i] * group * pw) }),
+                out: SendPtr(unsafe { base.add(first_unit[i] * per_unit * pw) }),
             })
             .collect();
         let (args, first_unit) = (&args, &first_unit);
@@ -235,7 +235,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
             })
         });
         for (i, (.., out)) in jobs.into_iter().enumerate() {
-            let recs = &partial[first_unit[i] * group * pw..first_unit[i + 1] * group * pw];
+            let recs = &partial[first_unit[i] * per_unit * pw..first_unit[i + 1] * per_unit * pw];
             merge(recs, &args[i], out);
         }
     });
