@@ -1,8 +1,8 @@
-//! k-row forwards after a 64-token prefill, in a loop: the median and least ms of ITERS
-//! forwards (20 more untimed first), two threads; a steady target for `perf record`
+//! k-row forwards after a CTX-token prefill (default 64), in a loop: the median and least ms of
+//! ITERS forwards (20 more untimed first), two threads; a steady target for `perf record`
 //! (docs/performance.md, "Few-row forwards").
 //!
-//!     cargo run --release --example rows_loop -- [K] [ITERS] [full|argmax|last|last-full|none]
+//!     cargo run --release --example rows_loop -- [K] [ITERS] [full|argmax|last|last-full|none] [CTX]
 //!
 //! K: rows per forward (default 4); ITERS (default 500); `full` (default): every row's logits;
 //! `argmax`: the fused argmax output instead; `last` / `last-full`: the argmax / the logits of
@@ -30,7 +30,7 @@ fn main() -> paradraft::Result<()> {
             )))
         }
     };
-    let ctx = 64;
+    let ctx: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let (lm, prompt, pos) = common::setup(&paradraft::fetch::default_model_path(), ctx)?;
     let m = &lm.model;
     let spec = OutputSpec {

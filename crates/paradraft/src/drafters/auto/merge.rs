@@ -7,9 +7,10 @@
 //! Those path estimates compound: a node takes the best of its sources' estimates, and
 //! siblings from sources that disagree each keep the rate their source has overall, though at
 //! most one of them can be accepted (on GSM8K the merged trees' estimates summed to 1.3× what
-//! was accepted, 1.4–1.5× in trees of four to six verified nodes). So a second stage corrects each path estimate by what the verified
-//! nodes with estimates in its tenth of [0, 1] turned out to be worth, kept apart for greedy
-//! and sampling requests.
+//! was accepted; with the model asked in every round, 1.4–1.5× in trees of four to six verified
+//! nodes). So a second stage corrects each path estimate by what the verified nodes with
+//! estimates in its tenth of [0, 1] turned out to be worth, kept apart for greedy and sampling
+//! requests.
 //!
 //! A request that samples is verified by the coupled rule: a node is accepted when its token is
 //! the target's Gumbel-max sample at its position, argmax over x of ln p(x) + G(x), and the
