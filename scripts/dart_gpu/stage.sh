@@ -30,7 +30,9 @@
 #      (generation: about 30 answers a second on an H100 in batches of 512, 41 on an H200 in
 #      batches of 1,024)
 #   N+1. the same train.py command without --generate and a shorter --minutes (it resumes from
-#      /tmp/pd/state.pt and reuses /tmp/pd/m.gguf while the machine is warm).
+#      /tmp/pd/state.pt and reuses /tmp/pd/m.gguf while the machine is warm), carrying
+#      gpu_carry/samples.bin.gz and gpu_carry/drafter again: carried files do not stay between
+#      calls, only what a call wrote outside the work tree does.
 # Then: cat drafter.st.* > model.safetensors, and evaluate it with the engine
 # (`paradraft train campaign --dir D --from DRAFTER --max-steps 1 --distill-share 0`, its first
 # curve point); the answers in sampled.gz.* (after the campaign's, whose file was carried)

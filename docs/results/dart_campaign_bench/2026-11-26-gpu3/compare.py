@@ -1,10 +1,11 @@
 """Speedup over AR and tau per set and method for every run folder here (new weights: fixed8,
 t0_r1, t0_r2, t1; old: *_old*), with the geomean over the sets.
 Speedup: decode tokens per decode ms over AR's in the same run, summed over the set's prompts.
-    python3 docs/results/dart_campaign_bench/2026-11-26-gpu3/compare.py"""
-import collections, gzip, json, math, os
+    python3 docs/results/dart_campaign_bench/2026-11-26-gpu3/compare.py [FOLDER]
+(FOLDER: another run.sh output, e.g. a later GPU run's; default: this one)"""
+import collections, gzip, json, math, os, sys
 
-here = os.path.dirname(os.path.abspath(__file__))
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 RUNS = ["fixed8", "fixed8_old", "t0_r1", "t0_old_r1", "t0_old_r2", "t0_r2", "t1", "t1_old"]
 
 

@@ -4,10 +4,11 @@
 # trees (timing-free tau), then default (adaptive) settings at T = 0 (dart, auto) in two rounds
 # with the order swapped, and at T = 1 (dart, auto) once each. The old weights are read from git
 # into a PARADRAFT_HOME of their own. Pauses the background campaigns while it runs.
+# Later GPU runs reuse it: OUT=<their folder> OLD_REV=<the commit with the weights before> run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
-OUT=docs/results/dart_campaign_bench/2026-11-26-gpu3
-OLD_REV=536f91c
+OUT="${OUT:-docs/results/dart_campaign_bench/2026-11-26-gpu3}"
+OLD_REV="${OLD_REV:-536f91c}"
 cargo build --release --locked -q
 OLD=$(mktemp -d)
 mkdir -p "$OLD/drafters/smollm2-135m-dart"
