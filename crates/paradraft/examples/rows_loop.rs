@@ -7,12 +7,15 @@
 //! K: rows per forward (default 4); ITERS (default 500); `full` (default): every row's logits;
 //! `argmax`: the fused argmax output instead; `last` / `last-full`: the argmax / the logits of
 //! the last row alone; `none`: no output layer (the body's cost). The model is the fetched
-//! SmolLM2.
+//! SmolLM2. `PRE=N` runs an untimed forward of N rows (no output layer) before each timed one,
+//! as a verify of N rows precedes the next round's forward; `GAP_US=N` then idles N µs (in
+//! 50 µs sleeps), as drafting leaves the second thread idle (docs/performance.md, "A forward
+//! after a wider one, or after idling").
 mod common;
 
 use paradraft::model::{Batch, Logits, OutputSpec, Rows, Scratch};
 use paradraft::{Pos, TokenId};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 fn main() -> paradraft::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -38,7 +41,16 @@ fn main() -> paradraft::Result<()> {
         ..common::rows(logits)
     };
     let mut s = Scratch::default();
-    let mut kv = m.new_kv(ctx + k + 1);
+    let env = |name: &str| -> paradraft::Result<u64> {
+        match std::env::var(name) {
+            Ok(v) => v.parse().map_err(|_| {
+                paradraft::Error::BadRequest(format!("{name}={v}: expected a whole number"))
+            }),
+            Err(_) => Ok(0),
+        }
+    };
+    let (pre, gap) = (env("PRE")? as usize, Duration::from_micros(env("GAP_US")?));
+    let mut kv = m.new_kv(ctx + k.max(pre) + 1);
     let prefill = Batch {
         tokens: &prompt,
         positions: &pos,
@@ -52,8 +64,24 @@ fn main() -> paradraft::Result<()> {
         positions: &ps,
         mask: None,
     };
+    let ptoks: Vec<TokenId> = (0..pre).map(|i| TokenId(200 + i as u32)).collect();
+    let pps: Vec<Pos> = (0..pre).map(|i| Pos((ctx + i) as u32)).collect();
+    let wider = Batch {
+        tokens: &ptoks,
+        positions: &pps,
+        mask: None,
+    };
+    let body = common::rows(Logits::None);
     let mut times = vec![];
     for i in 0..iters + 20 {
+        if pre > 0 {
+            m.forward(&mut kv, &wider, &body, &mut s)?;
+            kv.truncate(ctx);
+        }
+        let idle = Instant::now();
+        while idle.elapsed() < gap {
+            std::thread::sleep(Duration::from_micros(50));
+        }
         let t = Instant::now();
         m.forward(&mut kv, &step, &spec, &mut s)?;
         if i >= 20 {
@@ -63,7 +91,7 @@ fn main() -> paradraft::Result<()> {
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "k={k}: median {:.3} ms, min {:.3}",
+        "k={k} (after {pre} rows): median {:.3} ms, min {:.3}",
         times[times.len() / 2],
         times[0]
     );
