@@ -57,20 +57,18 @@ fn main() -> paradraft::Result<()> {
         mask: None,
     };
     m.forward(&mut kv, &prefill, &common::quiet(), &mut s)?;
-    let toks: Vec<TokenId> = (0..k).map(|i| TokenId(100 + i as u32)).collect();
-    let ps: Vec<Pos> = (0..k).map(|i| Pos((ctx + i) as u32)).collect();
-    let step = Batch {
-        tokens: &toks,
-        positions: &ps,
+    // n new rows after the prefill: tokens from `first`, positions from ctx.
+    let rows_of = |n: usize, first: u32| -> (Vec<TokenId>, Vec<Pos>) {
+        let toks = (0..n).map(|i| TokenId(first + i as u32)).collect();
+        (toks, (0..n).map(|i| Pos((ctx + i) as u32)).collect())
+    };
+    let ((toks, ps), (ptoks, pps)) = (rows_of(k, 100), rows_of(pre, 200));
+    let batch = |tokens, positions| Batch {
+        tokens,
+        positions,
         mask: None,
     };
-    let ptoks: Vec<TokenId> = (0..pre).map(|i| TokenId(200 + i as u32)).collect();
-    let pps: Vec<Pos> = (0..pre).map(|i| Pos((ctx + i) as u32)).collect();
-    let wider = Batch {
-        tokens: &ptoks,
-        positions: &pps,
-        mask: None,
-    };
+    let (step, wider) = (batch(&toks, &ps), batch(&ptoks, &pps));
     let body = common::rows(Logits::None);
     let mut times = vec![];
     for i in 0..iters + 20 {
