@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stages THE DART campaign's GPU run for a developers' session lent a GPU (docs/dart.md, "A lent
+# Stages THE DART campaign's GPU run for a developers' session lent a GPU (docs/dart_campaign.md, "A lent
 # GPU"). The device tool copies the working tree plus carried paths, 64 MiB in all, and the
 # tracked tree alone is larger, so the run travels as: this folder (untracked) + gpu_carry/.
 #
@@ -15,7 +15,7 @@
 #                                       the GPU calls are done; nothing in the work tree changes)
 #
 # The calls (each ≤ 10 minutes; the machine goes back after 30 s idle, so make them back to back;
-# the 2026-11-26 run, docs/dart.md, used these with 801 s of device time, N = 2 then):
+# the 2026-11-26 run, docs/dart_campaign.md, used these with 801 s of device time, N = 2 then):
 #   1. mkdir -p /tmp/pd && cp gpu_carry/model.part1 /tmp/pd/ &&
 #      gunzip -c gpu_carry/sampled.bin.gz > /tmp/pd/sampled.bin
 #   2. … N−1. cp gpu_carry/model.partI /tmp/pd/
@@ -41,6 +41,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 CAMPAIGN="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/dart}"
 MODEL="${PARADRAFT_MODEL:-$HOME/.cache/paradraft/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+# The drafter the run starts from (e.g. one grown by a layer: `paradraft train dart --grow`).
+DRAFTER="${PARADRAFT_DRAFTER:-drafters/smollm2-135m-dart}"
 GIT="$(git rev-parse --git-dir)"
 BACKUP="$GIT/dart_gpu_backup"
 case "${1:-}" in
@@ -55,7 +57,7 @@ case "${1:-}" in
     else
       cp data/distill/smollm2-135m-sampled.bin.gz gpu_carry/sampled.bin.gz
     fi
-    cp drafters/smollm2-135m-dart/config.json drafters/smollm2-135m-dart/model.safetensors gpu_carry/drafter/
+    cp "$DRAFTER/config.json" "$DRAFTER/model.safetensors" gpu_carry/drafter/
     # The calls carry, in this order, the sampled answers, the GGUF in parts, the greedy samples
     # and the drafter; the GGUF is split so that every call weighs the same, in as few calls as
     # the limit allows (two until the sampled answers passed 9.3 MB, three since).

@@ -16,7 +16,7 @@ last 5 % of the seed samples) and the held-out chain evaluation is `dart::evalua
 
 Nothing here is the product: it reads/writes numpy files that `scripts/dart_gpu/prepare.py`
 It starts from a drafter in the published layout and writes one (EMA weights, f16, the same
-d2t/t2d) that `paradraft train campaign --from` takes back (docs/dart.md, "A lent GPU"); the Rust
+d2t/t2d) that `paradraft train campaign --from` takes back (docs/dart_campaign.md, "A lent GPU"); the Rust
 held-out evaluation of that drafter is what counts.
 
   python3 train.py --model M.gguf --samples samples.bin.gz --n-seed 5131 --drafter DIR --out OUT
@@ -47,12 +47,25 @@ NAMES = [
 ]
 
 
+LAYER = [
+    "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+]
+
+
+def names(cfg):
+    """Every trainable tensor of a drafter of `num_hidden_layers` layers (`Net::shapes`): the
+    paper's one, then plain LLaMA layers `layers.{i}.*`."""
+    return NAMES + [f"layers.{i}.{n}" for i in range(1, cfg["num_hidden_layers"]) for n in LAYER]
+
+
 class Drafter(torch.nn.Module):
     def __init__(self, w, cfg):
         super().__init__()
-        self.p = torch.nn.ParameterDict({n.replace(".", "__"): torch.nn.Parameter(torch.from_numpy(w[n]).float()) for n in NAMES})
+        self.names = names(cfg)
+        self.p = torch.nn.ParameterDict({n.replace(".", "__"): torch.nn.Parameter(torch.from_numpy(w[n]).float()) for n in self.names})
         self.nh, self.nkv, self.hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-        self.h, self.eps = cfg["hidden_size"], cfg["rms_norm_eps"]
+        self.h, self.eps, self.layers = cfg["hidden_size"], cfg["rms_norm_eps"], cfg["num_hidden_layers"]
         hd, theta = self.hd, cfg["rope_theta"]
         self.register_buffer("inv_freq", 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd).float())
 
@@ -60,7 +73,7 @@ class Drafter(torch.nn.Module):
         return self.p[n.replace(".", "__")]
 
     def state(self):
-        return {n: self.w(n).detach().float().cpu().numpy() for n in NAMES}
+        return {n: self.w(n).detach().float().cpu().numpy() for n in self.names}
 
     def forward(self, b):
         """Logits over the draft vocabulary of the scored slots `b["out"]` (flat indices into
@@ -74,11 +87,7 @@ class Drafter(torch.nn.Module):
         ug = rms(g.float(), m("hidden_norm.weight"), self.eps)
         rep = m("mask_rep")
         u = torch.cat([torch.cat([ue, ug], -1), rep.expand(B, A7, 2 * h)], 1)
-        resid = torch.cat([g.float(), rep[:h].expand(B, A7, h)], 1)
-        ub = u.to(torch.bfloat16)
-        q = (ub @ m("self_attn.q_proj.weight").T.to(torch.bfloat16)).view(B, N, nh, hd)
-        k = (ub @ m("self_attn.k_proj.weight").T.to(torch.bfloat16)).view(B, N, nkv, hd)
-        v = (ub @ m("self_attn.v_proj.weight").T.to(torch.bfloat16)).view(B, N, nkv, hd)
+        x = torch.cat([g.float(), rep[:h].expand(B, A7, h)], 1)
         ang = b["pos"].float()[..., None] * self.inv_freq  # [B, N, hd/2]
         cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
 
@@ -86,17 +95,26 @@ class Drafter(torch.nn.Module):
             x1, x2 = x[..., : hd // 2].float(), x[..., hd // 2 :].float()
             return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).to(torch.bfloat16)
 
-        q, k = rope(q), rope(k)
-        k = k.repeat_interleave(nh // nkv, dim=2)
-        v = v.repeat_interleave(nh // nkv, dim=2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=b["mask"][:, None])
-        o = a.transpose(1, 2).reshape(B, N, nh * hd)
-        x = resid + (o @ m("self_attn.o_proj.weight").T.to(torch.bfloat16)).float()
-        x = x.reshape(B * N, h)[b["out"]]
-        xn = rms(x, m("post_attention_layernorm.weight"), self.eps).to(torch.bfloat16)
-        gate = F.silu(xn @ m("mlp.gate_proj.weight").T.to(torch.bfloat16))
-        up = xn @ m("mlp.up_proj.weight").T.to(torch.bfloat16)
-        x = x + ((gate * up) @ m("mlp.down_proj.weight").T.to(torch.bfloat16)).float()
+        for li in range(self.layers):
+            p = (lambda s: m(s)) if li == 0 else (lambda s, li=li: self.w(f"layers.{li}.{s}"))
+            if li > 0:
+                u = rms(x, p("input_layernorm.weight"), self.eps)
+            ub = u.to(torch.bfloat16)
+            q = (ub @ p("self_attn.q_proj.weight").T.to(torch.bfloat16)).view(B, N, nh, hd)
+            k = (ub @ p("self_attn.k_proj.weight").T.to(torch.bfloat16)).view(B, N, nkv, hd)
+            v = (ub @ p("self_attn.v_proj.weight").T.to(torch.bfloat16)).view(B, N, nkv, hd)
+            q, k = rope(q), rope(k)
+            k = k.repeat_interleave(nh // nkv, dim=2)
+            v = v.repeat_interleave(nh // nkv, dim=2)
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=b["mask"][:, None])
+            o = a.transpose(1, 2).reshape(B, N, nh * hd)
+            x = x + (o @ p("self_attn.o_proj.weight").T.to(torch.bfloat16)).float()
+            if li + 1 == self.layers:  # rows are independent from here on: the scored ones go on
+                x = x.reshape(B * N, h)[b["out"]]
+            xn = rms(x, p("post_attention_layernorm.weight"), self.eps).to(torch.bfloat16)
+            gate = F.silu(xn @ p("mlp.gate_proj.weight").T.to(torch.bfloat16))
+            up = xn @ p("mlp.up_proj.weight").T.to(torch.bfloat16)
+            x = x + ((gate * up) @ p("mlp.down_proj.weight").T.to(torch.bfloat16)).float()
         nw = self.w("norm.weight")
         y = rms(rms(x, nw, self.eps), nw, self.eps)
         return (y.to(torch.bfloat16) @ self.w("lm_head.weight").T.to(torch.bfloat16)).float()
@@ -325,8 +343,8 @@ def main():
     sampled = [s for s in samples_of(a.sampled) if usable(s)] if a.sampled and os.path.exists(a.sampled) else []
     share = a.sampled_share if a.sampled_share is not None else len(sampled) / max(1, len(sampled) + len(train))
     note(event="sampled", sequences=len(sampled), share=round(share, 3))
-    w0 = {n: w0[n].astype(np.float32) for n in NAMES} | {k: w0[k] for k in ("d2t", "t2d")}
-    net = Drafter({n: w0[n] for n in NAMES}, cfg).to(dev)
+    w0 = {n: w0[n].astype(np.float32) for n in names(cfg)} | {k: w0[k] for k in ("d2t", "t2d")}
+    net = Drafter(w0, cfg).to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     ema = [p.detach().clone() for p in net.parameters()]
     step, positions = 0, 0
@@ -339,7 +357,7 @@ def main():
         note(event="resumed", step=step, positions=positions)
 
     def ema_net():
-        e = Drafter({n: w0[n] for n in NAMES}, cfg).to(dev)
+        e = Drafter(w0, cfg).to(dev)
         with torch.no_grad():
             for p, q in zip(e.parameters(), ema):
                 p.copy_(q)

@@ -18,7 +18,7 @@ use paradraft::train::pipeline::{keep_freed_memory, DataSpec};
 pub enum TrainCmd {
     /// Train a DFlash block-diffusion drafter for the target (DFlash paper §4).
     Dflash(DflashArgs),
-    /// Train a DART one-layer parallel drafter for the target (DART paper §3.4, App. B).
+    /// Train a DART parallel drafter (one layer, or more with --layers) for the target (DART paper §3.4, App. B).
     Dart(DartArgs),
     /// Train a PARD mask-token parallel draft model from the target's first layers (PARD
     /// paper §3.2: conditional drop-token training; no target features).

@@ -2,7 +2,8 @@
 //! inference runtime and the training graph compute the same logits (shifted slots, mask slots,
 //! double norm), also across calls that reuse the drafter's cache; every trainable tensor gets a
 //! gradient; speculative decoding with DART is token-identical to AR greedy; drafters that do
-//! not fit their target are refused.
+//! not fit their target are refused. Each with one layer (the paper's) and with two; a drafter
+//! grown by a layer drafts what it drafted before.
 
 mod common;
 
@@ -22,8 +23,9 @@ use paradraft::types::TokenId;
 
 const MASKS: usize = 3;
 
-fn tiny_config(lm: &Loaded, vocab: &DraftVocab) -> DartConfig {
+fn tiny_config(lm: &Loaded, vocab: &DraftVocab, layers: usize) -> DartConfig {
     let mut c = config_for(&lm.model, MASKS, vocab.len());
+    c.layer.n_layers = layers;
     c.layer.n_heads = 4;
     c.layer.n_kv_heads = 2;
     c.layer.head_dim = 16;
@@ -36,8 +38,13 @@ fn reduced(n: usize) -> DraftVocab {
 }
 
 /// An untrained drafter exported in the published layout (f32 so both paths share weights).
-fn drafter_dir(lm: &Loaded, vocab: &DraftVocab, seed: u64) -> (tempfile::TempDir, Net) {
-    let net = Net::init(tiny_config(lm, vocab), seed, None).unwrap();
+fn drafter_dir(
+    lm: &Loaded,
+    vocab: &DraftVocab,
+    seed: u64,
+    layers: usize,
+) -> (tempfile::TempDir, Net) {
+    let net = Net::init(tiny_config(lm, vocab, layers), seed, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     export(&net, vocab, dir.path(), candle_core::DType::F32).unwrap();
     (dir, net)
@@ -57,7 +64,7 @@ fn published_layout_loads_with_its_bool_t2d() {
     let lm = load_tiny("llama");
     let n = lm.model.config.vocab_size;
     let vocab = reduced(n);
-    let (dir, _) = drafter_dir(&lm, &vocab, 1);
+    let (dir, _) = drafter_dir(&lm, &vocab, 1, 1);
     let cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
             .unwrap();
@@ -148,46 +155,66 @@ fn graph_logits(lm: &Loaded, net: &Net, m: usize) -> Vec<f32> {
         .unwrap()
 }
 
+/// Largest absolute difference of two equally long rows.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
+}
+
 #[test]
 fn training_graph_matches_the_inference_runtime_across_calls() {
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
-    let (dir, _) = drafter_dir(&lm, &vocab, 2);
-    let (net, _) = load_exported(dir.path()).unwrap();
-    // One call over 9 real slots, and the same positions fed as 5 + 4 (the second call reads
-    // the first call's real slots from the cache; its masks were dropped).
-    let one = runtime_logits(&lm, dir.path(), &[(0, 9)]);
-    let two = runtime_logits(&lm, dir.path(), &[(0, 5), (5, 4)]);
-    let graph5 = graph_logits(&lm, &net, 5);
-    let graph9 = graph_logits(&lm, &net, 9);
-    let diff = |a: &[f32], b: &[f32]| {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max)
-    };
-    assert!(
-        diff(&one[0], &two[1]) < 1e-5,
-        "cache reuse {}",
-        diff(&one[0], &two[1])
-    );
-    assert!(
-        diff(&one[0], &graph9) < 1e-5,
-        "9 slots {}",
-        diff(&one[0], &graph9)
-    );
-    assert!(
-        diff(&two[0], &graph5) < 1e-5,
-        "5 slots {}",
-        diff(&two[0], &graph5)
-    );
-    assert_eq!(one[0].len(), (MASKS + 1) * vocab.len());
-    // The comparison can fail: logits are far larger than the tolerance, and other positions
-    // give other logits.
-    let scale = one[0].iter().fold(0f32, |a, x| a.max(x.abs()));
-    assert!(scale > 0.2, "logit scale {scale}");
-    assert!(diff(&one[0][..vocab.len()], &graph5[..vocab.len()]) > 0.05);
+    for layers in [1, 2] {
+        let (dir, _) = drafter_dir(&lm, &vocab, 2, layers);
+        let (net, _) = load_exported(dir.path()).unwrap();
+        // One call over 9 real slots, and the same positions fed as 5 + 4 (the second call
+        // reads the first call's real slots from the cache; its masks were dropped).
+        let one = runtime_logits(&lm, dir.path(), &[(0, 9)]);
+        let two = runtime_logits(&lm, dir.path(), &[(0, 5), (5, 4)]);
+        let graph5 = graph_logits(&lm, &net, 5);
+        let graph9 = graph_logits(&lm, &net, 9);
+        for (what, a, b) in [
+            ("cache reuse", &one[0], &two[1]),
+            ("9 slots", &one[0], &graph9),
+            ("5 slots", &two[0], &graph5),
+        ] {
+            let d = max_diff(a, b);
+            assert!(d < 1e-5, "{layers} layers, {what}: {d}");
+        }
+        assert_eq!(one[0].len(), (MASKS + 1) * vocab.len());
+        // The comparison can fail: logits are far larger than the tolerance, and other
+        // positions give other logits.
+        let scale = one[0].iter().fold(0f32, |a, x| a.max(x.abs()));
+        assert!(scale > 0.2, "logit scale {scale}");
+        assert!(max_diff(&one[0][..vocab.len()], &graph5[..vocab.len()]) > 0.05);
+    }
+}
+
+/// A drafter grown by a layer (`train dart --grow`) gives the logits it gave before, in the
+/// training graph and at inference; the layer it gained is there and trainable.
+#[test]
+fn a_grown_drafter_drafts_what_it_drafted() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (_, net) = drafter_dir(&lm, &vocab, 5, 1);
+    let before = graph_logits(&lm, &net, 9);
+    let grown = net.grow(2, 7).unwrap();
+    assert_eq!(grown.config.layer.n_layers, 2);
+    assert!(grown.vars.contains_key("layers.1.self_attn.q_proj.weight"));
+    // Equal up to the sums' order (the first layer's MLP now runs over every slot).
+    let d = max_diff(&before, &graph_logits(&lm, &grown, 9));
+    assert!(d < 1e-6, "{d}");
+    let dir = tempfile::tempdir().unwrap();
+    export(&grown, &vocab, dir.path(), candle_core::DType::F32).unwrap();
+    let rt = runtime_logits(&lm, dir.path(), &[(0, 9)]);
+    assert!(max_diff(&before, &rt[0]) < 1e-5);
+    let (back, _) = load_exported(dir.path()).unwrap();
+    assert_eq!(back.config.layer.n_layers, 2);
+    assert!(grown.grow(1, 7).is_err(), "a drafter does not shrink");
 }
 
 #[test]
@@ -204,7 +231,7 @@ fn every_trainable_tensor_gets_a_gradient() {
 fn every_trainable_tensor_gets_a_gradient_in() {
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
-    let net = Net::init(tiny_config(&lm, &vocab), 4, None).unwrap();
+    let net = Net::init(tiny_config(&lm, &vocab, 2), 4, None).unwrap();
     let logits = {
         let w = 3 * lm.model.config.hidden_size;
         let h = lm.model.config.hidden_size;
@@ -250,7 +277,8 @@ fn tree(ngram: bool, lm: &Loaded) -> TreeDrafting {
 fn speculative_decoding_with_dart_is_lossless() {
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
-    let (dir, _) = drafter_dir(&lm, &vocab, 3);
+    let (dir, _) = drafter_dir(&lm, &vocab, 3, 1);
+    let (dir2, _) = drafter_dir(&lm, &vocab, 3, 2);
     let prompt = lm
         .tokenizer
         .encode("the quick brown fox jumps over")
@@ -263,15 +291,17 @@ fn speculative_decoding_with_dart_is_lossless() {
     let mut kv = lm.model.new_kv(120);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
     // (n-gram trie, budget, masks, a sampled chain instead of the tree: its argmax at T = 0,
-    // a tree learning its depth)
-    for (ngram, budget, masks, chain, learn) in [
-        (false, 8, None, false, false),
-        (true, 24, Some(2), false, false),
-        (true, 1, None, false, false),
-        (false, 8, None, true, false),
-        (false, 8, None, false, true),
+    // a tree learning its depth, two layers)
+    for (ngram, budget, masks, chain, learn, deep) in [
+        (false, 8, None, false, false, false),
+        (true, 24, Some(2), false, false, false),
+        (true, 1, None, false, false, false),
+        (false, 8, None, true, false, false),
+        (false, 8, None, false, true, false),
+        (true, 24, None, false, false, true),
+        (false, 8, None, true, false, true),
     ] {
-        let (m, head) = DartModel::load(dir.path(), true).unwrap();
+        let (m, head) = DartModel::load(if deep { &dir2 } else { &dir }.path(), true).unwrap();
         let selection = if chain {
             Selection::Sample
         } else {
@@ -299,7 +329,7 @@ fn speculative_decoding_with_dart_is_lossless() {
         .unwrap();
         assert_eq!(
             sp.out.token_ids, ar.token_ids,
-            "ngram={ngram} budget={budget} chain={chain} learn={learn}"
+            "ngram={ngram} budget={budget} chain={chain} learn={learn} deep={deep}"
         );
         assert!(sp.rounds.iter().all(|r| r.drafted <= budget));
         if learn {
@@ -316,7 +346,7 @@ fn drafters_that_do_not_fit_are_refused() {
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
     // Wider taps than the target's hidden size.
-    let mut cfg = tiny_config(&lm, &vocab);
+    let mut cfg = tiny_config(&lm, &vocab, 1);
     cfg.target_hidden_size += 8;
     let net = Net::init(cfg, 1, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -328,7 +358,7 @@ fn drafters_that_do_not_fit_are_refused() {
         .to_string();
     assert!(e.contains("does not fit"), "{e}");
     // A corrupt d2t, a missing tensor, a config that is not DART's.
-    let (good, _) = drafter_dir(&lm, &vocab, 1);
+    let (good, _) = drafter_dir(&lm, &vocab, 1, 1);
     let cfg_path = good.path().join("config.json");
     let text = std::fs::read_to_string(&cfg_path).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -340,13 +370,23 @@ fn drafters_that_do_not_fit_are_refused() {
         .to_string();
     assert!(e.contains("d2t"), "{e}");
     v["draft_vocab_size"] = serde_json::json!(vocab.len());
+    for layers in [0, 9] {
+        v["num_hidden_layers"] = serde_json::json!(layers);
+        std::fs::write(&cfg_path, v.to_string()).unwrap();
+        let e = DartModel::load(good.path(), true)
+            .err()
+            .expect("layers")
+            .to_string();
+        assert!(e.contains("1 to 8 layers"), "{e}");
+    }
+    // Two layers claimed, one stored: the missing layer is named.
     v["num_hidden_layers"] = serde_json::json!(2);
     std::fs::write(&cfg_path, v.to_string()).unwrap();
     let e = DartModel::load(good.path(), true)
         .err()
-        .expect("layers")
+        .expect("layer 1")
         .to_string();
-    assert!(e.contains("one layer"), "{e}");
+    assert!(e.contains("layers.1."), "{e}");
     std::fs::write(&cfg_path, "{not json").unwrap();
     assert!(DartModel::load(good.path(), true).is_err());
     assert!(DartModel::load(&good.path().join("nope"), true).is_err());

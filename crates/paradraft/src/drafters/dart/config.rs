@@ -2,7 +2,8 @@
 //! `config.json` with `draft_length` (mask slots per call), `draft_vocab_size` and optionally
 //! `target_hidden_size`, next to a `model.safetensors` with `fc.weight`, `midlayer.*`,
 //! `norm.weight`, `lm_head.weight`, `d2t` (I64 offsets) and `t2d` (BOOL). The embedding is the
-//! target's and is not stored.
+//! target's and is not stored. Drafters of `num_hidden_layers` > 1 (ours; the paper's has one)
+//! add plain LLaMA layers `layers.{i}.*` (i = 1..) over the first one's output.
 
 use crate::drafters::parts::{drafter_layers, drafter_layers_json};
 use crate::error::{Error, Result};
@@ -10,9 +11,13 @@ use crate::model::{Arch, Config};
 use serde_json::json;
 use std::path::Path;
 
+/// The most layers a DART drafter may have (drafting must stay far cheaper than the target).
+pub const MAX_LAYERS: usize = 8;
+
 #[derive(Clone, Debug)]
 pub struct DartConfig {
-    /// The draft layer's dimensions (`n_layers` = 1, `vocab_size` = the target's).
+    /// The draft layers' dimensions (`vocab_size` = the target's). `n_layers` is 1 in the
+    /// paper; more stack plain LLaMA layers (`layers.{i}.*`, i ≥ 1) after the first.
     pub layer: Config,
     /// Mask slots appended per call (`d − 1`; the call yields `draft_length + 1` depths).
     pub draft_length: usize,
@@ -44,9 +49,9 @@ impl DartConfig {
             reason,
         };
         let layer = drafter_layers(v, path, "DART config.json", Arch::Llama, "llama")?;
-        if layer.n_layers != 1 {
+        if !(1..=MAX_LAYERS).contains(&layer.n_layers) {
             return Err(bad(format!(
-                "num_hidden_layers is {}; a DART drafter has one layer",
+                "num_hidden_layers is {}; a DART drafter has 1 to {MAX_LAYERS} layers",
                 layer.n_layers
             )));
         }

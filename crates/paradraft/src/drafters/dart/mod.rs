@@ -147,7 +147,7 @@ impl<'t> Dart<'t> {
 
 pub static METHOD: MethodEntry = MethodEntry {
     name: "dart",
-    about: "DART: one-layer parallel drafter + n-gram-pruned tree search",
+    about: "DART: parallel drafter (one layer, or more) + n-gram-pruned tree search",
     modes: &[Mode::Tree, Mode::Sample],
     options: &[
         ("model", None),

@@ -1,7 +1,8 @@
 //! The DART draft network at inference (DART §3.1, spec §2.1): one LLaMA-style layer over
 //! `[input_norm(embedding of the next token) ; hidden_norm(fc(taps))]` (width 2H) for real
 //! slots and the learned `mask_rep` (bypassing both norms) for the mask slots, causal over
-//! [cached real slots, new real slots, masks]; its own one-layer KV cache keeps only real slots.
+//! [cached real slots, new real slots, masks]; its own KV cache keeps only real slots. Deeper
+//! drafters (`num_hidden_layers` > 1, ours) run plain LLaMA layers over the first one's output.
 
 use super::config::DartConfig;
 use crate::drafters::parts::{DraftHead, TapFusion};
@@ -21,6 +22,8 @@ pub struct DartModel {
     /// `g = fc(taps)` (the real slots' residual) and `hidden_norm(g)` (their attention input).
     fusion: TapFusion,
     layer: Layer,
+    /// Layers 1.. (plain, over the hidden width), when the drafter has more than one.
+    deeper: Vec<Layer>,
     /// The mask slots' attention input (2H); its first half is their residual.
     mask_rep: Vec<f32>,
     norm: Vec<f32>,
@@ -57,9 +60,9 @@ impl DartModel {
         let (mut m, mut head) = Self::from_source(config, &src)?;
         if quantize {
             m.fusion.quantize();
-            m.layer
-                .matrices_mut()
-                .into_iter()
+            std::iter::once(&mut m.layer)
+                .chain(&mut m.deeper)
+                .flat_map(|l| l.matrices_mut())
                 .for_each(|w| w.quantize_q8_0());
             head.quantize();
         }
@@ -82,6 +85,14 @@ impl DartModel {
             let hf = SafetensorsSource::hf_name(&format!("blk.0.{s}"));
             hf.replacen("model.layers.0.", "midlayer.", 1)
         })?;
+        let deeper = (1..c.n_layers)
+            .map(|i| {
+                Layer::load(src, c, false, |s| {
+                    let hf = SafetensorsSource::hf_name(&format!("blk.{i}.{s}"));
+                    hf.replacen("model.layers.", "layers.", 1)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let vocab = DraftVocab::load(
             src,
             Some(config.draft_vocab_size),
@@ -112,6 +123,7 @@ impl DartModel {
             DartModel {
                 fusion,
                 layer,
+                deeper,
                 mask_rep: src.vector("midlayer.mask_rep", 2 * h)?,
                 norm: src.vector("norm.weight", h)?,
                 inv_freq,
@@ -128,7 +140,7 @@ impl DartModel {
 
     pub fn new_kv(&self, capacity: usize) -> KvCache {
         let c = &self.config.layer;
-        KvCache::new(1, c.n_kv_heads, c.head_dim, capacity)
+        KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
     }
 
     /// One drafting call (spec §2.1 steps 1–7). Real slots: `features` (`m × width`) of the
@@ -191,12 +203,19 @@ impl DartModel {
             shape,
             vis: Visibility::Causal,
         }];
-        self.layer
-            .attend(c, 0, &mut seq, &mut s.l, false, Some(&s.u));
+        // Only the last real slot and the masks leave the last layer (their outputs are the
+        // depths); every slot goes through the layers before it (the next one's K/V).
+        for (li, layer) in std::iter::once(&self.layer).chain(&self.deeper).enumerate() {
+            // The first layer attends over [norm(e) ; norm(g)] / mask_rep, the others over
+            // the input norm of the residual stream.
+            let input = (li == 0).then_some(&s.u[..]);
+            layer.attend(c, li, &mut seq, &mut s.l, false, input);
+            if li + 1 == c.n_layers {
+                s.l.keep_last(masks + 1, h);
+            }
+            layer.mlp(c, &mut s.l, false);
+        }
         kv.truncate(p0 + m); // the masks' K/V are dropped
-                             // Only the last real slot and the masks go on (their outputs are the depths).
-        s.l.keep_last(masks + 1, h);
-        self.layer.mlp(c, &mut s.l, false);
         let rows = masks + 1;
         s.once.resize(rows * h, 0.0);
         out.resize(rows * h, 0.0);

@@ -81,7 +81,7 @@ pub struct Params {
     /// answer, the distillation rounds answer the training prompts again at this temperature
     /// with fresh seeds — data beyond the prompt pool. Sampled text is teacher-labelled (see
     /// [`crate::train::dart::build`]); per trained position it measured as good as greedy
-    /// text for held-out α1 (docs/dart.md), so greedy answers come first.
+    /// text for held-out α1 (docs/dart_campaign.md), so greedy answers come first.
     #[serde(default)]
     pub sample_temp: f32,
     /// Share of the self-distilled sequences drawn from the sampled ones (`None`: every
@@ -101,14 +101,14 @@ impl Default for Params {
             warmup_steps: 50,
             grad_clip: 0.5,
             // Measured: target-labelled corpus text lowers held-out α per trained position
-            // against self-distilled text (docs/dart.md); kept for experiments.
+            // against self-distilled text (docs/dart_campaign.md); kept for experiments.
             corpus_share: 0.0,
             eval_every: 600,
             round_s: 600.0,
             // 0.3 until step ~5500 of the CPU phase, then 0.1 (each sample had been drawn ~1.1
             // times). 0.5 since the GPU run: it trained the data to saturation (13 visits per
             // sample; the CPU's first 600 steps after it left α1 at 0.726), so new
-            // self-distilled text is what the next run needs (docs/dart.md).
+            // self-distilled text is what the next run needs (docs/dart_campaign.md).
             distill_share: 0.5,
             gen_seqs: 16,
             max_new_tokens: 256,

@@ -2,6 +2,7 @@
 //! `drafters::dart::model`, evaluated over a prefix-shared layout — the clean slots of a whole
 //! sequence, then blocks of mask slots for sampled prefixes — in one pass. Every op records a
 //! backward (RMSNorm and the range-masked softmax are `train::fused`'s; RoPE is composed).
+//! Deeper drafters add plain LLaMA layers `layers.{i}.*` over the first layer's output.
 
 use crate::drafters::dart::DartConfig;
 use crate::train::fused::{self, Ranges};
@@ -61,6 +62,47 @@ impl Net {
             ("norm.weight".into(), vec![h]),
             ("lm_head.weight".into(), vec![config.draft_vocab_size, h]),
         ]
+        .into_iter()
+        .chain((1..c.n_layers).flat_map(|i| {
+            let l = |s: &str| format!("layers.{i}.{s}");
+            [
+                (l("input_layernorm.weight"), vec![h]),
+                (l("post_attention_layernorm.weight"), vec![h]),
+                (l("self_attn.q_proj.weight"), vec![qd, h]),
+                (l("self_attn.k_proj.weight"), vec![kvd, h]),
+                (l("self_attn.v_proj.weight"), vec![kvd, h]),
+                (l("self_attn.o_proj.weight"), vec![h, qd]),
+                (l("mlp.gate_proj.weight"), vec![ff, h]),
+                (l("mlp.up_proj.weight"), vec![ff, h]),
+                (l("mlp.down_proj.weight"), vec![h, ff]),
+            ]
+        }))
+        .collect()
+    }
+
+    /// This drafter with `layers` layers in all: the layers it has keep their weights, new
+    /// ones start as the identity (their output projections zero, so the drafter's outputs are
+    /// unchanged until training moves them; the rest as [`Net::init`], seeded).
+    pub fn grow(self, layers: usize, seed: u64) -> CResult<Self> {
+        let have = self.config.layer.n_layers;
+        if layers < have {
+            candle_core::bail!("the drafter has {have} layers; it cannot grow to {layers}");
+        }
+        let mut config = self.config.clone();
+        config.layer.n_layers = layers;
+        let mut t: HashMap<String, Tensor> = self
+            .vars
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_device(&Device::Cpu)?)))
+            .collect::<CResult<_>>()?;
+        let fresh = init_vars(Self::shapes(&config), seed, |name, n, _| {
+            (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight"))
+                .then(|| vec![0f32; n])
+        })?;
+        for (name, v) in fresh {
+            t.entry(name).or_insert_with(|| v.as_tensor().clone());
+        }
+        Self::from_tensors(config, &t)?.to_device(&self.device)
     }
 
     /// Fresh weights: matrices N(0, 0.02²), norms 1, `mask_rep` N(0, 1) (the scale of a
@@ -117,10 +159,8 @@ impl Net {
     pub fn forward(&self, b: &Batch) -> CResult<Tensor> {
         let c = &self.config.layer;
         let eps = c.rms_eps as f64;
-        let (nh, nkv, hd, h) = (c.n_heads, c.n_kv_heads, c.head_dim, c.hidden_size);
+        let h = c.hidden_size;
         let dev = &self.device;
-        let clean = b.features.dim(0)?;
-        let n = clean + b.masks;
         let m = |s: &str| format!("midlayer.{s}");
         // Real slots: residual g = fc(taps), input [norm(e) ; norm(g)]; masks: mask_rep.
         let g = linear(&b.features.to_device(dev)?, self.w("fc.weight"))?;
@@ -143,30 +183,56 @@ impl Net {
             resid = Tensor::cat(&[resid, rr.contiguous()?], 0)?;
         }
         let (cos, sin) = cos_sin(&self.inv_freq, &b.positions, dev)?;
-        let q = linear(&u, self.w(&m("self_attn.q_proj.weight")))?.reshape((n, nh, hd))?;
-        let k = linear(&u, self.w(&m("self_attn.k_proj.weight")))?.reshape((n, nkv, hd))?;
-        let v = linear(&u, self.w(&m("self_attn.v_proj.weight")))?.reshape((n, nkv, hd))?;
-        let (q, k) = (rope(&q, &cos, &sin)?, rope(&k, &cos, &sin)?);
-        let (k, v) = (expand_kv(&k, nh / nkv)?, expand_kv(&v, nh / nkv)?);
-        let qh = q.transpose(0, 1)?.contiguous()?; // [nh, n, hd]
-        let kt = k.permute((1, 2, 0))?.contiguous()?; // [nh, hd, n]
-        let scores = qh.matmul(&kt)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-        let p = fused::range_softmax(&scores, &b.ranges)?;
-        let o = p
-            .matmul(&v.transpose(0, 1)?.contiguous()?)? // [nh, n, hd]
-            .transpose(0, 1)?
-            .reshape((n, nh * hd))?;
-        let x = (resid + linear(&o, self.w(&m("self_attn.o_proj.weight")))?)?;
-        // Rows are independent from here on: only the scored ones continue.
         let idx = Tensor::from_vec(b.out.clone(), b.out.len(), dev)?;
-        let x = x.index_select(&idx, 0)?;
-        let xn = rms(&x, self.w(&m("post_attention_layernorm.weight")), eps)?;
-        let gate = linear(&xn, self.w(&m("mlp.gate_proj.weight")))?.silu()?;
-        let up = linear(&xn, self.w(&m("mlp.up_proj.weight")))?;
-        let x = (x + linear(&(gate * up)?, self.w(&m("mlp.down_proj.weight")))?)?;
+        let mut x = resid;
+        for li in 0..c.n_layers {
+            let p = |s: &str| match li {
+                0 => m(s),
+                _ => format!("layers.{li}.{s}"),
+            };
+            if li > 0 {
+                u = rms(&x, self.w(&p("input_layernorm.weight")), eps)?;
+            }
+            let o = self.attention(&u, &p, (&cos, &sin), &b.ranges)?;
+            x = (x + linear(&o, self.w(&p("self_attn.o_proj.weight")))?)?;
+            if li + 1 == c.n_layers {
+                // Rows are independent from here on: only the scored ones continue.
+                x = x.index_select(&idx, 0)?;
+            }
+            let xn = rms(&x, self.w(&p("post_attention_layernorm.weight")), eps)?;
+            let gate = linear(&xn, self.w(&p("mlp.gate_proj.weight")))?.silu()?;
+            let up = linear(&xn, self.w(&p("mlp.up_proj.weight")))?;
+            x = (x + linear(&(gate * up)?, self.w(&p("mlp.down_proj.weight")))?)?;
+        }
         // The reference's double final norm (see `drafters::dart::model`).
         let nw = self.w("norm.weight");
         let y = rms(&rms(&x, nw, eps)?, nw, eps)?;
         linear(&y, self.w("lm_head.weight"))
+    }
+
+    /// One layer's causal attention over the inputs `u` (`[n, in]`), before its output
+    /// projection: `[n, heads × head_dim]`. `p` names the layer's weights.
+    fn attention(
+        &self,
+        u: &Tensor,
+        p: &dyn Fn(&str) -> String,
+        (cos, sin): (&Tensor, &Tensor),
+        ranges: &[Ranges],
+    ) -> CResult<Tensor> {
+        let c = &self.config.layer;
+        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+        let n = u.dim(0)?;
+        let q = linear(u, self.w(&p("self_attn.q_proj.weight")))?.reshape((n, nh, hd))?;
+        let k = linear(u, self.w(&p("self_attn.k_proj.weight")))?.reshape((n, nkv, hd))?;
+        let v = linear(u, self.w(&p("self_attn.v_proj.weight")))?.reshape((n, nkv, hd))?;
+        let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
+        let (k, v) = (expand_kv(&k, nh / nkv)?, expand_kv(&v, nh / nkv)?);
+        let qh = q.transpose(0, 1)?.contiguous()?; // [nh, n, hd]
+        let kt = k.permute((1, 2, 0))?.contiguous()?; // [nh, hd, n]
+        let scores = qh.matmul(&kt)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let a = fused::range_softmax(&scores, ranges)?;
+        a.matmul(&v.transpose(0, 1)?.contiguous()?)? // [nh, n, hd]
+            .transpose(0, 1)?
+            .reshape((n, nh * hd))
     }
 }

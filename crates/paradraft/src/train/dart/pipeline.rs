@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::model::Loaded;
 use crate::train::pipeline::{plot_loss, prepare, print_step, write_json, DataSpec, Stage};
 use crate::train::run::{Eval, Schedule};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One DART training run's settings (also `paradraft train dart`'s flags).
 #[derive(Clone, Debug, clap::Args)]
@@ -38,6 +38,13 @@ pub struct DartRun {
     /// Steps between checkpoints.
     #[arg(long, default_value_t = 50)]
     pub save_every: usize,
+    /// Layers of the drafter (the paper's 1; more are plain LLaMA layers over the first).
+    #[arg(long, default_value_t = 1)]
+    pub layers: usize,
+    /// Grow this exported DART drafter to `--layers` layers, its new layers the identity until
+    /// trained, write it to `--export` (default: OUT/dart-drafter) and exit.
+    #[arg(long)]
+    pub grow: Option<PathBuf>,
     /// Evaluate this exported DART drafter on this run's held-out samples and exit.
     #[arg(long)]
     pub evaluate: Option<PathBuf>,
@@ -57,6 +64,20 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DartRun) -> Result<()> {
             "--draft-length {}: at most 64 (DART uses 8)",
             r.draft_length
         )));
+    }
+    if !(1..=crate::drafters::dart::config::MAX_LAYERS).contains(&r.layers) {
+        return Err(Error::BadRequest(format!(
+            "--layers {}: a DART drafter has 1 to {} layers",
+            r.layers,
+            crate::drafters::dart::config::MAX_LAYERS
+        )));
+    }
+    let out = r
+        .export
+        .clone()
+        .unwrap_or_else(|| spec.out.join("dart-drafter"));
+    if let Some(dir) = &r.grow {
+        return grow(&lm, dir, r.layers, spec.seed, &out);
     }
     if !(r.gamma > 0.0 && r.gamma <= 1.0) || r.kl_weight < 0.0 || r.lr <= 0.0 {
         return bad("--gamma must be in (0, 1], --kl-weight ≥ 0 and --lr > 0");
@@ -87,7 +108,8 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DartRun) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&e).unwrap_or_default());
         return Ok(());
     }
-    let config = config_for(target, r.draft_length, prep.vocab.len());
+    let mut config = config_for(target, r.draft_length, prep.vocab.len());
+    config.layer.n_layers = r.layers;
     let p = DartParams {
         anchors: r.anchors,
         gamma: r.gamma,
@@ -117,10 +139,6 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DartRun) -> Result<()> {
             r.draft_length + 1
         ),
     )?;
-    let out = r
-        .export
-        .clone()
-        .unwrap_or_else(|| spec.out.join("dart-drafter"));
     export(&net, &prep.vocab, &out, candle_core::DType::F16)?;
     eprintln!("drafter written to {}", out.display());
     if spec.stops_after(Stage::Train) {
@@ -128,4 +146,25 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DartRun) -> Result<()> {
     }
     let e = held(&net, &data, "drafter")?;
     write_json(&dir.join("eval.json"), &e)
+}
+
+/// `--grow`: the exported drafter in `dir` with `layers` layers in all, written to `out`.
+fn grow(lm: &Loaded, dir: &Path, layers: usize, seed: u64, out: &Path) -> Result<()> {
+    let (net, vocab) = load_exported(dir)?;
+    net.config.check_target(&lm.model.config)?;
+    let have = net.config.layer.n_layers;
+    if layers <= have {
+        return Err(Error::BadRequest(format!(
+            "--grow {}: it has {have} layers already; --layers must be more",
+            dir.display()
+        )));
+    }
+    let net = net.grow(layers, seed).map_err(crate::train::run::cerr)?;
+    export(&net, &vocab, out, candle_core::DType::F16)?;
+    eprintln!(
+        "{} grown from {have} to {layers} layers: {}",
+        dir.display(),
+        out.display()
+    );
+    Ok(())
 }
