@@ -6,7 +6,7 @@
 # the default, or dflash); a DFlash campaign's curve goes to docs/dflash_campaign.* and
 # docs/results/dflash_campaign_curve.jsonl.
 # Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The DART campaign restarted from the
-# second GPU run's weights on 2026-11-25 (docs/dart.md): its curve goes to *_after_gpu2.*; the
+# second GPU run's weights on 2026-11-25 (docs/dart_campaign.md): its curve goes to *_after_gpu2.*; the
 # earlier phases' curves (docs/dart_campaign.*, *_after_gpu.*, the GPU runs' logs) stay as
 # committed. A DART campaign's sampled answers (its sampled.bin, which starts as the committed
 # ones) replace data/distill/smollm2-135m-sampled.bin.gz when it holds more of them.
