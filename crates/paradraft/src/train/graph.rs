@@ -7,6 +7,38 @@ use rand_core::RngCore;
 
 pub type CResult<T> = candle_core::Result<T>;
 
+/// The trainable tensors of one LLaMA-style decoder layer whose q/k/v projections read
+/// `in_width` floats, as `(name, shape)` with names from `name` (`"self_attn.q_proj"` → the
+/// tensor's full name), q/k norms when `qk_norm`. The matrices come in one order (q, k, v, o,
+/// gate, up, down), which is the order [`init_vars`] draws their seeded values in.
+pub fn layer_shapes(
+    c: &crate::model::Config,
+    in_width: usize,
+    qk_norm: bool,
+    name: impl Fn(&str) -> String,
+) -> Vec<(String, Vec<usize>)> {
+    let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+    let mut v = vec![
+        (name("input_layernorm"), vec![h]),
+        (name("post_attention_layernorm"), vec![h]),
+        (name("self_attn.q_proj"), vec![qd, in_width]),
+        (name("self_attn.k_proj"), vec![kvd, in_width]),
+        (name("self_attn.v_proj"), vec![kvd, in_width]),
+        (name("self_attn.o_proj"), vec![h, qd]),
+    ];
+    if qk_norm {
+        v.push((name("self_attn.q_norm"), vec![hd]));
+        v.push((name("self_attn.k_norm"), vec![hd]));
+    }
+    v.extend([
+        (name("mlp.gate_proj"), vec![ff, h]),
+        (name("mlp.up_proj"), vec![ff, h]),
+        (name("mlp.down_proj"), vec![h, ff]),
+    ]);
+    v
+}
+
 /// Standard-normal samples times `std` from a seeded stream (Box–Muller).
 pub fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
     let u = |r: &mut ChaCha8Rng| ((r.next_u32() >> 8) as f32 + 0.5) / (1u32 << 24) as f32;

@@ -7,7 +7,7 @@
 use crate::drafters::dart::DartConfig;
 use crate::train::fused::{self, Ranges};
 use crate::train::graph::{
-    cos_sin, expand_kv, init_vars, linear, normals, rms, rope, vars_from, vars_to,
+    cos_sin, expand_kv, init_vars, layer_shapes, linear, normals, rms, rope, vars_from, vars_to,
 };
 use crate::train::run::Vars;
 use candle_core::{Device, Tensor};
@@ -43,41 +43,25 @@ impl Net {
     /// Every trainable tensor with its shape, in the published naming.
     pub fn shapes(config: &DartConfig) -> Vec<(String, Vec<usize>)> {
         let c = &config.layer;
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let m = |s: &str| format!("midlayer.{s}");
-        vec![
+        let h = c.hidden_size;
+        let mut v = vec![
             ("fc.weight".into(), vec![h, 3 * config.target_hidden_size]),
-            (m("mask_rep"), vec![2 * h]),
-            (m("hidden_norm.weight"), vec![h]),
-            (m("input_layernorm.weight"), vec![h]),
-            (m("post_attention_layernorm.weight"), vec![h]),
-            (m("self_attn.q_proj.weight"), vec![qd, 2 * h]),
-            (m("self_attn.k_proj.weight"), vec![kvd, 2 * h]),
-            (m("self_attn.v_proj.weight"), vec![kvd, 2 * h]),
-            (m("self_attn.o_proj.weight"), vec![h, qd]),
-            (m("mlp.gate_proj.weight"), vec![ff, h]),
-            (m("mlp.up_proj.weight"), vec![ff, h]),
-            (m("mlp.down_proj.weight"), vec![h, ff]),
+            ("midlayer.mask_rep".into(), vec![2 * h]),
+            ("midlayer.hidden_norm.weight".into(), vec![h]),
+        ];
+        v.extend(layer_shapes(c, 2 * h, false, |s| {
+            format!("midlayer.{s}.weight")
+        }));
+        v.extend([
             ("norm.weight".into(), vec![h]),
             ("lm_head.weight".into(), vec![config.draft_vocab_size, h]),
-        ]
-        .into_iter()
-        .chain((1..c.n_layers).flat_map(|i| {
-            let l = |s: &str| format!("layers.{i}.{s}");
-            [
-                (l("input_layernorm.weight"), vec![h]),
-                (l("post_attention_layernorm.weight"), vec![h]),
-                (l("self_attn.q_proj.weight"), vec![qd, h]),
-                (l("self_attn.k_proj.weight"), vec![kvd, h]),
-                (l("self_attn.v_proj.weight"), vec![kvd, h]),
-                (l("self_attn.o_proj.weight"), vec![h, qd]),
-                (l("mlp.gate_proj.weight"), vec![ff, h]),
-                (l("mlp.up_proj.weight"), vec![ff, h]),
-                (l("mlp.down_proj.weight"), vec![h, ff]),
-            ]
-        }))
-        .collect()
+        ]);
+        for i in 1..c.n_layers {
+            v.extend(layer_shapes(c, h, false, |s| {
+                format!("layers.{i}.{s}.weight")
+            }));
+        }
+        v
     }
 
     /// This drafter with `layers` layers in all: the layers it has keep their weights, new

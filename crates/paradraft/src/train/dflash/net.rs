@@ -5,7 +5,9 @@
 //! `softmax_last_dim` have no backward), RoPE is written out from primitive ops.
 
 use crate::drafters::dflash::DflashConfig;
-use crate::train::graph::{cos_sin, expand_kv, init_vars, linear, rms, rope, vars_from, vars_to};
+use crate::train::graph::{
+    cos_sin, expand_kv, init_vars, layer_shapes, linear, rms, rope, vars_from, vars_to,
+};
 use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, Var};
 use std::collections::BTreeMap;
 
@@ -213,8 +215,7 @@ impl Net {
     /// Every trainable tensor with its shape, in the checkpoint naming.
     pub fn shapes(config: &DflashConfig) -> Vec<(String, Vec<usize>)> {
         let c = &config.layers;
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let h = c.hidden_size;
         let width = config.target_layer_ids.len() * h;
         let mut v = vec![
             ("fc.weight".to_string(), vec![h, width]),
@@ -222,20 +223,9 @@ impl Net {
             ("norm.weight".to_string(), vec![h]),
         ];
         for i in 0..c.n_layers {
-            let n = |s: &str| format!("layers.{i}.{s}.weight");
-            v.extend([
-                (n("input_layernorm"), vec![h]),
-                (n("post_attention_layernorm"), vec![h]),
-                (n("self_attn.q_proj"), vec![qd, h]),
-                (n("self_attn.k_proj"), vec![kvd, h]),
-                (n("self_attn.v_proj"), vec![kvd, h]),
-                (n("self_attn.o_proj"), vec![h, qd]),
-                (n("self_attn.q_norm"), vec![hd]),
-                (n("self_attn.k_norm"), vec![hd]),
-                (n("mlp.gate_proj"), vec![ff, h]),
-                (n("mlp.up_proj"), vec![ff, h]),
-                (n("mlp.down_proj"), vec![h, ff]),
-            ]);
+            v.extend(layer_shapes(c, h, true, |s| {
+                format!("layers.{i}.{s}.weight")
+            }));
         }
         v
     }

@@ -6,7 +6,9 @@
 
 use crate::model::{Arch, Config};
 use crate::train::fused::{self, Ranges};
-use crate::train::graph::{cos_sin, expand_kv, linear, rms, rope, vars_from, vars_to};
+use crate::train::graph::{
+    cos_sin, expand_kv, layer_shapes, linear, rms, rope, vars_from, vars_to,
+};
 use crate::train::run::Vars;
 use candle_core::{Device, Tensor};
 use std::collections::HashMap;
@@ -39,26 +41,11 @@ fn layer_name(i: usize, s: &str) -> String {
 impl Net {
     /// Every trainable tensor with its shape, in HF naming (what the exported checkpoint holds).
     pub fn shapes(c: &Config) -> Vec<(String, Vec<usize>)> {
-        let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let h = c.hidden_size;
         let mut v = vec![];
         for i in 0..c.n_layers {
-            let n = |s: &str| layer_name(i, s);
-            v.extend([
-                (n("input_layernorm"), vec![h]),
-                (n("post_attention_layernorm"), vec![h]),
-                (n("self_attn.q_proj"), vec![qd, h]),
-                (n("self_attn.k_proj"), vec![kvd, h]),
-                (n("self_attn.v_proj"), vec![kvd, h]),
-                (n("self_attn.o_proj"), vec![h, qd]),
-                (n("mlp.gate_proj"), vec![ff, h]),
-                (n("mlp.up_proj"), vec![ff, h]),
-                (n("mlp.down_proj"), vec![h, ff]),
-            ]);
-            if c.arch == Arch::Qwen3 {
-                v.push((n("self_attn.q_norm"), vec![hd]));
-                v.push((n("self_attn.k_norm"), vec![hd]));
-            }
+            let qk_norm = c.arch == Arch::Qwen3;
+            v.extend(layer_shapes(c, h, qk_norm, |s| layer_name(i, s)));
         }
         v.push(("model.norm.weight".into(), vec![h]));
         v
