@@ -362,30 +362,26 @@ fn drafters_that_do_not_fit_are_refused() {
     let cfg_path = good.path().join("config.json");
     let text = std::fs::read_to_string(&cfg_path).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // The error a drafter with config `v` is refused with.
+    let refused = |v: &serde_json::Value| {
+        std::fs::write(&cfg_path, v.to_string()).unwrap();
+        DartModel::load(good.path(), true)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
     v["draft_vocab_size"] = serde_json::json!(vocab.len() - 1);
-    std::fs::write(&cfg_path, v.to_string()).unwrap();
-    let e = DartModel::load(good.path(), true)
-        .err()
-        .expect("d2t size")
-        .to_string();
+    let e = refused(&v);
     assert!(e.contains("d2t"), "{e}");
     v["draft_vocab_size"] = serde_json::json!(vocab.len());
     for layers in [0, 9] {
         v["num_hidden_layers"] = serde_json::json!(layers);
-        std::fs::write(&cfg_path, v.to_string()).unwrap();
-        let e = DartModel::load(good.path(), true)
-            .err()
-            .expect("layers")
-            .to_string();
+        let e = refused(&v);
         assert!(e.contains("1 to 8 layers"), "{e}");
     }
     // Two layers claimed, one stored: the missing layer is named.
     v["num_hidden_layers"] = serde_json::json!(2);
-    std::fs::write(&cfg_path, v.to_string()).unwrap();
-    let e = DartModel::load(good.path(), true)
-        .err()
-        .expect("layer 1")
-        .to_string();
+    let e = refused(&v);
     assert!(e.contains("layers.1."), "{e}");
     std::fs::write(&cfg_path, "{not json").unwrap();
     assert!(DartModel::load(good.path(), true).is_err());
