@@ -22,6 +22,15 @@ pub struct Net {
     device: Device,
 }
 
+/// The published name of weight `s` (`"self_attn.q_proj"`) of drafter layer `li`: the paper's
+/// layer is `midlayer`, deeper ones `layers.{li}`.
+fn layer_weight(li: usize, s: &str) -> String {
+    match li {
+        0 => format!("midlayer.{s}.weight"),
+        _ => format!("layers.{li}.{s}.weight"),
+    }
+}
+
 /// One sequence in the prefix-shared layout: `clean` slots (slot i holds the target's taps at
 /// position i and the embedding of token i + 1), then mask slots. Only the `out` rows go
 /// through the MLP and the head.
@@ -49,17 +58,13 @@ impl Net {
             ("midlayer.mask_rep".into(), vec![2 * h]),
             ("midlayer.hidden_norm.weight".into(), vec![h]),
         ];
-        v.extend(layer_shapes(c, 2 * h, false, |s| {
-            format!("midlayer.{s}.weight")
-        }));
+        v.extend(layer_shapes(c, 2 * h, false, |s| layer_weight(0, s)));
         v.extend([
             ("norm.weight".into(), vec![h]),
             ("lm_head.weight".into(), vec![config.draft_vocab_size, h]),
         ]);
         for i in 1..c.n_layers {
-            v.extend(layer_shapes(c, h, false, |s| {
-                format!("layers.{i}.{s}.weight")
-            }));
+            v.extend(layer_shapes(c, h, false, |s| layer_weight(i, s)));
         }
         v
     }
@@ -145,16 +150,15 @@ impl Net {
         let eps = c.rms_eps as f64;
         let h = c.hidden_size;
         let dev = &self.device;
-        let m = |s: &str| format!("midlayer.{s}");
         // Real slots: residual g = fc(taps), input [norm(e) ; norm(g)]; masks: mask_rep.
         let g = linear(&b.features.to_device(dev)?, self.w("fc.weight"))?;
         let ue = rms(
             &b.next_emb.to_device(dev)?,
-            self.w(&m("input_layernorm.weight")),
+            self.w(&layer_weight(0, "input_layernorm")),
             eps,
         )?;
-        let ug = rms(&g, self.w(&m("hidden_norm.weight")), eps)?;
-        let rep = self.w(&m("mask_rep"));
+        let ug = rms(&g, self.w("midlayer.hidden_norm.weight"), eps)?;
+        let rep = self.w("midlayer.mask_rep");
         let mut u = Tensor::cat(&[ue, ug], 1)?;
         let mut resid = g;
         if b.masks > 0 {
@@ -170,23 +174,20 @@ impl Net {
         let idx = Tensor::from_vec(b.out.clone(), b.out.len(), dev)?;
         let mut x = resid;
         for li in 0..c.n_layers {
-            let p = |s: &str| match li {
-                0 => m(s),
-                _ => format!("layers.{li}.{s}"),
-            };
+            let p = |s: &str| layer_weight(li, s);
             if li > 0 {
-                u = rms(&x, self.w(&p("input_layernorm.weight")), eps)?;
+                u = rms(&x, self.w(&p("input_layernorm")), eps)?;
             }
             let o = self.attention(&u, &p, (&cos, &sin), &b.ranges)?;
-            x = (x + linear(&o, self.w(&p("self_attn.o_proj.weight")))?)?;
+            x = (x + linear(&o, self.w(&p("self_attn.o_proj")))?)?;
             if li + 1 == c.n_layers {
                 // Rows are independent from here on: only the scored ones continue.
                 x = x.index_select(&idx, 0)?;
             }
-            let xn = rms(&x, self.w(&p("post_attention_layernorm.weight")), eps)?;
-            let gate = linear(&xn, self.w(&p("mlp.gate_proj.weight")))?.silu()?;
-            let up = linear(&xn, self.w(&p("mlp.up_proj.weight")))?;
-            x = (x + linear(&(gate * up)?, self.w(&p("mlp.down_proj.weight")))?)?;
+            let xn = rms(&x, self.w(&p("post_attention_layernorm")), eps)?;
+            let gate = linear(&xn, self.w(&p("mlp.gate_proj")))?.silu()?;
+            let up = linear(&xn, self.w(&p("mlp.up_proj")))?;
+            x = (x + linear(&(gate * up)?, self.w(&p("mlp.down_proj")))?)?;
         }
         // The reference's double final norm (see `drafters::dart::model`).
         let nw = self.w("norm.weight");
@@ -206,9 +207,9 @@ impl Net {
         let c = &self.config.layer;
         let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
         let n = u.dim(0)?;
-        let q = linear(u, self.w(&p("self_attn.q_proj.weight")))?.reshape((n, nh, hd))?;
-        let k = linear(u, self.w(&p("self_attn.k_proj.weight")))?.reshape((n, nkv, hd))?;
-        let v = linear(u, self.w(&p("self_attn.v_proj.weight")))?.reshape((n, nkv, hd))?;
+        let q = linear(u, self.w(&p("self_attn.q_proj")))?.reshape((n, nh, hd))?;
+        let k = linear(u, self.w(&p("self_attn.k_proj")))?.reshape((n, nkv, hd))?;
+        let v = linear(u, self.w(&p("self_attn.v_proj")))?.reshape((n, nkv, hd))?;
         let (q, k) = (rope(&q, cos, sin)?, rope(&k, cos, sin)?);
         let (k, v) = (expand_kv(&k, nh / nkv)?, expand_kv(&v, nh / nkv)?);
         let qh = q.transpose(0, 1)?.contiguous()?; // [nh, n, hd]
