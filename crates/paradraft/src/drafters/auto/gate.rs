@@ -1,41 +1,45 @@
 //! When `auto` runs its model source. The lookup sources cost microseconds; the model's
-//! forward costs a good share of a decode step, so it runs only where it is likely to pay: not
-//! when the lookups already propose enough, and otherwise while the tokens only it proposed
-//! and the target accepted (per run, averaged) are worth more decode time than its forward
-//! takes. In a batch of B streams a token of this session is worth a B-th of a step, while the
-//! forward delays every stream: the bar is B times higher. When it does not pay it still runs
-//! every [`PROBE_EVERY`] · B-th round, so that the estimate follows the text at a batch cost
-//! that does not grow with B.
+//! forward costs a good share of a decode step, so it runs only where it is likely to pay:
+//! while the tokens only it proposed and the target accepted (per run, averaged) are worth
+//! more decode time than its forward takes. In a batch of B streams a token of this session
+//! is worth a B-th of a step, while the forward delays every stream: the bar is B times
+//! higher. When it does not pay it still runs every [`PROBE_EVERY`] · B-th round, so that the
+//! estimate follows the text at a batch cost that does not grow with B.
 //!
 //! That estimate leaves out what the model's nodes cost to select and verify, and the tokens
-//! the lookups would have had accepted instead. So the gate also times the rounds it decides
-//! (those the lookups alone would not fill): tokens committed per ms from one round's start
-//! to the next, with the model and without, pooled over the process's sessions at one kind of
-//! temperature ([`Arms`]). Once both are measured the model runs only while its rounds are as
-//! fast, and one decided round in [`PROBE_EVERY`] takes the other arm so both stay measured.
-//! At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.86 tokens per AR round's
-//! time, the lookups' 1.05 (docs/auto.md, "Model rounds on the clock").
+//! the lookups would have had accepted instead. So the gate also times its rounds: tokens
+//! committed per ms from one round's start to the next, with the model and without, pooled
+//! over the process's sessions at one kind of temperature ([`Arms`]), and apart for rounds
+//! whose lookups already expect [`ENOUGH`] accepted nodes and the rest (the model adds less
+//! to the first). Once both arms of a kind of round are measured the model runs there only
+//! while its rounds are as fast, and one round in [`PROBE_EVERY`] takes the other arm so both
+//! stay measured. At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.86 tokens per
+//! AR round's time, the lookups' 1.05 (docs/auto_history.md, "Model rounds on the clock"); on a Zen 4
+//! at T = 0 the model paid also where the lookups were strong ("The model gate on the clock
+//! alone").
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Rounds between probes of a model source that does not pay.
 pub const PROBE_EVERY: usize = 8;
-/// Expected accepted lookup nodes above which the model is not asked.
+/// Expected accepted lookup nodes from which a round is timed as one where the lookups are
+/// strong.
 const ENOUGH: f64 = 1.5;
 /// Timed rounds each arm needs before the comparison decides.
 const ARM_MIN: usize = 4;
 /// Weight of a round in an arm's moving averages.
 const ARM_W: f64 = 0.1;
 
-/// The two arms' timings (without the model, with it), shared by the sessions of a process
-/// that draft at one kind of temperature (greedy, or sampled): a request of a few hundred
-/// tokens ends before it has timed both.
+/// The two arms' timings (without the model, with it) for rounds whose lookups are weak and
+/// for those where they are strong, shared by the sessions of a process that draft at one
+/// kind of temperature (greedy, or sampled): a request of a few hundred tokens ends before it
+/// has timed them all.
 #[derive(Clone, Debug, Default)]
-pub struct Arms(Arc<Mutex<[Arm; 2]>>);
+pub struct Arms(Arc<Mutex<[[Arm; 2]; 2]>>);
 
 impl Arms {
-    fn with<R>(&self, f: impl FnOnce(&mut [Arm; 2]) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut [[Arm; 2]; 2]) -> R) -> R {
         // A poisoned lock still holds plain numbers.
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -71,14 +75,15 @@ pub struct ModelGate {
     /// A round without verified nodes, start to start, ms (EMA): what a token costs without
     /// drafting.
     step_ms: f64,
-    since_run: usize,
+    /// Rounds of each kind since the model last ran in one.
+    since_run: [usize; 2],
     round_start: Option<Instant>,
     /// Decoding sessions sharing the next round's forward (1: alone).
     pub streams: usize,
-    /// Decided rounds without the model (0) and with it (1).
+    /// Rounds without the model (0) and with it (1), by the lookups' strength.
     arms: Arms,
-    /// The arm this round took, when the gate decided it.
-    arm: Option<usize>,
+    /// The kind of round (strong lookups) and the arm it took, when the gate decided it.
+    arm: Option<(usize, usize)>,
     /// Tokens committed since this round started.
     tokens: usize,
     decided: usize,
@@ -90,7 +95,7 @@ impl Default for ModelGate {
             value: 1.0,
             cost_ms: 0.0,
             step_ms: 0.0,
-            since_run: 0,
+            since_run: [0; 2],
             round_start: None,
             streams: 1,
             arms: Arms::default(),
@@ -130,9 +135,9 @@ impl ModelGate {
             if undrafted {
                 self.step_ms = ema(self.step_ms, ms, 0.2);
             }
-            if let Some(a) = self.arm {
+            if let Some((k, a)) = self.arm {
                 let tokens = self.tokens as f64;
-                self.arms.with(|arms| arms[a].add(ms, tokens));
+                self.arms.with(|arms| arms[k][a].add(ms, tokens));
             }
         }
         (self.arm, self.tokens) = (None, 0);
@@ -149,12 +154,11 @@ impl ModelGate {
     /// `streams`, so this session's token is worth `step_ms / streams` of the batch's time,
     /// and the forward's `cost_ms` is spent by all of them.
     pub fn run(&mut self, lookup_expected: f64) -> bool {
-        if lookup_expected >= ENOUGH {
-            return false;
-        }
+        let kind = (lookup_expected >= ENOUGH) as usize;
         let b = self.streams.max(1);
         let pays = self.step_ms == 0.0 || self.value * self.step_ms >= self.cost_ms * b as f64;
-        let faster = self.arms.with(|[without, with]| {
+        let faster = self.arms.with(|arms| {
+            let [without, with] = &arms[kind];
             let timed = without.rounds >= ARM_MIN && with.rounds >= ARM_MIN;
             !timed || with.rate() >= without.rate()
         });
@@ -163,10 +167,10 @@ impl ModelGate {
             // One decided round in PROBE_EVERY without the model keeps that arm measured.
             !self.decided.is_multiple_of(PROBE_EVERY)
         } else {
-            self.since_run + 1 >= PROBE_EVERY * b
+            self.since_run[kind] + 1 >= PROBE_EVERY * b
         };
-        self.since_run = if run { 0 } else { self.since_run + 1 };
-        self.arm = Some(run as usize);
+        self.since_run[kind] = if run { 0 } else { self.since_run[kind] + 1 };
+        self.arm = Some((kind, run as usize));
         run
     }
 
@@ -182,7 +186,7 @@ mod tests {
     use super::*;
 
     /// A model whose tokens are never accepted alone stops running but for probes; one whose
-    /// tokens are runs every round; enough lookup nodes skip it.
+    /// tokens are runs every round.
     #[test]
     fn runs_while_it_pays() {
         let mut g = ModelGate {
@@ -203,7 +207,41 @@ mod tests {
             (0..32).filter(|_| g.run(0.0)).count(),
             32 - 32 / PROBE_EVERY
         );
-        assert!(!g.run(ENOUGH));
+    }
+
+    /// Rounds whose lookups are strong are timed apart: a model that slows those rounds and
+    /// speeds up the others runs in the others only.
+    #[test]
+    fn strong_lookups_are_timed_apart() {
+        let mut g = ModelGate {
+            step_ms: 3.0,
+            value: 2.0,
+            cost_ms: 1.0,
+            ..Default::default()
+        };
+        let mut t = Instant::now();
+        let mut runs = [0; 2];
+        for round in 0..400 {
+            let strong = round % 2 == 1;
+            g.round_starts_at(t, false);
+            let run = g.run(if strong { ENOUGH } else { 0.0 });
+            if round >= 240 {
+                runs[strong as usize] += run as usize;
+            }
+            g.committed(2);
+            // The model's rounds take 2.5 ms where the lookups are weak, 4 where they are
+            // strong; the lookups' own rounds 3.
+            let ms = match (run, strong) {
+                (false, _) => 3.0,
+                (true, false) => 2.5,
+                (true, true) => 4.0,
+            };
+            t += std::time::Duration::from_secs_f64(ms / 1e3);
+        }
+        // 80 rounds of each kind: the weak ones run the model but for probes, the strong
+        // ones only on probes.
+        assert!(runs[0] >= 80 - 80 / PROBE_EVERY - 2, "{runs:?}");
+        assert!(runs[1].abs_diff(80 / PROBE_EVERY) <= 2, "{runs:?}");
     }
 
     /// Rounds timed with the model and without: when the model's commit fewer tokens per ms
