@@ -14,9 +14,9 @@
 //! to the first). Once both arms of a kind of round are measured the model runs there only
 //! while its rounds are as fast, and one round in [`PROBE_EVERY`] takes the other arm so both
 //! stay measured. At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.86 tokens per
-//! AR round's time, the lookups' 1.05 (docs/auto_history.md, "Model rounds on the clock"); on a Zen 4
-//! at T = 0 the model paid also where the lookups were strong ("The model gate on the clock
-//! alone").
+//! AR round's time, the lookups' 1.05 (docs/auto_history.md, "Model rounds on the clock"); on
+//! a Zen 4 at T = 0 the model paid also where the lookups were strong (docs/auto.md, "Strong
+//! lookups timed apart").
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The model gate timed apart where the lookups are strong (this folder's commit) against the
+# build before (OLD), interleaved: `pld`, `dart`, `auto` at T = 0 in three rounds, order
+# swapped each round, then T = 1 (`pld`, `dart-sample`, `auto`) in one round each. Both
+# binaries are built beforehand, e.g. OLD=/tmp/pd_old (git worktree of the commit before,
+# cargo build --release) and NEW=target/release/paradraft. Pauses the campaign while it runs.
+#   OUT=DIR OLD=BIN NEW=BIN bash run.sh; python3 rounds.py DIR new_t0_r1 old_t0_r1 ...
+set -euo pipefail
+cd "$(dirname "$0")/../../../.."
+OUT="${OUT:?}"; OLD="${OLD:?}"; NEW="${NEW:?}"
+MODEL="${PARADRAFT_MODEL:-$HOME/.cache/paradraft/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+scripts/campaign.sh pause || true
+trap 'scripts/campaign.sh resume || true' EXIT
+A="--model $MODEL --threads 2 --datasets copy,gsm8k,mt_bench,humaneval,math500 --num-prompts 10 --max-new-tokens 128"
+for r in 1 2 3; do
+  if (( r % 2 )); then order="new old"; else order="old new"; fi
+  for w in $order; do
+    bin=$NEW; [[ $w == old ]] && bin=$OLD
+    $bin bench $A --methods pld,dart,auto --out "$OUT/${w}_t0_r$r"
+  done
+done
+$NEW bench $A --methods pld,dart-sample,auto --temperature 1 --seed 0 --out "$OUT/new_t1"
+$OLD bench $A --methods pld,dart-sample,auto --temperature 1 --seed 0 --out "$OUT/old_t1"
