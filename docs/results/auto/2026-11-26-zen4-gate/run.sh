@@ -4,7 +4,8 @@
 # swapped each round, then T = 1 (`pld`, `dart-sample`, `auto`) in one round each. Both
 # binaries are built beforehand, e.g. OLD=/tmp/pd_old (git worktree of the commit before,
 # cargo build --release) and NEW=target/release/paradraft. Pauses the campaign while it runs.
-#   OUT=DIR OLD=BIN NEW=BIN bash run.sh; python3 rounds.py DIR new_t0_r1 old_t0_r1 ...
+#   OUT=DIR OLD=BIN NEW=BIN bash run.sh
+#   python3 docs/results/auto/2026-11-26-xeon-gate-evidence/rounds.py DIR new_t0_r1 old_t0_r1 ...
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 OUT="${OUT:?}"; OLD="${OLD:?}"; NEW="${NEW:?}"

@@ -185,6 +185,17 @@ impl ModelGate {
 mod tests {
     use super::*;
 
+    /// A gate whose estimate says the model pays (2 tokens of a 3 ms step for a 1 ms forward),
+    /// timing its rounds into `arms`.
+    fn paying(arms: &Arms) -> ModelGate {
+        ModelGate {
+            step_ms: 3.0,
+            value: 2.0,
+            cost_ms: 1.0,
+            ..ModelGate::sharing(arms)
+        }
+    }
+
     /// A model whose tokens are never accepted alone stops running but for probes; one whose
     /// tokens are runs every round.
     #[test]
@@ -213,12 +224,7 @@ mod tests {
     /// speeds up the others runs in the others only.
     #[test]
     fn strong_lookups_are_timed_apart() {
-        let mut g = ModelGate {
-            step_ms: 3.0,
-            value: 2.0,
-            cost_ms: 1.0,
-            ..Default::default()
-        };
+        let mut g = paying(&Arms::default());
         let mut t = Instant::now();
         let mut runs = [0; 2];
         for round in 0..400 {
@@ -250,12 +256,7 @@ mod tests {
     #[test]
     fn the_clock_overrules_the_estimate() {
         for (model_ms, runs_every_round) in [(4.0, false), (2.5, true)] {
-            let mut g = ModelGate {
-                step_ms: 3.0,
-                value: 2.0,
-                cost_ms: 1.0,
-                ..Default::default()
-            };
+            let mut g = paying(&Arms::default());
             let mut t = Instant::now();
             let mut runs = 0;
             for round in 0..200 {
@@ -312,12 +313,6 @@ mod tests {
     #[test]
     fn sessions_share_their_timings() {
         let arms = Arms::default();
-        let paying = |arms: &Arms| ModelGate {
-            step_ms: 3.0,
-            value: 2.0,
-            cost_ms: 1.0,
-            ..ModelGate::sharing(arms)
-        };
         let mut a = paying(&arms);
         let mut t = Instant::now();
         for _ in 0..120 {
