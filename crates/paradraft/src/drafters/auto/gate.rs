@@ -197,7 +197,8 @@ mod tests {
     }
 
     /// A model whose tokens are never accepted alone stops running but for probes; one whose
-    /// tokens are runs every round.
+    /// tokens are runs every round. Rounds whose lookups expect [`ENOUGH`] nodes follow the
+    /// same estimate with their own probes.
     #[test]
     fn runs_while_it_pays() {
         let mut g = ModelGate {
@@ -210,12 +211,17 @@ mod tests {
         }
         let runs = (0..32).filter(|_| g.run(0.0)).count();
         assert_eq!(runs, 32 / PROBE_EVERY);
+        assert_eq!((0..32).filter(|_| g.run(ENOUGH)).count(), 32 / PROBE_EVERY);
         for _ in 0..40 {
             g.ran(1.0, 2);
         }
         // Paying, it leaves one decided round in PROBE_EVERY to the lookups alone.
         assert_eq!(
             (0..32).filter(|_| g.run(0.0)).count(),
+            32 - 32 / PROBE_EVERY
+        );
+        assert_eq!(
+            (0..32).filter(|_| g.run(ENOUGH)).count(),
             32 - 32 / PROBE_EVERY
         );
     }
