@@ -17,6 +17,16 @@
 //! noise G is known before drafting. A token whose noise is high wins far more often than one
 //! whose noise is low (with p(x) = 0.3: about 10 % at G(x) = 0, 73 % at G(x) = 2), so such
 //! requests' nodes are also priced by their token's noise.
+//!
+//! A model source's tree at T > 0 is that noise applied to the drafter's distribution: its
+//! token at a node is argmax over x of ln q(x) + G(x), with the target's own G. Where it
+//! differs from a lookup's token at the same parent, the lookup's wins only if the target
+//! disagrees with the drafter there and picks that token, which the shared noise makes rare:
+//! the model's G already ranked it lower. So at T > 0 such rival siblings are left out (with
+//! their subtrees) and the lookups keep what agrees with the model or goes where it proposed
+//! nothing (deeper than its leaves, or where no model ran). On a Zen 4 at T = 1 the merged
+//! trees were verifying more nodes than `dart` alone for fewer accepted tokens
+//! (docs/auto_history.md, "The model leads at T > 0").
 
 use crate::error::Result;
 use crate::ngram::suffix::ContNode;
@@ -43,6 +53,8 @@ pub struct Proposal {
     pub source: u8,
     /// The source's own confidence class (e.g. how long a match).
     pub class: u8,
+    /// A model source's tree, whose tokens a sampling request's noise chose (see [`merge`]).
+    pub lead: bool,
     pub nodes: Vec<ContNode>,
 }
 
@@ -189,24 +201,45 @@ pub fn merge(
     coupled: Option<(&Sampler, usize)>,
 ) -> Result<Merged> {
     let coupled = coupled.filter(|(s, _)| !s.params.is_greedy());
+    // At T > 0 the leading (model) proposals go first, and a lookup's token beside a leading
+    // node of the same parent is left out with what hangs below it (see the module's note).
+    let lead_first = coupled.is_some();
+    let mut ordered: Vec<&Proposal> = proposals.iter().collect();
+    if lead_first {
+        ordered.sort_by_key(|p| !p.lead);
+    }
+    let mut led: Vec<Option<usize>> = Vec::new();
     let mut cands: Vec<Cand> = Vec::new();
-    for p in proposals {
-        let mut at: Vec<usize> = Vec::with_capacity(p.nodes.len());
+    for p in ordered {
+        let mut at: Vec<Option<usize>> = Vec::with_capacity(p.nodes.len());
         for n in &p.nodes {
             let parent = match n.parent {
-                Some(j) if j < at.len() => Some(at[j]),
+                Some(j) if j < at.len() => match at[j] {
+                    Some(q) => Some(q),
+                    None => {
+                        at.push(None);
+                        continue;
+                    }
+                },
                 Some(_) => break, // not parents-first: the rest is dropped
                 None => None,
             };
+            let found = cands
+                .iter()
+                .position(|c| c.parent == parent && c.token == n.token);
+            if lead_first && found.is_none() && !p.lead && led.contains(&parent) {
+                at.push(None);
+                continue;
+            }
+            if lead_first && p.lead && !led.contains(&parent) {
+                led.push(parent);
+            }
             let depth = parent.map_or(1, |q| cands[q].depth + 1);
             let noise =
                 coupled.map(|(s, root)| s.noise.key(root + depth, Noise::TOKEN).gumbel(n.token.0));
             let key = Key::new(p.source, p.class, depth, n.share, noise);
             let est = calib.estimate(key, prior(n.share, noise));
-            let i = match cands
-                .iter()
-                .position(|c| c.parent == parent && c.token == n.token)
-            {
+            let i = match found {
                 Some(i) => i,
                 None => {
                     cands.push(Cand {
@@ -224,7 +257,7 @@ pub fn merge(
             c.cond = c.cond.max(est);
             c.keys.push(key);
             c.sources |= 1 << p.source;
-            at.push(i);
+            at.push(Some(i));
         }
     }
     // Parents precede children in `cands`, so one pass computes every path's estimate.
@@ -317,6 +350,7 @@ mod tests {
     #[test]
     fn merges_orders_and_learns() {
         let a = Proposal {
+            lead: false,
             source: 0,
             class: 0,
             nodes: vec![
@@ -326,6 +360,7 @@ mod tests {
             ],
         };
         let b = Proposal {
+            lead: false,
             source: 1,
             class: 0,
             nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
@@ -384,6 +419,7 @@ mod tests {
     fn hot_fresh() -> Vec<Proposal> {
         vec![
             Proposal {
+                lead: false,
                 source: 0,
                 class: 0,
                 nodes: vec![
@@ -393,6 +429,7 @@ mod tests {
                 ],
             },
             Proposal {
+                lead: false,
                 source: 1,
                 class: 0,
                 nodes: vec![node(None, 1, 0.6), node(Some(0), 5, 0.9)],
@@ -411,6 +448,7 @@ mod tests {
         })
         .unwrap();
         let p = Proposal {
+            lead: false,
             source: 0,
             class: 0,
             nodes: vec![node(None, 1, 0.5), node(None, 2, 0.5)],
@@ -437,14 +475,81 @@ mod tests {
     /// so the first stage expects 1/2 accepted node where they agree and 1 where they do not,
     /// 3/4 a round against the 1/2 accepted; the second stage brings the estimate to what is
     /// accepted, and no node is estimated above its parent.
+    /// At T > 0 a lookup's token beside the model's at the same parent is left out with its
+    /// subtree; what agrees with the model, and what extends the model's leaves, stays. At
+    /// T = 0 every proposal merges as before.
+    #[test]
+    fn the_model_leads_at_t_above_0() {
+        let model = Proposal {
+            lead: true,
+            source: 1,
+            class: 0,
+            nodes: vec![node(None, 10, 1.0), node(Some(0), 11, 1.0)],
+        };
+        let lookup = Proposal {
+            lead: false,
+            source: 0,
+            class: 0,
+            nodes: vec![
+                node(None, 10, 1.0),    // agrees
+                node(Some(0), 12, 1.0), // beside the model's 11
+                node(Some(1), 13, 1.0), // below that
+                node(None, 20, 1.0),    // beside the model's 10
+                node(Some(0), 11, 1.0), // agrees
+                node(Some(4), 14, 1.0), // extends the model's leaf
+            ],
+        };
+        let tokens = |m: &Merged| -> Vec<u32> {
+            (0..m.tree.len())
+                .map(|i| m.tree.token(NodeId(i as u32)).0)
+                .collect()
+        };
+        let calib = Calibration::default();
+        let props = [lookup.clone(), model.clone()];
+        let greedy = merge(&props, &calib, 16, None).unwrap();
+        let mut all = tokens(&greedy);
+        all.sort();
+        assert_eq!(all, vec![10, 11, 12, 13, 14, 20]);
+        let t1 = Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut extended = 0;
+        for root in 0..64 {
+            let m = merge(&props, &calib, 16, Some((&t1, root))).unwrap();
+            let t = tokens(&m);
+            assert!(
+                t.iter().all(|x| [10, 11, 14].contains(x)),
+                "root {root}: {t:?}"
+            );
+            if let Some(i) = t.iter().position(|&x| x == 10) {
+                assert_eq!(m.sources[i], 0b11, "both sources proposed 10");
+            }
+            extended += t.contains(&14) as usize;
+        }
+        assert!(extended > 0, "the lookup's extension of the model's leaf stays");
+        // Without a model among the proposals nothing leads: the lookup's root siblings stay.
+        let beside = (0..64)
+            .filter(|&root| {
+                let m = merge(std::slice::from_ref(&lookup), &calib, 16, Some((&t1, root)));
+                tokens(&m.unwrap()).contains(&20)
+            })
+            .count();
+        assert!(beside > 0);
+    }
+
     #[test]
     fn path_estimates_are_corrected_by_what_was_accepted() {
         let one = |t: u32| Proposal {
+            lead: false,
             source: 0,
             class: 0,
             nodes: vec![node(None, t, 1.0), node(Some(0), 9, 1.0)],
         };
         let other = |t: u32| Proposal {
+            lead: false,
             source: 1,
             class: 0,
             nodes: vec![node(None, t, 1.0)],
@@ -485,6 +590,7 @@ mod tests {
     #[test]
     fn only_nodes_whose_parent_was_accepted_are_counted() {
         let a = Proposal {
+            lead: false,
             source: 0,
             class: 0,
             nodes: vec![node(None, 1, 0.9), node(Some(0), 2, 0.9)],

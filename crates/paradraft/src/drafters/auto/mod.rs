@@ -158,7 +158,10 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
             last: Merged::default(),
             select_ms: 0.0,
             model_ms: 0.0,
-            gate: ModelGate::sharing(&self.shared.arms[!sampling.is_greedy() as usize]),
+            gate: ModelGate::sharing(
+                &self.shared.arms[!sampling.is_greedy() as usize],
+                sampling.is_greedy(),
+            ),
             model_bit: None,
             verified_last: 0,
             sampler: (!sampling.is_greedy())
@@ -232,6 +235,7 @@ fn trie_tree(trie: &NgramTrie, ctx: &[TokenId], max_depth: usize) -> (usize, Vec
 /// A lookup's continuations as a proposal of `source`, classed by match length.
 fn lookup(source: u8, c: Continuations) -> Option<Proposal> {
     (!c.nodes.is_empty()).then(|| Proposal {
+        lead: false,
         source,
         class: length_class(c.longest),
         nodes: c.nodes,
@@ -264,6 +268,7 @@ fn tree_proposal(source: u8, tree: &DraftTree, conf: Option<&[f32]>) -> Proposal
         })
         .collect();
     Proposal {
+        lead: true,
         source,
         class: 0,
         nodes,
@@ -311,6 +316,7 @@ impl Auto<'_> {
                 Kind::Trie => self.trie.as_deref().and_then(|t| {
                     let (matched, nodes) = trie_tree(t, committed, depth);
                     (!nodes.is_empty()).then_some(Proposal {
+                        lead: false,
                         source: s,
                         class: matched as u8,
                         nodes,
@@ -320,6 +326,7 @@ impl Auto<'_> {
                     (Some(t), Some(&root)) => {
                         let nodes = t.lock().map_err(|_| poisoned())?.tree(root, depth);
                         (!nodes.is_empty()).then_some(Proposal {
+                            lead: false,
                             source: s,
                             class: 0,
                             nodes,
