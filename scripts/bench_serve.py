@@ -178,7 +178,8 @@ def cli_decode(binary, ps, max_tokens, n):
     rates = []
     for p in ps[:n]:
         out = subprocess.run(
-            [binary, "generate", "--prompt", p, "--max-new-tokens", str(max_tokens), "--json"],
+            [binary, "generate", "--prompt", p, "--max-new-tokens", str(max_tokens),
+             "--drafter", "none", "--json"],
             capture_output=True,
             text=True,
             check=True,

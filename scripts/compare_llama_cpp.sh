@@ -13,7 +13,7 @@ for i in $(seq "$REPEATS"); do
     python3 -c 'import sys,json
 for l in sys.stdin:
     r=json.loads(l); print("llama.cpp", "pp%d"%r["n_prompt"] if r["n_prompt"] else "tg%d"%r["n_gen"], round(r["avg_ts"],1))'
-  "$BIN" generate --model "$MODEL" --threads 2 --prompt "$PROMPT" --max-new-tokens 128 --json |
+  "$BIN" generate --model "$MODEL" --threads 2 --drafter none --prompt "$PROMPT" --max-new-tokens 128 --json |
     python3 -c 'import sys,json
 s=json.load(sys.stdin)["stats"]; print("paradraft prefill(%d tok)"%s["prompt_tokens"], round(s["prefill_tok_s"],1)); print("paradraft decode(%d tok)"%s["generated_tokens"], round(s["decode_tok_s"],1))'
 done

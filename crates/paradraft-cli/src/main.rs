@@ -82,7 +82,7 @@ struct BenchArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// Speculative methods to run next to the AR baseline (which always runs).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "pld")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
     methods: Vec<MethodArg>,
     /// Datasets: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca, copy (copy-heavy Alpaca edits).
     #[arg(
@@ -237,7 +237,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let _ = std::io::stdout().flush();
         }
     };
-    let cfg = a.spec.config()?;
+    let cfg = a.spec.config(Method::auto())?;
     cfg.check_used(&[cfg.method])?;
     let mut set = cfg.load(&a.m.path(), &lm, ctx)?;
     let (json, stats, stop, extra) = if set.is_ar() {
@@ -324,7 +324,7 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
     };
     let mut r =
         paradraft::bench::run_kernel_bench(&lm.model, &p, Some(&path), a.llama_bench.as_deref())?;
-    let cfg = a.spec.config()?;
+    let cfg = a.spec.config(Method::none())?;
     cfg.check_used(&[cfg.method])?;
     let set = cfg.load(&path, &lm, a.context + 64)?;
     if !set.is_ar() {
@@ -342,11 +342,11 @@ fn cmd_bench_kernels(a: BenchKernelsArgs) -> Result<()> {
 fn cmd_bench(a: BenchArgs) -> Result<()> {
     use paradraft::bench::suite;
     let sampling = a.sampling.params()?;
-    if !a.spec.drafter.0.is_none() || a.spec.speculative_config.is_some() {
+    if a.spec.drafter.is_some() || a.spec.speculative_config.is_some() {
         bail!("bench compares the drafters given by --methods; --drafter and --speculative-config are for generate");
     }
     let methods: Vec<Method> = a.methods.iter().map(|m| m.0).collect();
-    let base = a.spec.config()?;
+    let base = a.spec.config(Method::none())?;
     base.check_used(&methods)?;
     let dir = a.data_dir.clone().unwrap_or_else(suite::default_dir);
     let sets = suite::load_sets(&a.datasets, &dir, a.num_prompts)?;

@@ -5,6 +5,7 @@ use crate::speculative_args::SpecArgs;
 use crate::ModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
+use paradraft::drafters::speculative_config::Method;
 use paradraft::engine::{pool, Engine, EngineConfig};
 use paradraft::server::{self, AppState};
 use std::sync::Arc;
@@ -44,7 +45,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
-    let cfg = a.spec.config()?;
+    let cfg = a.spec.config(Method::none())?;
     cfg.check_used(&[cfg.method])?;
     let (lm, ctx) = a.m.load()?;
     let target_path = a.m.path();

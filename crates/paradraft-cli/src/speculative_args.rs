@@ -49,9 +49,10 @@ pub enum DraftLengthArg {
 
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Which drafter proposes tokens (speculative decoding); `none` is plain AR decoding.
-    #[arg(long, value_enum, default_value = "none")]
-    pub(crate) drafter: MethodArg,
+    /// Which drafter proposes tokens (speculative decoding); `none` is plain AR decoding
+    /// (default: `auto` for generate, `none` for serve, whose batches it slows).
+    #[arg(long, value_enum)]
+    pub(crate) drafter: Option<MethodArg>,
     /// A draft model (.gguf or HF directory) for --drafter draft-model, or a DFlash / DART
     /// drafter directory (default: the committed SmolLM2 drafter).
     #[arg(long)]
@@ -131,8 +132,9 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// The drafter these flags (and `--speculative-config`) choose.
-    pub(crate) fn config(&self) -> Result<DrafterConfig> {
+    /// The drafter these flags (and `--speculative-config`) choose, `default` where
+    /// `--drafter` is not given.
+    pub(crate) fn config(&self, default: Method) -> Result<DrafterConfig> {
         let draft_length = match (self.fixed_draft, self.draft_length) {
             (true, Some(DraftLengthArg::Adl)) => {
                 anyhow::bail!("--fixed-draft and --draft-length adl exclude each other")
@@ -149,7 +151,7 @@ impl SpecArgs {
             _ => anyhow::bail!("--drafting, --cps and --no-cps exclude each other"),
         };
         let c = DrafterConfig {
-            method: self.drafter.0,
+            method: self.drafter.map_or(default, |d| d.0),
             num_speculative_tokens: self.num_speculative_tokens,
             block_size: self.block_size,
             draft_model: self.draft_model.clone(),

@@ -61,6 +61,13 @@ fn gen16(m: &str, extra: &[&str]) -> Output {
         "--json",
     ];
     args.extend_from_slice(extra);
+    // AR unless the extras name a drafter (`generate` drafts with `auto` by default).
+    if !extra
+        .iter()
+        .any(|a| *a == "--drafter" || *a == "--speculative-config")
+    {
+        args.extend(["--drafter", "none"]);
+    }
     run(&args)
 }
 

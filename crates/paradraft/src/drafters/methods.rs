@@ -18,6 +18,14 @@ pub static METHODS: &[&MethodEntry] = &[
 ];
 
 impl Method {
+    /// `auto`, every source at once: what `generate` and `bench` draft with by default.
+    pub fn auto() -> Method {
+        Method {
+            entry: &super::auto::METHOD,
+            mode: None,
+        }
+    }
+
     /// The method named `name` (`_` read as `-`), e.g. `dart`, `dflash-tree`, `diffuspec-raw`.
     pub fn named(name: &str) -> Result<Method> {
         let want = name.replace('_', "-");

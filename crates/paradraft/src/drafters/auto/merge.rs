@@ -529,7 +529,10 @@ mod tests {
             }
             extended += t.contains(&14) as usize;
         }
-        assert!(extended > 0, "the lookup's extension of the model's leaf stays");
+        assert!(
+            extended > 0,
+            "the lookup's extension of the model's leaf stays"
+        );
         // Without a model among the proposals nothing leads: the lookup's root siblings stay.
         let beside = (0..64)
             .filter(|&root| {
