@@ -166,13 +166,11 @@ impl ModelGate {
     /// `streams`, so this session's token is worth `step_ms / streams` of the batch's time,
     /// and the forward's `cost_ms` is spent by all of them.
     pub fn run(&mut self, lookup_expected: f64) -> bool {
-        let kind = (lookup_expected >= ENOUGH) as usize;
-        let b = self.streams.max(1);
-        if !self.timed && b == 1 {
-            // A sampling session alone: the model every round.
-            self.arm = None;
+        if self.every_round() {
             return true;
         }
+        let kind = (lookup_expected >= ENOUGH) as usize;
+        let b = self.streams.max(1);
         let pays = self.step_ms == 0.0 || self.value * self.step_ms >= self.cost_ms * b as f64;
         let faster = !self.timed
             || self.arms.with(|arms| {
@@ -182,14 +180,22 @@ impl ModelGate {
             });
         self.decided += 1;
         let run = if pays && faster {
-            // One decided round in PROBE_EVERY without the model keeps that arm measured.
-            !self.decided.is_multiple_of(PROBE_EVERY)
+            // One decided round in PROBE_EVERY without the model keeps that arm measured (a
+            // session the clock does not decide for has no arm to keep).
+            !self.timed || !self.decided.is_multiple_of(PROBE_EVERY)
         } else {
             self.since_run[kind] + 1 >= PROBE_EVERY * b
         };
         self.since_run[kind] = if run { 0 } else { self.since_run[kind] + 1 };
-        self.arm = Some((kind, run as usize));
+        // Only the rounds of sessions that read the arms are timed into them.
+        self.arm = self.timed.then_some((kind, run as usize));
         run
+    }
+
+    /// Whether the model runs this round whatever the lookups expect: a sampling session
+    /// decoding alone. [`ModelGate::run`] then needs no estimate of the lookups.
+    pub fn every_round(&self) -> bool {
+        !self.timed && self.streams <= 1
     }
 
     /// The model ran for `ms` and `only_model` accepted tokens came from it alone.
@@ -334,7 +340,7 @@ mod tests {
 
     /// A sampling session alone asks its model every round, though the model's tokens are
     /// never accepted alone and its rounds are timed slower; in a batch of 4 the estimate's
-    /// bar stands and it runs on probes only.
+    /// bar stands and it runs on probes only, or in every round once it pays.
     #[test]
     fn a_sampling_session_alone_runs_its_model_every_round() {
         let arms = Arms::default();
@@ -358,6 +364,20 @@ mod tests {
         g.streams = 4;
         let n = 64 * PROBE_EVERY;
         assert_eq!((0..n).filter(|_| g.run(0.0)).count(), n / (PROBE_EVERY * 4));
+        // Paying in the batch it runs every round (no round is left to the lookups to time
+        // them: a sampling session's arms are never read), and times nothing into the arms.
+        for _ in 0..40 {
+            g.ran(1.0, 2);
+        }
+        let mut runs = 0;
+        for _ in 0..64 {
+            g.round_starts_at(t, false);
+            runs += g.run(0.0) as usize;
+            g.committed(1);
+            t += std::time::Duration::from_secs_f64(3.0 / 1e3);
+        }
+        assert_eq!(runs, 64);
+        assert!(arms.with(|a| a.iter().flatten().all(|arm| arm.rounds == 0)));
         // The same gate timed (a greedy session's) stops running it alone.
         let mut timed = ModelGate {
             step_ms: 3.0,

@@ -386,20 +386,28 @@ impl Drafter for Auto<'_> {
         }
         let t = std::time::Instant::now();
         let mut props = self.proposals(committed, max_nodes)?;
-        let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
         // The root stands at the committed text's last position.
         let sampler = self.sampler;
         let coupled = sampler.as_ref().map(|s| (s, committed.len() - 1));
-        self.last = merge(&props, &calib, max_nodes, coupled)?;
-        drop(calib);
-        let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
-        if self.model.is_some() && self.gate.run(expected) {
+        let shared = self.shared.clone();
+        let merged = |props: &[Proposal]| -> Result<Merged> {
+            let calib = shared.calib.lock().map_err(|_| poisoned())?;
+            merge(props, &calib, max_nodes, coupled)
+        };
+        // The gate weighs the model against what the lookups alone expect, unless it runs the
+        // model every round: then the lookups are merged once, with the model's proposal.
+        let ask = match &self.model {
+            None => false,
+            Some(_) if self.gate.every_round() => true,
+            Some(_) => {
+                self.last = merged(&props)?;
+                let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
+                self.gate.run(expected)
+            }
+        };
+        if ask {
             match self.model_proposal(committed, max_nodes) {
-                Ok(p) => {
-                    props.push(p);
-                    let calib = self.shared.calib.lock().map_err(|_| poisoned())?;
-                    self.last = merge(&props, &calib, max_nodes, coupled)?;
-                }
+                Ok(p) => props.push(p),
                 // A source that fails is left out for the rest of the request; the
                 // request goes on with the others.
                 Err(e) => {
@@ -408,6 +416,9 @@ impl Drafter for Auto<'_> {
                     self.model_bit = None;
                 }
             }
+        }
+        if ask || self.model.is_none() {
+            self.last = merged(&props)?;
         }
         // Selection: the lookups and the merge, and the model's own (not its forward).
         self.select_ms += t.elapsed().as_secs_f64() * 1e3 - self.model_ms;
