@@ -213,6 +213,17 @@ impl LearnedCost {
         self.prior.ms(rows) * self.ratio(rows)
     }
 
+    /// What `rows` rows add to a forward that already holds `base` rows: c(base + rows) −
+    /// c(base), both at the learned correction of the whole forward's size (so that it never
+    /// goes negative where neighbouring sizes were corrected apart). `base` 0: c(rows).
+    pub fn added_ms(&self, base: usize, rows: usize) -> f64 {
+        if base == 0 {
+            return self.ms(rows);
+        }
+        let total = base + rows;
+        (self.prior.ms(total) - self.prior.ms(base)).max(0.0) * self.ratio(total)
+    }
+
     /// What rounds of about `rows` rows took over what the curve predicts (with the curve's
     /// own 1 as a prior of [`PRIOR_ROUNDS`] rounds).
     pub fn ratio(&self, rows: usize) -> f64 {

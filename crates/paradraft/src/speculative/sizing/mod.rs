@@ -334,11 +334,18 @@ impl Sizer {
     }
 
     /// This session's share of a step's verify cost when every one of the batch's `streams`
-    /// decoding sessions verifies `rows` rows, next to `prefill` prompt rows: c(prefill +
-    /// streams · rows) / streams. Alone (1 stream, no prefill) it is c(rows).
+    /// decoding sessions verifies `rows` rows, next to `prefill` prompt rows: what the decoding
+    /// rows add to the step, (c(prefill + streams · rows) − c(prefill)) / streams. Alone (1
+    /// stream, no prefill) it is c(rows). The prompt rows are prefilled whatever is drafted:
+    /// counted in, their cost made a compute-bound step look as if a few more rows cost
+    /// nothing, and sessions verified whole trees beside a prompt (`serve` at 16 streams on a
+    /// Zen 4: 2,976 drafted rows in 90 prefill steps, 44 % more time in them than AR's, for
+    /// what 341 rows in 682 decode steps gained back; docs/auto.md, "Drafting beside a prompt").
     fn share_ms(&self, rows: usize, b: BatchShape) -> f64 {
         let n = b.streams.max(1);
-        self.cost.ms(b.prefill + n * rows) / n as f64
+        let ms = self.cost.added_ms(b.prefill, n * rows) / n as f64;
+        // A curve learned noisily could make the difference vanish: no size is then free.
+        ms.max(1e-6)
     }
 
     /// The draft size in 0..=max with the best expected tokens per ms. In a batch, every

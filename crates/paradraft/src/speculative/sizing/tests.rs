@@ -126,6 +126,52 @@ fn drafting_shrinks_and_stops_as_the_batch_grows() {
     assert_eq!(s.choose_tree(32, big), 0);
 }
 
+/// Beside a prompt being prefilled, the decoding rows are priced by what they add to the
+/// step, not by a share of the prompt's cost: in a compute-bound step a drafted row costs what
+/// a token is worth, so a drafter that pays in a 4-stream decode step drafts nothing beside
+/// 256 prompt rows (priced with the prompt's cost shared, it drafted its most).
+#[test]
+fn beside_a_prompt_rows_cost_what_they_add() {
+    let bound = CostCurve {
+        points: vec![
+            (1, 4.2),
+            (4, 5.5),
+            (16, 12.0),
+            (64, 42.0),
+            (256, 168.0),
+            (1024, 672.0),
+        ],
+    };
+    let mut s = Sizer::new(bound.clone());
+    for _ in 0..200 {
+        s.observe(8, 5, 0.1, 8); // 5 of 8 accepted each round
+    }
+    let decode = BatchShape {
+        streams: 4,
+        prefill: 0,
+    };
+    let beside = BatchShape {
+        streams: 4,
+        prefill: 256,
+    };
+    assert!(s.choose(15, decode) > 0);
+    assert_eq!(s.choose(15, beside), 0);
+    // What 8 rows add to 256: the curve's slope there, 8 × 0.66 ms.
+    let cost = LearnedCost::new(bound);
+    assert!((cost.added_ms(256, 8) - 8.0 * 504.0 / 768.0).abs() < 1e-9);
+    assert_eq!(cost.added_ms(0, 8), cost.ms(8));
+    // Trees: 3 of 4 nodes accepted recently, as predicted; drafted and verified beside no
+    // prompt, neither beside one (a node accepted with p < 1 costs more than AR's token there).
+    let conf = [0.8f32, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2];
+    for _ in 0..50 {
+        s.observe_tree(4, 3.0, 3, 0.1);
+    }
+    assert!(s.choose_tree(32, decode) > 0);
+    assert_eq!(s.choose_tree(32, beside), 0);
+    assert!(s.cut(&conf, 0.1, decode) > 0);
+    assert_eq!(s.cut(&conf, 0.1, beside), 0);
+}
+
 /// Drafting that measures slower than AR is switched off for a while and measured afresh
 /// after; drafting that pays stays on, with one AR probe round in 16.
 #[test]
