@@ -50,8 +50,8 @@ pub enum DraftLengthArg {
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
     /// Which drafter proposes tokens (speculative decoding); `none` is plain AR decoding
-    /// (default: `auto` for generate; `none` for serve, whose batches still lose with
-    /// drafting, and for bench-kernels).
+    /// (default: `auto` for generate; `none` for serve, whose batches gain nothing from
+    /// drafting yet, and for bench-kernels).
     #[arg(long, value_enum)]
     pub(crate) drafter: Option<MethodArg>,
     /// A draft model (.gguf or HF directory) for --drafter draft-model, or a DFlash / DART

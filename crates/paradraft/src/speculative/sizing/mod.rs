@@ -339,8 +339,8 @@ impl Sizer {
     /// stream, no prefill) it is c(rows). The prompt rows are prefilled whatever is drafted:
     /// counted in, their cost made a compute-bound step look as if a few more rows cost
     /// nothing, and sessions verified whole trees beside a prompt (`serve` at 16 streams on a
-    /// Zen 4: 2,976 drafted rows in 90 prefill steps, 44 % more time in them than AR's, for
-    /// what 341 rows in 682 decode steps gained back; docs/auto.md, "Drafting beside a prompt").
+    /// Zen 4: 1,503–1,570 drafted rows per run in the steps with prompt rows, which took
+    /// 4.5–5.4 s against AR's 3.0–3.9; docs/auto.md, "Drafting beside a prompt").
     fn share_ms(&self, rows: usize, b: BatchShape) -> f64 {
         let n = b.streams.max(1);
         let ms = self.cost.added_ms(b.prefill, n * rows) / n as f64;
