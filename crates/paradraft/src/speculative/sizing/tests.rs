@@ -77,12 +77,9 @@ fn trees_are_cut_where_nodes_stop_paying() {
     assert_eq!(s.choose_tree(32, BatchShape::default()), 32);
 }
 
-/// A forward that turns compute-bound (this machine's shape: c(16) ≈ 3 c(1), then linear):
-/// alone a good drafter drafts long; in a batch of 64 streams the verify rows cost about
-/// what the tokens they add are worth, so drafting stops, for chains and for trees.
-#[test]
-fn drafting_shrinks_and_stops_as_the_batch_grows() {
-    let bound = CostCurve {
+/// A forward that turns compute-bound: c(16) ≈ 3 c(1), then linear.
+fn compute_bound() -> CostCurve {
+    CostCurve {
         points: vec![
             (1, 4.2),
             (4, 5.5),
@@ -91,7 +88,15 @@ fn drafting_shrinks_and_stops_as_the_batch_grows() {
             (256, 168.0),
             (1024, 672.0),
         ],
-    };
+    }
+}
+
+/// A forward that turns compute-bound (this machine's shape: c(16) ≈ 3 c(1), then linear):
+/// alone a good drafter drafts long; in a batch of 64 streams the verify rows cost about
+/// what the tokens they add are worth, so drafting stops, for chains and for trees.
+#[test]
+fn drafting_shrinks_and_stops_as_the_batch_grows() {
+    let bound = compute_bound();
     let draft = CostCurve {
         points: vec![(1, 1.0), (8, 1.2), (15, 1.4)],
     };
@@ -132,16 +137,7 @@ fn drafting_shrinks_and_stops_as_the_batch_grows() {
 /// 256 prompt rows (priced with the prompt's cost shared, it drafted its most).
 #[test]
 fn beside_a_prompt_rows_cost_what_they_add() {
-    let bound = CostCurve {
-        points: vec![
-            (1, 4.2),
-            (4, 5.5),
-            (16, 12.0),
-            (64, 42.0),
-            (256, 168.0),
-            (1024, 672.0),
-        ],
-    };
+    let bound = compute_bound();
     let mut s = Sizer::new(bound.clone());
     for _ in 0..200 {
         s.observe(8, 5, 0.1, 8); // 5 of 8 accepted each round
