@@ -22,13 +22,17 @@ mkdir -p "$DIR"
 running() { [[ -f "$PIDF" ]] && kill -0 "$(cat "$PIDF")" 2>/dev/null; }
 case "${1:-start}" in
   start)
+    # One start at a time: two at once both passed the check below while the binary was built
+    # and ran two campaigns on one directory (2026-11-27; one failed on the other's log).
+    exec 9>"$DIR/start.lock"
+    flock -n 9 || { echo "a start of this campaign is under way"; exit 0; }
     if running; then echo "campaign already running (pid $(cat "$PIDF"))"; exit 0; fi
     cargo build --release --locked -q
     mkdir -p "$DIR/bin"
     cp target/release/paradraft "$DIR/bin/paradraft"
     shift || true
     nohup nice -n 19 "$DIR/bin/paradraft" train campaign --method "$METHOD" --dir "$DIR" "$@" \
-      >>"$DIR/run.log" 2>&1 &
+      >>"$DIR/run.log" 2>&1 9>&- &
     echo $! >"$PIDF"
     echo "campaign started (pid $!), log $DIR/run.log"
     ;;
