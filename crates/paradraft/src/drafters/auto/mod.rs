@@ -417,6 +417,8 @@ impl Drafter for Auto<'_> {
                 }
             }
         }
+        // The lookups-only merge the gate read stands when the model was not asked; otherwise
+        // (or with no model, or one that just failed) merge what was proposed.
         if ask || self.model.is_none() {
             self.last = merged(&props)?;
         }
