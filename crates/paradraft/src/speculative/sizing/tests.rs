@@ -91,8 +91,9 @@ fn compute_bound() -> CostCurve {
     }
 }
 
-/// On [`compute_bound`] (this machine's shape): alone a good drafter drafts long; in a batch of 64 streams the verify rows cost about
-/// what the tokens they add are worth, so drafting stops, for chains and for trees.
+/// On [`compute_bound`] (this machine's shape): alone a good drafter drafts long; in a batch
+/// of 64 streams the verify rows cost about what the tokens they add are worth, so drafting
+/// stops, for chains and for trees.
 #[test]
 fn drafting_shrinks_and_stops_as_the_batch_grows() {
     let bound = compute_bound();
