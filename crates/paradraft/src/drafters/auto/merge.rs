@@ -16,7 +16,8 @@
 //! the target's Gumbel-max sample at its position, argmax over x of ln p(x) + G(x), and the
 //! noise G is known before drafting. A token whose noise is high wins far more often than one
 //! whose noise is low (with p(x) = 0.3: about 10 % at G(x) = 0, 73 % at G(x) = 2), so such
-//! requests' nodes are also priced by their token's noise.
+//! requests' nodes are also priced by their token's noise — but for a leading model's, whose
+//! score already holds it (below).
 //!
 //! A model source's tree at T > 0 is that noise applied to the drafter's distribution: its
 //! token at a node is argmax over x of ln q(x) + G(x), with the target's own G. Where it
@@ -69,12 +70,14 @@ pub struct Key {
     depth: u8,
     bucket: u8,
     /// 0: a greedy request; 1–4: a sampling request's node, by its token's Gumbel noise
-    /// (below 0, 0–1, 1–2, above 2: about 37, 32, 18 and 13 % of draws).
+    /// (below 0, 0–1, 1–2, above 2: about 37, 32, 18 and 13 % of draws); 5: a sampling
+    /// request's node from a leading model, whose score already holds that noise.
     noise: u8,
 }
 
 impl Key {
-    fn new(source: u8, class: u8, depth: usize, score: f32, noise: Option<f32>) -> Key {
+    /// `led`: the node comes from a leading (model) proposal.
+    fn new(source: u8, class: u8, depth: usize, score: f32, noise: Option<f32>, led: bool) -> Key {
         let bucket = match score {
             s if s < 0.25 => 0,
             s if s < 0.5 => 1,
@@ -82,6 +85,7 @@ impl Key {
             _ => 3,
         };
         let noise = match noise {
+            Some(_) if led => 5,
             None => 0,
             Some(g) if g < 0.0 => 1,
             Some(g) if g < 1.0 => 2,
@@ -238,8 +242,11 @@ pub fn merge(
             let depth = parent.map_or(1, |q| cands[q].depth + 1);
             let noise =
                 coupled.map(|(s, root)| s.noise.key(root + depth, Noise::TOKEN).gumbel(n.token.0));
-            let key = Key::new(p.source, p.class, depth, n.share, noise);
-            let est = calib.estimate(key, prior(n.share, noise));
+            let key = Key::new(p.source, p.class, depth, n.share, noise, p.lead);
+            // A leading model ranked its tokens by ln q + G with the target's own noise: its
+            // score is already the chance that the token is the target's sample, so the noise
+            // is not counted again (twice, it reordered the model's siblings against its ranking).
+            let est = calib.estimate(key, prior(n.share, noise.filter(|_| !p.lead)));
             let i = match found {
                 Some(i) => i,
                 None => {
@@ -469,6 +476,37 @@ mod tests {
         // A greedy request prices them alike.
         let m = merge(&[p], &calib, 8, None).unwrap();
         assert_eq!(m.conf[0], m.conf[1]);
+    }
+
+    /// A leading model's tokens were ranked by ln q + G with the target's own noise, so at T > 0
+    /// its siblings keep its order (and price) whatever their noise: counting the noise again
+    /// put a lower-ranked sibling first whenever its token's noise was high.
+    #[test]
+    fn a_leading_models_siblings_keep_its_order_at_t_above_0() {
+        let t1 = Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            seed: 4,
+            ..Default::default()
+        })
+        .unwrap();
+        let model = Proposal {
+            lead: true,
+            source: 1,
+            class: 0,
+            nodes: vec![node(None, 1, 0.6), node(None, 2, 0.3)],
+        };
+        let calib = Calibration::default();
+        for root in 0..200 {
+            let m = merge(std::slice::from_ref(&model), &calib, 8, Some((&t1, root))).unwrap();
+            assert_eq!(m.tree.token(NodeId(0)), TokenId(1), "root {root}");
+            assert_eq!(m.conf.len(), 2, "root {root}");
+            assert!(m.conf[0] > m.conf[1], "root {root}: {:?}", m.conf);
+        }
+        // Priced apart from lookups' sampled nodes and from greedy requests.
+        let m = merge(std::slice::from_ref(&model), &calib, 8, Some((&t1, 0))).unwrap();
+        assert!(m.keys[0].iter().all(|k| k.noise == 5));
+        let g = merge(&[model], &calib, 8, None).unwrap();
+        assert!(g.keys[0].iter().all(|k| k.noise == 0));
     }
 
     /// Two sources right half the time each, but together: where they agree (one node) it is
