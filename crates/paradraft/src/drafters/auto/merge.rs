@@ -353,6 +353,16 @@ mod tests {
         }
     }
 
+    /// A sampler at T = 1 with `seed`.
+    fn t1(seed: u64) -> Sampler {
+        Sampler::new(crate::sample::SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     /// Shared prefixes merge; the order is by path estimate with parents first; a source whose
     /// nodes were always accepted rises above one whose nodes never were.
     #[test]
@@ -412,11 +422,7 @@ mod tests {
             m2.conf
         );
         // A sampling request learns on its own: what greedy requests saw does not price its nodes.
-        let t1 = Sampler::new(crate::sample::SamplingParams {
-            temperature: 1.0,
-            ..Default::default()
-        })
-        .unwrap();
+        let t1 = t1(0);
         let hot = merge(&[a, b], &calib, 16, Some((&t1, 40))).unwrap();
         let fresh = merge(&hot_fresh(), &Calibration::default(), 16, Some((&t1, 40))).unwrap();
         assert_eq!(hot.conf[0], fresh.conf[0]);
@@ -449,12 +455,7 @@ mod tests {
     /// their position: the one more likely to be the target's sample comes first.
     #[test]
     fn a_sampling_request_prices_nodes_by_their_noise() {
-        let t1 = Sampler::new(crate::sample::SamplingParams {
-            temperature: 1.0,
-            seed: 4,
-            ..Default::default()
-        })
-        .unwrap();
+        let t1 = t1(4);
         let p = Proposal {
             lead: false,
             source: 0,
@@ -483,12 +484,7 @@ mod tests {
     /// put a lower-ranked sibling first whenever its token's noise was high.
     #[test]
     fn a_leading_models_siblings_keep_its_order_at_t_above_0() {
-        let t1 = Sampler::new(crate::sample::SamplingParams {
-            temperature: 1.0,
-            seed: 4,
-            ..Default::default()
-        })
-        .unwrap();
+        let t1 = t1(4);
         let model = Proposal {
             lead: true,
             source: 1,
@@ -549,12 +545,7 @@ mod tests {
         let mut all = tokens(&greedy);
         all.sort();
         assert_eq!(all, vec![10, 11, 12, 13, 14, 20]);
-        let t1 = Sampler::new(crate::sample::SamplingParams {
-            temperature: 1.0,
-            seed: 3,
-            ..Default::default()
-        })
-        .unwrap();
+        let t1 = t1(3);
         let mut extended = 0;
         for root in 0..64 {
             let m = merge(&props, &calib, 16, Some((&t1, root))).unwrap();
