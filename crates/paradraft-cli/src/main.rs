@@ -189,6 +189,10 @@ struct LogitsArgs {
     chat: bool,
     #[arg(long, default_value_t = 20)]
     top_k: usize,
+    /// The exact reference path: f32 activations and an f32 KV cache on the dequantised
+    /// weights (what the int8 kernels are checked against).
+    #[arg(long)]
+    exact: bool,
     #[arg(long)]
     json: bool,
 }
@@ -272,7 +276,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
-    let (lm, _) = a.m.load()?;
+    let (mut lm, _) = a.m.load()?;
+    lm.model.set_exact(a.exact);
     let tok = &lm.tokenizer;
     let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {
         (Some(p), None) => {

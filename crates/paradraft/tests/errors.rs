@@ -141,18 +141,55 @@ fn unsupported_architecture() {
 #[test]
 fn unsupported_tensor_type() {
     let td = tempfile::tempdir().unwrap();
-    let p = td.path().join("q4k.gguf");
-    // GGML type 12 is Q4_K.
+    let p = td.path().join("iq2.gguf");
+    // GGML type 16 is IQ2_XXS (66 bytes per 256 values), which paradraft does not load.
     write_gguf(
         &p,
         &[("general.architecture", "llama")],
-        &[("token_embd.weight", vec![256, 4], 12, vec![0u8; 4 * 144])],
+        &[("token_embd.weight", vec![256, 4], 16, vec![0u8; 4 * 66])],
+    );
+    let e = load_err(&p);
+    let msg = e.to_string();
+    assert!(
+        matches!(e, Error::Unsupported(_))
+            && msg.contains("IQ2_XXS (GGML type 16)")
+            && msg.contains("Q4_K")
+            && msg.contains("token_embd.weight"),
+        "{e}"
+    );
+    // An id GGML does not have at all.
+    write_gguf(
+        &p,
+        &[("general.architecture", "llama")],
+        &[("token_embd.weight", vec![256, 4], 77, vec![0u8; 4 * 66])],
+    );
+    let e = load_err(&p);
+    assert!(e.to_string().contains("GGML type 77"), "{e}");
+}
+
+#[test]
+fn k_quant_tensor_that_does_not_fit_its_blocks() {
+    let td = tempfile::tempdir().unwrap();
+    let p = td.path().join("q4k.gguf");
+    // Q4_K rows hold whole super-blocks of 256 values.
+    write_gguf(
+        &p,
+        &[("general.architecture", "llama")],
+        &[("token_embd.weight", vec![288, 4], 12, vec![0u8; 4 * 144])],
     );
     let e = load_err(&p);
     assert!(
-        matches!(e, Error::Unsupported(_)) && e.to_string().contains("type 12"),
+        e.to_string().contains("not a multiple of the Q4_K block"),
         "{e}"
     );
+    // A file cut short inside a Q6_K tensor.
+    write_gguf(
+        &p,
+        &[("general.architecture", "llama")],
+        &[("token_embd.weight", vec![256, 4], 14, vec![0u8; 3 * 210])],
+    );
+    let e = load_err(&p);
+    assert!(e.to_string().contains("truncated"), "{e}");
 }
 
 #[test]

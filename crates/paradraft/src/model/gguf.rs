@@ -220,7 +220,10 @@ impl GgufFile {
         let mut tensors = HashMap::new();
         for (name, dims, ty, off) in infos {
             let dtype = GgmlType::from_u32(ty).ok_or_else(|| {
-                Error::Unsupported(format!("tensor {name} has GGML type {ty}, which paradraft does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)"))
+                Error::Unsupported(format!(
+                    "tensor {name} has type {}",
+                    GgmlType::unsupported_reason(ty)
+                ))
             })?;
             let n: usize = dims
                 .iter()

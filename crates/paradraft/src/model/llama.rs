@@ -501,13 +501,12 @@ const SCREEN_MARGIN: f32 = 4.0;
 /// The 4-bit screen of an output layer stored in Q8_0 or f32 (for a 4-bit layer there is
 /// nothing to save).
 fn screen_of(head: &Matrix) -> Option<Matrix> {
-    if !head.cols.is_multiple_of(crate::runtime::quant::QK)
-        || !matches!(head.ty(), GgmlType::Q8_0 | GgmlType::F32)
-    {
+    let screen_bytes = head.rows * GgmlType::Q4_1.row_bytes(head.cols);
+    if !head.cols.is_multiple_of(crate::runtime::quant::QK) || head.nbytes() <= screen_bytes {
         return None;
     }
     let mut w = vec![0f32; head.cols];
-    let mut bytes = Vec::with_capacity(head.rows * GgmlType::Q4_1.row_bytes(head.cols));
+    let mut bytes = Vec::with_capacity(screen_bytes);
     for r in 0..head.rows {
         head.row_into(r, &mut w);
         bytes.extend(quantize_q4_1(&w));

@@ -36,6 +36,7 @@ macro_rules! multiversion {
 pub(crate) use multiversion;
 
 pub mod attention;
+pub mod blocks;
 pub mod ggml;
 pub mod isa;
 pub mod ops;

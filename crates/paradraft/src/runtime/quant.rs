@@ -1,5 +1,6 @@
-//! GGML tensor types (F32, F16, BF16, Q4_0, Q4_1, Q8_0): block layouts, dequantisation, and
-//! the weight matrix type with its matmul.
+//! GGML tensor types: block layouts and dequantisation of F32, F16, BF16, Q4_0, Q4_1 and Q8_0
+//! here (the other quantized types in [`super::blocks`]), and the weight matrix type with its
+//! matmul.
 //!
 //! Block layouts (little-endian, as in GGML):
 //! - Q4_0: `d: f16, qs: [u8; 16]` — x[j] = (lo(qs[j]) − 8)·d, x[j+16] = (hi(qs[j]) − 8)·d
@@ -100,6 +101,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         }
+        _ => super::blocks::dequantize_blocks(ty, src, dst),
     }
 }
 
@@ -123,7 +125,7 @@ impl Matrix {
     pub fn from_bytes(ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Self {
         assert_eq!(bytes.len(), rows * ty.row_bytes(cols));
         let data = match ty {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            _ if ty.is_dense() => {
                 let mut v = vec![0f32; rows * cols];
                 dequantize(ty, bytes, &mut v);
                 MatrixData::F32(v)

@@ -16,7 +16,7 @@
 //! Every (row, activation row) runs the same integer sums and the same f32 epilogue whatever
 //! tile it is computed in, so a row's output never depends on the batch it came in.
 
-use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
+use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use std::arch::x86_64::*;
 
 /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127 (bit for bit the
@@ -104,8 +104,8 @@ trait Dot {
         u: *const u8,
         i: usize,
     ) -> Self::Acc;
-    /// A block's Q8 sums as one i32 per row (rows `8·half..` of block `gb`).
-    unsafe fn q8_rows(s: Self::Acc, p: &Packed, gb: usize, half: usize) -> __m256i;
+    /// Q8 sums as one i32 per row, given the 8 rows' weight sums at `wsum`.
+    unsafe fn q8_rows(s: Self::Acc, wsum: *const i16) -> __m256i;
 }
 
 /// AVX2: `maddubs` then `madd`.
@@ -144,7 +144,7 @@ impl Dot for Maddubs {
         _mm256_add_epi32(s, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
     }
     #[inline(always)]
-    unsafe fn q8_rows(s: __m256i, _: &Packed, _: usize, _: usize) -> __m256i {
+    unsafe fn q8_rows(s: __m256i, _: *const i16) -> __m256i {
         s
     }
 }
@@ -214,11 +214,9 @@ impl<D: Dpbusd> Dot for Vnni<D> {
         }
     }
     #[inline(always)]
-    unsafe fn q8_rows(s: Self::Acc, p: &Packed, gb: usize, half: usize) -> __m256i {
+    unsafe fn q8_rows(s: Self::Acc, wsum: *const i16) -> __m256i {
         let s = _mm256_add_epi32(s.0, s.1);
-        let ws = _mm256_cvtepi16_epi32(_mm_loadu_si128(
-            p.wsum.as_ptr().add(gb * GROUP + half * 8) as *const __m128i
-        ));
+        let ws = _mm256_cvtepi16_epi32(_mm_loadu_si128(wsum as *const __m128i));
         _mm256_sub_epi32(s, _mm256_slli_epi32::<7>(ws))
     }
 }
@@ -314,10 +312,16 @@ unsafe fn tile<D: Dot, const H: usize, const N: usize>(
     ld: usize,
 ) {
     let mut acc = [[_mm256_setzero_ps(); N]; H];
-    if p.ty == GgmlType::Q8_0 {
-        q8_tile::<D, H, N>(p, a, g, h0, t0, &mut acc);
-    } else {
-        q4_tile::<D, H, N>(p, a, g, h0, t0, &mut acc);
+    match p.fmt {
+        Fmt::Q4 => q4_tile::<D, H, N, false>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q4S => q4_tile::<D, H, N, true>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q8 => q8_tile::<D, H, N, false, false, false>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q8S { halves, min } => match (halves, min) {
+            (false, false) => q8_tile::<D, H, N, true, false, false>(p, a, g, h0, t0, &mut acc),
+            (false, true) => q8_tile::<D, H, N, true, false, true>(p, a, g, h0, t0, &mut acc),
+            (true, false) => q8_tile::<D, H, N, true, true, false>(p, a, g, h0, t0, &mut acc),
+            (true, true) => q8_tile::<D, H, N, true, true, true>(p, a, g, h0, t0, &mut acc),
+        },
     }
     for (h, rows) in acc.iter().enumerate() {
         for (t, v) in rows.iter().enumerate() {
@@ -356,12 +360,46 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
             o += 64;
         }
     };
-    let cb = Packed::chunk_bytes(p.ty);
+    let cb = Packed::chunk_bytes(p.fmt);
     ahead(p.q.as_ptr().add(gb * cb), cb);
-    ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32);
-    if p.ty != GgmlType::Q8_0 {
-        ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32);
+    if p.fmt.legacy() {
+        ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32);
+        if p.fmt == Fmt::Q4 {
+            ahead(p.m.as_ptr().add(gb * GROUP) as *const u8, 32);
+        }
+    } else {
+        let per = p.fmt.per_block();
+        ahead(p.isc.as_ptr().add(gb * per * GROUP) as *const u8, 16 * per);
+        if !p.imn.is_empty() {
+            ahead(p.imn.as_ptr().add(gb * per * GROUP) as *const u8, 16 * per);
+        }
     }
+}
+
+/// 8 rows' scales (or mins): `v16[at]` (f16, the legacy formats) or, with `S`, the GGML-block
+/// value `sup[sup_at]` times the i8 sub-scale `sub[at]` (an exact product).
+#[inline(always)]
+unsafe fn scale8<const S: bool>(
+    v16: &[half::f16],
+    sup: &[half::f16],
+    sub: &[i8],
+    at: usize,
+    sup_at: usize,
+) -> __m256 {
+    if S {
+        let s = _mm_loadl_epi64(sub.as_ptr().add(at) as *const __m128i);
+        let s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s));
+        _mm256_mul_ps(load_f16x8(sup.as_ptr().add(sup_at)), s)
+    } else {
+        load_f16x8(v16.as_ptr().add(at))
+    }
+}
+
+/// Where the GGML-block scales of block `b` of row group `g` start (in `sd`, `sm`).
+#[inline(always)]
+fn sup_at(p: &Packed, g: usize, b: usize) -> usize {
+    let (nsup, bps) = p.supers();
+    (g * nsup + b / bps) * GROUP
 }
 
 #[inline(always)]
@@ -374,9 +412,10 @@ unsafe fn load_f16x8(p: *const half::f16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// `H` halves (from half `h0`) × `N` activation rows (from `t0`) of group `g`, Q4_0/Q4_1.
+/// `H` halves (from half `h0`) × `N` activation rows (from `t0`) of group `g`, nibbles with
+/// f16 scales and mins (`Q4`) or sub-scales and sub-mins (`Q4S`).
 #[inline(always)]
-unsafe fn q4_tile<D: Dot, const H: usize, const N: usize>(
+unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -406,8 +445,10 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize>(
             }
         }
         for h in 0..H {
-            let dw = load_f16x8(p.d.as_ptr().add(gb * GROUP + (h0 + h) * 8));
-            let mw = load_f16x8(p.m.as_ptr().add(gb * GROUP + (h0 + h) * 8));
+            let at = gb * GROUP + (h0 + h) * 8;
+            let sa = sup_at(p, g, b) + (h0 + h) * 8;
+            let dw = scale8::<S>(&p.d, &p.sd, &p.isc, at, sa);
+            let mw = scale8::<S>(&p.m, &p.sm, &p.imn, at, sa);
             for t in 0..N {
                 let row = t0 + t;
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
@@ -420,9 +461,18 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize>(
     }
 }
 
-/// As [`q4_tile`] for Q8_0 weights.
+/// As [`q4_tile`] for int8 weights: Q8_0 (f16 scales), or with sub-scales per 32 inputs or per
+/// 16 (`HALVES`: each half of a block its own integer sum) and a min term (`MIN`).
 #[inline(always)]
-unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+unsafe fn q8_tile<
+    D: Dot,
+    const H: usize,
+    const N: usize,
+    const S: bool,
+    const HALVES: bool,
+    const MIN: bool,
+>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -432,30 +482,49 @@ unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
 ) {
     let nb = p.cols / QK;
     let k = a.k;
+    let per = if HALVES { 2 } else { 1 };
     for b in 0..nb {
         let gb = g * nb + b;
         let base = p.q.as_ptr().add(gb * 512);
         if t0 == 0 && h0 == 0 {
             prefetch_block(p, gb, nb);
         }
-        let mut s = [[D::zero(); N]; H];
+        // s[0]: the whole block, or its first 16 inputs with HALVES; s[1]: the last 16.
+        let mut s = [[[D::zero(); N]; H]; 2];
         for i in 0..8 {
-            for (h, sh) in s.iter_mut().enumerate() {
+            let part = if HALVES { i / 4 } else { 0 };
+            for h in 0..H {
                 let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
                 let pw = D::q8_weights(w);
-                for (t, st) in sh.iter_mut().enumerate() {
+                for t in 0..N {
                     let o = (t0 + t) * k + b * QK + 4 * i;
+                    let st = &mut s[part][h][t];
                     *st = D::q8(*st, w, pw, a.qs.as_ptr().add(o), a.us.as_ptr().add(o), i);
                 }
             }
         }
         for h in 0..H {
-            let dw = load_f16x8(p.d.as_ptr().add(gb * GROUP + (h0 + h) * 8));
-            for t in 0..N {
-                let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
-                let si = D::q8_rows(s[h][t], p, gb, h0 + h);
-                acc[h][t] =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+            for part in 0..per {
+                let at = (gb * per + part) * GROUP + (h0 + h) * 8;
+                let sa = sup_at(p, g, b) + (h0 + h) * 8;
+                let dw = scale8::<S>(&p.d, &p.sd, &p.isc, at, sa);
+                for t in 0..N {
+                    let row = t0 + t;
+                    let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
+                    let si = D::q8_rows(s[part][h][t], p.wsum.as_ptr().add(at));
+                    let mut v =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+                    if MIN {
+                        let sx = if HALVES {
+                            *a.h.get_unchecked((row * nb + b) * 2 + part)
+                        } else {
+                            *a.s.get_unchecked(row * nb + b)
+                        };
+                        let mw = scale8::<S>(&p.m, &p.sm, &p.imn, at, sa);
+                        v = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), v);
+                    }
+                    acc[h][t] = v;
+                }
             }
         }
     }
@@ -464,6 +533,7 @@ unsafe fn q8_tile<D: Dot, const H: usize, const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::ggml::GgmlType;
 
     /// Times AVX2 kernel variants on `ty` weights of `rows` × 576 for each activation row
     /// count in `ns`, interleaved over ten rounds, and prints each variant's median and best

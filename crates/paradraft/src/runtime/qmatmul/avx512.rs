@@ -1,6 +1,6 @@
 //! AVX-512 VNNI kernels: activation quantization and the `dpbusd` matmul tiles.
 
-use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
+use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use std::arch::x86_64::*;
 
 /// Activation rows processed together per pass over a row group's weights.
@@ -47,20 +47,40 @@ pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *m
         while t0 < a.n {
             let tn = (a.n - t0).min(TILE);
             let mut acc = [_mm512_setzero_ps(); TILE];
-            // Monomorphised per tile height so the row loop unrolls into independent chains.
-            match (p.ty == GgmlType::Q8_0, tn) {
-                (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
-                (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
-                (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
-                (false, 4) => q4_tile::<4>(p, a, g, t0, &mut acc),
-                (false, 5) => q4_tile::<5>(p, a, g, t0, &mut acc),
-                (false, _) => q4_tile::<6>(p, a, g, t0, &mut acc),
-                (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
-                (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
-                (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
-                (true, 4) => q8_tile::<4>(p, a, g, t0, &mut acc),
-                (true, 5) => q8_tile::<5>(p, a, g, t0, &mut acc),
-                (true, _) => q8_tile::<6>(p, a, g, t0, &mut acc),
+            // Monomorphised per tile height (and format) so the row loop unrolls into
+            // independent chains.
+            macro_rules! heights {
+                ($f:ident $(, $c:expr)*) => {
+                    match tn {
+                        1 => $f::<1 $(, $c)*>(p, a, g, t0, &mut acc),
+                        2 => $f::<2 $(, $c)*>(p, a, g, t0, &mut acc),
+                        3 => $f::<3 $(, $c)*>(p, a, g, t0, &mut acc),
+                        4 => $f::<4 $(, $c)*>(p, a, g, t0, &mut acc),
+                        5 => $f::<5 $(, $c)*>(p, a, g, t0, &mut acc),
+                        _ => $f::<6 $(, $c)*>(p, a, g, t0, &mut acc),
+                    }
+                };
+            }
+            match p.fmt {
+                Fmt::Q4 => heights!(q4_tile, false),
+                Fmt::Q4S => heights!(q4_tile, true),
+                Fmt::Q8 => heights!(q8_tile),
+                Fmt::Q8S {
+                    halves: false,
+                    min: false,
+                } => heights!(q8f_tile, false, false),
+                Fmt::Q8S {
+                    halves: false,
+                    min: true,
+                } => heights!(q8f_tile, false, true),
+                Fmt::Q8S {
+                    halves: true,
+                    min: false,
+                } => heights!(q8f_tile, true, false),
+                Fmt::Q8S {
+                    halves: true,
+                    min: true,
+                } => heights!(q8f_tile, true, true),
             }
             let r0 = g * GROUP;
             let valid = (p.rows - r0).min(GROUP);
@@ -97,18 +117,47 @@ unsafe fn prefetch_ahead(p: *const u8, bytes: usize, nb: usize) {
 }
 
 /// Prefetches what block `gb` of the row group [`PREFETCH_GROUPS`] ahead needs: its weight
-/// chunk, its scales and its mins (Q4) or weight sums (Q8).
+/// chunk, its scales and its mins or weight sums.
 #[inline(always)]
 unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
-    let cb = Packed::chunk_bytes(p.ty);
+    let cb = Packed::chunk_bytes(p.fmt);
     prefetch_ahead(p.q.as_ptr().add(gb * cb), cb, nb);
-    prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
-    let extra = if p.ty == GgmlType::Q8_0 {
-        p.wsum.as_ptr().add(gb * GROUP) as *const u8
-    } else {
-        p.m.as_ptr().add(gb * GROUP) as *const u8
-    };
-    prefetch_ahead(extra, 32, nb);
+    match p.fmt {
+        Fmt::Q4 | Fmt::Q8 => {
+            prefetch_ahead(p.d.as_ptr().add(gb * GROUP) as *const u8, 32, nb);
+            let extra = if p.fmt == Fmt::Q8 {
+                p.wsum.as_ptr().add(gb * GROUP) as *const u8
+            } else {
+                p.m.as_ptr().add(gb * GROUP) as *const u8
+            };
+            prefetch_ahead(extra, 32, nb);
+        }
+        Fmt::Q4S | Fmt::Q8S { .. } => {
+            let per = p.fmt.per_block();
+            let at = gb * per * GROUP;
+            prefetch_ahead(p.isc.as_ptr().add(at) as *const u8, 16 * per, nb);
+            if !p.imn.is_empty() {
+                prefetch_ahead(p.imn.as_ptr().add(at) as *const u8, 16 * per, nb);
+            }
+            if !p.wsum.is_empty() {
+                prefetch_ahead(p.wsum.as_ptr().add(at) as *const u8, 32 * per, nb);
+            }
+        }
+    }
+}
+
+/// Where the GGML-block scales of block `b` of row group `g` start (in `sd`, `sm`).
+#[inline(always)]
+fn sup_at(p: &Packed, g: usize, b: usize) -> usize {
+    let (nsup, bps) = p.supers();
+    (g * nsup + b / bps) * GROUP
+}
+
+/// 16 rows' `d · sc`: f16 block scales at `d` times i8 sub-scales at `sc` (exact products).
+#[inline(always)]
+unsafe fn sub_scaled(d: *const half::f16, sc: *const i8) -> __m512 {
+    let s = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(sc as *const __m128i)));
+    _mm512_mul_ps(load_f16x16(d), s)
 }
 
 #[inline(always)]
@@ -124,7 +173,7 @@ unsafe fn load_f16x16(p: *const half::f16) -> __m512 {
 /// Two integer accumulators per activation row (low and high nibbles) keep the `dpbusd`
 /// dependency chains short; the min term goes to its own f32 accumulator.
 #[inline(always)]
-unsafe fn q4_tile<const N: usize>(
+unsafe fn q4_tile<const N: usize, const S: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -148,8 +197,18 @@ unsafe fn q4_tile<const N: usize>(
             lo[i] = _mm512_and_si512(w, mask);
             hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
         }
-        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
-        let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+        let (dw, mw) = if S {
+            let sup = sup_at(p, g, b);
+            (
+                sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(gb * GROUP)),
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(gb * GROUP)),
+            )
+        } else {
+            (
+                load_f16x16(p.d.as_ptr().add(gb * GROUP)),
+                load_f16x16(p.m.as_ptr().add(gb * GROUP)),
+            )
+        };
         // Integer partial sums are exact, so how they are split into chains (two per row
         // for few rows, one when rows alone give enough independent chains) never changes
         // a result: a row's output does not depend on the tile it was computed in.
@@ -220,6 +279,88 @@ unsafe fn q8_tile<const N: usize>(
             let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
             let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+        }
+    }
+}
+
+/// Int8 levels with sub-scales: per 32 inputs (`HALVES` false) or per 16 (each half of the
+/// block its own integer sum, scale and weight sum), and a min term when `MIN`. The float
+/// operations per row are the same whatever the tile height.
+#[inline(always)]
+unsafe fn q8f_tile<const N: usize, const HALVES: bool, const MIN: bool>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [__m512; TILE],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let per = if HALVES { 2 } else { 1 };
+    let mut accm = [_mm512_setzero_ps(); N];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 512);
+        if t0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let at = gb * per * GROUP;
+        let wsum = |h: usize| {
+            _mm512_slli_epi32(
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                    p.wsum.as_ptr().add(at + h * GROUP) as *const __m256i
+                )),
+                7,
+            )
+        };
+        let mut s0 = [_mm512_setzero_si512(); N];
+        let mut s1 = [_mm512_setzero_si512(); N];
+        for i in 0..4 {
+            let w0 = _mm512_loadu_si512(base.add(i * 64) as *const _);
+            let w1 = _mm512_loadu_si512(base.add((i + 4) * 64) as *const _);
+            for t in 0..N {
+                let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
+                s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), w0);
+                if HALVES || N <= 2 {
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
+                } else {
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(16 + 4 * i)), w1);
+                }
+            }
+        }
+        let sup = sup_at(p, g, b);
+        let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
+        for t in 0..N {
+            let row = t0 + t;
+            let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
+            if HALVES {
+                let dw1 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP));
+                let i0 = _mm512_sub_epi32(s0[t], wsum(0));
+                let i1 = _mm512_sub_epi32(s1[t], wsum(1));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw0, dx), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dw1, dx), acc[t]);
+                if MIN {
+                    let h = (row * nb + b) * 2;
+                    let m0 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at));
+                    let m1 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP));
+                    accm[t] = _mm512_fmadd_ps(m0, _mm512_set1_ps(*a.h.get_unchecked(h)), accm[t]);
+                    accm[t] =
+                        _mm512_fmadd_ps(m1, _mm512_set1_ps(*a.h.get_unchecked(h + 1)), accm[t]);
+                }
+            } else {
+                let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), wsum(0));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw0, dx), acc[t]);
+                if MIN {
+                    let m0 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at));
+                    let sx = _mm512_set1_ps(*a.s.get_unchecked(row * nb + b));
+                    accm[t] = _mm512_fmadd_ps(m0, sx, accm[t]);
+                }
+            }
+        }
+    }
+    if MIN {
+        for t in 0..N {
+            acc[t] = _mm512_add_ps(acc[t], accm[t]);
         }
     }
 }

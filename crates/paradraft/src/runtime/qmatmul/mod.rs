@@ -18,7 +18,9 @@
 
 use super::ggml::{GgmlType, QK};
 use super::isa::{isa, Isa};
-use half::f16;
+
+mod pack;
+pub use pack::{Fmt, Packed};
 
 pub const GROUP: usize = 16;
 
@@ -35,6 +37,8 @@ pub struct QActs {
     pub d: Vec<f32>,
     /// `n × k/32`: `d · Σ q` over the block.
     pub s: Vec<f32>,
+    /// `n × k/16`: `d · Σ q` over each half of the block (for weights with a min per 16).
+    pub h: Vec<f32>,
 }
 
 impl QActs {
@@ -68,6 +72,17 @@ impl QActs {
         } else {
             run(0, n);
         }
+        self.half_sums(n * k);
+    }
+
+    /// Fills `h` from `qs` and `d` (exact integer sums, then one product per half).
+    fn half_sums(&mut self, len: usize) {
+        let nb = len / QK;
+        self.h.resize(2 * nb, 0.0);
+        for (i, (h, q)) in self.h.iter_mut().zip(self.qs.chunks_exact(16)).enumerate() {
+            let sum: i32 = q.iter().map(|&v| v as i32).sum();
+            *h = self.d[i / 2] * sum as f32;
+        }
     }
 
     /// Scalar quantization of all rows (the reference for the SIMD version; same rounding).
@@ -77,6 +92,7 @@ impl QActs {
         assert!(self.qs.len() >= x.len() && self.d.len() >= x.len() / QK);
         // SAFETY: sizes checked above.
         unsafe { quantize_blocks_portable(x, out) }
+        self.half_sums(x.len());
     }
 }
 
@@ -154,172 +170,7 @@ unsafe fn quantize_blocks_portable(x: &[f32], o: BlockOut) {
     }
 }
 
-/// A quantized matrix repacked for the kernels (rows padded to a multiple of 16).
-#[derive(Clone)]
-pub struct Packed {
-    pub ty: GgmlType,
-    pub rows: usize,
-    pub cols: usize,
-    /// Group-major, then block: 256 (Q4) or 512 (Q8) bytes per (group, block).
-    q: Vec<u8>,
-    /// f16 scales per (group, block, row).
-    d: Vec<f16>,
-    /// Q4: f16 mins; unused for Q8.
-    m: Vec<f16>,
-    /// Q8: per (group, block, row) sum of the int8 weights.
-    wsum: Vec<i16>,
-}
-
 impl Packed {
-    fn chunk_bytes(ty: GgmlType) -> usize {
-        if ty == GgmlType::Q8_0 {
-            512
-        } else {
-            256
-        }
-    }
-
-    pub fn nbytes(&self) -> usize {
-        self.q.len() + 2 * (self.d.len() + self.m.len() + self.wsum.len())
-    }
-
-    /// Repacks GGML blocks (`rows × cols`) of Q4_0, Q4_1 or Q8_0.
-    pub fn new(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
-        let nb = cols / QK;
-        let groups = rows.div_ceil(GROUP);
-        let bb = ty.block_bytes();
-        let cb = Self::chunk_bytes(ty);
-        let mut q = vec![0u8; groups * nb * cb];
-        let mut d = vec![f16::ZERO; groups * nb * GROUP];
-        let mut m = vec![
-            f16::ZERO;
-            if ty == GgmlType::Q8_0 {
-                0
-            } else {
-                groups * nb * GROUP
-            }
-        ];
-        let mut wsum = vec![
-            0i16;
-            if ty == GgmlType::Q8_0 {
-                groups * nb * GROUP
-            } else {
-                0
-            }
-        ];
-        for r in 0..rows {
-            let (g, lane) = (r / GROUP, r % GROUP);
-            for b in 0..nb {
-                let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
-                let gb = g * nb + b;
-                let dv = f16::from_le_bytes([blk[0], blk[1]]);
-                d[gb * GROUP + lane] = dv;
-                let dst = &mut q[gb * cb..(gb + 1) * cb];
-                match ty {
-                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                        let (mv, qs) = if ty == GgmlType::Q4_1 {
-                            (f16::from_le_bytes([blk[2], blk[3]]), &blk[4..20])
-                        } else {
-                            (f16::from_f32(-8.0 * dv.to_f32()), &blk[2..18])
-                        };
-                        m[gb * GROUP + lane] = mv;
-                        for i in 0..4 {
-                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
-                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
-                        }
-                    }
-                    GgmlType::Q8_0 => {
-                        let qs = &blk[2..34];
-                        for i in 0..8 {
-                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
-                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
-                        }
-                        wsum[gb * GROUP + lane] = qs.iter().map(|&v| v as i8 as i16).sum();
-                    }
-                    _ => unreachable!("Packed holds quantized types only"),
-                }
-            }
-        }
-        Packed {
-            ty,
-            rows,
-            cols,
-            q,
-            d,
-            m,
-            wsum,
-        }
-    }
-
-    /// A matrix of the given rows of this one, in that order, bit for bit (a reduced output
-    /// vocabulary).
-    pub fn select_rows(&self, rows: &[usize]) -> Packed {
-        let nb = self.cols / QK;
-        let cb = Self::chunk_bytes(self.ty);
-        let groups = rows.len().div_ceil(GROUP);
-        let per_row = |empty: bool| if empty { 0 } else { groups * nb * GROUP };
-        let mut out = Packed {
-            ty: self.ty,
-            rows: rows.len(),
-            cols: self.cols,
-            q: vec![0u8; groups * nb * cb],
-            d: vec![f16::ZERO; per_row(self.d.is_empty())],
-            m: vec![f16::ZERO; per_row(self.m.is_empty())],
-            wsum: vec![0i16; per_row(self.wsum.is_empty())],
-        };
-        for (nr, &r) in rows.iter().enumerate() {
-            assert!(r < self.rows, "row {r} out of range");
-            let (g, lane) = (r / GROUP, r % GROUP);
-            let (ng, nlane) = (nr / GROUP, nr % GROUP);
-            for b in 0..nb {
-                let (gb, ngb) = (g * nb + b, ng * nb + b);
-                for i in 0..cb / 64 {
-                    let s = gb * cb + i * 64 + lane * 4;
-                    let t = ngb * cb + i * 64 + nlane * 4;
-                    out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
-                }
-                let (s, t) = (gb * GROUP + lane, ngb * GROUP + nlane);
-                out.d[t] = self.d[s];
-                if !self.m.is_empty() {
-                    out.m[t] = self.m[s];
-                }
-                if !self.wsum.is_empty() {
-                    out.wsum[t] = self.wsum[s];
-                }
-            }
-        }
-        out
-    }
-
-    /// Dequantises row `r` (exactly the values the kernels multiply with).
-    pub fn row_into(&self, r: usize, dst: &mut [f32]) {
-        let nb = self.cols / QK;
-        let (g, lane) = (r / GROUP, r % GROUP);
-        let cb = Self::chunk_bytes(self.ty);
-        for b in 0..nb {
-            let gb = g * nb + b;
-            let c = &self.q[gb * cb..(gb + 1) * cb];
-            let dv = self.d[gb * GROUP + lane].to_f32();
-            let out = &mut dst[b * QK..(b + 1) * QK];
-            if self.ty == GgmlType::Q8_0 {
-                for i in 0..8 {
-                    for j in 0..4 {
-                        out[4 * i + j] = (c[i * 64 + lane * 4 + j] as i8) as f32 * dv;
-                    }
-                }
-            } else {
-                let mv = self.m[gb * GROUP + lane].to_f32();
-                for i in 0..4 {
-                    for j in 0..4 {
-                        let byte = c[i * 64 + lane * 4 + j];
-                        out[4 * i + j] = (byte & 0xF) as f32 * dv + mv;
-                        out[16 + 4 * i + j] = (byte >> 4) as f32 * dv + mv;
-                    }
-                }
-            }
-        }
-    }
-
     /// `out[t, r] = Σ_i W[r, i] · x_t[i]` for row groups `g0..g1`, written to
     /// `out[t * ld + r]`, using the fastest kernel the CPU supports.
     ///
@@ -344,6 +195,11 @@ impl Packed {
         ld: usize,
     ) {
         debug_assert_eq!(a.k, self.cols);
+        #[cfg(target_arch = "aarch64")]
+        if !self.fmt.legacy() {
+            // The NEON kernels know the Q4_0/Q4_1/Q8_0 formats only.
+            return self.matmul_groups_portable(a, g0, g1, out, ld);
+        }
         match kern {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
@@ -360,66 +216,6 @@ impl Packed {
             _ => self.matmul_groups_portable(a, g0, g1, out, ld),
         }
     }
-
-    /// The portable kernel: the same integer arithmetic, scalar.
-    ///
-    /// # Safety
-    /// As for [`Packed::matmul_groups`].
-    pub unsafe fn matmul_groups_portable(
-        &self,
-        a: &QActs,
-        g0: usize,
-        g1: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        let nb = self.cols / QK;
-        let cb = Self::chunk_bytes(self.ty);
-        let k = self.cols;
-        for g in g0..g1 {
-            for t in 0..a.n {
-                let mut acc = [0f32; GROUP];
-                for b in 0..nb {
-                    let gb = g * nb + b;
-                    let c = &self.q[gb * cb..(gb + 1) * cb];
-                    let y = &a.qs[t * k + b * QK..t * k + (b + 1) * QK];
-                    let (dx, sx) = (a.d[t * nb + b], a.s[t * nb + b]);
-                    for (lane, acc) in acc.iter_mut().enumerate() {
-                        let mut isum = 0i32;
-                        if self.ty == GgmlType::Q8_0 {
-                            for i in 0..8 {
-                                for j in 0..4 {
-                                    isum += (c[i * 64 + lane * 4 + j] as i8) as i32
-                                        * y[4 * i + j] as i32;
-                                }
-                            }
-                            *acc += self.d[gb * GROUP + lane].to_f32() * dx * isum as f32;
-                        } else {
-                            for i in 0..4 {
-                                for j in 0..4 {
-                                    let byte = c[i * 64 + lane * 4 + j];
-                                    isum += (byte & 0xF) as i32 * y[4 * i + j] as i32;
-                                    isum += (byte >> 4) as i32 * y[16 + 4 * i + j] as i32;
-                                }
-                            }
-                            *acc += self.d[gb * GROUP + lane].to_f32() * dx * isum as f32
-                                + self.m[gb * GROUP + lane].to_f32() * sx;
-                        }
-                    }
-                }
-                for (lane, v) in acc.iter().enumerate() {
-                    let r = g * GROUP + lane;
-                    if r < self.rows {
-                        *out.add(t * ld + r) = *v;
-                    }
-                }
-            }
-        }
-    }
-
-    pub fn groups(&self) -> usize {
-        self.rows.div_ceil(GROUP)
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -435,6 +231,7 @@ mod neon;
 pub(super) mod tests {
     use super::*;
     use crate::runtime::quant::dequantize;
+    use half::f16;
 
     /// A small deterministic generator for test data.
     pub(in crate::runtime) struct Lcg(pub(in crate::runtime) u64);
@@ -452,19 +249,36 @@ pub(super) mod tests {
         }
     }
 
-    fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut Lcg) -> Vec<u8> {
+    /// Byte offsets of the f16 fields (scales, mins) in a block of `ty`.
+    fn f16_fields(ty: GgmlType) -> &'static [usize] {
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
+            GgmlType::Q6_K => &[208],
+            _ => &[0],
+        }
+    }
+
+    /// Random blocks of `ty` whose f16 fields are finite: scales of 0.001..0.051 and, for the
+    /// types with a separate min field, mins of −0.2..0.
+    pub(in crate::runtime) fn random_blocks(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        rng: &mut Lcg,
+    ) -> Vec<u8> {
         let mut v = Vec::new();
-        for _ in 0..rows * cols / QK {
-            let d = f16::from_f32(0.001 + 0.05 * rng.unif());
-            v.extend(d.to_le_bytes());
-            match ty {
-                GgmlType::Q4_1 => {
-                    v.extend(f16::from_f32(-0.2 * rng.unif()).to_le_bytes());
-                    v.extend((0..16).map(|_| rng.next() as u8));
-                }
-                GgmlType::Q4_0 => v.extend((0..16).map(|_| rng.next() as u8)),
-                GgmlType::Q8_0 => v.extend((0..32).map(|_| rng.next() as u8)),
-                _ => unreachable!(),
+        for _ in 0..rows * cols / ty.block_len() {
+            let start = v.len();
+            v.extend((0..ty.block_bytes()).map(|_| rng.next() as u8));
+            for (i, &off) in f16_fields(ty).iter().enumerate() {
+                let x = if i == 0 {
+                    0.001 + 0.05 * rng.unif()
+                } else {
+                    -0.2 * rng.unif()
+                };
+                v[start + off..start + off + 2].copy_from_slice(&f16::from_f32(x).to_le_bytes());
             }
         }
         v
@@ -487,6 +301,7 @@ pub(super) mod tests {
             us: vec![0; x.len()],
             d: vec![0.0; x.len() / QK],
             s: vec![0.0; x.len() / QK],
+            h: vec![0.0; x.len() / 16],
         }
     }
 
@@ -525,8 +340,13 @@ pub(super) mod tests {
     #[test]
     fn kernels_match_references() {
         let mut rng = Lcg(42);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for &(rows, cols) in &[(16, 32), (37, 96), (200, 576), (48, 1536)] {
+        for ty in GgmlType::ALL.into_iter().filter(|t| !t.is_dense()) {
+            let shapes: &[(usize, usize)] = if ty.block_len() == QK {
+                &[(16, 32), (37, 96), (200, 576), (48, 1536)]
+            } else {
+                &[(16, 256), (37, 512), (48, 1536)]
+            };
+            for &(rows, cols) in shapes {
                 let src = random_blocks(ty, rows, cols, &mut rng);
                 let p = Packed::new(ty, rows, cols, &src);
                 let mut w = vec![0f32; rows * cols];

@@ -1,0 +1,401 @@
+//! The repacked weight matrix: GGML blocks rearranged at load into groups of 16 output rows
+//! (see the module docs of [`super`] for the chunk layout), in one of four formats:
+//!
+//! | format | from | per 32 inputs of a row | bits / weight |
+//! |---|---|---|---|
+//! | `Q4` | Q4_0, Q4_1 | 16 B nibbles, f16 scale and min | 5 |
+//! | `Q8` | Q8_0 | 32 B int8, f16 scale, i16 weight sum | 9 |
+//! | `Q4S` | Q4_K | 16 B nibbles, i8 sub-scale and sub-min; f16 `d`, `dmin` per 256 | 4.6 |
+//! | `Q8S` | Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
+//!
+//! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
+//! is exact: a row dequantises to ggml's values bit for bit.
+
+use super::{GgmlType, QActs, GROUP, QK};
+use crate::runtime::blocks::unpack;
+use half::f16;
+
+/// How a [`Packed`] matrix stores its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fmt {
+    /// Nibbles, f16 scale and min per 32 inputs (Q4_0 as Q4_1 with m = −8d).
+    Q4,
+    /// Int8, f16 scale per 32 inputs.
+    Q8,
+    /// Nibbles; per 32 inputs an i8 sub-scale and sub-min, per GGML block f16 `d` and `dmin`.
+    Q4S,
+    /// Int8 levels; per 16 (`halves`) or 32 inputs an i8 sub-scale (and sub-min when `min`), per
+    /// GGML block f16 `d` (and `dmin`).
+    Q8S { halves: bool, min: bool },
+}
+
+impl Fmt {
+    pub fn of(ty: GgmlType) -> Fmt {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => Fmt::Q4,
+            GgmlType::Q8_0 => Fmt::Q8,
+            GgmlType::Q4_K => Fmt::Q4S,
+            _ => Fmt::Q8S {
+                halves: ty.sub_len() == 16,
+                min: ty.has_min(),
+            },
+        }
+    }
+
+    /// Int8 chunks (512 bytes per group and block) rather than nibbles (256).
+    pub fn int8(self) -> bool {
+        matches!(self, Fmt::Q8 | Fmt::Q8S { .. })
+    }
+
+    /// Sub-scale entries per (group, block, row): 2 with a scale per 16 inputs.
+    pub fn per_block(self) -> usize {
+        match self {
+            Fmt::Q8S { halves: true, .. } => 2,
+            _ => 1,
+        }
+    }
+
+    /// Whether weights have an offset term.
+    pub fn has_min(self) -> bool {
+        matches!(self, Fmt::Q4 | Fmt::Q4S | Fmt::Q8S { min: true, .. })
+    }
+
+    /// The formats the original kernels of every ISA run; NEON runs the others portably.
+    pub fn legacy(self) -> bool {
+        matches!(self, Fmt::Q4 | Fmt::Q8)
+    }
+}
+
+/// A quantized matrix repacked for the kernels (rows padded to a multiple of 16).
+#[derive(Clone)]
+pub struct Packed {
+    pub ty: GgmlType,
+    pub fmt: Fmt,
+    pub rows: usize,
+    pub cols: usize,
+    /// Group-major, then block: 256 (nibbles) or 512 (int8) bytes per (group, block).
+    pub(super) q: Vec<u8>,
+    /// `Q4`, `Q8`: f16 scales per (group, block, row).
+    pub(super) d: Vec<f16>,
+    /// `Q4`: f16 mins per (group, block, row).
+    pub(super) m: Vec<f16>,
+    /// Int8 formats: per (group, block, [half,] row) sum of the int8 weights.
+    pub(super) wsum: Vec<i16>,
+    /// `Q4S`, `Q8S`: the GGML block's `d` per (group, GGML block, row).
+    pub(super) sd: Vec<f16>,
+    /// `Q4S`, `Q8S` with mins: the GGML block's `dmin` (negated for the K-quants).
+    pub(super) sm: Vec<f16>,
+    /// `Q4S`, `Q8S`: sub-scales per (group, block, [half,] row).
+    pub(super) isc: Vec<i8>,
+    /// `Q4S`, `Q8S` with mins: sub-mins per (group, block, [half,] row).
+    pub(super) imn: Vec<i8>,
+}
+
+impl Packed {
+    pub(super) fn chunk_bytes(fmt: Fmt) -> usize {
+        if fmt.int8() {
+            512
+        } else {
+            256
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.q.len()
+            + 2 * (self.d.len() + self.m.len() + self.wsum.len() + self.sd.len() + self.sm.len())
+            + self.isc.len()
+            + self.imn.len()
+    }
+
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// GGML blocks per row and 32-blocks per GGML block (1 for the 32-element types).
+    pub(super) fn supers(&self) -> (usize, usize) {
+        let bl = self.ty.block_len();
+        (self.cols / bl, bl / QK)
+    }
+
+    /// An empty matrix of `rows × cols` in `fmt` with every buffer sized.
+    fn zeroed(ty: GgmlType, rows: usize, cols: usize) -> Packed {
+        let fmt = Fmt::of(ty);
+        let groups = rows.div_ceil(GROUP);
+        let n = groups * (cols / QK) * GROUP;
+        let per = n * fmt.per_block();
+        let sup = groups * (cols / ty.block_len()) * GROUP;
+        let legacy = fmt.legacy();
+        let pick = |yes: bool, k: usize| if yes { k } else { 0 };
+        Packed {
+            ty,
+            fmt,
+            rows,
+            cols,
+            q: vec![0u8; n / GROUP * Self::chunk_bytes(fmt)],
+            d: vec![f16::ZERO; pick(legacy, n)],
+            m: vec![f16::ZERO; pick(fmt == Fmt::Q4, n)],
+            wsum: vec![0i16; pick(fmt.int8(), per)],
+            sd: vec![f16::ZERO; pick(!legacy, sup)],
+            sm: vec![f16::ZERO; pick(!legacy && fmt.has_min(), sup)],
+            isc: vec![0i8; pick(!legacy, per)],
+            imn: vec![0i8; pick(!legacy && fmt.has_min(), per)],
+        }
+    }
+
+    /// Repacks GGML blocks (`rows × cols`) of any quantized type.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
+        let mut p = Self::zeroed(ty, rows, cols);
+        let nb = cols / QK;
+        let rb = ty.row_bytes(cols);
+        if !p.fmt.legacy() {
+            for r in 0..rows {
+                p.pack_row(r, &src[r * rb..(r + 1) * rb]);
+            }
+            return p;
+        }
+        let bb = ty.block_bytes();
+        let cb = Self::chunk_bytes(p.fmt);
+        for r in 0..rows {
+            let (g, lane) = (r / GROUP, r % GROUP);
+            for b in 0..nb {
+                let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                let gb = g * nb + b;
+                let dv = f16::from_le_bytes([blk[0], blk[1]]);
+                p.d[gb * GROUP + lane] = dv;
+                let dst = &mut p.q[gb * cb..(gb + 1) * cb];
+                match ty {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let (mv, qs) = if ty == GgmlType::Q4_1 {
+                            (f16::from_le_bytes([blk[2], blk[3]]), &blk[4..20])
+                        } else {
+                            (f16::from_f32(-8.0 * dv.to_f32()), &blk[2..18])
+                        };
+                        p.m[gb * GROUP + lane] = mv;
+                        for i in 0..4 {
+                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
+                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
+                        }
+                    }
+                    GgmlType::Q8_0 => {
+                        let qs = &blk[2..34];
+                        for i in 0..8 {
+                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
+                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
+                        }
+                        p.wsum[gb * GROUP + lane] = qs.iter().map(|&v| v as i8 as i16).sum();
+                    }
+                    _ => unreachable!("legacy formats hold Q4_0, Q4_1 and Q8_0"),
+                }
+            }
+        }
+        p
+    }
+
+    /// Packs row `r` of a non-legacy format from its GGML bytes through [`unpack`].
+    fn pack_row(&mut self, r: usize, src: &[u8]) {
+        let (ty, fmt) = (self.ty, self.fmt);
+        let (bl, sub) = (ty.block_len(), ty.sub_len());
+        let (nb, cb, per) = (self.cols / QK, Self::chunk_bytes(fmt), fmt.per_block());
+        let (nsup, _) = self.supers();
+        let (g, lane) = (r / GROUP, r % GROUP);
+        let mut q = vec![0i8; bl];
+        let (mut sc, mut mn) = (vec![0i8; bl / sub], vec![0i8; bl / sub]);
+        for (sb, blk) in src.chunks_exact(ty.block_bytes()).enumerate() {
+            let (d, dmin) = unpack(ty, blk, &mut q, &mut sc, &mut mn);
+            let at = (g * nsup + sb) * GROUP + lane;
+            // `d` and `dmin` are f16 values (negated or not), so f16 holds them exactly.
+            self.sd[at] = f16::from_f32(d);
+            if !self.sm.is_empty() {
+                self.sm[at] = f16::from_f32(dmin);
+            }
+            for (i, lv) in q.chunks_exact(QK).enumerate() {
+                let b = sb * (bl / QK) + i;
+                let gb = g * nb + b;
+                let dst = &mut self.q[gb * cb..(gb + 1) * cb];
+                if fmt.int8() {
+                    for c in 0..8 {
+                        for j in 0..4 {
+                            dst[c * 64 + lane * 4 + j] = lv[4 * c + j] as u8;
+                        }
+                    }
+                } else {
+                    for c in 0..4 {
+                        for j in 0..4 {
+                            let (lo, hi) = (lv[4 * c + j] as u8, lv[16 + 4 * c + j] as u8);
+                            dst[c * 64 + lane * 4 + j] = lo | (hi << 4);
+                        }
+                    }
+                }
+                for h in 0..per {
+                    let at = (gb * per + h) * GROUP + lane;
+                    let s = (i * QK + h * 16) / sub;
+                    self.isc[at] = sc[s];
+                    if !self.imn.is_empty() {
+                        self.imn[at] = mn[s];
+                    }
+                    if fmt.int8() {
+                        let part = &lv[h * QK / per..(h + 1) * QK / per];
+                        self.wsum[at] = part.iter().map(|&v| v as i16).sum();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A matrix of the given rows of this one, in that order, bit for bit (a reduced output
+    /// vocabulary).
+    pub fn select_rows(&self, rows: &[usize]) -> Packed {
+        let nb = self.cols / QK;
+        let cb = Self::chunk_bytes(self.fmt);
+        let per = self.fmt.per_block();
+        let (nsup, _) = self.supers();
+        let mut out = Self::zeroed(self.ty, rows.len(), self.cols);
+        fn copy<T: Copy>(dst: &mut [T], src: &[T], t: usize, s: usize) {
+            if !src.is_empty() {
+                dst[t] = src[s];
+            }
+        }
+        for (nr, &r) in rows.iter().enumerate() {
+            assert!(r < self.rows, "row {r} out of range");
+            let (g, lane) = (r / GROUP, r % GROUP);
+            let (ng, nlane) = (nr / GROUP, nr % GROUP);
+            for b in 0..nb {
+                let (gb, ngb) = (g * nb + b, ng * nb + b);
+                for i in 0..cb / 64 {
+                    let s = gb * cb + i * 64 + lane * 4;
+                    let t = ngb * cb + i * 64 + nlane * 4;
+                    out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
+                }
+                for h in 0..per {
+                    let s = (gb * per + h) * GROUP + lane;
+                    let t = (ngb * per + h) * GROUP + nlane;
+                    copy(&mut out.d, &self.d, t, s);
+                    copy(&mut out.m, &self.m, t, s);
+                    copy(&mut out.wsum, &self.wsum, t, s);
+                    copy(&mut out.isc, &self.isc, t, s);
+                    copy(&mut out.imn, &self.imn, t, s);
+                }
+            }
+            for sb in 0..nsup {
+                let s = (g * nsup + sb) * GROUP + lane;
+                let t = (ng * nsup + sb) * GROUP + nlane;
+                copy(&mut out.sd, &self.sd, t, s);
+                copy(&mut out.sm, &self.sm, t, s);
+            }
+        }
+        out
+    }
+
+    /// Scale and min (0 where the format has none) of row `lane` of group-block `gb` (block `b`
+    /// of its row) for input `i` (0..32) of the block, as f32.
+    #[inline]
+    fn scale_min(&self, gb: usize, b: usize, lane: usize, i: usize) -> (f32, f32) {
+        let per = self.fmt.per_block();
+        let at = (gb * per + i * per / QK) * GROUP + lane;
+        match self.fmt {
+            Fmt::Q4 => (self.d[at].to_f32(), self.m[at].to_f32()),
+            Fmt::Q8 => (self.d[at].to_f32(), 0.0),
+            Fmt::Q4S | Fmt::Q8S { .. } => {
+                let (nsup, bps) = self.supers();
+                let sup = ((gb / (self.cols / QK)) * nsup + b / bps) * GROUP + lane;
+                let d = self.sd[sup].to_f32() * self.isc[at] as f32;
+                let m = match (self.sm.get(sup), self.imn.get(at)) {
+                    (Some(dm), Some(&mn)) => dm.to_f32() * mn as f32,
+                    _ => 0.0,
+                };
+                (d, m)
+            }
+        }
+    }
+
+    /// The level (integer weight) of input `i` (0..32) of row `lane` in chunk `c`.
+    #[inline]
+    fn level(&self, c: &[u8], lane: usize, i: usize) -> i32 {
+        if self.fmt.int8() {
+            (c[(i / 4) * 64 + lane * 4 + i % 4] as i8) as i32
+        } else {
+            let byte = c[((i % 16) / 4) * 64 + lane * 4 + i % 4];
+            (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32
+        }
+    }
+
+    /// Dequantises row `r` (exactly the values the kernels multiply with, which are GGML's).
+    pub fn row_into(&self, r: usize, dst: &mut [f32]) {
+        let nb = self.cols / QK;
+        let (g, lane) = (r / GROUP, r % GROUP);
+        let cb = Self::chunk_bytes(self.fmt);
+        let with_min = self.fmt.has_min();
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let c = &self.q[gb * cb..(gb + 1) * cb];
+            for i in 0..QK {
+                let (s, m) = self.scale_min(gb, b, lane, i);
+                let level = self.level(c, lane, i);
+                dst[b * QK + i] = if self.ty == GgmlType::Q4_0 {
+                    // ggml's (q − 8)·d: the same value as q·d + m, and the same sign of zero.
+                    (level - 8) as f32 * s
+                } else if with_min {
+                    level as f32 * s + m
+                } else {
+                    level as f32 * s
+                };
+            }
+        }
+    }
+
+    /// The portable kernel: the same integer arithmetic, scalar.
+    ///
+    /// # Safety
+    /// As for [`Packed::matmul_groups`].
+    pub unsafe fn matmul_groups_portable(
+        &self,
+        a: &QActs,
+        g0: usize,
+        g1: usize,
+        out: *mut f32,
+        ld: usize,
+    ) {
+        let nb = self.cols / QK;
+        let cb = Self::chunk_bytes(self.fmt);
+        let per = self.fmt.per_block();
+        let k = self.cols;
+        let has_min = self.fmt.has_min();
+        for g in g0..g1 {
+            for t in 0..a.n {
+                let mut acc = [0f32; GROUP];
+                for b in 0..nb {
+                    let gb = g * nb + b;
+                    let c = &self.q[gb * cb..(gb + 1) * cb];
+                    let y = &a.qs[t * k + b * QK..t * k + (b + 1) * QK];
+                    let dx = a.d[t * nb + b];
+                    for (lane, acc) in acc.iter_mut().enumerate() {
+                        for h in 0..per {
+                            let span = h * QK / per..(h + 1) * QK / per;
+                            let isum: i32 = span
+                                .clone()
+                                .map(|i| self.level(c, lane, i) * y[i] as i32)
+                                .sum();
+                            let (dw, mw) = self.scale_min(gb, b, lane, span.start);
+                            *acc += if has_min {
+                                let sx = if per == 2 {
+                                    a.h[(t * nb + b) * 2 + h]
+                                } else {
+                                    a.s[t * nb + b]
+                                };
+                                dw * dx * isum as f32 + mw * sx
+                            } else {
+                                dw * dx * isum as f32
+                            };
+                        }
+                    }
+                }
+                for (lane, v) in acc.iter().enumerate() {
+                    let r = g * GROUP + lane;
+                    if r < self.rows {
+                        *out.add(t * ld + r) = *v;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Every quantized GGML type against an independent implementation: random blocks and their
+//! dequantisation by the `gguf` Python package (`scripts/make_quant_fixtures.py` wrote
+//! `fixtures/quants/blocks.gguf`), bit for bit in f32; the repacked matrices dequantise to the
+//! same bits, and their int8 matmuls stay within the activation-quantization bound of the exact
+//! product.
+
+use paradraft::model::gguf::GgufFile;
+use paradraft::runtime::ggml::GgmlType;
+use paradraft::runtime::qmatmul::QActs;
+use paradraft::runtime::quant::{dequantize, Matrix};
+use std::path::Path;
+
+fn fixture() -> GgufFile {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/quants/blocks.gguf");
+    GgufFile::open(&path).expect("fixtures/quants/blocks.gguf")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// (type, raw bytes, rows, cols, gguf-py's f32 values).
+type Case = (GgmlType, Vec<u8>, usize, usize, Vec<f32>);
+
+/// One [`Case`] for every quantized type in the fixture.
+fn cases(f: &GgufFile) -> Vec<Case> {
+    let mut out = Vec::new();
+    for ty in GgmlType::ALL.into_iter().filter(|t| !t.is_dense()) {
+        let q = &f.tensors[&format!("{}.q", ty.name())];
+        let r = &f.tensors[&format!("{}.f32", ty.name())];
+        assert_eq!(q.dtype, ty);
+        assert_eq!(r.dtype, GgmlType::F32);
+        let (cols, rows) = (q.dims[0], q.dims[1]);
+        let want: Vec<f32> = f
+            .data(r)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        out.push((ty, f.data(q).to_vec(), rows, cols, want));
+    }
+    out
+}
+
+#[test]
+fn fixture_covers_every_quantized_type() {
+    let f = fixture();
+    let n = cases(&f).len();
+    let quantized = GgmlType::ALL.iter().filter(|t| !t.is_dense()).count();
+    assert_eq!(n, quantized);
+    assert!(n >= 12, "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K IQ4_NL IQ4_XS");
+}
+
+#[test]
+fn dequantization_is_ggml_bit_for_bit() {
+    let f = fixture();
+    for (ty, raw, rows, cols, want) in cases(&f) {
+        let mut got = vec![0f32; rows * cols];
+        dequantize(ty, &raw, &mut got);
+        let (g, w) = (bits(&got), bits(&want));
+        if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
+            panic!("{ty:?} element {i}: {} vs gguf-py {}", got[i], want[i]);
+        }
+    }
+}
+
+#[test]
+fn repacked_rows_are_ggml_bit_for_bit() {
+    let f = fixture();
+    for (ty, raw, rows, cols, want) in cases(&f) {
+        let m = Matrix::from_bytes(ty, rows, cols, &raw);
+        assert_eq!(m.ty(), ty);
+        let mut row = vec![0f32; cols];
+        for r in 0..rows {
+            m.row_into(r, &mut row);
+            assert_eq!(
+                bits(&row),
+                bits(&want[r * cols..(r + 1) * cols]),
+                "{ty:?} row {r}"
+            );
+        }
+        // A subset of rows, in another order, is the same bits.
+        let pick = [rows - 1, 0, 2];
+        let sub = m.select_rows(&pick);
+        for (i, &r) in pick.iter().enumerate() {
+            sub.row_into(i, &mut row);
+            assert_eq!(bits(&row), bits(&want[r * cols..(r + 1) * cols]), "{ty:?}");
+        }
+    }
+}
+
+#[test]
+fn int8_matmuls_stay_within_the_activation_bound() {
+    let f = fixture();
+    for (ty, raw, rows, cols, w) in cases(&f) {
+        let m = Matrix::from_bytes(ty, rows, cols, &raw);
+        for n in [1, 3, 7] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 4.0)
+                .collect();
+            let mut qa = QActs::default();
+            qa.quantize(&x, cols);
+            let mut out = vec![0f32; n * rows];
+            m.matmul(&x, &qa, &mut out);
+            // The same rows one at a time give the same bits (batch invariance).
+            for t in 0..n {
+                let mut one = vec![0f32; rows];
+                let mut q1 = QActs::default();
+                q1.quantize(&x[t * cols..(t + 1) * cols], cols);
+                m.matmul(&x[t * cols..(t + 1) * cols], &q1, &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&out[t * rows..(t + 1) * rows]),
+                    "{ty:?} n{n}"
+                );
+            }
+            for t in 0..n {
+                let xr = &x[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    let wr = &w[r * cols..(r + 1) * cols];
+                    let exact: f64 = wr.iter().zip(xr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    let mag: f64 = wr
+                        .iter()
+                        .zip(xr)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    // |x − d·q| ≤ d/2 with d = amax/127 per 32 activations.
+                    let bound: f64 = (0..cols)
+                        .map(|i| {
+                            let b = i / 32;
+                            let amax = xr[b * 32..(b + 1) * 32]
+                                .iter()
+                                .fold(0f32, |a, v| a.max(v.abs()));
+                            wr[i].abs() as f64 * amax as f64 / 254.0
+                        })
+                        .sum();
+                    let got = out[t * rows + r] as f64;
+                    assert!(
+                        (got - exact).abs() <= bound * 1.001 + 1e-4 * mag + 1e-6,
+                        "{ty:?} n{n} row {r}: {got} vs exact {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
