@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Writes fixtures/quants/blocks.gguf: for every quantized GGML type paradraft loads, random
-blocks ("<TYPE>.q", raw GGML bytes) and their dequantisation by the `gguf` Python package
-("<TYPE>.f32"), an implementation independent of paradraft's. Run once by hand (needs
-`pip install gguf numpy`); the tests only read the file.
+"""Writes the quantized-type fixtures (run once by hand; needs `pip install gguf numpy`; the
+tests only read the files):
+
+- fixtures/quants/blocks.gguf: for every quantized GGML type paradraft loads, random blocks
+  ("<TYPE>.q", raw GGML bytes) and their dequantisation by the `gguf` Python package
+  ("<TYPE>.f32"), an implementation independent of paradraft's.
+- fixtures/quants/tiny-kquant.gguf: a random-weight Llama (hidden 256, 2 layers) whose tensors
+  mix every K-quant and the other block types, with the tiny Llama's tokenizer: the
+  speculative methods' losslessness and the loader's bad-input handling on such a file.
 
     python3 scripts/make_quant_fixtures.py
 """
@@ -54,6 +59,71 @@ def main():
     w.write_tensors_to_file()
     w.close()
     print(OUT, os.path.getsize(OUT), "bytes")
+    tiny_model(rng)
+
+
+def tiny_model(rng):
+    out = os.path.join(ROOT, "fixtures", "quants", "tiny-kquant.gguf")
+    src = gguf.GGUFReader(os.path.join(ROOT, "fixtures", "tiny", "llama-quant.gguf"))
+    f = src.fields
+    hidden, ffn, heads, kv_heads, layers = 256, 512, 4, 2, 2
+    vocab = len(f["tokenizer.ggml.tokens"].contents())
+    w = gguf.GGUFWriter(out, "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(hidden // heads)
+    w.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
+    w.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
+    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
+    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(f["tokenizer.ggml.merges"].contents())
+    w.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
+    w.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
+    w.add_add_bos_token(False)
+    w.add_chat_template(f["tokenizer.chat_template"].contents())
+
+    def quant(name, qtype, rows, cols, scale):
+        block_len, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        n = rows * cols // block_len
+        raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+        for k, off in enumerate(F16_FIELDS[qtype]):
+            # Scales sized so that a weight is about `scale`; the second field (a min) smaller.
+            val = (scale * (0.5 + rng.random(n)) * (1.0 if k == 0 else 0.5)).astype(np.float16)
+            raw[:, off:off + 2] = val.view(np.uint8).reshape(n, 2)
+        w.add_tensor(name, raw.reshape(rows, cols // block_len * block_bytes), raw_dtype=qtype)
+
+    hd = hidden // heads
+    # Per-type scales that keep every weight within about ±0.05 (a well-conditioned forward).
+    s = {T.Q2_K: 0.0025, T.Q3_K: 0.0005, T.Q4_K: 0.0001, T.Q5_K: 0.00005, T.Q6_K: 0.00001,
+         T.IQ4_XS: 0.00001, T.IQ4_NL: 0.0002, T.Q5_0: 0.001, T.Q5_1: 0.0005, T.Q8_0: 0.0002,
+         T.Q4_0: 0.002, T.Q4_1: 0.001}
+    mixes = [
+        [T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.Q2_K, T.IQ4_XS, T.Q6_K],
+        [T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K],
+    ]
+    quant("token_embd.weight", T.Q6_K, vocab, hidden, s[T.Q6_K])
+    quant("output.weight", T.Q5_K, vocab, hidden, s[T.Q5_K])
+    w.add_tensor("output_norm.weight", np.ones(hidden, dtype=np.float32))
+    for i, mix in enumerate(mixes):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, dtype=np.float32))
+        shapes = [("attn_q", heads * hd, hidden), ("attn_k", kv_heads * hd, hidden),
+                  ("attn_v", kv_heads * hd, hidden), ("attn_output", hidden, heads * hd),
+                  ("ffn_gate", ffn, hidden), ("ffn_up", ffn, hidden), ("ffn_down", hidden, ffn)]
+        for (name, rows, cols), qtype in zip(shapes, mix):
+            quant(p + name + ".weight", qtype, rows, cols, s[qtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(out, os.path.getsize(out), "bytes")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 //! same bits, and their int8 matmuls stay within the activation-quantization bound of the exact
 //! product.
 
+use paradraft::generate::{generate, top_logits, GenerateParams};
 use paradraft::model::gguf::GgufFile;
 use paradraft::runtime::ggml::GgmlType;
 use paradraft::runtime::qmatmul::QActs;
@@ -142,4 +143,97 @@ fn int8_matmuls_stay_within_the_activation_bound() {
             }
         }
     }
+}
+
+/// The tiny Llama whose tensors mix every K-quant and the other block types.
+fn tiny_kquant() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/quants/tiny-kquant.gguf")
+}
+
+#[test]
+fn a_model_mixing_every_type_runs_and_its_fast_path_tracks_the_exact_one() {
+    let mut lm = paradraft::model::load(&tiny_kquant()).expect("tiny-kquant.gguf loads");
+    let ids = lm
+        .tokenizer
+        .encode("Once upon a time there was a little robot who wanted to see the sea.")
+        .unwrap();
+    let fast = top_logits(&lm.model, &ids, 1).unwrap();
+    lm.model.set_exact(true);
+    let exact = top_logits(&lm.model, &ids, 1).unwrap();
+    let agree = fast
+        .iter()
+        .zip(&exact)
+        .filter(|(a, b)| a[0].0 == b[0].0)
+        .count();
+    // Int8 activations move logits a little: the argmax holds at nearly every position.
+    assert!(
+        agree * 10 >= ids.len() * 8,
+        "{agree} of {} positions agree",
+        ids.len()
+    );
+    for (a, b) in fast.iter().zip(&exact) {
+        assert!(
+            a[0].1.is_finite() && (a[0].1 - b[0].1).abs() < 0.25,
+            "{a:?} {b:?}"
+        );
+    }
+}
+
+fn greedy(n: usize) -> GenerateParams {
+    GenerateParams {
+        max_new_tokens: n,
+        sampling: Default::default(),
+        stop_strings: vec![],
+    }
+}
+
+/// Deterministic mutations of the file: each either loads (and then generates without a
+/// panic) or fails with an error.
+#[test]
+fn mutated_k_quant_files_error_or_run_never_panic() {
+    let src = std::fs::read(tiny_kquant()).unwrap();
+    let td = tempfile::tempdir().unwrap();
+    let p = td.path().join("m.gguf");
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for round in 0..300 {
+        let mut b = src.clone();
+        // Half the rounds hit the header and tensor table, half anywhere.
+        let span = if round % 2 == 0 {
+            12_000.min(b.len())
+        } else {
+            b.len()
+        };
+        for _ in 0..1 + next(6) {
+            let at = next(span);
+            b[at] = next(256) as u8;
+        }
+        if round % 10 == 0 {
+            b.truncate(next(b.len()));
+        }
+        std::fs::write(&p, &b).unwrap();
+        match paradraft::model::load(&p) {
+            Ok(lm) => {
+                loaded += 1;
+                let mut kv = lm.model.new_kv(32);
+                let params = greedy(3);
+                let ids = [paradraft::types::TokenId(1), paradraft::types::TokenId(5)];
+                let _ = generate(&lm.model, &lm.tokenizer, &mut kv, &ids, &params, |_| {});
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+    assert!(
+        loaded > 0 && refused > 0,
+        "loaded {loaded}, refused {refused}"
+    );
 }

@@ -117,7 +117,7 @@ pub struct Matrix {
 #[derive(Clone)]
 enum MatrixData {
     F32(Vec<f32>),
-    Quant(Packed),
+    Quant(Box<Packed>),
 }
 
 impl Matrix {
@@ -130,7 +130,7 @@ impl Matrix {
                 dequantize(ty, bytes, &mut v);
                 MatrixData::F32(v)
             }
-            _ => MatrixData::Quant(Packed::new(ty, rows, cols, bytes)),
+            _ => MatrixData::Quant(Box::new(Packed::new(ty, rows, cols, bytes))),
         };
         Matrix { rows, cols, data }
     }
@@ -191,7 +191,7 @@ impl Matrix {
                     .flat_map(|&r| v[r * self.cols..(r + 1) * self.cols].iter().copied())
                     .collect(),
             ),
-            MatrixData::Quant(p) => MatrixData::Quant(p.select_rows(rows)),
+            MatrixData::Quant(p) => MatrixData::Quant(Box::new(p.select_rows(rows))),
         };
         Matrix {
             rows: rows.len(),
@@ -290,7 +290,7 @@ impl Matrix {
                     unreachable!()
                 };
                 assert!(p.cols == qa.k && out.len() == n * m.rows);
-                (p, SendPtr(out.as_mut_ptr()), m.rows, p.groups())
+                (&**p, SendPtr(out.as_mut_ptr()), m.rows, p.groups())
             })
             .collect();
         let total: usize = parts.iter().map(|p| p.3).sum();

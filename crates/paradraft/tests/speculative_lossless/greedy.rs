@@ -102,6 +102,7 @@ fn greedy_is_token_identical_on_tiny_models() {
         "tiny/qwen2",
         "tiny/qwen3",
         "tiny/llama-quant.gguf",
+        "quants/tiny-kquant.gguf",
     ]
     .map(|p| fixtures().join(p));
     for (m, path) in paths.iter().enumerate() {

@@ -92,6 +92,10 @@ trait Dot {
     unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
     /// A block's Q4 partial sums as one i32 per row.
     unsafe fn q4_rows(s: Self::Acc) -> __m256i;
+    /// As [`Dot::q4`] for five-bit levels (0..31: 16-bit sums of four steps could overflow).
+    unsafe fn q5(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
+    /// A block's five-bit partial sums as one i32 per row.
+    unsafe fn q5_rows(s: Self::Acc) -> __m256i;
     /// A Q8 weight register as the dot products take it (once per tile).
     unsafe fn q8_weights(w: __m256i) -> __m256i;
     /// Q8 partial sums plus step `i`: weights `w` (raw) / `pw` (prepared) times the 4
@@ -126,6 +130,18 @@ impl Dot for Maddubs {
     #[inline(always)]
     unsafe fn q4_rows(s: __m256i) -> __m256i {
         _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn q5(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
+        // One step's four products per 16-bit lane stay below 4·31·127; widen every step.
+        let pl = _mm256_maddubs_epi16(lo, bcast4(y.add(4 * i)));
+        let ph = _mm256_maddubs_epi16(hi, bcast4(y.add(16 + 4 * i)));
+        let p = _mm256_madd_epi16(_mm256_add_epi16(pl, ph), _mm256_set1_epi16(1));
+        _mm256_add_epi32(s, p)
+    }
+    #[inline(always)]
+    unsafe fn q5_rows(s: __m256i) -> __m256i {
+        s
     }
     #[inline(always)]
     unsafe fn q8_weights(w: __m256i) -> __m256i {
@@ -192,6 +208,14 @@ impl<D: Dpbusd> Dot for Vnni<D> {
     #[inline(always)]
     unsafe fn q4_rows(s: Self::Acc) -> __m256i {
         _mm256_add_epi32(s.0, s.1)
+    }
+    #[inline(always)]
+    unsafe fn q5(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc {
+        Self::q4(s, lo, hi, y, i)
+    }
+    #[inline(always)]
+    unsafe fn q5_rows(s: Self::Acc) -> __m256i {
+        Self::q4_rows(s)
     }
     #[inline(always)]
     unsafe fn q8_weights(w: __m256i) -> __m256i {
@@ -313,8 +337,9 @@ unsafe fn tile<D: Dot, const H: usize, const N: usize>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); N]; H];
     match p.fmt {
-        Fmt::Q4 => q4_tile::<D, H, N, false>(p, a, g, h0, t0, &mut acc),
-        Fmt::Q4S => q4_tile::<D, H, N, true>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q4 => q4_tile::<D, H, N, false, false>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q4S => q4_tile::<D, H, N, true, false>(p, a, g, h0, t0, &mut acc),
+        Fmt::Q5S => q4_tile::<D, H, N, true, true>(p, a, g, h0, t0, &mut acc),
         Fmt::Q8 => q8_tile::<D, H, N, false, false, false>(p, a, g, h0, t0, &mut acc),
         Fmt::Q8S { halves, min } => match (halves, min) {
             (false, false) => q8_tile::<D, H, N, true, false, false>(p, a, g, h0, t0, &mut acc),
@@ -395,11 +420,18 @@ unsafe fn scale8<const S: bool>(
     }
 }
 
-/// Where the GGML-block scales of block `b` of row group `g` start (in `sd`, `sm`).
+/// 32 bytes of 16 where bit `j` of `bits` is set (byte `j`), 0 elsewhere.
 #[inline(always)]
-fn sup_at(p: &Packed, g: usize, b: usize) -> usize {
-    let (nsup, bps) = p.supers();
-    (g * nsup + b / bps) * GROUP
+unsafe fn fifth_bits(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte j takes byte j / 8 of the mask, then tests bit j % 8 of it.
+    let idx = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, idx), sel), sel);
+    _mm256_and_si256(hit, _mm256_set1_epi8(16))
 }
 
 #[inline(always)]
@@ -415,7 +447,7 @@ unsafe fn load_f16x8(p: *const half::f16) -> __m256 {
 /// `H` halves (from half `h0`) × `N` activation rows (from `t0`) of group `g`, nibbles with
 /// f16 scales and mins (`Q4`) or sub-scales and sub-mins (`Q4S`).
 #[inline(always)]
-unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool>(
+unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool, const FIVE: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -436,24 +468,38 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool>(
         for i in 0..4 {
             for (h, sh) in s.iter_mut().enumerate() {
                 let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
-                let lo = _mm256_and_si256(w, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask);
+                let mut lo = _mm256_and_si256(w, mask);
+                let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask);
+                if FIVE {
+                    let qh = p.qh.as_ptr().add(gb * 8 + 2 * i);
+                    let shift = 32 * (h0 + h);
+                    lo = _mm256_or_si256(lo, fifth_bits((*qh >> shift) as u32));
+                    hi = _mm256_or_si256(hi, fifth_bits((*qh.add(1) >> shift) as u32));
+                }
                 for (t, st) in sh.iter_mut().enumerate() {
                     let y = a.qs.as_ptr().add((t0 + t) * k + b * QK);
-                    *st = D::q4(*st, lo, hi, y, i);
+                    *st = if FIVE {
+                        D::q5(*st, lo, hi, y, i)
+                    } else {
+                        D::q4(*st, lo, hi, y, i)
+                    };
                 }
             }
         }
         for h in 0..H {
             let at = gb * GROUP + (h0 + h) * 8;
-            let sa = sup_at(p, g, b) + (h0 + h) * 8;
+            let sa = p.sup_at(g, b) + (h0 + h) * 8;
             let dw = scale8::<S>(&p.d, &p.sd, &p.isc, at, sa);
             let mw = scale8::<S>(&p.m, &p.sm, &p.imn, at, sa);
             for t in 0..N {
                 let row = t0 + t;
                 let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
                 let sx = _mm256_set1_ps(*a.s.get_unchecked(row * nb + b));
-                let si = D::q4_rows(s[h][t]);
+                let si = if FIVE {
+                    D::q5_rows(s[h][t])
+                } else {
+                    D::q4_rows(s[h][t])
+                };
                 let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
                 acc[h][t] = _mm256_fmadd_ps(mw, sx, v);
             }
@@ -506,7 +552,7 @@ unsafe fn q8_tile<
         for h in 0..H {
             for part in 0..per {
                 let at = (gb * per + part) * GROUP + (h0 + h) * 8;
-                let sa = sup_at(p, g, b) + (h0 + h) * 8;
+                let sa = p.sup_at(g, b) + (h0 + h) * 8;
                 let dw = scale8::<S>(&p.d, &p.sd, &p.isc, at, sa);
                 for t in 0..N {
                     let row = t0 + t;

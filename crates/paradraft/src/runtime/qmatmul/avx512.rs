@@ -62,25 +62,16 @@ pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *m
                 };
             }
             match p.fmt {
-                Fmt::Q4 => heights!(q4_tile, false),
-                Fmt::Q4S => heights!(q4_tile, true),
-                Fmt::Q8 => heights!(q8_tile),
-                Fmt::Q8S {
-                    halves: false,
-                    min: false,
-                } => heights!(q8f_tile, false, false),
-                Fmt::Q8S {
-                    halves: false,
-                    min: true,
-                } => heights!(q8f_tile, false, true),
-                Fmt::Q8S {
-                    halves: true,
-                    min: false,
-                } => heights!(q8f_tile, true, false),
-                Fmt::Q8S {
-                    halves: true,
-                    min: true,
-                } => heights!(q8f_tile, true, true),
+                Fmt::Q4 => heights!(q4_tile, false, false),
+                Fmt::Q4S => heights!(q4_tile, true, false),
+                Fmt::Q5S => heights!(q4_tile, true, true),
+                Fmt::Q8 => heights!(q8_tile, false, false, false),
+                Fmt::Q8S { halves, min } => match (halves, min) {
+                    (false, false) => heights!(q8_tile, true, false, false),
+                    (false, true) => heights!(q8_tile, true, false, true),
+                    (true, false) => heights!(q8_tile, true, true, false),
+                    (true, true) => heights!(q8_tile, true, true, true),
+                },
             }
             let r0 = g * GROUP;
             let valid = (p.rows - r0).min(GROUP);
@@ -132,9 +123,12 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
             };
             prefetch_ahead(extra, 32, nb);
         }
-        Fmt::Q4S | Fmt::Q8S { .. } => {
+        Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { .. } => {
             let per = p.fmt.per_block();
             let at = gb * per * GROUP;
+            if !p.qh.is_empty() {
+                prefetch_ahead(p.qh.as_ptr().add(gb * 8) as *const u8, 64, nb);
+            }
             prefetch_ahead(p.isc.as_ptr().add(at) as *const u8, 16 * per, nb);
             if !p.imn.is_empty() {
                 prefetch_ahead(p.imn.as_ptr().add(at) as *const u8, 16 * per, nb);
@@ -144,13 +138,6 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
             }
         }
     }
-}
-
-/// Where the GGML-block scales of block `b` of row group `g` start (in `sd`, `sm`).
-#[inline(always)]
-fn sup_at(p: &Packed, g: usize, b: usize) -> usize {
-    let (nsup, bps) = p.supers();
-    (g * nsup + b / bps) * GROUP
 }
 
 /// 16 rows' `d · sc`: f16 block scales at `d` times i8 sub-scales at `sc` (exact products).
@@ -173,7 +160,7 @@ unsafe fn load_f16x16(p: *const half::f16) -> __m512 {
 /// Two integer accumulators per activation row (low and high nibbles) keep the `dpbusd`
 /// dependency chains short; the min term goes to its own f32 accumulator.
 #[inline(always)]
-unsafe fn q4_tile<const N: usize, const S: bool>(
+unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -196,9 +183,16 @@ unsafe fn q4_tile<const N: usize, const S: bool>(
             let w = _mm512_loadu_si512(base.add(i * 64) as *const _);
             lo[i] = _mm512_and_si512(w, mask);
             hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+            if FIVE {
+                // The fifth bits: +16 on the bytes whose mask bit is set.
+                let sixteen = _mm512_set1_epi8(16);
+                let qh = p.qh.as_ptr().add(gb * 8 + 2 * i);
+                lo[i] = _mm512_mask_add_epi8(lo[i], *qh, lo[i], sixteen);
+                hi[i] = _mm512_mask_add_epi8(hi[i], *qh.add(1), hi[i], sixteen);
+            }
         }
         let (dw, mw) = if S {
-            let sup = sup_at(p, g, b);
+            let sup = p.sup_at(g, b);
             (
                 sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(gb * GROUP)),
                 sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(gb * GROUP)),
@@ -239,55 +233,13 @@ unsafe fn q4_tile<const N: usize, const S: bool>(
     }
 }
 
+/// Int8 weights: Q8_0 (an f16 scale per 32 inputs), or levels with sub-scales (`S`) per 32
+/// inputs or per 16 (`HALVES`: each half of the block its own integer sum, scale and weight
+/// sum) and a min term (`MIN`). The unsigned operand is the activation shifted by 128, taken
+/// back with the weight sums. The float operations per row are the same whatever the tile
+/// height.
 #[inline(always)]
-unsafe fn q8_tile<const N: usize>(
-    p: &Packed,
-    a: &QActs,
-    g: usize,
-    t0: usize,
-    acc: &mut [__m512; TILE],
-) {
-    let nb = p.cols / QK;
-    let k = a.k;
-    for b in 0..nb {
-        let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * 512);
-        if t0 == 0 {
-            prefetch_block(p, gb, nb);
-        }
-        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
-        let ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
-            p.wsum.as_ptr().add(gb * GROUP) as *const __m256i
-        ));
-        let corr = _mm512_slli_epi32(ws, 7);
-        let mut s0 = [_mm512_setzero_si512(); N];
-        let mut s1 = [_mm512_setzero_si512(); N];
-        for i in 0..4 {
-            let w0 = _mm512_loadu_si512(base.add(i * 64) as *const _);
-            let w1 = _mm512_loadu_si512(base.add((i + 4) * 64) as *const _);
-            for t in 0..N {
-                let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
-                s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), w0);
-                if N <= 2 {
-                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), w1);
-                } else {
-                    s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(16 + 4 * i)), w1);
-                }
-            }
-        }
-        for t in 0..N {
-            let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), corr);
-            let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
-        }
-    }
-}
-
-/// Int8 levels with sub-scales: per 32 inputs (`HALVES` false) or per 16 (each half of the
-/// block its own integer sum, scale and weight sum), and a min term when `MIN`. The float
-/// operations per row are the same whatever the tile height.
-#[inline(always)]
-unsafe fn q8f_tile<const N: usize, const HALVES: bool, const MIN: bool>(
+unsafe fn q8_tile<const N: usize, const S: bool, const HALVES: bool, const MIN: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -328,8 +280,12 @@ unsafe fn q8f_tile<const N: usize, const HALVES: bool, const MIN: bool>(
                 }
             }
         }
-        let sup = sup_at(p, g, b);
-        let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
+        let sup = p.sup_at(g, b);
+        let dw0 = if S {
+            sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at))
+        } else {
+            load_f16x16(p.d.as_ptr().add(gb * GROUP))
+        };
         for t in 0..N {
             let row = t0 + t;
             let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));

@@ -2,10 +2,11 @@
 //! Kernels: AVX-512 VNNI, 256-bit VNNI and AVX2 on x86-64, NEON with `sdot` on AArch64, and a
 //! portable scalar one that every other kernel is tested against.
 //!
-//! Weights (Q4_0, Q4_1, Q8_0) are repacked at load into groups of 16 output rows so that one
-//! 512-bit register holds 4 consecutive weights of each of the 16 rows: a VNNI `dpbusd` against a
-//! broadcast of 4 activation bytes then yields 16 rows' partial dots with no horizontal
-//! reduction, and each weight register is unpacked once for all activation rows.
+//! Weights (every quantized GGML type, in the formats of `pack.rs`) are repacked at load into
+//! groups of 16 output rows so that one 512-bit register holds 4 consecutive weights of each of
+//! the 16 rows: a VNNI `dpbusd` against a broadcast of 4 activation bytes then yields 16 rows'
+//! partial dots with no horizontal reduction, and each weight register is unpacked once for all
+//! activation rows.
 //! Activations are quantized to int8 per 32-block (scale `d`, and `s = d · Σq` for the Q4 min
 //! term), as GGML's Q8 activations are.
 //!

@@ -6,7 +6,8 @@
 //! | `Q4` | Q4_0, Q4_1 | 16 B nibbles, f16 scale and min | 5 |
 //! | `Q8` | Q8_0 | 32 B int8, f16 scale, i16 weight sum | 9 |
 //! | `Q4S` | Q4_K | 16 B nibbles, i8 sub-scale and sub-min; f16 `d`, `dmin` per 256 | 4.6 |
-//! | `Q8S` | Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
+//! | `Q5S` | Q5_0, Q5_1, Q5_K | as `Q4S` (`d`, `dmin` per GGML block) plus a 4 B plane of fifth bits | 5.6–6.1 |
+//! | `Q8S` | Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
 //!
 //! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
 //! is exact: a row dequantises to ggml's values bit for bit.
@@ -24,6 +25,8 @@ pub enum Fmt {
     Q8,
     /// Nibbles; per 32 inputs an i8 sub-scale and sub-min, per GGML block f16 `d` and `dmin`.
     Q4S,
+    /// `Q4S` with a fifth bit per weight (levels 0..31; Q5_0's offset of 16 as its min).
+    Q5S,
     /// Int8 levels; per 16 (`halves`) or 32 inputs an i8 sub-scale (and sub-min when `min`), per
     /// GGML block f16 `d` (and `dmin`).
     Q8S { halves: bool, min: bool },
@@ -35,6 +38,7 @@ impl Fmt {
             GgmlType::Q4_0 | GgmlType::Q4_1 => Fmt::Q4,
             GgmlType::Q8_0 => Fmt::Q8,
             GgmlType::Q4_K => Fmt::Q4S,
+            GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Fmt::Q5S,
             _ => Fmt::Q8S {
                 halves: ty.sub_len() == 16,
                 min: ty.has_min(),
@@ -57,7 +61,10 @@ impl Fmt {
 
     /// Whether weights have an offset term.
     pub fn has_min(self) -> bool {
-        matches!(self, Fmt::Q4 | Fmt::Q4S | Fmt::Q8S { min: true, .. })
+        matches!(
+            self,
+            Fmt::Q4 | Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { min: true, .. }
+        )
     }
 
     /// The formats the original kernels of every ISA run; NEON runs the others portably.
@@ -89,6 +96,13 @@ pub struct Packed {
     pub(super) isc: Vec<i8>,
     /// `Q4S`, `Q8S` with mins: sub-mins per (group, block, [half,] row).
     pub(super) imn: Vec<i8>,
+    /// GGML blocks per row.
+    nsup: usize,
+    /// log2 of the 32-blocks per GGML block (0 or 3).
+    bshift: u32,
+    /// `Q5S`: per (group, block) 8 masks, chunk `i`'s low then high nibbles: bit `4·row + j`
+    /// is the fifth bit of that nibble's level.
+    pub(super) qh: Vec<u64>,
 }
 
 impl Packed {
@@ -105,6 +119,7 @@ impl Packed {
             + 2 * (self.d.len() + self.m.len() + self.wsum.len() + self.sd.len() + self.sm.len())
             + self.isc.len()
             + self.imn.len()
+            + 8 * self.qh.len()
     }
 
     pub fn groups(&self) -> usize {
@@ -113,8 +128,14 @@ impl Packed {
 
     /// GGML blocks per row and 32-blocks per GGML block (1 for the 32-element types).
     pub(super) fn supers(&self) -> (usize, usize) {
-        let bl = self.ty.block_len();
-        (self.cols / bl, bl / QK)
+        (self.nsup, 1 << self.bshift)
+    }
+
+    /// Where the GGML-block values (`sd`, `sm`) of block `b` of row group `g` start (no
+    /// division: the kernels call this per block).
+    #[inline(always)]
+    pub(super) fn sup_at(&self, g: usize, b: usize) -> usize {
+        (g * self.nsup + (b >> self.bshift)) * GROUP
     }
 
     /// An empty matrix of `rows × cols` in `fmt` with every buffer sized.
@@ -139,6 +160,9 @@ impl Packed {
             sm: vec![f16::ZERO; pick(!legacy && fmt.has_min(), sup)],
             isc: vec![0i8; pick(!legacy, per)],
             imn: vec![0i8; pick(!legacy && fmt.has_min(), per)],
+            qh: vec![0u64; pick(fmt == Fmt::Q5S, n / GROUP * 8)],
+            nsup: cols / ty.block_len(),
+            bshift: (ty.block_len() / QK).trailing_zeros(),
         }
     }
 
@@ -201,7 +225,12 @@ impl Packed {
         let mut q = vec![0i8; bl];
         let (mut sc, mut mn) = (vec![0i8; bl / sub], vec![0i8; bl / sub]);
         for (sb, blk) in src.chunks_exact(ty.block_bytes()).enumerate() {
-            let (d, dmin) = unpack(ty, blk, &mut q, &mut sc, &mut mn);
+            let (d, mut dmin) = unpack(ty, blk, &mut q, &mut sc, &mut mn);
+            if ty == GgmlType::Q5_0 {
+                // (q − 16)·d as q·d + d·(−16): unsigned levels, the offset as the min.
+                q.iter_mut().for_each(|v| *v += 16);
+                (dmin, mn[0]) = (d, -16);
+            }
             let at = (g * nsup + sb) * GROUP + lane;
             // `d` and `dmin` are f16 values (negated or not), so f16 holds them exactly.
             self.sd[at] = f16::from_f32(d);
@@ -222,7 +251,16 @@ impl Packed {
                     for c in 0..4 {
                         for j in 0..4 {
                             let (lo, hi) = (lv[4 * c + j] as u8, lv[16 + 4 * c + j] as u8);
-                            dst[c * 64 + lane * 4 + j] = lo | (hi << 4);
+                            dst[c * 64 + lane * 4 + j] = (lo & 0xF) | (hi << 4);
+                            if fmt == Fmt::Q5S {
+                                let bit = 1u64 << (lane * 4 + j);
+                                if lo & 0x10 != 0 {
+                                    self.qh[gb * 8 + 2 * c] |= bit;
+                                }
+                                if hi & 0x10 != 0 {
+                                    self.qh[gb * 8 + 2 * c + 1] |= bit;
+                                }
+                            }
                         }
                     }
                 }
@@ -266,6 +304,12 @@ impl Packed {
                     let t = ngb * cb + i * 64 + nlane * 4;
                     out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
                 }
+                if !self.qh.is_empty() {
+                    for k in 0..8 {
+                        let bits = (self.qh[gb * 8 + k] >> (lane * 4)) & 0xF;
+                        out.qh[ngb * 8 + k] |= bits << (nlane * 4);
+                    }
+                }
                 for h in 0..per {
                     let s = (gb * per + h) * GROUP + lane;
                     let t = (ngb * per + h) * GROUP + nlane;
@@ -295,7 +339,7 @@ impl Packed {
         match self.fmt {
             Fmt::Q4 => (self.d[at].to_f32(), self.m[at].to_f32()),
             Fmt::Q8 => (self.d[at].to_f32(), 0.0),
-            Fmt::Q4S | Fmt::Q8S { .. } => {
+            Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { .. } => {
                 let (nsup, bps) = self.supers();
                 let sup = ((gb / (self.cols / QK)) * nsup + b / bps) * GROUP + lane;
                 let d = self.sd[sup].to_f32() * self.isc[at] as f32;
@@ -308,14 +352,21 @@ impl Packed {
         }
     }
 
-    /// The level (integer weight) of input `i` (0..32) of row `lane` in chunk `c`.
+    /// The level (integer weight) of input `i` (0..32) of row `lane` in chunk `c` of group-block
+    /// `gb`.
     #[inline]
-    fn level(&self, c: &[u8], lane: usize, i: usize) -> i32 {
+    fn level(&self, c: &[u8], gb: usize, lane: usize, i: usize) -> i32 {
         if self.fmt.int8() {
             (c[(i / 4) * 64 + lane * 4 + i % 4] as i8) as i32
         } else {
             let byte = c[((i % 16) / 4) * 64 + lane * 4 + i % 4];
-            (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32
+            let nib = (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32;
+            if self.fmt == Fmt::Q5S {
+                let mask = self.qh[gb * 8 + 2 * ((i % 16) / 4) + i / 16];
+                nib | ((((mask >> (lane * 4 + i % 4)) & 1) as i32) << 4)
+            } else {
+                nib
+            }
         }
     }
 
@@ -330,10 +381,12 @@ impl Packed {
             let c = &self.q[gb * cb..(gb + 1) * cb];
             for i in 0..QK {
                 let (s, m) = self.scale_min(gb, b, lane, i);
-                let level = self.level(c, lane, i);
+                let level = self.level(c, gb, lane, i);
                 dst[b * QK + i] = if self.ty == GgmlType::Q4_0 {
                     // ggml's (q − 8)·d: the same value as q·d + m, and the same sign of zero.
                     (level - 8) as f32 * s
+                } else if self.ty == GgmlType::Q5_0 {
+                    (level - 16) as f32 * s
                 } else if with_min {
                     level as f32 * s + m
                 } else {
@@ -373,7 +426,7 @@ impl Packed {
                             let span = h * QK / per..(h + 1) * QK / per;
                             let isum: i32 = span
                                 .clone()
-                                .map(|i| self.level(c, lane, i) * y[i] as i32)
+                                .map(|i| self.level(c, gb, lane, i) * y[i] as i32)
                                 .sum();
                             let (dw, mw) = self.scale_min(gb, b, lane, span.start);
                             *acc += if has_min {
