@@ -12,11 +12,6 @@ pub use super::pool::{par_ranges, PAR_ROWS};
 use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
 
-#[inline]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
 /// Quantises f32 values (a multiple of 32) to GGML Q8_0 blocks: per 32 values an f16 scale
 /// d = max|x| / 127 and round(x / d) as i8 (llama.cpp's reference quantiser).
 pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
@@ -72,35 +67,7 @@ pub fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *d = bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
-        GgmlType::Q4_0 => {
-            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(18)) {
-                let s = f16_at(b, 0);
-                for j in 0..16 {
-                    let q = b[2 + j];
-                    d[j] = ((q & 0xF) as i32 - 8) as f32 * s;
-                    d[j + 16] = ((q >> 4) as i32 - 8) as f32 * s;
-                }
-            }
-        }
-        GgmlType::Q4_1 => {
-            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(20)) {
-                let s = f16_at(b, 0);
-                let m = f16_at(b, 2);
-                for j in 0..16 {
-                    let q = b[4 + j];
-                    d[j] = (q & 0xF) as f32 * s + m;
-                    d[j + 16] = (q >> 4) as f32 * s + m;
-                }
-            }
-        }
-        GgmlType::Q8_0 => {
-            for (d, b) in dst.chunks_exact_mut(QK).zip(src.chunks_exact(34)) {
-                let s = f16_at(b, 0);
-                for j in 0..QK {
-                    d[j] = (b[2 + j] as i8) as f32 * s;
-                }
-            }
-        }
+        // Every block type through one unpacker (checked bit for bit against ggml's).
         _ => super::blocks::dequantize_blocks(ty, src, dst),
     }
 }
@@ -400,6 +367,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn f16_at(b: &[u8], i: usize) -> f32 {
+        f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+    }
 
     fn q4_1_block(d: f32, m: f32, qs: [u8; 16]) -> Vec<u8> {
         let mut b = f16::from_f32(d).to_le_bytes().to_vec();

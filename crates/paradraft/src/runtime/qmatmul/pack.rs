@@ -88,13 +88,13 @@ pub struct Packed {
     pub(super) m: Vec<f16>,
     /// Int8 formats: per (group, block, [half,] row) sum of the int8 weights.
     pub(super) wsum: Vec<i16>,
-    /// `Q4S`, `Q8S`: the GGML block's `d` per (group, GGML block, row).
+    /// Sub-scaled formats (`Q4S`, `Q5S`, `Q8S`): the GGML block's `d` per (group, GGML block, row).
     pub(super) sd: Vec<f16>,
-    /// `Q4S`, `Q8S` with mins: the GGML block's `dmin` (negated for the K-quants).
+    /// Sub-scaled formats with mins: the GGML block's `dmin` (negated for the K-quants).
     pub(super) sm: Vec<f16>,
-    /// `Q4S`, `Q8S`: sub-scales per (group, block, [half,] row).
+    /// Sub-scaled formats: sub-scales per (group, block, [half,] row).
     pub(super) isc: Vec<i8>,
-    /// `Q4S`, `Q8S` with mins: sub-mins per (group, block, [half,] row).
+    /// Sub-scaled formats with mins: sub-mins per (group, block, [half,] row).
     pub(super) imn: Vec<i8>,
     /// GGML blocks per row.
     nsup: usize,
@@ -124,11 +124,6 @@ impl Packed {
 
     pub fn groups(&self) -> usize {
         self.rows.div_ceil(GROUP)
-    }
-
-    /// GGML blocks per row and 32-blocks per GGML block (1 for the 32-element types).
-    pub(super) fn supers(&self) -> (usize, usize) {
-        (self.nsup, 1 << self.bshift)
     }
 
     /// Where the GGML-block values (`sd`, `sm`) of block `b` of row group `g` start (no
@@ -220,7 +215,7 @@ impl Packed {
         let (ty, fmt) = (self.ty, self.fmt);
         let (bl, sub) = (ty.block_len(), ty.sub_len());
         let (nb, cb, per) = (self.cols / QK, Self::chunk_bytes(fmt), fmt.per_block());
-        let (nsup, _) = self.supers();
+        let nsup = self.nsup;
         let (g, lane) = (r / GROUP, r % GROUP);
         let mut q = vec![0i8; bl];
         let (mut sc, mut mn) = (vec![0i8; bl / sub], vec![0i8; bl / sub]);
@@ -286,7 +281,7 @@ impl Packed {
         let nb = self.cols / QK;
         let cb = Self::chunk_bytes(self.fmt);
         let per = self.fmt.per_block();
-        let (nsup, _) = self.supers();
+        let nsup = self.nsup;
         let mut out = Self::zeroed(self.ty, rows.len(), self.cols);
         fn copy<T: Copy>(dst: &mut [T], src: &[T], t: usize, s: usize) {
             if !src.is_empty() {
@@ -340,8 +335,7 @@ impl Packed {
             Fmt::Q4 => (self.d[at].to_f32(), self.m[at].to_f32()),
             Fmt::Q8 => (self.d[at].to_f32(), 0.0),
             Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { .. } => {
-                let (nsup, bps) = self.supers();
-                let sup = ((gb / (self.cols / QK)) * nsup + b / bps) * GROUP + lane;
+                let sup = self.sup_at(gb / (self.cols / QK), b) + lane;
                 let d = self.sd[sup].to_f32() * self.isc[at] as f32;
                 let m = match (self.sm.get(sup), self.imn.get(at)) {
                     (Some(dm), Some(&mn)) => dm.to_f32() * mn as f32,
