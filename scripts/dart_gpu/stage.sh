@@ -10,7 +10,8 @@
 #                                       and the list of N calls that carry them (N = 3 since the
 #                                       answers passed 9.3 MB; each call ≤ 64 MiB)
 #   scripts/dart_gpu/stage.sh hide      takes every tracked file off the index (backed up) and
-#                                       ignores all but scripts/dart_gpu/, so only it travels
+#                                       ignores all but scripts/dart_gpu/ and scripts/dflash_gpu/
+#                                       (which imports dart_gpu/target.py), so only they travel
 #   scripts/dart_gpu/stage.sh restore   puts the index and the ignore list back (run it as soon as
 #                                       the GPU calls are done; nothing in the work tree changes)
 #
@@ -93,7 +94,7 @@ case "${1:-}" in
     touch "$GIT/info/exclude"
     cp "$GIT/info/exclude" "$BACKUP/exclude"
     git rm -r --cached -q .
-    printf '/*\n!/scripts/\n/scripts/*\n!/scripts/dart_gpu/\n' >>"$GIT/info/exclude"
+    printf '/*\n!/scripts/\n/scripts/*\n!/scripts/dart_gpu/\n!/scripts/dflash_gpu/\n' >>"$GIT/info/exclude"
     git status --short -uall | grep -v '^D ' || true
     ;;
   restore)

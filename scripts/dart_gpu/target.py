@@ -1,4 +1,4 @@
-"""The target of THE DART campaign on a lent GPU (see train.py): its GGUF read and dequantised
+"""The target of the DART and DFlash campaigns on a lent GPU (../dart_gpu/train.py, ../dflash_gpu/train.py): its GGUF read and dequantised
 (F32, F16, Q8_0, Q4_1), its forward in bf16 with the taps the drafter needs, batched sampling
 with a K/V cache (self-distillation on the GPU), and the campaign's token files
 (`PDTK0001`: records of little-endian u32 `[prompt_index, prompt_len, n, token × n]`)."""
@@ -245,9 +245,9 @@ class Target:
         return out
 
     @torch.no_grad()
-    def forward(self, tokens):
-        """tokens `[B, T]` (right-padded) → taps `[B, T, 3h]` (bf16) and last-layer outputs
-        `[B, T, h]` (f32)."""
+    def forward(self, tokens, taps=TAPS):
+        """tokens `[B, T]` (right-padded) → the outputs of layers `taps` side by side
+        `[B, T, len(taps)·h]` (bf16) and last-layer outputs `[B, T, h]` (f32)."""
         B, T = tokens.shape
         x = self.emb[tokens].to(torch.bfloat16)
         pos = torch.arange(T, device=tokens.device, dtype=torch.float32)
@@ -259,12 +259,12 @@ class Target:
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
 
-        taps = []
+        out = []
         for li, L in enumerate(self.layers):
             x = self.layer(L, x, cos, sin, attend)
-            if li in TAPS:
-                taps.append(x)
-        return torch.cat(taps, -1), x.float()
+            if li in taps:
+                out.append(x)
+        return torch.cat(out, -1), x.float()
 
 
 def samples_of(path):

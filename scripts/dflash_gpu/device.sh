@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The device side of scripts/dflash_gpu/stage.sh's three calls (run from the tree's root there).
+#   stage          the GGUF's first part and the CPU binary into /tmp/pd
+#   train MINUTES [train.py options]
+#                  the GGUF joined, train.py for MINUTES; the best drafter (split), its log back
+#   bench          bench-kernels at 1–16 threads and bench at 16 threads, the trained DFlash
+#                  drafter (or the start one) as the default
+set -uo pipefail
+P=/tmp/pd
+OUT="${OUT:-$P/out}"
+mkdir -p "$P" "$OUT"
+case "${1:-}" in
+  stage)
+    cp gpu_carry/c1/model.part1 "$P/" && gunzip -c gpu_carry/c1/paradraft.gz >"$P/paradraft" && chmod +x "$P/paradraft"
+    nvidia-smi -L; nproc; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())'
+    ldd "$P/paradraft" | grep 'not found' && echo "the binary misses libraries"
+    ls -l "$P"
+    ;;
+  train)
+    cat "$P/model.part1" gpu_carry/c2/model.part2 >"$P/m.gguf"
+    rm -rf "$P/start" && cp -r gpu_carry/c2/drafter "$P/start"
+    python3 scripts/dflash_gpu/train.py --model "$P/m.gguf" --samples gpu_carry/c2/samples.bin.gz \
+      --drafter "$P/start" --out "$P/run" --state "$P/state.pt" --minutes "${2:-7.5}" "${@:3}" >"$OUT/log.txt" 2>&1
+    echo "train.py: exit $?"
+    tail -n 4 "$OUT/log.txt" | cut -c1-400
+    cp "$P/run/log.jsonl" "$OUT/" 2>/dev/null
+    if [[ -f "$P/run/drafter/model.safetensors" ]]; then
+      split -b 15M "$P/run/drafter/model.safetensors" "$OUT/drafter.st."
+      cp "$P/run/drafter/config.json" "$P/run/best.json" "$OUT/"
+    else
+      echo "no drafter beat the start"
+    fi
+    ;;
+  bench)
+    H="$P/home"
+    rm -rf "$H" && cp -r gpu_carry/c3/home "$H"
+    for g in "$H"/ngram/*.gz; do gunzip "$g"; done
+    mkdir -p "$H/models"
+    if [[ -f "$P/run/drafter/model.safetensors" ]]; then
+      cp -r "$P/run/drafter" "$H/drafters/smollm2-135m-dflash"
+    else
+      cp -r "$P/start" "$H/drafters/smollm2-135m-dflash"
+    fi
+    export PARADRAFT_HOME="$H"
+    lscpu >"$OUT/lscpu.txt"
+    for t in 1 2 4 8 16; do
+      "$P/paradraft" bench-kernels --model "$P/m.gguf" --threads "$t" --repeats 3 --json >"$OUT/kernels_t$t.json" 2>"$OUT/kernels_t$t.err"
+      echo "bench-kernels --threads $t: exit $?"
+    done
+    "$P/paradraft" bench --model "$P/m.gguf" --threads 16 --methods dart,dflash,auto --datasets gsm8k,mt_bench \
+      --num-prompts 4 --out "$OUT/bench16" >"$OUT/bench16.txt" 2>&1
+    echo "bench --threads 16: exit $?"
+    tail -n 30 "$OUT/bench16.txt"
+    rm -f "$OUT"/bench16/*.svg
+    ;;
+  *) echo "usage: $0 stage|train MINUTES|bench" >&2; exit 2 ;;
+esac
