@@ -59,14 +59,14 @@ pub struct CampaignArgs {
     /// Loss decay over the drafts (default: the method's; DART 0.6, DFlash 7).
     #[arg(long)]
     pub gamma: Option<f32>,
-    /// Share of sequences drawn from the corpus (DART only; default 0).
+    /// Share of sequences drawn from the corpus (default 0).
     #[arg(long)]
     pub corpus_share: Option<f64>,
     /// Share of the time spent self-distilling new samples.
     #[arg(long, default_value_t = Params::default().distill_share)]
     pub distill_share: f64,
     /// Temperature of sampled self-distillation, once every prompt has its greedy answer (0:
-    /// greedy answers only; default: DART 0.8, DFlash 0).
+    /// greedy answers only; default 0.8).
     #[arg(long)]
     pub sample_temp: Option<f32>,
     /// Share of self-distilled sequences drawn from sampled ones (default: by their number).
@@ -137,13 +137,6 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     };
     p.validate()?;
     method.check(&p)?;
-    if let (false, Some(f)) = (method.takes_teacher_labels(), &a.more_sampled) {
-        bail!(
-            "--more-sampled {}: a {} campaign trains on greedy answers only",
-            f.display(),
-            method.label()
-        );
-    }
     if a.hours < 0.0 {
         bail!("--hours {}: must be at least 0", a.hours);
     }
@@ -168,14 +161,10 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         let d = PathBuf::from("data/distill/smollm2-135m-samples-more.bin.gz");
         d.exists().then_some(d)
     });
-    let sampled = a
-        .more_sampled
-        .clone()
-        .or_else(|| {
-            let d = PathBuf::from("data/distill/smollm2-135m-sampled.bin.gz");
-            d.exists().then_some(d)
-        })
-        .filter(|_| method.takes_teacher_labels());
+    let sampled = a.more_sampled.clone().or_else(|| {
+        let d = PathBuf::from("data/distill/smollm2-135m-sampled.bin.gz");
+        d.exists().then_some(d)
+    });
     let src = Sources {
         seed: a.seed_samples.clone(),
         more,

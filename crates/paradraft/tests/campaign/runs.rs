@@ -226,9 +226,8 @@ fn a_campaign_resumes_from_its_last_good_checkpoint() {
 }
 
 /// DFlash on the same pipeline (#23 item 5): a campaign from a DFlash drafter trains on online
-/// taps, evaluates its block drafts on the held-out split, exports a drafter the engine loads,
-/// resumes from its checkpoint, and refuses teacher-forced text (its labels are the text's own
-/// tokens).
+/// taps, greedy answers and teacher-forced corpus text alike (#57), evaluates its block drafts
+/// on the held-out split, exports a drafter the engine loads and resumes from its checkpoint.
 #[test]
 fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
     let lm = load_tiny("llama");
@@ -238,9 +237,9 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
         lr: d.lr,
         gamma: d.gamma,
         sample_temp: d.sample_temp,
-        corpus_share: d.corpus_share,
         ..params()
     };
+    assert!(p.corpus_share > 0.0, "half the sequences are corpus text");
     let (pr, notes) = run_until(&lm, &fx, &p, 3);
     assert_eq!(pr.step, 3);
     assert!(pr.positions > 0, "{notes:?}");
@@ -272,23 +271,6 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
         notes.iter().any(|n| n.contains("resumed at step 3")),
         "{notes:?}"
     );
-    let (net, _) = fx
-        .method
-        .load(fx.drafter.path(), lm.model.config.vocab_size)
-        .unwrap();
-    for bad in [
-        Params {
-            corpus_share: 0.5,
-            ..p.clone()
-        },
-        Params {
-            sample_temp: 0.8,
-            ..p.clone()
-        },
-    ] {
-        let e = net.shape().check(&bad).unwrap_err().to_string();
-        assert!(e.contains("greedy answers only"), "{e}");
-    }
 }
 
 #[test]

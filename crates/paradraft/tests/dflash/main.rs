@@ -93,11 +93,14 @@ fn labeled(
             weights.push((-((k - 1) as f32) / gamma).exp());
         }
     }
+    let n = labels.len();
     Labeled {
         batches: vec![packed(lm, toks, feats, anchors, mask)],
         labels,
         weights,
         target_hidden: None,
+        teacher: vec![false; n],
+        text_tok: vec![u32::MAX; n],
     }
 }
 

@@ -145,6 +145,7 @@ fn batches_label_slot_k_with_the_token_k_after_the_anchor() {
         TokenId(5),
         &vocab,
         7.0,
+        usize::MAX,
     )
     .unwrap();
     assert_eq!(lb.batches.len(), 1);
@@ -278,6 +279,7 @@ fn distillation_loss_matches_the_targets_distribution() {
         TokenId(5),
         &vocab,
         7.0,
+        usize::MAX,
     )
     .unwrap();
     assert!(lb.target_hidden.is_some());
@@ -328,6 +330,116 @@ fn distillation_loss_matches_the_targets_distribution() {
     for (name, v) in &net.vars {
         assert!(g.get(v.as_tensor()).is_some(), "{name} gets no gradient");
     }
+}
+
+/// Teacher-forced text (#57): slot k of a block is labelled with the target's argmax after
+/// x_{a+k−1} and trained only while x_{a+1}..x_{a+k−1} are each the target's argmax; the text
+/// below follows the target greedily except at one position. The loss relabels the same way.
+#[test]
+fn teacher_forced_blocks_follow_the_targets_greedy_path() {
+    use paradraft::train::data::Sample;
+    use paradraft::train::dflash::batch::build;
+    use paradraft::train::features;
+    let mut lm = load_tiny("qwen3");
+    lm.model.set_exact(true);
+    let n = lm.model.config.vocab_size;
+    let argmax = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap() as u32;
+    // A prompt of 6 tokens, then the target's greedy continuation with position 14 replaced.
+    let (len, off_path) = (24, 14);
+    let mut toks = tokens(6, n);
+    while toks.len() < len {
+        let l = common::run_logits(&lm, &toks);
+        let mut next = argmax(&l[toks.len() - 1]);
+        if toks.len() == off_path {
+            next = (next + 1) % n as u32;
+        }
+        toks.push(TokenId(next));
+    }
+    let full = common::run_logits(&lm, &toks);
+    let am_ref: Vec<u32> = full.iter().map(|r| argmax(r)).collect();
+    let greedy = |q: usize| toks[q].0 == am_ref[q - 1];
+    assert!((7..len).all(|q| greedy(q) == (q != off_path)));
+    let samples = vec![Sample {
+        prompt_index: 0,
+        prompt_len: 6,
+        tokens: toks.clone(),
+    }];
+    let h = lm.model.config.hidden_size;
+    let stored = [TAPS[0], TAPS[1], lm.model.config.n_layers - 1];
+    let dir = tempfile::tempdir().unwrap();
+    let p = features::cache_path(dir.path(), &stored);
+    let fc = features::build(&lm.model, &samples, &stored, &p, |_, _| {})
+        .unwrap()
+        .with_context_width(TAPS.len() * h)
+        .into();
+    let vocab = DraftVocab::full(n);
+    let anchors = vec![6, 10, 14, 20];
+    let lb = build(
+        &lm.model,
+        &samples,
+        &fc,
+        &[(0, anchors.clone())],
+        BLOCK,
+        TokenId(5),
+        &vocab,
+        7.0,
+        0,
+    )
+    .unwrap();
+    assert!(lb.has_teacher());
+    let pos = |i: usize| anchors[i / (BLOCK - 1)] + i % (BLOCK - 1) + 1;
+    let (labels, weights) = lb.relabel(BLOCK, |i| am_ref.get(pos(i) - 1).copied());
+    let mut trained = 0;
+    for i in 0..labels.len() {
+        let (p, a) = (pos(i), anchors[i / (BLOCK - 1)]);
+        let want = p < len && (a + 1..p).all(greedy);
+        assert_eq!(weights[i] > 0.0, want, "slot at {p} of anchor {a}");
+        if want {
+            assert_eq!(labels[i], am_ref[p - 1], "label at {p}");
+            trained += 1;
+        }
+    }
+    // Anchor 10's slots past 14 and anchor 6's past 14 are off the path; 14 itself anchors a
+    // block whose slots all follow the target again; 20's last slots run past the end.
+    assert_eq!(trained, 5 + 4 + 5 + 3, "{weights:?}");
+    // The loss forms its labels from the stored last-layer rows (f16) the same way and trains
+    // on those rows only.
+    let net = Net::init(config(&lm, 1), 4).unwrap();
+    let head = frozen_head(&lm.model, &vocab).unwrap();
+    let (l, acc1) = loss(&net, &head, &lb, 0.0).unwrap().unwrap();
+    assert!(l.to_scalar::<f32>().unwrap().is_finite() && (0.0..=1.0).contains(&acc1));
+    let th = head
+        .target_logits(lb.target_hidden.as_ref().unwrap())
+        .unwrap();
+    let am_stored: Vec<u32> = th
+        .argmax(candle_core::D::Minus1)
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let (labels, weights) = lb.relabel(BLOCK, |i| Some(am_stored[i]));
+    assert_eq!(
+        weights.iter().filter(|&&w| w > 0.0).count(),
+        trained,
+        "the stored rows give the same path"
+    );
+    let rows: Vec<usize> = (0..labels.len()).filter(|&i| weights[i] > 0.0).collect();
+    let hidden = net.forward(&lb.batches[0]).unwrap();
+    let logits: Vec<Vec<f32>> = head.forward(&hidden).unwrap().to_vec2().unwrap();
+    let (mut num, mut den) = (0f64, 0f64);
+    for &i in &rows {
+        let (j, k) = (i / (BLOCK - 1), i % (BLOCK - 1) + 1);
+        let r = &logits[j * BLOCK + k];
+        let m = r.iter().cloned().fold(f32::MIN, f32::max) as f64;
+        let z = r.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+        num += weights[i] as f64 * (z - r[labels[i] as usize] as f64);
+        den += weights[i] as f64;
+    }
+    let got = l.to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (got - num / den).abs() < 1e-3 * (num / den).max(1.0),
+        "teacher loss {got} vs reference {}",
+        num / den
+    );
 }
 
 /// Drafter layers initialised from target layers get the target's weights under HF names, with

@@ -103,7 +103,7 @@ pub struct Sources {
     pub more: Option<PathBuf>,
     /// Committed sampled answers (the same format; training prompts answered again at a
     /// temperature, e.g. on a lent GPU): a new campaign's `sampled.bin` starts as them, less
-    /// those of held-out prompts. Only for drafters that train on teacher-labelled text (DART).
+    /// those of held-out prompts.
     pub sampled: Option<PathBuf>,
     /// The prompts their `prompt_index` refers to (and new samples are distilled from).
     pub prompts: PathBuf,

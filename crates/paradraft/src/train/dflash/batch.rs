@@ -1,6 +1,11 @@
 //! Training batches (spec §3.3): random anchors per sequence, their blocks
 //! [x_a, MASK × (B − 1)] at positions a..a+B−1, labels slot k → x_{a+k} on response tokens, and
 //! the context mask (a block sees its own sequence's features strictly before its anchor).
+//!
+//! Teacher-forced text (sampled answers: samples from `teacher_from` on) is labelled by the
+//! target instead: slot k's label is the target's argmax after x_{a+k−1}, and the slot is trained
+//! only while x_{a+1}..x_{a+k−1} are each the target's argmax too — where the text left the
+//! target's greedy path, a greedy draft from the anchor could not be there (`Labeled::relabel`).
 
 use super::net::{Batch, CResult};
 use crate::drafters::vocab::DraftVocab;
@@ -34,9 +39,53 @@ pub struct Labeled {
     /// (whose next-token distribution the label was drawn from), when the feature cache keeps
     /// it; the distillation loss scores it with the target's head.
     pub target_hidden: Option<Tensor>,
+    /// Per label: whether it is teacher-forced text's (its label a placeholder until
+    /// [`Labeled::relabel`]), and the draft id of the text's token there (`u32::MAX`: outside
+    /// the draft vocabulary, or not teacher-forced).
+    pub teacher: Vec<bool>,
+    pub text_tok: Vec<u32>,
 }
 
-/// Builds the batches of `items` = (sample index, its anchors).
+impl Labeled {
+    /// Whether any label is teacher-forced text's.
+    pub fn has_teacher(&self) -> bool {
+        self.teacher.iter().any(|&t| t)
+    }
+
+    /// Labels and weights with the teacher-forced rows relabelled: `argmax(i)` is the target's
+    /// argmax (a draft id) for label `i` (`None`: not computed, for rows of weight 0). A teacher
+    /// row keeps its weight only while every earlier slot of its block is both scored and the
+    /// text's own token; `block` is the block size.
+    pub fn relabel(
+        &self,
+        block: usize,
+        argmax: impl Fn(usize) -> Option<u32>,
+    ) -> (Vec<u32>, Vec<f32>) {
+        let (mut labels, mut weights) = (self.labels.clone(), self.weights.clone());
+        let per = block - 1;
+        let mut on_path = false;
+        for i in 0..labels.len() {
+            if i % per == 0 {
+                on_path = true;
+            }
+            if !self.teacher[i] {
+                continue;
+            }
+            let am = argmax(i).filter(|_| self.weights[i] > 0.0);
+            match am {
+                Some(a) if on_path => labels[i] = a,
+                _ => weights[i] = 0.0,
+            }
+            // The next slot follows the text's token here: on the greedy path only if it is
+            // the target's argmax.
+            on_path &= am.is_some() && am == Some(self.text_tok[i]);
+        }
+        (labels, weights)
+    }
+}
+
+/// Builds the batches of `items` = (sample index, its anchors); samples from `teacher_from` on
+/// are teacher-forced text (`usize::MAX`: none).
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     target: &Model,
@@ -47,6 +96,7 @@ pub fn build(
     mask_id: TokenId,
     vocab: &DraftVocab,
     gamma: f32,
+    teacher_from: usize,
 ) -> CResult<Labeled> {
     let h = target.config.hidden_size;
     let mut mask_row = vec![0f32; h];
@@ -57,12 +107,17 @@ pub fn build(
     let with_target = tail == h;
     let mut target_hidden = vec![];
     let mut rows = vec![];
+    let (mut teacher, mut text_tok) = (vec![], vec![]);
     let dev = &Device::Cpu;
     for (si, anchors) in items {
         let s = &samples[*si];
         let Some(&last) = anchors.last() else {
             continue;
         };
+        let forced = *si >= teacher_from;
+        if forced && !with_target {
+            candle_core::bail!("teacher-forced text needs the target's last layer in the taps");
+        }
         // Context: positions 0..last (the latest anchor sees those before it).
         let taps = feats
             .sample(target, *si, s)
@@ -82,9 +137,17 @@ pub fn build(
                 }
                 block_x.extend_from_slice(&mask_row);
                 let p = a + k;
-                let d = (p < s.tokens.len() && p >= resp)
-                    .then(|| vocab.draft_id(s.tokens[p]))
-                    .flatten();
+                let inside = p < s.tokens.len() && p >= resp;
+                let tok = inside.then(|| vocab.draft_id(s.tokens[p])).flatten();
+                // Teacher-forced text: every slot inside the response is scored (its label,
+                // the target's argmax, is in the draft vocabulary by construction).
+                let d = if forced { inside.then_some(0) } else { tok };
+                teacher.push(forced);
+                text_tok.push(if forced {
+                    tok.unwrap_or(u32::MAX)
+                } else {
+                    u32::MAX
+                });
                 labels.push(d.unwrap_or(0));
                 if with_target {
                     // Row p − 1 predicts token p; rows past the end carry no loss.
@@ -121,5 +184,7 @@ pub fn build(
         labels,
         weights,
         target_hidden,
+        teacher,
+        text_tok,
     })
 }

@@ -142,7 +142,8 @@ pub fn frozen_head(target: &Model, vocab: &DraftVocab) -> CResult<FrozenHead> {
 /// Weighted loss over labelled rows and the first-slot accuracy; `None` when the batch has no
 /// labelled row. Each row's loss is the cross-entropy of its label plus `kl` times the KL
 /// divergence from the target's distribution (restricted to the draft vocabulary) to the
-/// drafter's, when the batch carries the target's last-layer outputs.
+/// drafter's, when the batch carries the target's last-layer outputs. Teacher-forced rows take
+/// the target's argmax as their label, along the greedy path only ([`batch::Labeled::relabel`]).
 pub fn loss(
     net: &Net,
     head: &FrozenHead,
@@ -156,6 +157,34 @@ pub fn loss(
         .filter(|&i| lb.weights[i as usize] > 0.0)
         .collect();
     if rows.is_empty() {
+        return Ok(None);
+    }
+    let teacher = lb.has_teacher();
+    let target = match (kl > 0.0 || teacher, &lb.target_hidden) {
+        (true, Some(th)) => {
+            let idx_rows = Tensor::from_vec(rows.clone(), rows.len(), th.device())?;
+            Some(head.target_logits(&th.index_select(&idx_rows, 0)?.to_device(net.device())?)?)
+        }
+        (true, None) if teacher => {
+            candle_core::bail!("teacher-forced text needs the target's last layer in the taps")
+        }
+        _ => None,
+    };
+    let (labels, weights) = match (&target, teacher) {
+        (Some(t), true) => {
+            let am: Vec<u32> = t.argmax(D::Minus1)?.to_vec1()?;
+            let mut at = vec![None; lb.labels.len()];
+            for (r, &i) in rows.iter().enumerate() {
+                at[i as usize] = Some(am[r]);
+            }
+            lb.relabel(b, |i| at[i])
+        }
+        _ => (lb.labels.clone(), lb.weights.clone()),
+    };
+    // Rows the relabelling left unweighted stay in the product (their weight is 0).
+    let w: Vec<f32> = rows.iter().map(|&i| weights[i as usize]).collect();
+    let wsum: f32 = w.iter().sum();
+    if wsum <= 0.0 {
         return Ok(None);
     }
     let hs = lb
@@ -176,24 +205,16 @@ pub fn loss(
         dev,
     )?;
     let logits = head.forward(&hidden.index_select(&idx, 0)?.contiguous()?)?;
-    let lab: Vec<u32> = rows.iter().map(|&i| lb.labels[i as usize]).collect();
-    let target = match (kl > 0.0, &lb.target_hidden) {
-        (true, Some(th)) => {
-            let idx_rows = Tensor::from_vec(rows.clone(), rows.len(), th.device())?;
-            Some(head.target_logits(&th.index_select(&idx_rows, 0)?.to_device(dev)?)?)
-        }
-        _ => None,
-    };
-    let nll = crate::train::fused::cross_entropy_kl(&logits, &lab, target.as_ref(), kl)?;
-    let w: Vec<f32> = rows.iter().map(|&i| lb.weights[i as usize]).collect();
-    let wsum: f32 = w.iter().sum();
-    let wt = Tensor::from_vec(w, rows.len(), dev)?;
+    let lab: Vec<u32> = rows.iter().map(|&i| labels[i as usize]).collect();
+    let kl_target = if kl > 0.0 { target.as_ref() } else { None };
+    let nll = crate::train::fused::cross_entropy_kl(&logits, &lab, kl_target, kl)?;
+    let wt = Tensor::from_vec(w.clone(), rows.len(), dev)?;
     let loss = ((nll * wt)?.sum_all()? / wsum as f64)?;
     // First-slot accuracy (a cheap progress signal).
     let am: Vec<u32> = logits.argmax(D::Minus1)?.to_vec1()?;
     let (mut hit, mut n) = (0, 0);
     for (r, &i) in rows.iter().enumerate() {
-        if (i as usize).is_multiple_of(b - 1) {
+        if (i as usize).is_multiple_of(b - 1) && w[r] > 0.0 {
             n += 1;
             hit += (am[r] == lab[r]) as usize;
         }
@@ -375,6 +396,7 @@ fn batch_loss(
         TokenId(net.config.mask_token_id),
         data.vocab,
         p.gamma,
+        data.teacher_from,
     )
     .map_err(cerr)?;
     Ok((loss(net, head, &lb, p.kl_weight).map_err(cerr)?, positions))
@@ -460,6 +482,7 @@ pub fn evaluate(
             TokenId(net.config.mask_token_id),
             data.vocab,
             1.0,
+            usize::MAX,
         )
         .map_err(cerr)?;
         let hidden = net.forward(&lb.batches[0]).map_err(cerr)?;
