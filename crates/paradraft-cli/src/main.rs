@@ -91,9 +91,19 @@ struct BenchArgs {
         default_value = "mt_bench,humaneval,gsm8k,math500"
     )]
     datasets: Vec<String>,
-    /// Items per dataset.
-    #[arg(long, default_value_t = 10)]
-    num_prompts: usize,
+    /// Your own prompts instead of the datasets: JSON Lines of Spec-Bench / MT-Bench questions
+    /// (`turns`, `category`), OpenAI `messages`, ShareGPT `conversations` or `{"prompt": ..}`,
+    /// reported per category.
+    #[arg(long, conflicts_with_all = ["datasets", "data_dir"])]
+    prompts: Option<PathBuf>,
+    /// The field of --prompts lines naming their category (default: `category` where present,
+    /// else one set named after the file).
+    #[arg(long, requires = "prompts")]
+    category_field: Option<String>,
+    /// Items per dataset, or per category of --prompts (default: 10 per dataset; every prompt
+    /// of a --prompts file).
+    #[arg(long)]
+    num_prompts: Option<usize>,
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
     #[command(flatten)]
@@ -353,8 +363,20 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let methods: Vec<Method> = a.methods.iter().map(|m| m.0).collect();
     let base = a.spec.config(Method::none())?;
     base.check_used(&methods)?;
-    let dir = a.data_dir.clone().unwrap_or_else(suite::default_dir);
-    let sets = suite::load_sets(&a.datasets, &dir, a.num_prompts)?;
+    let (sets, per_set) = match &a.prompts {
+        Some(f) => {
+            let o = paradraft::bench::prompt_file::Options {
+                category_field: a.category_field.clone(),
+                per_category: a.num_prompts,
+            };
+            (paradraft::bench::prompt_file::load(f, &o)?, a.num_prompts)
+        }
+        None => {
+            let dir = a.data_dir.clone().unwrap_or_else(suite::default_dir);
+            let n = a.num_prompts.unwrap_or(10);
+            (suite::load_sets(&a.datasets, &dir, n)?, Some(n))
+        }
+    };
     let (lm, ctx) = a.m.load()?;
     let (md, lossy) = suite::Suite {
         lm: &lm,
@@ -363,7 +385,8 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         base: &base,
         methods: &methods,
         sets,
-        prompts_per_dataset: a.num_prompts,
+        prompts_per_dataset: per_set,
+        prompt_file: a.prompts.as_deref(),
         max_new_tokens: a.max_new_tokens,
         sampling,
         rule: a.sampling.verify_rule,

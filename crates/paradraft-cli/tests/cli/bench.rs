@@ -80,6 +80,92 @@ fn bench_harness_writes_reports() {
     assert!(latency.contains("per generated token"));
     let _ = std::fs::remove_dir_all(&out);
 }
+/// `bench --prompts FILE` (#58): a Spec-Bench `question.jsonl` (two categories, one two-turn
+/// question) and a chat line with a system message, reported per category; a bad line and a
+/// prompt longer than the context are refused before anything runs, naming the line or prompt.
+#[test]
+fn bench_runs_a_users_prompt_file_per_category() {
+    let m = tiny("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("question.jsonl");
+    let lines = [
+        r#"{"question_id": 1, "category": "writing", "turns": ["Write a line.", "Another."]}"#,
+        r#"{"question_id": 2, "category": "math_reasoning", "turns": ["What is 2+3?"]}"#,
+        r#"{"question_id": 3, "category": "math_reasoning", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "And 4+4?"}]}"#,
+    ];
+    std::fs::write(&f, lines.join("\n") + "\n").unwrap();
+    let out = dir.path().join("out");
+    let (fs, os) = (f.display().to_string(), out.display().to_string());
+    let args = |file: &str, extra: &[&str]| {
+        let mut v = vec![
+            "bench",
+            "--model",
+            &m,
+            "--methods",
+            "pld",
+            "--prompts",
+            file,
+            "--max-new-tokens",
+            "6",
+            "--out",
+            &os,
+            "--threads",
+            "1",
+        ];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let a = args(&fs, &[]);
+    let r = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let rows = summary["summaries"].as_array().unwrap();
+    let sets: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["dataset"].as_str().unwrap(),
+                r["method"].as_str().unwrap(),
+                r["runs"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sets,
+        [
+            ("writing", "ar", 2),
+            ("writing", "pld", 2),
+            ("math_reasoning", "ar", 2),
+            ("math_reasoning", "pld", 2)
+        ],
+        "two turns of the writing question, one each of the two math ones"
+    );
+    assert!(rows.iter().all(|r| r["ar_mismatches"] == 0));
+    assert_eq!(summary["header"]["prompt_file"].as_str(), Some(fs.as_str()));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("per category"), "{md}");
+    // A bad line: refused with its file and line before the model loads.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, format!("{}\n{{\"turns\": []}}\n", lines[0])).unwrap();
+    let a = args(&bad.display().to_string(), &[]);
+    let r = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert_refused(&r, "bad.jsonl:2: no user turn");
+    // A prompt that cannot fit the context with its new tokens.
+    let long = dir.path().join("long.jsonl");
+    let text = "word ".repeat(400);
+    std::fs::write(&long, format!("{{\"prompt\": \"{text}\"}}\n")).unwrap();
+    let a = args(&long.display().to_string(), &["--ctx-size", "256"]);
+    let r = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert_refused(&r, "do not fit the 256-token context");
+    // --prompts replaces the datasets; --category-field needs it.
+    let a = args(&fs, &["--datasets", "gsm8k"]);
+    let r = run(&a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(!r.status.success());
+    let r = run(&["bench", "--category-field", "task"]);
+    assert!(!r.status.success());
+}
+
 #[test]
 fn bench_and_train_options_at_their_extremes_never_panic() {
     let m = tiny("llama");

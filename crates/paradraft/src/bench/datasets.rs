@@ -27,11 +27,20 @@ pub const ALL: [Dataset; 7] = [
     Dataset::Copy,
 ];
 
-/// One benchmark item: the user turns, in order (MT-Bench has two).
+/// One benchmark item: the user turns, in order (MT-Bench has two), after an optional system
+/// message.
 #[derive(Clone, Debug)]
 pub struct Item {
     pub id: String,
+    pub system: Option<String>,
     pub turns: Vec<String>,
+}
+
+/// A named prompt set: a vendored dataset, or one category of a user's prompt file.
+#[derive(Clone, Debug)]
+pub struct PromptSet {
+    pub name: String,
+    pub items: Vec<Item>,
 }
 
 impl Dataset {
@@ -105,6 +114,7 @@ impl Dataset {
                 .unwrap_or_default();
             items.push(Item {
                 id: v["id"].as_str().unwrap_or("").to_string(),
+                system: None,
                 turns,
             });
         }

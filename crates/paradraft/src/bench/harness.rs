@@ -2,7 +2,7 @@
 //! path and interleaved per prompt (so machine noise hits all methods alike), per-round and
 //! per-prompt records, and a summary per (dataset, method).
 
-use super::datasets::{Dataset, Item};
+use super::datasets::PromptSet;
 use crate::drafters::speculative_config::DrafterSet;
 use crate::error::Result;
 use crate::model::{Loaded, Message};
@@ -33,7 +33,7 @@ pub struct BenchParams {
 /// One generation (one turn of one item with one method).
 #[derive(Clone, Debug, Serialize)]
 pub struct Run {
-    pub dataset: &'static str,
+    pub dataset: String,
     pub id: String,
     pub turn: usize,
     pub method: String,
@@ -56,21 +56,30 @@ pub struct Run {
 /// second turn follows each method's own first answer. `on_run` sees each run as it ends.
 pub fn run_bench(
     lm: &Loaded,
-    datasets: &[(Dataset, Vec<Item>)],
+    datasets: &[PromptSet],
     methods: &mut [Method<'_>],
     p: &BenchParams,
     mut on_run: impl FnMut(&Run),
 ) -> Result<Vec<Run>> {
     let mut kv = lm.model.new_kv(p.ctx);
     let mut runs = Vec::new();
-    for (ds, items) in datasets {
-        for (ii, item) in items.iter().enumerate() {
+    for set in datasets {
+        for (ii, item) in set.items.iter().enumerate() {
             for m in methods.iter_mut() {
                 let mut msgs: Vec<Message> = Vec::new();
+                if let Some(s) = &item.system {
+                    msgs.push(Message::new("system", s));
+                }
                 for (turn, text) in item.turns.iter().enumerate() {
                     msgs.push(Message::new("user", text));
                     let prompt = lm.tokenizer.encode_chat(&msgs, true)?;
                     if prompt.len() + p.max_new_tokens + 2 > p.ctx {
+                        // A later turn after long answers (the first turns are checked before
+                        // the bench starts, `suite::check_fits`).
+                        eprintln!(
+                            "\nnote: {}/{} with {}: turn {} and later skipped ({} prompt tokens + {} new do not fit the {}-token context)",
+                            set.name, item.id, m.name, turn + 1, prompt.len(), p.max_new_tokens, p.ctx
+                        );
                         break;
                     }
                     let params = GenerateParams {
@@ -97,7 +106,7 @@ pub fn run_bench(
                     )?;
                     msgs.push(Message::new("assistant", &g.text));
                     let run = Run {
-                        dataset: ds.name(),
+                        dataset: set.name.clone(),
                         id: item.id.clone(),
                         turn,
                         method: m.name.clone(),
@@ -182,7 +191,7 @@ fn ms_per_token(r: &Run) -> f64 {
 pub fn summarize(runs: &[Run], baseline: &str, identical: bool) -> Vec<Summary> {
     let mut keys: Vec<(String, String)> = Vec::new();
     for r in runs {
-        let k = (r.dataset.to_string(), r.method.clone());
+        let k = (r.dataset.clone(), r.method.clone());
         if !keys.contains(&k) {
             keys.push(k);
         }
@@ -206,7 +215,7 @@ pub fn summarize(runs: &[Run], baseline: &str, identical: bool) -> Vec<Summary> 
         .map(|(ds, m)| {
             let rs: Vec<&Run> = runs
                 .iter()
-                .filter(|r| r.dataset == ds && &r.method == m)
+                .filter(|r| &r.dataset == ds && &r.method == m)
                 .collect();
             let rounds: Vec<&RoundStats> = rs.iter().flat_map(|r| r.rounds.iter()).collect();
             let nr = rounds.len().max(1) as f64;
@@ -263,7 +272,7 @@ mod tests {
 
     fn run(method: &str, id: &str, decode_ms: f64, ids: &[u32], taus: &[usize]) -> Run {
         Run {
-            dataset: "gsm8k",
+            dataset: "gsm8k".into(),
             id: id.into(),
             turn: 0,
             method: method.into(),

@@ -22,7 +22,10 @@ pub struct Header {
     /// `sizing` is `fixed` (kept for scripts that read it).
     pub fixed_draft: bool,
     pub max_new_tokens: usize,
-    pub prompts_per_dataset: usize,
+    /// Items per set asked for (`None`: all of the prompt file's).
+    pub prompts_per_dataset: Option<usize>,
+    /// The user's prompt file (`None`: the vendored datasets).
+    pub prompt_file: Option<String>,
     pub cpu: String,
     /// UTC, ISO 8601.
     pub date: String,
@@ -37,7 +40,8 @@ pub struct Setup<'a> {
     pub rule: VerifyRule,
     pub sizing: DraftLength,
     pub max_new_tokens: usize,
-    pub prompts_per_dataset: usize,
+    pub prompts_per_dataset: Option<usize>,
+    pub prompt_file: Option<&'a Path>,
     pub commit: &'a str,
 }
 
@@ -56,6 +60,7 @@ impl Header {
             fixed_draft: s.sizing == DraftLength::Fixed,
             max_new_tokens: s.max_new_tokens,
             prompts_per_dataset: s.prompts_per_dataset,
+            prompt_file: s.prompt_file.map(|p| p.display().to_string()),
             cpu: cpu_model(),
             date: utc_now(),
             commit: s.commit.to_string(),
@@ -66,7 +71,7 @@ impl Header {
     pub fn markdown(&self) -> String {
         format!(
             "- model: `{}` (sha256 `{}`)\n- sampling: temperature {}, top-k {}, top-p {}, seed {}, \
-             verify rule {}, {} drafts\n- {} new tokens, {} prompts per dataset\n- machine: {} \
+             verify rule {}, {} drafts\n- {} new tokens, {}\n- machine: {} \
              with {} threads\n- date: {}; commit: {}\n",
             self.model,
             self.model_sha256,
@@ -84,7 +89,11 @@ impl Header {
                 DraftLength::Adl => "ADL-sized",
             },
             self.max_new_tokens,
-            self.prompts_per_dataset,
+            match (&self.prompt_file, self.prompts_per_dataset) {
+                (Some(f), Some(n)) => format!("prompts from `{f}`, at most {n} per category"),
+                (Some(f), None) => format!("every prompt of `{f}`, per category"),
+                (None, n) => format!("{} prompts per dataset", n.unwrap_or(0)),
+            },
             self.cpu,
             self.threads,
             self.date,

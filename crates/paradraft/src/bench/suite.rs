@@ -3,7 +3,7 @@
 //! written (runs.jsonl, summary.json, summary.md, charts); outputs that must equal AR's and do
 //! not are an error.
 
-use super::datasets::{self, Dataset, Item};
+use super::datasets::{self, Dataset, PromptSet};
 use super::{harness, header, report};
 use crate::drafters::speculative_config::{DraftLength, DrafterConfig, Method};
 use crate::error::{Error, Result};
@@ -23,8 +23,11 @@ pub struct Suite<'a> {
     pub base: &'a DrafterConfig,
     /// The methods next to AR (which always runs, first).
     pub methods: &'a [Method],
-    pub sets: Vec<(Dataset, Vec<Item>)>,
-    pub prompts_per_dataset: usize,
+    pub sets: Vec<PromptSet>,
+    /// Items per set asked for (`None`: all of a prompt file's).
+    pub prompts_per_dataset: Option<usize>,
+    /// The user's prompt file the sets came from (`None`: the vendored datasets).
+    pub prompt_file: Option<&'a Path>,
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub rule: VerifyRule,
@@ -34,7 +37,7 @@ pub struct Suite<'a> {
 }
 
 /// The named prompt sets of `dir`, `n` items each.
-pub fn load_sets(names: &[String], dir: &Path, n: usize) -> Result<Vec<(Dataset, Vec<Item>)>> {
+pub fn load_sets(names: &[String], dir: &Path, n: usize) -> Result<Vec<PromptSet>> {
     if n == 0 {
         return Err(Error::BadRequest("--num-prompts must be at least 1".into()));
     }
@@ -44,7 +47,10 @@ pub fn load_sets(names: &[String], dir: &Path, n: usize) -> Result<Vec<(Dataset,
             let d = Dataset::from_name(name).ok_or_else(|| {
                 Error::BadRequest(format!("unknown dataset {name:?} (known: mt_bench, humaneval, gsm8k, math500, mbpp, alpaca)"))
             })?;
-            Ok((d, d.load(dir, n)?))
+            Ok(PromptSet {
+                name: d.name().to_string(),
+                items: d.load(dir, n)?,
+            })
         })
         .collect()
 }
@@ -54,12 +60,36 @@ pub fn default_dir() -> PathBuf {
     datasets::default_dir()
 }
 
+/// Refuses, before anything runs, a set whose first turn (with its system message) and
+/// `max_new` new tokens do not fit a `ctx`-token context, naming the set, item and sizes.
+pub fn check_fits(lm: &Loaded, sets: &[PromptSet], max_new: usize, ctx: usize) -> Result<()> {
+    for s in sets {
+        for it in &s.items {
+            let mut msgs = vec![];
+            if let Some(sys) = &it.system {
+                msgs.push(crate::model::Message::new("system", sys));
+            }
+            msgs.push(crate::model::Message::new("user", &it.turns[0]));
+            let n = lm.tokenizer.encode_chat(&msgs, true)?.len();
+            if n + max_new + 2 > ctx {
+                return Err(Error::BadRequest(format!(
+                    "prompt {} of {}: {n} tokens and {max_new} new do not fit the {ctx}-token \
+                     context (raise --ctx-size, lower --max-new-tokens or shorten the prompt)",
+                    it.id, s.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Suite<'_> {
     /// Runs every method on every prompt set and writes the reports: the markdown summary,
     /// and an error naming the runs whose outputs differ from AR's where they must not.
     pub fn run(self) -> Result<(String, Option<Error>)> {
         self.base.check_used(self.methods)?;
         let (lm, ctx) = (self.lm, self.ctx);
+        check_fits(lm, &self.sets, self.max_new_tokens, ctx)?;
         let sizing = self.base.draft_length;
         let curve = match sizing {
             DraftLength::Fixed => None,
@@ -88,7 +118,7 @@ impl Suite<'_> {
         std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
         let log_path = out.join("runs.jsonl");
         let mut log = std::fs::File::create(&log_path).map_err(|e| Error::io(&log_path, e))?;
-        let total = self.sets.iter().map(|(_, i)| i.len()).sum::<usize>() * methods.len();
+        let total = self.sets.iter().map(|s| s.items.len()).sum::<usize>() * methods.len();
         let mut done = 0;
         let params = harness::BenchParams {
             max_new_tokens: self.max_new_tokens,
@@ -125,6 +155,7 @@ impl Suite<'_> {
                 sizing,
                 max_new_tokens: self.max_new_tokens,
                 prompts_per_dataset: self.prompts_per_dataset,
+                prompt_file: self.prompt_file,
                 commit: self.commit,
             },
             &self.sampling,
