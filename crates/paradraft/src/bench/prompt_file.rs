@@ -38,9 +38,7 @@ pub fn load(path: &Path, o: &Options) -> Result<Vec<PromptSet>> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |why: String| {
-            Error::BadRequest(format!("{}:{}: {why}", path.display(), i + 1))
-        };
+        let bad = |why: String| Error::BadRequest(format!("{}:{}: {why}", path.display(), i + 1));
         let v: Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
         if !v.is_object() {
             return Err(bad("not a JSON object".into()));
@@ -209,15 +207,24 @@ mod tests {
             (r#"{"text": "x"}"#, "no prompt"),
             (r#"{"prompt": "   "}"#, "the prompt is empty"),
             (r#"{"turns": "x"}"#, "not a list"),
-            (r#"{"messages": [{"role": "assistant", "content": "x"}]}"#, "no user turn"),
-            (r#"{"messages": [{"role": "tool", "content": "x"}]}"#, "role \"tool\""),
+            (
+                r#"{"messages": [{"role": "assistant", "content": "x"}]}"#,
+                "no user turn",
+            ),
+            (
+                r#"{"messages": [{"role": "tool", "content": "x"}]}"#,
+                "role \"tool\"",
+            ),
             (r#"{"prompt": "x", "category": ""}"#, "field is empty"),
             (r#"{"prompt": "x", "category": [1]}"#, "not a string"),
         ];
         for (line, want) in cases {
             let (_d, p) = write(&[r#"{"prompt": "fine"}"#, line]);
             let e = load(&p, &Options::default()).unwrap_err().to_string();
-            assert!(e.contains("question.jsonl:2: ") && e.contains(want), "{line}: {e}");
+            assert!(
+                e.contains("question.jsonl:2: ") && e.contains(want),
+                "{line}: {e}"
+            );
         }
         let (_d, p) = write(&[r#"{"prompt": "x"}"#]);
         let o = Options {
