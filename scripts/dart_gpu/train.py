@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from loop import Log, Optimised
 from target import Target, append_samples, read_safetensors, rms, samples_of, write_safetensors
 
 MASKS = 7
@@ -312,14 +313,7 @@ def main():
     a = ap.parse_args()
     t_start = time.time()
     dev = torch.device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    log = open(os.path.join(a.out, "log.jsonl"), "a")
-
-    def note(**kv):
-        kv["wall_s"] = round(time.time() - t_start, 1)
-        print(json.dumps(kv), flush=True)
-        log.write(json.dumps(kv) + "\n")
-        log.flush()
+    note = Log(a.out, t_start)
 
     cfg = json.load(open(os.path.join(a.drafter, "config.json")))
     w0 = read_safetensors(os.path.join(a.drafter, "model.safetensors"))
@@ -334,7 +328,7 @@ def main():
     hs = set(held_idx)
     usable = lambda s: len(s[0]) >= 3 and len(s[0]) - 2 > max(s[1] - 2, 0)
     train = [s for i, s in enumerate(samples) if i not in hs and usable(s)]
-    note(event="device", name=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", torch=torch.__version__)
+    note.device(dev)
     note(event="data", samples=len(samples), train=len(train), held_out=len(held))
     target = Target(a.model, dev)
     note(event="target", layers=target.n_layers, load_s=round(time.time() - t_start, 1))
@@ -345,44 +339,25 @@ def main():
     note(event="sampled", sequences=len(sampled), share=round(share, 3))
     w0 = {n: w0[n].astype(np.float32) for n in names(cfg)} | {k: w0[k] for k in ("d2t", "t2d")}
     net = Drafter(w0, cfg).to(dev)
-    opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    ema = [p.detach().clone() for p in net.parameters()]
-    step, positions = 0, 0
-    if a.state and os.path.exists(a.state):
-        st = torch.load(a.state, map_location=dev, weights_only=False)
-        net.load_state_dict(st["net"])
-        opt.load_state_dict(st["opt"])
-        ema = st["ema"]
-        step, positions = st["step"], st["positions"]
-        note(event="resumed", step=step, positions=positions)
-
-    def ema_net():
-        e = Drafter(w0, cfg).to(dev)
-        with torch.no_grad():
-            for p, q in zip(e.parameters(), ema):
-                p.copy_(q)
-        return e
+    run = Optimised(net, lambda: Drafter(w0, cfg), a.lr, a.ema, a.clip, a.state, dev, note)
 
     def save():
-        if a.state:
-            tmp = a.state + ".tmp"
-            torch.save(dict(net=net.state_dict(), opt=opt.state_dict(), ema=ema, step=step, positions=positions), tmp)
-            os.replace(tmp, a.state)
-        st = {k: v.astype(np.float16) for k, v in ema_net().state().items()}
+        run.save_state()
+        st = {k: v.astype(np.float16) for k, v in run.ema_net().state().items()}
         d = os.path.join(a.out, "drafter")
         os.makedirs(d, exist_ok=True)
         write_safetensors(os.path.join(d, "model.safetensors"), st | {"d2t": w0["d2t"], "t2d": w0["t2d"]})
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
-        json.dump(dict(step=step, positions=positions), open(os.path.join(a.out, "progress.json"), "w"))
+        json.dump(dict(step=run.step, positions=run.positions), open(os.path.join(a.out, "progress.json"), "w"))
 
-    if step == 0:
+    if run.step == 0:
         note(event="eval", step=0, positions=0, **evaluate(net, target, held, d2t, dev))
-    rng = np.random.default_rng(a.seed + step)
+    rng = np.random.default_rng(a.seed + run.step)
     pools = {False: [train, rng.permutation(len(train)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
-    t_loop, pos_loop = time.time(), positions
+    t_loop, pos_loop = time.time(), run.positions
     while True:
         # Leave a minute for the last evaluation and save.
-        if (a.max_steps and step >= a.max_steps) or time.time() - t_start > a.minutes * 60 - 60:
+        if (a.max_steps and run.step >= a.max_steps) or time.time() - t_start > a.minutes * 60 - 60:
             break
         seqs, ancs, teach = [], [], []
         for _ in range(a.batch_seqs):
@@ -397,27 +372,17 @@ def main():
             k = min(a.anchors, len(valid)) if a.anchors > 0 else len(valid)
             seqs.append(s), ancs.append(sorted(rng.choice(valid, k, replace=False).tolist()))
         L = batch_inputs(target, seqs, ancs, dev, teach)
-        lr = a.lr * min(1.0, (step + 1) / max(1, a.warmup))
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
+        lr = a.lr * min(1.0, (run.step + 1) / max(1, a.warmup))
         loss, acc1, rows = loss_of(net, target, L, t2d, d2t)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(net.parameters(), a.clip)
-        opt.step()
-        with torch.no_grad():
-            for e, p in zip(ema, net.parameters()):
-                e.mul_(a.ema).add_(p.detach(), alpha=1 - a.ema)
-        step += 1
-        positions += rows
-        if step % 25 == 0:
+        gn = run.update(loss, lr, rows)
+        if run.step % 25 == 0:
             dt = time.time() - t_loop
-            note(event="step", step=step, loss=round(loss.item(), 4), acc1=round(acc1, 3), lr=lr, grad_norm=round(gn.item(), 2),
-                 positions=positions, pos_per_s=round((positions - pos_loop) / max(dt, 1e-6)))
-        if step % a.eval_every == 0:
-            note(event="eval", step=step, positions=positions, **evaluate(ema_net(), target, held, d2t, dev))
+            note(event="step", step=run.step, loss=round(loss.item(), 4), acc1=round(acc1, 3), lr=lr, grad_norm=round(gn, 2),
+                 positions=run.positions, pos_per_s=round((run.positions - pos_loop) / max(dt, 1e-6)))
+        if run.step % a.eval_every == 0:
+            note(event="eval", step=run.step, positions=run.positions, **evaluate(run.ema_net(), target, held, d2t, dev))
             save()
-    note(event="eval", step=step, positions=positions, final=True, **evaluate(ema_net(), target, held, d2t, dev))
+    note(event="eval", step=run.step, positions=run.positions, final=True, **evaluate(run.ema_net(), target, held, d2t, dev))
     save()
 
 

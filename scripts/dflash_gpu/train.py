@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dart_gpu"))
+from loop import Log, Optimised  # noqa: E402
 from target import Target, read_safetensors, rms, samples_of, write_safetensors  # noqa: E402
 
 EVAL_ANCHORS = 32  # campaign::student::EVAL_ANCHORS
@@ -255,15 +256,7 @@ def main():
     a = ap.parse_args()
     t_start = time.time()
     dev = torch.device(a.device)
-    os.makedirs(a.out, exist_ok=True)
-    log = open(os.path.join(a.out, "log.jsonl"), "a")
-
-    def note(**kv):
-        kv["wall_s"] = round(time.time() - t_start, 1)
-        print(json.dumps(kv), flush=True)
-        log.write(json.dumps(kv) + "\n")
-        log.flush()
-
+    note = Log(a.out, t_start)
     cfg = json.load(open(os.path.join(a.drafter, "config.json")))
     taps = tuple(cfg["dflash_config"]["target_layer_ids"])
     w0 = read_safetensors(os.path.join(a.drafter, "model.safetensors"))
@@ -282,7 +275,7 @@ def main():
     train = [s for i, s in enumerate(samples) if i not in hs and usable(s)]
     if a.train_limit:
         train = train[: a.train_limit]
-    note(event="device", name=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", torch=torch.__version__)
+    note.device(dev)
     note(event="data", samples=len(samples), train=len(train), held_out=len(held))
     target = Target(a.model, dev)
     if target.h != cfg["hidden_size"] or target.n_layers != cfg["num_target_layers"]:
@@ -291,55 +284,35 @@ def main():
     head = target_head(target, d2t)
     w0f = {n: w0[n].astype(np.float32) for n in names(cfg)}
     net = Drafter(w0f, cfg).to(dev)
-    opt = torch.optim.AdamW(net.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    ema = [p.detach().clone() for p in net.parameters()]
-    step, positions = 0, 0
-    if a.state and os.path.exists(a.state):
-        st = torch.load(a.state, map_location=dev, weights_only=False)
-        net.load_state_dict(st["net"])
-        opt.load_state_dict(st["opt"])
-        ema = st["ema"]
-        step, positions = st["step"], st["positions"]
-        note(event="resumed", step=step, positions=positions)
-
-    def ema_net():
-        e = Drafter(w0f, cfg).to(dev)
-        with torch.no_grad():
-            for p, q in zip(e.parameters(), ema):
-                p.copy_(q)
-        return e
-
+    run = Optimised(net, lambda: Drafter(w0f, cfg), a.lr, a.ema, a.clip, a.state, dev, note)
     best = [(-1.0, 0.0)]
 
     def save(ev):
-        if a.state:
-            tmp = a.state + ".tmp"
-            torch.save(dict(net=net.state_dict(), opt=opt.state_dict(), ema=ema, step=step, positions=positions), tmp)
-            os.replace(tmp, a.state)
+        run.save_state()
         # The exported drafter is the best moving average by held-out α1 (then expected τ) so far.
         if (ev["alpha1"], ev["expected_tau"]) <= best[0]:
             return
         best[0] = (ev["alpha1"], ev["expected_tau"])
-        st = {k: v.astype(np.float16) for k, v in ema_net().state().items()}
+        st = {k: v.astype(np.float16) for k, v in run.ema_net().state().items()}
         d = os.path.join(a.out, "drafter")
         os.makedirs(d, exist_ok=True)
         write_safetensors(os.path.join(d, "model.safetensors"), st | {"d2t": w0["d2t"].astype(np.int64)})
         json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=2)
-        json.dump(dict(step=step, positions=positions, **ev), open(os.path.join(a.out, "best.json"), "w"))
+        json.dump(dict(step=run.step, positions=run.positions, **ev), open(os.path.join(a.out, "best.json"), "w"))
 
     t0 = time.time()
-    ev = evaluate(ema_net(), target, cfg, held, d2t, dev, taps)
+    ev = evaluate(run.ema_net(), target, cfg, held, d2t, dev, taps)
     one_eval = time.time() - t0
-    note(event="eval", step=step, positions=positions, eval_s=round(one_eval, 1), **ev)
+    note(event="eval", step=run.step, positions=run.positions, eval_s=round(one_eval, 1), **ev)
     best[0] = (ev["alpha1"], ev["expected_tau"])  # the start is the bar to beat
-    rng = np.random.default_rng(a.seed + step)
+    rng = np.random.default_rng(a.seed + run.step)
     order, at = rng.permutation(len(train)), 0
-    t_loop, pos_loop, eval_s = time.time(), positions, 0.0
+    t_loop, pos_loop, eval_s = time.time(), run.positions, 0.0
     budget = a.minutes * 60
     while True:
         elapsed = time.time() - t_start
         # Leave room for the last evaluation and save (the first one's time, doubled).
-        if (a.max_steps and step >= a.max_steps) or elapsed > budget - max(20.0, 2 * one_eval + 10):
+        if (a.max_steps and run.step >= a.max_steps) or elapsed > budget - max(20.0, 2 * one_eval + 10):
             break
         seqs, ancs = [], []
         for _ in range(a.batch_seqs):
@@ -352,33 +325,22 @@ def main():
             seqs.append(s), ancs.append(sorted(rng.choice(valid, k, replace=False).tolist()))
         L = batch_inputs(target, cfg, seqs, ancs, dev, taps)
         frac = min(1.0, (time.time() - t_loop) / max(1.0, budget - (t_loop - t_start)))
-        lr = a.lr * min(1.0, (step + 1) / max(1, a.warmup)) * (a.lr_floor + (1 - a.lr_floor) * 0.5 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = lr
+        lr = a.lr * min(1.0, (run.step + 1) / max(1, a.warmup)) * (a.lr_floor + (1 - a.lr_floor) * 0.5 * (1 + math.cos(math.pi * frac)))
         loss, acc1, rows = loss_of(net, target, L, t2d, head, a.gamma, a.kl)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(net.parameters(), a.clip)
-        opt.step()
-        with torch.no_grad():
-            for e, p in zip(ema, net.parameters()):
-                e.mul_(a.ema).add_(p.detach(), alpha=1 - a.ema)
-        step += 1
-        positions += rows
-        if step % 25 == 0:
+        gn = run.update(loss, lr, rows)
+        if run.step % 25 == 0:
             dt = time.time() - t_loop - eval_s
-            note(event="step", step=step, loss=round(loss.item(), 4), acc1=round(acc1, 3), lr=round(lr, 7), grad_norm=round(gn.item(), 3),
-                 positions=positions, pos_per_s=round((positions - pos_loop) / max(dt, 1e-6)))
-        if step % a.eval_every == 0:
+            note(event="step", step=run.step, loss=round(loss.item(), 4), acc1=round(acc1, 3), lr=round(lr, 7), grad_norm=round(gn, 3),
+                 positions=run.positions, pos_per_s=round((run.positions - pos_loop) / max(dt, 1e-6)))
+        if run.step % a.eval_every == 0:
             t0 = time.time()
-            ev = evaluate(ema_net(), target, cfg, held, d2t, dev, taps)
-            note(event="eval", step=step, positions=positions, **ev)
+            ev = evaluate(run.ema_net(), target, cfg, held, d2t, dev, taps)
+            note(event="eval", step=run.step, positions=run.positions, **ev)
             save(ev)
             eval_s += time.time() - t0
-    ev = evaluate(ema_net(), target, cfg, held, d2t, dev, taps)
-    note(event="eval", step=step, positions=positions, final=True, **ev)
+    ev = evaluate(run.ema_net(), target, cfg, held, d2t, dev, taps)
+    note(event="eval", step=run.step, positions=run.positions, final=True, **ev)
     save(ev)
-
 
 if __name__ == "__main__":
     main()

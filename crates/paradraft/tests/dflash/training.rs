@@ -240,6 +240,38 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
     }
 }
 
+/// Blocks at `anchors` of sample 0, its taps cached with the target's last layer after them
+/// (what the distillation and teacher labels read); samples from `teacher_from` on are
+/// teacher-forced.
+fn blocks_with_target_rows(
+    lm: &Loaded,
+    samples: &[paradraft::train::data::Sample],
+    anchors: &[usize],
+    vocab: &DraftVocab,
+    teacher_from: usize,
+) -> Labeled {
+    use paradraft::train::features;
+    let stored = [TAPS[0], TAPS[1], lm.model.config.n_layers - 1];
+    let dir = tempfile::tempdir().unwrap();
+    let p = features::cache_path(dir.path(), &stored);
+    let fc = features::build(&lm.model, samples, &stored, &p, |_, _| {})
+        .unwrap()
+        .with_context_width(TAPS.len() * lm.model.config.hidden_size)
+        .into();
+    paradraft::train::dflash::batch::build(
+        &lm.model,
+        samples,
+        &fc,
+        &[(0, anchors.to_vec())],
+        BLOCK,
+        TokenId(5),
+        vocab,
+        7.0,
+        teacher_from,
+    )
+    .unwrap()
+}
+
 /// The distillation term: with the target's last-layer outputs kept in the feature cache, the
 /// loss adds `kl` × the KL divergence from the target's next-token distribution at the
 /// position before each label (restricted to the draft vocabulary) to the drafter's; checked
@@ -247,41 +279,19 @@ fn training_resumes_from_its_checkpoint_bit_for_bit() {
 #[test]
 fn distillation_loss_matches_the_targets_distribution() {
     use paradraft::train::data::Sample;
-    use paradraft::train::dflash::batch::build;
-    use paradraft::train::features;
     let mut lm = load_tiny("qwen3");
     lm.model.set_exact(true);
     let n = lm.model.config.vocab_size;
-    let last_layer = lm.model.config.n_layers - 1;
     let toks = tokens(30, n);
     let samples = vec![Sample {
         prompt_index: 0,
         prompt_len: 8,
         tokens: toks.clone(),
     }];
-    let stored = [TAPS[0], TAPS[1], last_layer];
-    let dir = tempfile::tempdir().unwrap();
-    let p = features::cache_path(dir.path(), &stored);
-    let h = lm.model.config.hidden_size;
-    let fc = features::build(&lm.model, &samples, &stored, &p, |_, _| {})
-        .unwrap()
-        .with_context_width(TAPS.len() * h)
-        .into();
     // A reduced vocabulary: the distribution is renormalised over it.
     let vocab = DraftVocab::from_d2t((0..n as u32).filter(|i| i % 4 != 3).collect(), n);
     let anchors = vec![9, 17];
-    let lb = build(
-        &lm.model,
-        &samples,
-        &fc,
-        &[(0, anchors.clone())],
-        BLOCK,
-        TokenId(5),
-        &vocab,
-        7.0,
-        usize::MAX,
-    )
-    .unwrap();
+    let lb = blocks_with_target_rows(&lm, &samples, &anchors, &vocab, usize::MAX);
     assert!(lb.target_hidden.is_some());
     let cfg = config(&lm, 1);
     let net = Net::init(cfg, 4).unwrap();
@@ -338,8 +348,6 @@ fn distillation_loss_matches_the_targets_distribution() {
 #[test]
 fn teacher_forced_blocks_follow_the_targets_greedy_path() {
     use paradraft::train::data::Sample;
-    use paradraft::train::dflash::batch::build;
-    use paradraft::train::features;
     let mut lm = load_tiny("qwen3");
     lm.model.set_exact(true);
     let n = lm.model.config.vocab_size;
@@ -364,28 +372,9 @@ fn teacher_forced_blocks_follow_the_targets_greedy_path() {
         prompt_len: 6,
         tokens: toks.clone(),
     }];
-    let h = lm.model.config.hidden_size;
-    let stored = [TAPS[0], TAPS[1], lm.model.config.n_layers - 1];
-    let dir = tempfile::tempdir().unwrap();
-    let p = features::cache_path(dir.path(), &stored);
-    let fc = features::build(&lm.model, &samples, &stored, &p, |_, _| {})
-        .unwrap()
-        .with_context_width(TAPS.len() * h)
-        .into();
     let vocab = DraftVocab::full(n);
     let anchors = vec![6, 10, 14, 20];
-    let lb = build(
-        &lm.model,
-        &samples,
-        &fc,
-        &[(0, anchors.clone())],
-        BLOCK,
-        TokenId(5),
-        &vocab,
-        7.0,
-        0,
-    )
-    .unwrap();
+    let lb = blocks_with_target_rows(&lm, &samples, &anchors, &vocab, 0);
     assert!(lb.has_teacher());
     let pos = |i: usize| anchors[i / (BLOCK - 1)] + i % (BLOCK - 1) + 1;
     let (labels, weights) = lb.relabel(BLOCK, |i| am_ref.get(pos(i) - 1).copied());
