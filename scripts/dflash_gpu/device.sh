@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device side of scripts/dflash_gpu/stage.sh's three calls (run from the tree's root there).
-#   stage          the GGUF's first part and the CPU binary into /tmp/pd
+#   stage          what a staging call carries (GGUF parts, the CPU binary, sampled answers)
+#                  into /tmp/pd
 #   train MINUTES [train.py options]
 #                  the GGUF joined, train.py for MINUTES; the best drafter (split), its log back
 #   bench          bench-kernels at 1–16 threads and bench at 16 threads, the trained DFlash
@@ -11,15 +12,24 @@ OUT="${OUT:-$P/out}"
 mkdir -p "$P" "$OUT"
 case "${1:-}" in
   stage)
-    cp gpu_carry/c1/model.part1 "$P/" && gunzip -c gpu_carry/c1/paradraft.gz >"$P/paradraft" && chmod +x "$P/paradraft"
-    nvidia-smi -L; nproc; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())'
-    ldd "$P/paradraft" | grep 'not found' && echo "the binary misses libraries"
+    cp gpu_carry/c*/model.part* "$P/" 2>/dev/null
+    cp gpu_carry/c*/sampled.bin.gz "$P/" 2>/dev/null
+    for b in gpu_carry/c*/paradraft.gz; do
+      [[ -f "$b" ]] || continue
+      gunzip -c "$b" >"$P/paradraft" && chmod +x "$P/paradraft"
+      ldd "$P/paradraft" | grep 'not found' && echo "the binary misses libraries"
+      nvidia-smi -L; nproc; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.is_available())'
+    done
     ls -l "$P"
     ;;
   train)
-    cat "$P/model.part1" gpu_carry/c2/model.part2 >"$P/m.gguf"
-    rm -rf "$P/start" && cp -r gpu_carry/c2/drafter "$P/start"
-    python3 scripts/dflash_gpu/train.py --model "$P/m.gguf" --samples gpu_carry/c2/samples.bin.gz \
+    c=$(dirname "$(ls gpu_carry/c*/samples.bin.gz | head -n 1)")
+    cp gpu_carry/c*/model.part* "$P/" 2>/dev/null
+    cat "$P"/model.part* >"$P/m.gguf"
+    rm -rf "$P/start" && cp -r "$c/drafter" "$P/start"
+    sampled=()
+    [[ -f "$P/sampled.bin.gz" ]] && sampled=(--sampled "$P/sampled.bin.gz")
+    python3 scripts/dflash_gpu/train.py --model "$P/m.gguf" --samples "$c/samples.bin.gz" "${sampled[@]}" \
       --drafter "$P/start" --out "$P/run" --state "$P/state.pt" --minutes "${2:-7.5}" "${@:3}" >"$OUT/log.txt" 2>&1
     echo "train.py: exit $?"
     tail -n 4 "$OUT/log.txt" | cut -c1-400
@@ -33,7 +43,7 @@ case "${1:-}" in
     ;;
   bench)
     H="$P/home"
-    rm -rf "$H" && cp -r gpu_carry/c3/home "$H"
+    rm -rf "$H" && cp -r "$(dirname "$(ls -d gpu_carry/c*/home | head -n 1)")/home" "$H"
     for g in "$H"/ngram/*.gz; do gunzip "$g"; done
     mkdir -p "$H/models"
     if [[ -f "$P/run/drafter/model.safetensors" ]]; then

@@ -21,7 +21,7 @@ runtime loads and `paradraft train campaign --method dflash --from DIR` evaluate
 evaluation is what counts (docs/dflash.md, "A lent GPU").
 
   python3 train.py --model M.gguf --samples samples.bin.gz --drafter DIR --out OUT
-                   [--minutes 7] [--state S.pt] [--max-steps N]
+                   [--sampled sampled.bin.gz [--sampled-share X]] [--minutes 7] [--state S.pt] [--max-steps N]
 """
 import argparse
 import json
@@ -113,9 +113,10 @@ class Drafter(torch.nn.Module):
 
 
 # ---------------------------------------------------------------- batches (`dflash::batch::build`)
-def batch_inputs(target, cfg, seqs, anchors, dev, taps):
+def batch_inputs(target, cfg, seqs, anchors, dev, taps, teacher=None):
     """The drafter's inputs for sequences `seqs` ((tokens, prompt length, …)) with their sorted
-    anchors (lists, possibly of different lengths), plus every slot's label position."""
+    anchors (lists, possibly of different lengths), plus every slot's label position;
+    `teacher[s]`: sequence s is sampled text, labelled by the target."""
     bs, mask_id = cfg["block_size"], cfg["dflash_config"]["mask_token_id"]
     B = len(seqs)
     A = max(1, max(len(a) for a in anchors))
@@ -144,20 +145,36 @@ def batch_inputs(target, cfg, seqs, anchors, dev, taps):
     mask = torch.cat([ctx_vis, blk_vis], -1)
     return dict(
         feat=feats[:, :C], block_x=block_x, pos=pos.view(B, A * bs), mask=mask, tokens=tok, lens=lens, plen=plen,
-        anchors=anc, last=last, A=A, bs=bs,
+        anchors=anc, last=last, A=A, bs=bs, teacher=torch.tensor(teacher or [False] * B, device=dev),
     )
 
 
-def rows_of(L, t2d, gamma):
+def rows_of(L, t2d, gamma, target=None, head=None):
     """The labelled slots (`build`'s weights > 0): flat slot index, sequence, label position,
-    label, weight, slot − 1."""
+    label, weight, slot − 1. Sampled text (`L["teacher"]`) is labelled as `Labeled::relabel`
+    does: slot k's label is the target's argmax after x_{a+k−1}, kept only while
+    x_{a+1}..x_{a+k−1} are each the target's argmax."""
     anc, tok, bs, A = L["anchors"], L["tokens"], L["bs"], L["A"]
     B, T = tok.shape
     k = torch.arange(1, bs, device=tok.device)
     p = anc[..., None] + k  # [B, A, bs-1]
     pc = p.clamp(0, T - 1)
     lab = t2d[tok.gather(1, pc.view(B, -1)).view(p.shape)]
-    ok = (anc[..., None] >= 0) & (p < L["lens"][:, None, None]) & (p >= L["plen"][:, None, None]) & (lab >= 0)
+    inside = (anc[..., None] >= 0) & (p < L["lens"][:, None, None]) & (p >= L["plen"][:, None, None])
+    ok = inside & (lab >= 0)
+    teach = L["teacher"]
+    if bool(teach.any()):
+        with torch.no_grad():
+            am = (rms(L["last"], target.out_norm, target.eps) @ head.T).argmax(-1)  # [B, T] draft ids
+            greedy = torch.zeros_like(tok, dtype=torch.bool)
+            greedy[:, 1:] = t2d[tok[:, 1:]] == am[:, :-1]
+            off = torch.cumsum((~greedy).long(), 1)  # tokens off the target's path in 0..q
+            at = lambda idx: off.gather(1, idx.reshape(B, -1)).view(p.shape)
+            prev = (pc - 1).clamp(min=0)
+            on_path = at(prev) == at(anc.clamp(min=0)[..., None].expand_as(p))
+            t = teach[:, None, None]
+            lab = torch.where(t, am.gather(1, prev.reshape(B, -1)).view(p.shape), lab)
+            ok = torch.where(t, inside & on_path, ok)
     s, j, kk = ok.nonzero(as_tuple=True)
     slot = s * (A * bs) + j * bs + kk + 1
     w = torch.exp(-kk.float() / gamma)
@@ -166,7 +183,7 @@ def rows_of(L, t2d, gamma):
 
 def loss_of(net, target, L, t2d, head, gamma, kl):
     hidden = net(L)
-    slot, s, p, lab, w, kk = rows_of(L, t2d, gamma)
+    slot, s, p, lab, w, kk = rows_of(L, t2d, gamma, target, head)
     h = hidden.reshape(-1, hidden.shape[-1])[slot]
     logits = h.to(torch.bfloat16) @ head.T.to(torch.bfloat16)
     logq = F.log_softmax(logits.float(), -1)
@@ -250,6 +267,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=400)
     ap.add_argument("--eval-samples", type=int, default=0, help="held-out samples evaluated (0: all)")
     ap.add_argument("--train-limit", type=int, default=0, help="use only this many training samples (a dry run)")
+    ap.add_argument("--sampled", help="sampled answers (a token file, .gz read compressed), labelled by the target")
+    ap.add_argument("--sampled-share", type=float, help="share of sequences drawn from --sampled (default: by count)")
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
@@ -275,8 +294,13 @@ def main():
     train = [s for i, s in enumerate(samples) if i not in hs and usable(s)]
     if a.train_limit:
         train = train[: a.train_limit]
+    held_prompts = {s[2] for s in held}
+    sampled = [s for s in samples_of(a.sampled) if usable(s) and s[2] not in held_prompts] if a.sampled else []
+    if a.train_limit:
+        sampled = sampled[: a.train_limit]
+    share = a.sampled_share if a.sampled_share is not None else len(sampled) / max(1, len(sampled) + len(train))
     note.device(dev)
-    note(event="data", samples=len(samples), train=len(train), held_out=len(held))
+    note(event="data", samples=len(samples), train=len(train), held_out=len(held), sampled=len(sampled), sampled_share=round(share, 3))
     target = Target(a.model, dev)
     if target.h != cfg["hidden_size"] or target.n_layers != cfg["num_target_layers"]:
         raise SystemExit(f"the drafter is for a {cfg['num_target_layers']}-layer target of hidden {cfg['hidden_size']}, not this one")
@@ -306,7 +330,7 @@ def main():
     note(event="eval", step=run.step, positions=run.positions, eval_s=round(one_eval, 1), **ev)
     best[0] = (ev["alpha1"], ev["expected_tau"])  # the start is the bar to beat
     rng = np.random.default_rng(a.seed + run.step)
-    order, at = rng.permutation(len(train)), 0
+    pools = {False: [train, rng.permutation(len(train)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
     t_loop, pos_loop, eval_s = time.time(), run.positions, 0.0
     budget = a.minutes * 60
     while True:
@@ -314,16 +338,19 @@ def main():
         # Leave room for the last evaluation and save (the first one's time, doubled).
         if (a.max_steps and run.step >= a.max_steps) or elapsed > budget - max(20.0, 2 * one_eval + 10):
             break
-        seqs, ancs = [], []
+        seqs, ancs, teach = [], [], []
         for _ in range(a.batch_seqs):
-            if at == len(order):
-                order, at = rng.permutation(len(train)), 0
-            s = train[order[at]]
-            at += 1
+            t = bool(sampled) and rng.random() < share
+            pool = pools[t]
+            if pool[2] == len(pool[1]):
+                pool[1], pool[2] = rng.permutation(len(pool[0])), 0
+            s = pool[0][pool[1][pool[2]]]
+            pool[2] += 1
+            teach.append(t)
             valid = np.arange(s[1], len(s[0]) - 1)
             k = min(a.anchors, len(valid))
             seqs.append(s), ancs.append(sorted(rng.choice(valid, k, replace=False).tolist()))
-        L = batch_inputs(target, cfg, seqs, ancs, dev, taps)
+        L = batch_inputs(target, cfg, seqs, ancs, dev, taps, teach)
         frac = min(1.0, (time.time() - t_loop) / max(1.0, budget - (t_loop - t_start)))
         lr = a.lr * min(1.0, (run.step + 1) / max(1, a.warmup)) * (a.lr_floor + (1 - a.lr_floor) * 0.5 * (1 + math.cos(math.pi * frac)))
         loss, acc1, rows = loss_of(net, target, L, t2d, head, a.gamma, a.kl)
