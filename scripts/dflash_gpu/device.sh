@@ -4,7 +4,8 @@
 #                  into /tmp/pd
 #   train MINUTES [train.py options]
 #                  the GGUF joined, train.py for MINUTES; the best drafter (split), its log back
-#   bench          bench-kernels at 1–16 threads and bench at 16 threads, the trained DFlash
+#   bench          bench-kernels at 1–16 threads and bench at 16 threads (T = 0 and 1), all in
+#                  one tarball ($OUT returns at most 8 files), the trained DFlash
 #                  drafter (or the start one) as the default
 set -uo pipefail
 P=/tmp/pd
@@ -52,16 +53,21 @@ case "${1:-}" in
       cp -r "$P/start" "$H/drafters/smollm2-135m-dflash"
     fi
     export PARADRAFT_HOME="$H"
-    lscpu >"$OUT/lscpu.txt"
+    # $OUT returns at most 8 files: everything goes into one tarball.
+    B="$P/bench" && rm -rf "$B" && mkdir -p "$B"
+    lscpu >"$B/lscpu.txt"
     for t in 1 2 4 8 16; do
-      "$P/paradraft" bench-kernels --model "$P/m.gguf" --threads "$t" --repeats 3 --json >"$OUT/kernels_t$t.json" 2>"$OUT/kernels_t$t.err"
+      "$P/paradraft" bench-kernels --model "$P/m.gguf" --threads "$t" --repeats 3 --json >"$B/kernels_t$t.json" 2>"$B/kernels_t$t.err"
       echo "bench-kernels --threads $t: exit $?"
     done
-    "$P/paradraft" bench --model "$P/m.gguf" --threads 16 --methods dart,dflash,auto --datasets gsm8k,mt_bench \
-      --num-prompts 4 --out "$OUT/bench16" >"$OUT/bench16.txt" 2>&1
-    echo "bench --threads 16: exit $?"
-    tail -n 30 "$OUT/bench16.txt"
-    rm -f "$OUT"/bench16/*.svg
+    for temp in 0 1; do
+      "$P/paradraft" bench --model "$P/m.gguf" --threads 16 --methods dart,dflash,auto --datasets gsm8k,mt_bench \
+        --num-prompts 4 --temperature "$temp" --out "$B/bench16_t$temp" >"$B/bench16_t$temp.txt" 2>&1
+      echo "bench --threads 16 --temperature $temp: exit $?"
+      grep '^|' "$B/bench16_t$temp.txt"
+    done
+    rm -f "$B"/bench16_t*/*.svg
+    tar czf "$OUT/bench.tgz" -C "$P" bench
     ;;
   *) echo "usage: $0 stage|train MINUTES|bench" >&2; exit 2 ;;
 esac
