@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device side of scripts/dflash_gpu/stage.sh's three calls (run from the tree's root there).
+# The device side of scripts/dflash_gpu/stage.sh's calls (run from the tree's root there).
 #   stage          what a staging call carries (GGUF parts, the CPU binary, sampled answers)
 #                  into /tmp/pd
 #   train MINUTES [train.py options]
