@@ -251,6 +251,7 @@ fn ask(port: u16, c: &Case) -> (String, usize) {
             u["total_tokens"].as_u64(),
             Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
         );
+        check_spec_usage(u);
         return (text, u["completion_tokens"].as_u64().unwrap() as usize);
     }
     body["stream"] = json!(true);
@@ -273,7 +274,27 @@ fn ask(port: u16, c: &Case) -> (String, usize) {
     assert!(finish.is_some(), "a finish chunk");
     let usage = &chunks.last().unwrap()["usage"];
     assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+    check_spec_usage(usage);
     (text, usage["completion_tokens"].as_u64().unwrap() as usize)
+}
+
+/// The request's own speculation in `usage.speculative` (#61): accepted ≤ drafted, τ = (rounds
+/// + accepted) / rounds, and the completion no longer than the prompt's token plus what the
+/// rounds committed (a stop can cut the last round short).
+fn check_spec_usage(u: &Value) {
+    let sp = &u["speculative"];
+    let n = |k: &str| sp[k].as_u64().unwrap_or_else(|| panic!("{k} in {u}"));
+    let (rounds, drafted, accepted) = (n("rounds"), n("drafted_tokens"), n("accepted_tokens"));
+    let tau = sp["tau"].as_f64().unwrap();
+    assert!(accepted <= drafted, "{u}");
+    if rounds > 0 {
+        let want = (rounds + accepted) as f64 / rounds as f64;
+        assert!((tau - want).abs() < 1e-3, "{u}");
+    }
+    assert!(
+        u["completion_tokens"].as_u64().unwrap() <= 1 + rounds + accepted,
+        "{u}"
+    );
 }
 
 fn metric(port: u16, name: &str) -> f64 {

@@ -62,6 +62,11 @@ pub struct Finished {
     pub token_ids: Vec<TokenId>,
     /// Tokens per target pass (0 without rounds).
     pub tau: f64,
+    /// Decode rounds (target passes after the prompt), draft nodes verified in them, and
+    /// those accepted.
+    pub rounds: usize,
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 /// Why a request was not queued.

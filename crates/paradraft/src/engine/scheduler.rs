@@ -303,6 +303,9 @@ impl<'e> Scheduler<'e> {
             stop_reason: g.out.stop_reason,
             token_ids: g.out.token_ids,
             tau: g.tau,
+            rounds: g.rounds.len(),
+            drafted: g.rounds.iter().map(|r| r.drafted).sum(),
+            accepted: g.rounds.iter().map(|r| r.accepted).sum(),
         }));
     }
 

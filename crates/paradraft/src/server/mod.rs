@@ -357,7 +357,7 @@ async fn whole(meta: Meta, mut rx: UnboundedReceiver<Event>) -> Response {
                     false,
                 );
                 let mut body = meta.envelope(false, json!([choice]));
-                body["usage"] = json!(Usage::new(meta.prompt_tokens, f.completion_tokens));
+                body["usage"] = json!(Usage::of(meta.prompt_tokens, &f));
                 return Json(body).into_response();
             }
             Event::Error(e) => return internal(e).into_response(),
@@ -402,7 +402,7 @@ impl Streaming {
         self.queue.push_back(last);
         if self.include_usage {
             let mut v = self.meta.envelope(true, json!([]));
-            v["usage"] = json!(Usage::new(self.meta.prompt_tokens, f.completion_tokens));
+            v["usage"] = json!(Usage::of(self.meta.prompt_tokens, &f));
             self.queue.push_back(data(&v));
         }
         self.queue.push_back(SseEvent::default().data("[DONE]"));

@@ -549,14 +549,33 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    /// The request's own speculation (an extension; clients that do not know it ignore it).
+    pub speculative: SpecUsage,
+}
+
+/// What speculation did for one request: its decode rounds (target passes after the prompt),
+/// the draft nodes verified and accepted in them, and τ, tokens per round.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecUsage {
+    pub rounds: usize,
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    pub tau: f64,
 }
 
 impl Usage {
-    pub fn new(prompt: usize, completion: usize) -> Self {
+    /// The usage of a request of `prompt` tokens that ended as `f`.
+    pub fn of(prompt: usize, f: &crate::engine::Finished) -> Self {
         Usage {
             prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
+            completion_tokens: f.completion_tokens,
+            total_tokens: prompt + f.completion_tokens,
+            speculative: SpecUsage {
+                rounds: f.rounds,
+                drafted_tokens: f.drafted,
+                accepted_tokens: f.accepted,
+                tau: (f.tau * 1e4).round() / 1e4,
+            },
         }
     }
 }
