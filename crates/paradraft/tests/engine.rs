@@ -83,6 +83,7 @@ fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
                     prompt: p.clone(),
                     params: params(i),
                     events: tx,
+                    max_draft: None,
                 })
                 .unwrap();
                 rx
@@ -131,6 +132,7 @@ fn cancelled_requests_free_their_pages_and_the_cap_refuses() {
             stop_strings: vec![],
         },
         events: tx,
+        max_draft: None,
     };
     let (tx1, rx1) = unbounded_channel();
     let (tx2, rx2) = unbounded_channel();
@@ -195,7 +197,8 @@ fn bad_engine_settings_are_refused() {
 
 /// A drafter's own cache (DFlash's context K/V) is sized to each request and counted in the
 /// KV pool: a pool that holds one full-context request of the target alone but not its drafter
-/// is refused at start, naming the drafter; with room for both, requests still equal AR.
+/// is refused at start, naming the drafter; with room for both, requests still equal AR, and
+/// each keeps to its own draft limit.
 #[test]
 fn drafter_caches_are_counted_in_the_pool() {
     let path = fixtures().join("tiny").join("qwen3");
@@ -222,7 +225,9 @@ fn drafter_caches_are_counted_in_the_pool() {
     assert!(err.contains("dflash") && err.contains("own cache"), "{err}");
     let e = Engine::start(lm.clone(), path.clone(), d, cfg(32)).unwrap();
     let v = lm.model.config.vocab_size;
-    for i in 0..4 {
+    // Per request (#61): the drafter's own limit (3 a round, drafted in full: fixed sizing),
+    // none at all, or at most 2.
+    for (i, cap) in [None, Some(0), Some(2), None].into_iter().enumerate() {
         let prompt = toks(5 + i, i as u32, v);
         let p = GenerateParams {
             sampling: Default::default(),
@@ -233,12 +238,17 @@ fn drafter_caches_are_counted_in_the_pool() {
             prompt: prompt.clone(),
             params: p.clone(),
             events: tx,
+            max_draft: cap,
         })
         .unwrap();
         let (_, fin) = collect(rx);
         let mut kv = lm.model.new_kv(64);
         let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &p, |_| {}).unwrap();
         assert_eq!(fin.token_ids, ar.token_ids, "request {i}");
+        assert!(fin.rounds > 0 && fin.accepted <= fin.drafted, "request {i}");
+        let most = cap.unwrap_or(3);
+        assert!(fin.drafted <= most * fin.rounds, "request {i}: {fin:?}");
+        assert_eq!(fin.drafted == 0, most == 0, "request {i}: {fin:?}");
     }
     e.shutdown();
 }

@@ -151,6 +151,18 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             400,
             "",
         ),
+        (
+            r#"{"prompt": "hi", "speculative": {"num_speculative_tokens": -1}}"#.into(),
+            "/v1/completions",
+            400,
+            "",
+        ),
+        (
+            r#"{"prompt": "hi", "speculative": {"method": "dart"}}"#.into(),
+            "/v1/completions",
+            400,
+            "",
+        ),
     ];
     for (i, (body, path, want, code)) in cases.iter().enumerate() {
         let headers: &[(&str, &str)] = if i == 0 { &auth[..1] } else { &auth };
@@ -173,6 +185,35 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], json!(4));
     assert_eq!(v["choices"][0]["finish_reason"], json!("length"));
+    // Per request (#61): speculation off drafts nothing and answers as with it (T = 0); a cap
+    // of 1 verifies at most one draft token a round.
+    let echo = r#""messages": [{"role": "user", "content": "Say: red green blue red green blue red green blue"}], "max_tokens": 24, "temperature": 0"#;
+    let mut texts = vec![];
+    for (spec, most) in [
+        ("{}", None),
+        (r#"{"enabled": false}"#, Some(0)),
+        (r#"{"num_speculative_tokens": 1}"#, Some(1)),
+    ] {
+        let (st, v) = call(
+            chat,
+            &format!(r#"{{{echo}, "speculative": {spec}}}"#),
+            &auth,
+        );
+        assert_eq!(st, 200, "{v}");
+        let u = &v["usage"]["speculative"];
+        let (rounds, drafted) = (
+            u["rounds"].as_u64().unwrap(),
+            u["drafted_tokens"].as_u64().unwrap(),
+        );
+        if let Some(m) = most {
+            assert!(drafted <= m * rounds, "{spec}: {u}");
+        }
+        if most == Some(0) {
+            assert_eq!(drafted, 0, "{u}");
+        }
+        texts.push(v["choices"][0]["message"]["content"].clone());
+    }
+    assert!(texts.iter().all(|t| t == &texts[0]), "{texts:?}");
     let (st, v) = http(port, "GET", "/v1/models", &auth[1..], "");
     assert_eq!(st, 200, "{v}");
     let v: Value = serde_json::from_str(&v).unwrap();

@@ -42,6 +42,9 @@ pub struct Request {
     pub params: GenerateParams,
     /// Where the request's text and result go; dropping the receiver cancels the request.
     pub events: UnboundedSender<Event>,
+    /// Most draft tokens a round verifies for this request, below the drafter's own limit
+    /// (`Some(0)`: none, AR decoding; `None`: the drafter's limit).
+    pub max_draft: Option<usize>,
 }
 
 /// What a request hears from the engine: text pieces as they become final, then one

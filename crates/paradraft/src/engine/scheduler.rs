@@ -208,7 +208,10 @@ impl<'e> Scheduler<'e> {
             let mut kv = model.new_kv(cap);
             let started = set
                 .speculation_within(r.params.sampling, self.cfg.rule, cap)
-                .and_then(|sp| {
+                .and_then(|mut sp| {
+                    if let Some(n) = r.max_draft {
+                        sp.max_draft = sp.max_draft.min(n);
+                    }
                     Session::new(
                         &self.lm.tokenizer,
                         &mut kv,

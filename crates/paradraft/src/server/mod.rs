@@ -246,6 +246,7 @@ async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
         prompt: v.prompt,
         params: v.params,
         events: tx,
+        max_draft: v.max_draft,
     };
     if let Err(e) = st.engine.submit(req) {
         let err = match e {

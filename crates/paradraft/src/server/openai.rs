@@ -78,6 +78,39 @@ pub struct StreamOptions {
     pub include_obfuscation: Option<bool>,
 }
 
+/// `speculative` (an extension): this request's speculation. `enabled: false` or
+/// `num_speculative_tokens: 0` drafts nothing (AR decoding, the drafter still following the
+/// text); `num_speculative_tokens: N` caps the draft tokens a round verifies below the
+/// server's own limit.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeOptions {
+    pub enabled: Option<bool>,
+    pub num_speculative_tokens: Option<i64>,
+}
+
+impl SpeculativeOptions {
+    /// The most draft tokens a round may verify for this request (`None`: the server's).
+    fn max_draft(o: &Option<SpeculativeOptions>) -> Result<Option<usize>, ApiError> {
+        let Some(o) = o else {
+            return Ok(None);
+        };
+        let n = match o.num_speculative_tokens {
+            Some(n) if !(0..=256).contains(&n) => {
+                return Err(ApiError::invalid(
+                    format!("speculative.num_speculative_tokens must be in 0..=256, got {n}"),
+                    Some("speculative"),
+                ))
+            }
+            n => n.map(|n| n as usize),
+        };
+        Ok(match o.enabled {
+            Some(false) => Some(0),
+            _ => n,
+        })
+    }
+}
+
 /// `POST /v1/chat/completions`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,6 +149,7 @@ pub struct ChatRequest {
     pub audio: Option<Value>,
     pub prediction: Option<Value>,
     pub web_search_options: Option<Value>,
+    pub speculative: Option<SpeculativeOptions>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -162,6 +196,7 @@ pub struct CompletionRequest {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub logprobs: Option<i64>,
     pub user: Option<String>,
+    pub speculative: Option<SpeculativeOptions>,
 }
 
 /// What both endpoints validate the same way.
@@ -185,6 +220,8 @@ pub struct Validated {
     pub params: GenerateParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// Most draft tokens a round verifies for this request (`None`: the server's limit).
+    pub max_draft: Option<usize>,
 }
 
 fn unsupported(what: &str, param: &'static str) -> ApiError {
@@ -397,6 +434,7 @@ impl ChatRequest {
             params,
             stream: self.stream,
             include_usage: stream_usage(self.stream, &self.stream_options)?,
+            max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
         })
     }
 }
@@ -532,6 +570,7 @@ impl CompletionRequest {
             params,
             stream: self.stream,
             include_usage: stream_usage(self.stream, &self.stream_options)?,
+            max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
         })
     }
 }
