@@ -278,9 +278,9 @@ fn ask(port: u16, c: &Case) -> (String, usize) {
     (text, usage["completion_tokens"].as_u64().unwrap() as usize)
 }
 
-/// The request's own speculation in `usage.speculative` (#61): accepted ≤ drafted, τ = (rounds
-/// + accepted) / rounds, and the completion no longer than the prompt's token plus what the
-/// rounds committed (a stop can cut the last round short).
+/// The request's own speculation in `usage.speculative` (#61): accepted ≤ drafted, τ equal to
+/// rounds plus accepted over rounds, and the completion no longer than the prompt's token plus
+/// what the rounds committed (a stop can cut the last round short).
 fn check_spec_usage(u: &Value) {
     let sp = &u["speculative"];
     let n = |k: &str| sp[k].as_u64().unwrap_or_else(|| panic!("{k} in {u}"));
