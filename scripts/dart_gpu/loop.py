@@ -75,3 +75,22 @@ class Optimised:
                 dict(net=self.net.state_dict(), opt=self.opt.state_dict(), ema=self.ema, step=self.step, positions=self.positions), tmp
             )
             os.replace(tmp, self.state)
+
+
+class Pools:
+    """The greedy training samples and the sampled (teacher-labelled) ones, each drawn in a
+    fresh seeded permutation per pass; `draw()` takes a sampled one with probability `share`."""
+
+    def __init__(self, greedy, sampled, share, rng):
+        self.rng, self.share = rng, share
+        self.pools = {False: [greedy, rng.permutation(len(greedy)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
+
+    def draw(self):
+        """A sample and whether it is sampled text."""
+        t = bool(self.pools[True][0]) and self.rng.random() < self.share
+        pool = self.pools[t]
+        if pool[2] == len(pool[1]):
+            pool[1], pool[2] = self.rng.permutation(len(pool[0])), 0
+        s = pool[0][pool[1][pool[2]]]
+        pool[2] += 1
+        return s, t

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loop import Log, Optimised
+from loop import Log, Optimised, Pools
 from target import Target, append_samples, read_safetensors, rms, samples_of, write_safetensors
 
 MASKS = 7
@@ -353,7 +353,7 @@ def main():
     if run.step == 0:
         note(event="eval", step=0, positions=0, **evaluate(net, target, held, d2t, dev))
     rng = np.random.default_rng(a.seed + run.step)
-    pools = {False: [train, rng.permutation(len(train)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
+    pools = Pools(train, sampled, share, rng)
     t_loop, pos_loop = time.time(), run.positions
     while True:
         # Leave a minute for the last evaluation and save.
@@ -361,12 +361,7 @@ def main():
             break
         seqs, ancs, teach = [], [], []
         for _ in range(a.batch_seqs):
-            t = bool(sampled) and rng.random() < share
-            pool = pools[t]
-            if pool[2] == len(pool[1]):
-                pool[1], pool[2] = rng.permutation(len(pool[0])), 0
-            s = pool[0][pool[1][pool[2]]]
-            pool[2] += 1
+            s, t = pools.draw()
             teach.append(t)
             valid = np.arange(max(s[1] - 2, 0), len(s[0]) - 2)
             k = min(a.anchors, len(valid)) if a.anchors > 0 else len(valid)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dart_gpu"))
-from loop import Log, Optimised  # noqa: E402
+from loop import Log, Optimised, Pools  # noqa: E402
 from target import Target, read_safetensors, rms, samples_of, write_safetensors  # noqa: E402
 
 EVAL_ANCHORS = 32  # campaign::student::EVAL_ANCHORS
@@ -330,7 +330,7 @@ def main():
     note(event="eval", step=run.step, positions=run.positions, eval_s=round(one_eval, 1), **ev)
     best[0] = (ev["alpha1"], ev["expected_tau"])  # the start is the bar to beat
     rng = np.random.default_rng(a.seed + run.step)
-    pools = {False: [train, rng.permutation(len(train)), 0], True: [sampled, rng.permutation(len(sampled)), 0]}
+    pools = Pools(train, sampled, share, rng)
     t_loop, pos_loop, eval_s = time.time(), run.positions, 0.0
     budget = a.minutes * 60
     while True:
@@ -340,12 +340,7 @@ def main():
             break
         seqs, ancs, teach = [], [], []
         for _ in range(a.batch_seqs):
-            t = bool(sampled) and rng.random() < share
-            pool = pools[t]
-            if pool[2] == len(pool[1]):
-                pool[1], pool[2] = rng.permutation(len(pool[0])), 0
-            s = pool[0][pool[1][pool[2]]]
-            pool[2] += 1
+            s, t = pools.draw()
             teach.append(t)
             valid = np.arange(s[1], len(s[0]) - 1)
             k = min(a.anchors, len(valid))
