@@ -12,10 +12,14 @@ tests only read the files):
     python3 scripts/make_quant_fixtures.py
 """
 import os
+import sys
 
 import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "quant"))
+from tokenizer import copy_tokenizer  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 OUT = os.path.join(ROOT, "fixtures", "quants", "blocks.gguf")
@@ -78,15 +82,7 @@ def tiny_model(rng):
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(hidden // heads)
-    w.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
-    w.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
-    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
-    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(f["tokenizer.ggml.merges"].contents())
-    w.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
-    w.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
-    w.add_add_bos_token(False)
-    w.add_chat_template(f["tokenizer.chat_template"].contents())
+    copy_tokenizer(w, f)
 
     def quant(name, qtype, rows, cols, scale):
         block_len, block_bytes = gguf.GGML_QUANT_SIZES[qtype]

@@ -10,6 +10,7 @@ import argparse
 
 import numpy as np
 import gguf
+from tokenizer import copy_tokenizer
 
 SHAPE = dict(layers=24, hidden=2048, ffn=8192, heads=32, kv_heads=32, vocab=49152, ctx=8192, rope=130000.0)
 
@@ -36,18 +37,10 @@ def main():
     w.add_rope_dimension_count(s["hidden"] // s["heads"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     f = r.fields
-    w.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
-    w.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
-    w.add_token_list(f["tokenizer.ggml.tokens"].contents())
-    w.add_token_types(f["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(f["tokenizer.ggml.merges"].contents())
-    w.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
-    w.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
+    copy_tokenizer(w, f)
     w.add_unk_token_id(f["tokenizer.ggml.unknown_token_id"].contents())
     w.add_pad_token_id(f["tokenizer.ggml.padding_token_id"].contents())
-    w.add_add_bos_token(False)
     w.add_add_space_prefix(False)
-    w.add_chat_template(f["tokenizer.chat_template"].contents())
     rng = np.random.default_rng(a.seed)
     h, ffn, hd = s["hidden"], s["ffn"], s["hidden"] // s["heads"]
 

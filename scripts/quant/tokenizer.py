@@ -1,0 +1,17 @@
+"""The tokenizer and chat template of a real GGUF, copied into a `gguf.GGUFWriter`: the
+random-weight files (scripts/quant/random_shape.py, scripts/make_quant_fixtures.py) take a
+real model's so that the engine loads and chats with them."""
+
+
+def copy_tokenizer(w, fields):
+    """Writes the tokenizer keys of `fields` (a `gguf.GGUFReader`'s) to `w`; no BOS is added."""
+    c = lambda k: fields[k].contents()
+    w.add_tokenizer_model(c("tokenizer.ggml.model"))
+    w.add_tokenizer_pre(c("tokenizer.ggml.pre"))
+    w.add_token_list(c("tokenizer.ggml.tokens"))
+    w.add_token_types(c("tokenizer.ggml.token_type"))
+    w.add_token_merges(c("tokenizer.ggml.merges"))
+    w.add_bos_token_id(c("tokenizer.ggml.bos_token_id"))
+    w.add_eos_token_id(c("tokenizer.ggml.eos_token_id"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(c("tokenizer.chat_template"))
