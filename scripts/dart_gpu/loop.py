@@ -1,6 +1,7 @@
 """What the GPU trainers of DART (train.py here) and DFlash (../dflash_gpu/train.py) share: the
 run's log, and the optimiser with its moving average of the weights and resumable state
 (AdamW 0.9 / 0.999 / 1e-8 without decay and global clipping, as `train::optim`)."""
+import argparse
 import json
 import os
 import time
@@ -94,3 +95,22 @@ class Pools:
         s = pool[0][pool[1][pool[2]]]
         pool[2] += 1
         return s, t
+
+
+def arguments(doc, method):
+    """The options both trainers take (the run's files, resumption, sampled text, device); each
+    adds its own recipe's."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--samples", required=True, help="the campaign's samples.bin (optionally .gz)")
+    ap.add_argument("--n-seed", type=int, default=5131, help="seed samples: the last 5 %% of them are held out")
+    ap.add_argument("--drafter", required=True, help=f"the {method} drafter to start from (published layout)")
+    ap.add_argument("--sampled", help="sampled answers (a token file, .gz read compressed), labelled by the target")
+    ap.add_argument("--sampled-share", type=float, help="share of sequences drawn from --sampled (default: by count)")
+    ap.add_argument("--state", help="resume weights, EMA and AdamW moments from this .pt when it exists")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--clip", type=float, default=0.5)
+    ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap

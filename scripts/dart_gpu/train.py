@@ -22,7 +22,6 @@ held-out evaluation of that drafter is what counts.
   python3 train.py --model M.gguf --samples samples.bin.gz --n-seed 5131 --drafter DIR --out OUT
                    [--minutes 9] [--state S.pt] [--sampled S.bin [--generate N] [--sampled-share X]]
 """
-import argparse
 import json
 import os
 import time
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loop import Log, Optimised, Pools
+from loop import Log, Optimised, Pools, arguments
 from target import Target, append_samples, read_safetensors, rms, samples_of, write_safetensors
 
 MASKS = 7
@@ -284,32 +283,20 @@ def grow_sampled(a, target, train, note):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--samples", required=True, help="the campaign's samples.bin (optionally .gz)")
-    ap.add_argument("--n-seed", type=int, default=5131, help="seed samples: the last 5 %% of them are held out")
-    ap.add_argument("--drafter", required=True, help="the DART drafter to start from (published layout)")
-    ap.add_argument("--sampled", help="token file of sampled (teacher-labelled) sequences; --generate grows it")
-    ap.add_argument("--sampled-share", type=float, help="share of sequences drawn from --sampled (default: by count)")
+    ap = arguments(__doc__, "DART")
     ap.add_argument("--generate", type=int, default=0, help="first answer this many training prompts again, sampled")
     ap.add_argument("--gen-temp", type=float, default=0.8)
     ap.add_argument("--gen-batch", type=int, default=256)
     ap.add_argument("--gen-max-new", type=int, default=256)
     ap.add_argument("--gen-minutes", type=float, default=3.0, help="stop generating after this long")
-    ap.add_argument("--state", help="resume weights, EMA and AdamW moments from this .pt when it exists")
-    ap.add_argument("--out", required=True)
     ap.add_argument("--minutes", type=float, default=9.0)
     ap.add_argument("--batch-seqs", type=int, default=16)
     ap.add_argument("--anchors", type=int, default=96)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--ema", type=float, default=0.99)
-    ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--eval-samples", type=int, default=256)
-    ap.add_argument("--max-steps", type=int, default=0)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     t_start = time.time()
     dev = torch.device(a.device)

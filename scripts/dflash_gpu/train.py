@@ -23,7 +23,6 @@ evaluation is what counts (docs/dflash.md, "A lent GPU").
   python3 train.py --model M.gguf --samples samples.bin.gz --drafter DIR --out OUT
                    [--sampled sampled.bin.gz [--sampled-share X]] [--minutes 7] [--state S.pt] [--max-steps N]
 """
-import argparse
 import json
 import math
 import os
@@ -35,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dart_gpu"))
-from loop import Log, Optimised, Pools  # noqa: E402
+from loop import Log, Optimised, Pools, arguments  # noqa: E402
 from target import Target, read_safetensors, rms, samples_of, write_safetensors  # noqa: E402
 
 EVAL_ANCHORS = 32  # campaign::student::EVAL_ANCHORS
@@ -247,13 +246,7 @@ def target_head(target, d2t):
 
 # ---------------------------------------------------------------- the run
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--samples", required=True, help="the campaign's samples.bin (optionally .gz)")
-    ap.add_argument("--n-seed", type=int, default=5131, help="seed samples: the last 5 %% of them are held out")
-    ap.add_argument("--drafter", required=True, help="the DFlash drafter to start from (published layout)")
-    ap.add_argument("--state", help="resume weights, EMA and AdamW moments from this .pt when it exists")
-    ap.add_argument("--out", required=True)
+    ap = arguments(__doc__, "DFlash")
     ap.add_argument("--minutes", type=float, default=7.0, help="wall-clock budget, evaluation and save included")
     ap.add_argument("--batch-seqs", type=int, default=32)
     ap.add_argument("--anchors", type=int, default=64)
@@ -263,15 +256,9 @@ def main():
     ap.add_argument("--gamma", type=float, default=7.0)
     ap.add_argument("--kl", type=float, default=1.0)
     ap.add_argument("--ema", type=float, default=0.995)
-    ap.add_argument("--clip", type=float, default=0.5)
     ap.add_argument("--eval-every", type=int, default=400)
     ap.add_argument("--eval-samples", type=int, default=0, help="held-out samples evaluated (0: all)")
     ap.add_argument("--train-limit", type=int, default=0, help="use only this many training samples (a dry run)")
-    ap.add_argument("--sampled", help="sampled answers (a token file, .gz read compressed), labelled by the target")
-    ap.add_argument("--sampled-share", type=float, help="share of sequences drawn from --sampled (default: by count)")
-    ap.add_argument("--max-steps", type=int, default=0)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     t_start = time.time()
     dev = torch.device(a.device)
