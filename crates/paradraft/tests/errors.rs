@@ -428,3 +428,29 @@ fn zero_new_tokens_generates_nothing() {
     .unwrap();
     assert!(g.out.token_ids.is_empty());
 }
+
+/// Gemma options the family does not have, or that disagree with the model, are refused before
+/// any forward, naming what is wrong.
+#[test]
+fn bad_gemma3_configs() {
+    let cases: [(&str, fn(&mut serde_json::Value)); 4] = [
+        ("soft-capping", |v| {
+            v["attn_logit_softcapping"] = 50.0.into()
+        }),
+        ("activation", |v| v["hidden_activation"] = "relu".into()),
+        ("layer flags", |v| {
+            v["layer_types"] = serde_json::json!(["sliding_attention", "full_attention"])
+        }),
+        ("layer type", |v| {
+            v["layer_types"] = serde_json::json!(["sliding", "full", "full", "full"])
+        }),
+    ];
+    for (what, edit) in cases {
+        let (_td, dir) = edited_tiny("gemma3", edit);
+        let e = load_err(&dir);
+        assert!(matches!(e, Error::Unsupported(_)), "{what}: {e}");
+        eprintln!("{what}: {e}");
+    }
+    let (_td, dir) = edited_tiny("gemma3", |v| v["model_type"] = "gemma3".into());
+    assert!(load_err(&dir).to_string().contains("gemma3_text"));
+}

@@ -191,7 +191,21 @@ fn greedy(n: usize) -> GenerateParams {
 /// panic) or fails with an error.
 #[test]
 fn mutated_k_quant_files_error_or_run_never_panic() {
-    let src = std::fs::read(tiny_kquant()).unwrap();
+    fuzz(&tiny_kquant(), 300);
+}
+
+/// The same over Gemma 3's file: its `gemma3.*` keys (window, sliding pattern, RoPE base of the
+/// sliding layers, soft-cap) and its SentencePiece vocabulary (pieces, scores, types).
+#[test]
+fn mutated_gemma3_files_error_or_run_never_panic() {
+    fuzz(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/gemma3.gguf"),
+        200,
+    );
+}
+
+fn fuzz(file: &std::path::Path, rounds: usize) {
+    let src = std::fs::read(file).unwrap();
     let td = tempfile::tempdir().unwrap();
     let p = td.path().join("m.gguf");
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -202,7 +216,7 @@ fn mutated_k_quant_files_error_or_run_never_panic() {
         (state % n as u64) as usize
     };
     let (mut loaded, mut refused) = (0, 0);
-    for round in 0..300 {
+    for round in 0..rounds {
         let mut b = src.clone();
         // Half the rounds hit the header and tensor table, half anywhere.
         let span = if round % 2 == 0 {
@@ -225,6 +239,9 @@ fn mutated_k_quant_files_error_or_run_never_panic() {
                 let params = greedy(3);
                 let ids = [paradraft::types::TokenId(1), paradraft::types::TokenId(5)];
                 let _ = generate(&lm.model, &lm.tokenizer, &mut kv, &ids, &params, |_| {});
+                let _ = lm
+                    .tokenizer
+                    .encode("a <s> text\n  with  spaces <|im_end|> 12");
             }
             Err(e) => {
                 refused += 1;

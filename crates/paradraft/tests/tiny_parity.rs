@@ -92,6 +92,41 @@ fn tiny_qwen3_qk_norm_bf16() {
     check_model("qwen3");
 }
 
+/// Gemma 3: q/k norms, norms after attention and MLP, GeGLU, embeddings scaled by √hidden,
+/// two sliding layers (window 8 over 42 tokens) with their own RoPE base beside global ones
+/// with linear RoPE scaling, and a final logit soft-cap.
+#[test]
+fn tiny_gemma3_sliding_window_f32() {
+    check_model("gemma3");
+}
+
+/// The same Gemma 3 as llama.cpp's converter writes it (RMSNorm weights stored as 1 + w,
+/// `gemma3.*` keys, the sliding pattern as flags, a SentencePiece vocabulary without the space
+/// prefix): the same logits as transformers.
+#[test]
+fn tiny_gemma3_gguf_matches_transformers() {
+    let mut lm = model::load(&fixtures().join("tiny/gemma3.gguf")).unwrap();
+    lm.model.set_exact(true);
+    let rp = fixtures().join("tiny/gemma3/reference.safetensors");
+    let (_, input) = read_ref(&rp, "input_ids");
+    let (lshape, logits) = read_ref(&rp, "logits");
+    let got = run_logits(&lm, &ids(&input));
+    let vocab = lshape[1];
+    let mut worst = 0f32;
+    for (t, row) in got.iter().enumerate() {
+        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
+        worst = worst.max(max_abs_diff(row, &want));
+    }
+    assert!(worst < TOL, "max |Δlogit| = {worst}");
+    let tok = &lm.tokenizer;
+    let ids = tok.encode("the cat sat").unwrap();
+    assert_eq!(ids[0], lm.tokenizer.bos.unwrap());
+    assert_eq!(tok.decode(&ids).unwrap(), "the cat sat");
+}
+
 /// Returns (max |Δlogit|, mean |Δlogit|, smallest reference top-1 margin among positions whose
 /// argmax differs (∞ if none)) of the tiny mixed-type GGUF.
 fn gguf_parity(exact: bool) -> (f32, f32, f32) {

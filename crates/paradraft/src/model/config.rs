@@ -11,6 +11,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head q/k RMSNorm, no biases.
     Qwen3,
+    /// Gemma 3: q/k norms, norms after attention and MLP too, GeGLU, scaled embeddings,
+    /// sliding-window layers with their own RoPE base.
+    Gemma3,
 }
 
 impl Arch {
@@ -19,6 +22,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 }
@@ -42,6 +46,44 @@ pub enum RopeScaling {
     Factors(Vec<f32>),
 }
 
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (Gemma).
+    GeluTanh,
+}
+
+/// Sliding-window attention: layers whose tokens see only the last `size` positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub size: usize,
+    /// Per layer: whether it slides (the others attend globally).
+    pub layers: Vec<bool>,
+    /// RoPE base of the sliding layers (without scaling), when it differs from the global one.
+    pub rope_theta: Option<f32>,
+}
+
+/// What a family's decoder does beyond the Llama layer (all off for Llama and Qwen).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Extras {
+    pub activation: Activation,
+    /// RMSNorms on the attention's and the MLP's outputs before each residual add (Gemma).
+    pub post_norms: bool,
+    /// Token embeddings are multiplied by this (Gemma: √hidden).
+    pub embed_scale: Option<f32>,
+    /// Attention scores are scaled by this instead of 1/√head_dim.
+    pub attn_scale: Option<f32>,
+    pub sliding_window: Option<SlidingWindow>,
+    /// Logits become c·tanh(logit / c).
+    pub final_softcap: Option<f32>,
+    /// Stored RMSNorm weights are offsets from 1 (Gemma's HF checkpoints; its GGUF files
+    /// store 1 + w).
+    pub norm_plus_one: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub arch: Arch,
@@ -59,6 +101,7 @@ pub struct Config {
     /// The model's trained context length.
     pub max_position_embeddings: usize,
     pub tie_embeddings: bool,
+    pub extras: Extras,
 }
 
 impl Config {
@@ -89,15 +132,46 @@ impl Config {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!("rope theta {} is invalid", self.rope_theta));
         }
+        if let Some(w) = &self.extras.sliding_window {
+            if w.size == 0 || w.layers.len() != self.n_layers {
+                return bad(format!(
+                    "sliding window of {} over {} layer flags for {} layers",
+                    w.size,
+                    w.layers.len(),
+                    self.n_layers
+                ));
+            }
+            if let Some(t) = w.rope_theta.filter(|t| !(t.is_finite() && *t > 0.0)) {
+                return bad(format!("sliding-window rope theta {t} is invalid"));
+            }
+        }
+        let positive = |v: Option<f32>| v.is_none_or(|x| x.is_finite() && x > 0.0);
+        let e = &self.extras;
+        if !positive(e.embed_scale) || !positive(e.attn_scale) || !positive(e.final_softcap) {
+            return bad(format!(
+                "embedding scale {:?}, attention scale {:?} and logit soft-cap {:?} must be positive",
+                e.embed_scale, e.attn_scale, e.final_softcap
+            ));
+        }
         Ok(())
+    }
+
+    /// RoPE inverse frequencies of the sliding-window layers, when their base differs (no
+    /// scaling: Gemma 3 scales only its global layers).
+    pub fn inv_freqs_local(&self) -> Option<Vec<f32>> {
+        let theta = self.extras.sliding_window.as_ref()?.rope_theta?;
+        Some(
+            base_freqs(theta, self.head_dim)
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+        )
     }
 
     /// RoPE inverse frequencies, one per pair, with scaling applied.
     pub fn inv_freqs(&self) -> Vec<f32> {
         let d = self.head_dim;
-        let base: Vec<f64> = (0..d / 2)
-            .map(|i| 1.0 / (self.rope_theta as f64).powf(2.0 * i as f64 / d as f64))
-            .collect();
+        let base = base_freqs(self.rope_theta, d);
         let scaled: Vec<f64> = match &self.rope_scaling {
             RopeScaling::None => base,
             RopeScaling::Linear(f) => base.iter().map(|x| x / *f as f64).collect(),
@@ -128,4 +202,10 @@ impl Config {
         };
         scaled.into_iter().map(|x| x as f32).collect()
     }
+}
+
+fn base_freqs(theta: f32, d: usize) -> Vec<f64> {
+    (0..d / 2)
+        .map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / d as f64))
+        .collect()
 }

@@ -1,11 +1,11 @@
 //! One Llama-family decoder layer (pre-norm attention with optional biases and q/k norm, then a
 //! SwiGLU MLP), shared by the target models and by drafters built from the same layers (DFlash).
 
-use super::config::Config;
+use super::config::{Activation, Config};
 use super::source::TensorSource;
 use crate::error::Result;
 use crate::kv::KvCache;
-use crate::runtime::attention::{attention_many, AttnJob};
+use crate::runtime::attention::{attention_many, AttnJob, Rule, Window};
 use crate::runtime::attention::{AttnShape, Visibility};
 use crate::runtime::ops;
 use crate::runtime::qmatmul::QActs;
@@ -27,6 +27,13 @@ pub(crate) struct Layer {
     w_gate: Matrix,
     w_up: Matrix,
     w_down: Matrix,
+    /// Norms of the attention's and the MLP's outputs (Gemma).
+    post_attn_norm: Option<Vec<f32>>,
+    post_ffn_norm: Option<Vec<f32>>,
+    /// This layer's sliding window, if it slides.
+    window: Option<usize>,
+    /// Its RoPE table is the sliding layers' own ([`LayerScratch::rope_local`]).
+    local_rope: bool,
 }
 
 /// Buffers of a layer forward, grown on demand and reused.
@@ -44,6 +51,8 @@ pub(crate) struct LayerScratch {
     up: Vec<f32>,
     /// `(cos, sin)` per new token and frequency (see [`rope_table`]).
     pub(crate) rope: Vec<(f32, f32)>,
+    /// The same for sliding-window layers with their own RoPE base (Gemma 3).
+    pub(crate) rope_local: Vec<(f32, f32)>,
     pub(crate) qa: QActs,
 }
 
@@ -68,6 +77,8 @@ pub(crate) struct SeqAttn<'a> {
     pub(crate) slot0: usize,
     pub(crate) shape: AttnShape,
     pub(crate) vis: Visibility<'a>,
+    /// The new tokens' positions (what a sliding window measures from).
+    pub(crate) positions: &'a [Pos],
 }
 
 /// The RoPE table of `positions`: `(cos, sin)` of position × frequency, token-major.
@@ -105,11 +116,24 @@ impl Layer {
         let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let n = |s: &str| name(s);
+        let plus = |v: Vec<f32>| -> Vec<f32> {
+            if c.extras.norm_plus_one {
+                v.into_iter().map(|x| x + 1.0).collect()
+            } else {
+                v
+            }
+        };
         let norm = |s: &str| -> Result<Option<Vec<f32>>> {
-            qk_norm.then(|| src.vector(&n(s), hd)).transpose()
+            qk_norm.then(|| src.vector(&n(s), hd).map(plus)).transpose()
+        };
+        let post = |s: &str| -> Result<Option<Vec<f32>>> {
+            c.extras
+                .post_norms
+                .then(|| src.vector(&n(s), h).map(plus))
+                .transpose()
         };
         Ok(Layer {
-            attn_norm: src.vector(&n("attn_norm.weight"), h)?,
+            attn_norm: plus(src.vector(&n("attn_norm.weight"), h)?),
             wq: src.matrix(&n("attn_q.weight"), qd, in_width)?,
             wk: src.matrix(&n("attn_k.weight"), kvd, in_width)?,
             wv: src.matrix(&n("attn_v.weight"), kvd, in_width)?,
@@ -119,11 +143,23 @@ impl Layer {
             bv: src.opt_vector(&n("attn_v.bias"), kvd)?,
             q_norm: norm("attn_q_norm.weight")?,
             k_norm: norm("attn_k_norm.weight")?,
-            ffn_norm: src.vector(&n("ffn_norm.weight"), h)?,
+            ffn_norm: plus(src.vector(&n("ffn_norm.weight"), h)?),
             w_gate: src.matrix(&n("ffn_gate.weight"), ff, h)?,
             w_up: src.matrix(&n("ffn_up.weight"), ff, h)?,
             w_down: src.matrix(&n("ffn_down.weight"), h, ff)?,
+            post_attn_norm: post("post_attention_norm.weight")?,
+            post_ffn_norm: post("post_ffw_norm.weight")?,
+            window: None,
+            local_rope: false,
         })
+    }
+
+    /// Makes this layer layer `li` of a model whose config may give it a sliding window (and
+    /// the sliding layers' own RoPE table).
+    pub(crate) fn place(&mut self, c: &Config, li: usize) {
+        let w = c.extras.sliding_window.as_ref();
+        self.window = w.filter(|w| w.layers[li]).map(|w| w.size);
+        self.local_rope = self.window.is_some() && w.is_some_and(|w| w.rope_theta.is_some());
     }
 
     /// The layer's weights in f32 under their HF / DFlash names (`self_attn.q_proj`, …,
@@ -289,7 +325,11 @@ impl Layer {
                 xn
             }
         };
-        let rope = &s.rope;
+        let rope = if self.local_rope {
+            &s.rope_local
+        } else {
+            &s.rope
+        };
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
@@ -353,11 +393,19 @@ impl Layer {
             let (qs, qr) = q_rest.split_at(sq.shape.n_new * qd);
             let (os, or) = std::mem::take(&mut out_rest).split_at_mut(sq.shape.n_new * qd);
             (q_rest, out_rest) = (qr, or);
+            let window = self.window.map(|size| Window {
+                size,
+                positions: sq.positions,
+            });
             jobs.push(AttnJob {
                 q: qs,
                 kv: sq.kv.layer(li),
                 s: &sq.shape,
                 vis: sq.vis,
+                rule: Rule {
+                    scale: c.extras.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+                    window,
+                },
                 out: os,
             });
         }
@@ -365,6 +413,9 @@ impl Layer {
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.wo], attn, exact);
         self.wo.matmul(attn, &s.qa, proj);
+        if let Some(pn) = &self.post_attn_norm {
+            par_rows(proj, h, |_, o| ops::rms_norm_inplace(o, pn, c.rms_eps));
+        }
     }
 
     /// The MLP half of [`Layer::forward`] over every row of `s.x`: first the pending attention
@@ -392,12 +443,20 @@ impl Layer {
             &s.qa,
         );
         let up = &*up;
+        let act = c.extras.activation;
         par_rows(gate, ff, |r, g| {
-            ops::silu_mul(g, &up[r.start * ff..r.end * ff])
+            let u = &up[r.start * ff..r.end * ff];
+            match act {
+                Activation::Silu => ops::silu_mul(g, u),
+                Activation::GeluTanh => ops::gelu_tanh_mul(g, u),
+            }
         });
         let proj = sized(&mut s.proj, n * h);
         prep(&mut s.qa, &[&self.w_down], gate, exact);
         self.w_down.matmul(gate, &s.qa, proj);
+        if let Some(pn) = &self.post_ffn_norm {
+            par_rows(proj, h, |_, o| ops::rms_norm_inplace(o, pn, c.rms_eps));
+        }
         let proj = &*proj;
         par_rows(&mut s.x, h, |r, xr| {
             ops::add_inplace(xr, &proj[r.start * h..r.end * h])

@@ -22,6 +22,8 @@ pub struct Model {
     output_norm: Vec<f32>,
     layers: Vec<Layer>,
     inv_freq: Vec<f32>,
+    /// The sliding-window layers' own RoPE frequencies (Gemma 3).
+    inv_freq_local: Option<Vec<f32>>,
     /// f32 activations in every matmul (the reference path) instead of int8 ones.
     exact: bool,
     /// Element type of the KV caches [`Model::new_kv`] makes.
@@ -51,12 +53,20 @@ impl Model {
         } else {
             Some(src.matrix("output.weight", c.vocab_size, h)?)
         };
-        let output_norm = src.vector("output_norm.weight", h)?;
-        let qk_norm = c.arch == Arch::Qwen3;
+        let mut output_norm = src.vector("output_norm.weight", h)?;
+        if c.extras.norm_plus_one {
+            output_norm.iter_mut().for_each(|x| *x += 1.0);
+        }
+        let qk_norm = matches!(c.arch, Arch::Qwen3 | Arch::Gemma3);
         let layers = (0..c.n_layers)
-            .map(|i| Layer::load(src, c, qk_norm, |s| format!("blk.{i}.{s}")))
+            .map(|i| {
+                let mut l = Layer::load(src, c, qk_norm, |s| format!("blk.{i}.{s}"))?;
+                l.place(c, i);
+                Ok(l)
+            })
             .collect::<Result<Vec<_>>>()?;
         let inv_freq = config.inv_freqs();
+        let inv_freq_local = config.inv_freqs_local();
         let screen = screen_of(lm_head.as_ref().unwrap_or(&embed));
         Ok(Model {
             config,
@@ -65,6 +75,7 @@ impl Model {
             output_norm,
             layers,
             inv_freq,
+            inv_freq_local,
             exact: false,
             kv_dtype: KvDtype::F16,
             screen,
@@ -81,6 +92,9 @@ impl Model {
         }
         self.layers.truncate(n);
         self.config.n_layers = n;
+        if let Some(w) = &mut self.config.extras.sliding_window {
+            w.layers.truncate(n);
+        }
         Ok(self)
     }
 
@@ -301,7 +315,11 @@ impl Model {
         let mut t = 0;
         for (_, b) in seqs.iter() {
             for tok in b.tokens {
-                self.embed.row_into(tok.idx(), &mut x[t * h..(t + 1) * h]);
+                let row = &mut x[t * h..(t + 1) * h];
+                self.embed.row_into(tok.idx(), row);
+                if let Some(k) = c.extras.embed_scale {
+                    row.iter_mut().for_each(|v| *v *= k);
+                }
                 t += 1;
             }
         }
@@ -310,6 +328,9 @@ impl Model {
             s.positions.extend_from_slice(b.positions);
         }
         rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
+        if let Some(f) = &self.inv_freq_local {
+            rope_table(f, &s.positions, &mut s.l.rope_local);
+        }
         let mut att = Vec::with_capacity(seqs.len());
         for (kv, b) in seqs.iter_mut() {
             let (prefix, n_new) = (kv.len(), b.tokens.len());
@@ -328,6 +349,7 @@ impl Model {
                     Some(m) => Visibility::Mask(m.bits()),
                     None => Visibility::Causal,
                 },
+                positions: b.positions,
             });
         }
         let n_taps = spec.taps.len();
@@ -405,6 +427,7 @@ impl Model {
             _ => 1,
         };
         let (xs, approx) = (&*xs, s.l.qa.n > 0);
+        let softcap = c.extras.final_softcap;
         match spec.logits {
             Logits::Argmax => out.argmax.resize(m, TokenId(0)),
             Logits::TopK(_) => out.top.resize(m, Vec::new()),
@@ -429,16 +452,27 @@ impl Model {
                     refine_top(row, keep, margin, |id, t| head.row_dot(id, x, t), tmp, cand);
                 });
             }
+            // A soft-cap is monotonic: argmaxes are taken before it, values after it.
+            let cap = |row: &mut [f32]| {
+                if let Some(c) = softcap {
+                    row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
+                }
+            };
             match spec.logits {
                 Logits::Argmax => unsafe { *ap.get().add(i) = ops::argmax(row) },
-                Logits::TopK(k) => unsafe { *tp.get().add(i) = ops::top_k(row, k) },
+                Logits::TopK(k) => unsafe {
+                    cap(row);
+                    *tp.get().add(i) = ops::top_k(row, k)
+                },
                 // The argmax as `Argmax` finds it (refined with keep = 1), then the row's top
                 // k as it stands.
                 Logits::ArgmaxTop(k) => unsafe {
                     *ap.get().add(i) = ops::argmax(row);
+                    cap(row);
                     *tp.get().add(i) = ops::top_k(row, k.max(1));
                 },
-                Logits::Full | Logits::None => {}
+                Logits::Full => cap(row),
+                Logits::None => {}
             }
         });
     }

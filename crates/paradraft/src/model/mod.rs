@@ -3,11 +3,13 @@
 
 pub mod config;
 pub mod forward;
+mod gemma;
 pub mod gguf;
 pub mod layer;
 pub mod llama;
 pub mod options;
 pub mod source;
+mod spm;
 pub mod tokenizer;
 
 pub use config::{Arch, Config};
@@ -18,7 +20,7 @@ pub use tokenizer::{Message, StreamDecoder, Tokenizer};
 
 use crate::error::{Error, Result};
 use crate::runtime::ops::RopeStyle;
-use config::{Llama3Scaling, RopeScaling};
+use config::{Extras, Llama3Scaling, RopeScaling, SlidingWindow};
 use gguf::GgufFile;
 use source::{SafetensorsSource, TensorSource};
 use std::path::{Path, PathBuf};
@@ -67,9 +69,10 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "gemma3" => Arch::Gemma3,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3, dream)"
+                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma3, dream)"
             )))
         }
     };
@@ -96,12 +99,17 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
             Some(other) => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
         }
     };
+    let n_layers = g.req_u64(&key("block_count"))? as usize;
+    let extras = match arch {
+        Arch::Gemma3 => gemma::gguf_extras(&g, (n_layers, hidden, n_heads, head_dim))?,
+        _ => Extras::default(),
+    };
     let config = Config {
         arch,
         vocab_size: embd[0],
         hidden_size: hidden,
         intermediate_size: g.req_u64(&key("feed_forward_length"))? as usize,
-        n_layers: g.req_u64(&key("block_count"))? as usize,
+        n_layers,
         n_heads,
         n_kv_heads: g
             .u64(&key("attention.head_count_kv"))
@@ -120,6 +128,7 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         },
         max_position_embeddings: g.u64(&key("context_length")).unwrap_or(4096) as usize,
         tie_embeddings: !g.has("output.weight"),
+        extras,
     };
     let tokenizer = Tokenizer::from_gguf(&g)?;
     let model = Model::from_source(config, &g)?;
@@ -173,9 +182,15 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         // Dream (a diffusion LM adapted from Qwen2.5) keeps Qwen2's layers.
         "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "gemma3_text" => Arch::Gemma3,
+        "gemma3" => return Err(Error::Unsupported(
+            "model_type \"gemma3\" (the image-text checkpoint): paradraft runs its text model, \
+                 a gemma3_text directory or a GGUF"
+                .into(),
+        )),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, qwen2, qwen3, dream)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3_text, dream)"
             )))
         }
     };
@@ -192,8 +207,12 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
     if v["use_sliding_window"].as_bool() == Some(true) {
         return Err(Error::Unsupported("sliding-window attention".into()));
     }
-    // transformers 5 writes `rope_parameters` (theta inside); older files `rope_theta` + `rope_scaling`.
-    let rp = &v["rope_parameters"];
+    // transformers 5 writes `rope_parameters` (theta inside; per layer type for Gemma 3);
+    // older files `rope_theta` + `rope_scaling`.
+    let rp = match &v["rope_parameters"]["full_attention"] {
+        full if full.is_object() => full,
+        _ => &v["rope_parameters"],
+    };
     let rs = if rp.is_object() {
         rp
     } else {
@@ -223,12 +242,26 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
             other => return Err(Error::Unsupported(format!("rope scaling {other:?}"))),
         }
     };
+    let n_layers = req("num_hidden_layers")?;
+    let extras = match arch {
+        Arch::Gemma3 => gemma::hf_extras(v, n_layers, hidden)?,
+        // Mistral v0.1 slides a window over every layer (later versions have none).
+        _ if model_type == "mistral" => Extras {
+            sliding_window: v["sliding_window"].as_u64().map(|size| SlidingWindow {
+                size: size as usize,
+                layers: vec![true; n_layers],
+                rope_theta: None,
+            }),
+            ..Extras::default()
+        },
+        _ => Extras::default(),
+    };
     Ok(Config {
         arch,
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
         intermediate_size: req("intermediate_size")?,
-        n_layers: req("num_hidden_layers")?,
+        n_layers,
         n_heads,
         n_kv_heads: v["num_key_value_heads"]
             .as_u64()
@@ -244,5 +277,6 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         rope_style: RopeStyle::Half,
         max_position_embeddings: v["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
         tie_embeddings: v["tie_word_embeddings"].as_bool().unwrap_or(false),
+        extras,
     })
 }

@@ -265,7 +265,11 @@ impl SafetensorsSource {
             "attn_output" => "self_attn.o_proj",
             "attn_q_norm" => "self_attn.q_norm",
             "attn_k_norm" => "self_attn.k_norm",
+            // Llama's MLP input norm; Gemma's is `pre_feedforward_layernorm` (see `entry`) and
+            // its `post_attention_layernorm` is the attention's output norm.
             "ffn_norm" => "post_attention_layernorm",
+            "post_attention_norm" => "post_attention_layernorm",
+            "post_ffw_norm" => "post_feedforward_layernorm",
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
@@ -275,6 +279,15 @@ impl SafetensorsSource {
     }
 
     fn entry(&self, name: &str) -> Option<&StEntry> {
+        if let Some(layer) = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.strip_suffix(".ffn_norm.weight"))
+        {
+            let gemma = format!("model.layers.{layer}.pre_feedforward_layernorm.weight");
+            if let Some(e) = self.entries.get(&gemma) {
+                return Some(e);
+            }
+        }
         self.entries.get(&Self::hf_name(name))
     }
 }

@@ -1,7 +1,9 @@
-//! Tokenizer (from `tokenizer.json`, or built from GGUF metadata for GPT-2-style BPE), the
+//! Tokenizer (from `tokenizer.json`, or built from GGUF metadata: GPT-2-style BPE or
+//! SentencePiece), the
 //! stop-token set, incremental detokenisation for streaming, and the chat template.
 
 use super::gguf::{GgufFile, Value};
+use super::spm::Spm;
 use crate::error::{Error, Result};
 use crate::types::TokenId;
 use std::collections::BTreeSet;
@@ -23,15 +25,14 @@ const END_OF_TURN_NAMES: &[&str] = &[
     "<|endoftext|>",
     "</s>",
     "<|end|>",
+    "<end_of_turn>",
 ];
 
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 pub struct Tokenizer {
-    inner: HfTokenizer,
-    /// `inner` encoding special-token strings as plain text (made on first use).
-    plain: std::sync::OnceLock<HfTokenizer>,
+    inner: Inner,
     pub bos: Option<TokenId>,
     pub add_bos: bool,
     /// Tokens that end generation (EOS and end-of-turn tokens).
@@ -39,6 +40,94 @@ pub struct Tokenizer {
     pub chat_template: Option<String>,
     pub bos_text: String,
     pub eos_text: String,
+}
+
+/// The tokenizer model: HF `tokenizers` (tokenizer.json, or GPT-2-style BPE built from GGUF
+/// metadata), or SentencePiece as GGUF files describe it.
+enum Inner {
+    Hf {
+        tok: Box<HfTokenizer>,
+        /// `tok` encoding special-token strings as plain text (made on first use).
+        plain: std::sync::OnceLock<Box<HfTokenizer>>,
+    },
+    Spm(Box<Spm>),
+}
+
+impl Inner {
+    fn hf(tok: HfTokenizer) -> Inner {
+        Inner::Hf {
+            tok: Box::new(tok),
+            plain: Default::default(),
+        }
+    }
+
+    fn token_to_id(&self, s: &str) -> Option<u32> {
+        match self {
+            Inner::Hf { tok, .. } => tok.token_to_id(s),
+            Inner::Spm(m) => m.token_to_id(s),
+        }
+    }
+
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        match self {
+            Inner::Hf { tok, .. } => tok.id_to_token(id),
+            Inner::Spm(m) => m.id_to_token(id).map(String::from),
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        match self {
+            Inner::Hf { tok, .. } => tok.get_vocab_size(true),
+            Inner::Spm(m) => m.vocab_size(),
+        }
+    }
+
+    /// Texts of the special tokens a chat template emits.
+    fn special_texts(&self) -> Vec<String> {
+        match self {
+            Inner::Hf { tok, .. } => tok
+                .get_added_tokens_decoder()
+                .into_values()
+                .filter(|t| t.special)
+                .map(|t| t.content)
+                .collect(),
+            Inner::Spm(m) => m.control_texts(),
+        }
+    }
+
+    /// Encodes pieces of text, each with whether special-token text in it becomes the tokens.
+    fn encode(&self, pieces: &[(&str, bool)]) -> Result<Vec<TokenId>> {
+        match self {
+            Inner::Hf { tok, plain } => {
+                let mut ids = Vec::new();
+                for &(piece, special) in pieces {
+                    if piece.is_empty() {
+                        continue;
+                    }
+                    let t = if special {
+                        tok
+                    } else {
+                        plain.get_or_init(|| {
+                            let mut t = (**tok).clone();
+                            t.set_encode_special_tokens(true);
+                            Box::new(t)
+                        })
+                    };
+                    let enc = t.encode(piece, false).map_err(tok_err)?;
+                    ids.extend(enc.get_ids().iter().map(|&i| TokenId(i)));
+                }
+                Ok(ids)
+            }
+            Inner::Spm(m) => Ok(m.encode(pieces).into_iter().map(TokenId).collect()),
+        }
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String> {
+        match self {
+            Inner::Hf { tok, .. } => tok.decode(ids, true).map_err(tok_err),
+            Inner::Spm(m) => Ok(m.decode(ids)),
+        }
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -64,12 +153,47 @@ impl Tokenizer {
     /// Builds the tokenizer that a GGUF file describes (`tokenizer.ggml.*`).
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let model = g.str("tokenizer.ggml.model").unwrap_or("");
-        if model != "gpt2" {
-            return Err(Error::Unsupported(format!(
-                "GGUF tokenizer model {model:?}: only GPT-2-style BPE (\"gpt2\") is built from GGUF metadata; \
-                 use an HF directory with tokenizer.json for other tokenizers"
-            )));
-        }
+        let id = |key: &str| g.u64(key).map(|v| TokenId(v as u32));
+        let (inner, add_bos_default) = match model {
+            "gpt2" => (Inner::hf(Self::gguf_bpe(g)?), false),
+            // SentencePiece: llama.cpp's defaults for it are BOS 1 and a BOS added.
+            "llama" => {
+                let bos = id("tokenizer.ggml.bos_token_id").unwrap_or(TokenId(1));
+                (Inner::Spm(Box::new(Spm::from_gguf(g, Some(bos.0))?)), true)
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "GGUF tokenizer model {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" \
+                     SentencePiece); an HF directory with tokenizer.json loads any tokenizer"
+                )))
+            }
+        };
+        let spm = matches!(inner, Inner::Spm(_));
+        let bos = id("tokenizer.ggml.bos_token_id").or(spm.then_some(TokenId(1)));
+        let eos = id("tokenizer.ggml.eos_token_id").or(spm.then_some(TokenId(2)));
+        let add_bos = g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(add_bos_default);
+        let mut stop_tokens: BTreeSet<TokenId> = eos.into_iter().collect();
+        stop_tokens.extend(id("tokenizer.ggml.eot_token_id"));
+        let text_of =
+            |t: Option<TokenId>| t.and_then(|t| inner.id_to_token(t.0)).unwrap_or_default();
+        let mut tk = Tokenizer {
+            bos_text: text_of(bos),
+            eos_text: text_of(eos),
+            inner,
+            bos,
+            add_bos,
+            stop_tokens,
+            chat_template: g.str("tokenizer.chat_template").map(String::from),
+        };
+        tk.add_end_of_turn_tokens();
+        Ok(tk)
+    }
+
+    /// The GPT-2-style byte-level BPE of a GGUF file (`tokenizer.ggml.model = "gpt2"`).
+    fn gguf_bpe(g: &GgufFile) -> Result<HfTokenizer> {
         let strings = |key: &str| -> Result<Vec<String>> {
             let arr = g
                 .get(key)
@@ -144,32 +268,7 @@ impl Tokenizer {
             .map(|(t, &ty)| AddedToken::from(t.clone(), ty == 3))
             .collect();
         inner.add_special_tokens(&specials);
-
-        let id = |key: &str| g.u64(key).map(|v| TokenId(v as u32));
-        let bos = id("tokenizer.ggml.bos_token_id");
-        let eos = id("tokenizer.ggml.eos_token_id");
-        let add_bos = g
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let mut stop_tokens: BTreeSet<TokenId> = eos.into_iter().collect();
-        stop_tokens.extend(id("tokenizer.ggml.eot_token_id"));
-        let text_of = |t: Option<TokenId>| {
-            t.and_then(|t| tokens.get(t.idx()).cloned())
-                .unwrap_or_default()
-        };
-        let mut tk = Tokenizer {
-            bos_text: text_of(bos),
-            eos_text: text_of(eos),
-            inner,
-            plain: Default::default(),
-            bos,
-            add_bos,
-            stop_tokens,
-            chat_template: g.str("tokenizer.chat_template").map(String::from),
-        };
-        tk.add_end_of_turn_tokens();
-        Ok(tk)
+        Ok(inner)
     }
 
     /// Loads `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`) from an HF
@@ -243,8 +342,7 @@ impl Tokenizer {
         };
         let add_bos = tc["add_bos_token"].as_bool().unwrap_or(false);
         let mut tk = Tokenizer {
-            inner,
-            plain: Default::default(),
+            inner: Inner::hf(inner),
             bos,
             add_bos,
             stop_tokens,
@@ -265,7 +363,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.inner.vocab_size()
     }
 
     /// The end-of-sequence token (`eos_text`'s id), if the vocabulary has it.
@@ -289,8 +387,7 @@ impl Tokenizer {
     /// Encodes text; special-token strings in it (e.g. `<|im_start|>`) become their ids. A BOS is
     /// prepended when the model asks for one and the text does not already start with it.
     pub fn encode(&self, text: &str) -> Result<Vec<TokenId>> {
-        let enc = self.inner.encode(text, false).map_err(tok_err)?;
-        let mut ids: Vec<TokenId> = enc.get_ids().iter().map(|&i| TokenId(i)).collect();
+        let mut ids = self.inner.encode(&[(text, true)])?;
         if let (true, Some(b)) = (self.add_bos, self.bos) {
             if ids.first() != Some(&b) {
                 ids.insert(0, b);
@@ -328,13 +425,7 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>> {
-        let specials: Vec<String> = self
-            .inner
-            .get_added_tokens_decoder()
-            .into_values()
-            .filter(|t| t.special)
-            .map(|t| t.content)
-            .collect();
+        let specials = self.inner.special_texts();
         let risky: Vec<usize> = (0..messages.len())
             .filter(|&i| {
                 specials
@@ -353,30 +444,19 @@ impl Tokenizer {
             msgs[i].content = sentinel(i);
         }
         let text = self.apply_chat_template(&msgs, add_generation_prompt)?;
-        let plain = self.plain.get_or_init(|| {
-            let mut t = self.inner.clone();
-            t.set_encode_special_tokens(true);
-            t
-        });
-        let mut ids = Vec::new();
-        let mut push = |t: &HfTokenizer, piece: &str| -> Result<()> {
-            if !piece.is_empty() {
-                let enc = t.encode(piece, false).map_err(tok_err)?;
-                ids.extend(enc.get_ids().iter().map(|&i| TokenId(i)));
-            }
-            Ok(())
-        };
+        let mut pieces: Vec<(&str, bool)> = Vec::new();
         let mut rest = text.as_str();
         while let Some((at, i)) = risky
             .iter()
             .filter_map(|&i| rest.find(&sentinel(i)).map(|at| (at, i)))
             .min()
         {
-            push(&self.inner, &rest[..at])?;
-            push(plain, &messages[i].content)?;
+            pieces.push((&rest[..at], true));
+            pieces.push((&messages[i].content, false));
             rest = &rest[at + sentinel(i).len()..];
         }
-        push(&self.inner, rest)?;
+        pieces.push((rest, true));
+        let mut ids = self.inner.encode(&pieces)?;
         if let (true, Some(b)) = (self.add_bos, self.bos) {
             if ids.first() != Some(&b) {
                 ids.insert(0, b);
@@ -388,7 +468,7 @@ impl Tokenizer {
     /// Decodes ids to text, keeping special tokens out.
     pub fn decode(&self, ids: &[TokenId]) -> Result<String> {
         let raw: Vec<u32> = ids.iter().map(|t| t.0).collect();
-        self.inner.decode(&raw, true).map_err(tok_err)
+        self.inner.decode(&raw)
     }
 
     /// Renders the chat template (or, without one, joins the turns plainly).

@@ -66,6 +66,19 @@ multiversion! {
 }
 
 multiversion! {
+    /// `gate = gelu(gate) · up`, in place, with GELU's tanh approximation written as
+    /// x·σ(2y), y = √(2/π)·(x + 0.044715·x³) (the same function: ½(1 + tanh y) = σ(2y)).
+    pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+        const C: f32 = 0.797_884_6; // √(2/π)
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let x = *g;
+            let y2 = 2.0 * C * (x + 0.044_715 * x * x * x);
+            *g = x / (1.0 + fast_exp(-y2)) * u;
+        }
+    }
+}
+
+multiversion! {
     pub fn add_inplace(x: &mut [f32], y: &[f32]) {
         for (a, &b) in x.iter_mut().zip(y) {
             *a += b;
@@ -264,6 +277,22 @@ mod tests {
         for u in [0.5f32 / 8_388_608.0, 0.5, 1.0 - 0.5 / 8_388_608.0] {
             let (got, want) = (fast_ln(u) as f64, (u as f64).ln());
             assert!(((got - want) / want).abs() < 1e-6, "{u}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_matches_its_definition() {
+        let xs: Vec<f32> = (-800..800).map(|i| i as f32 * 0.0123).collect();
+        let mut g = xs.clone();
+        gelu_tanh_mul(&mut g, &vec![1.0; xs.len()]);
+        for (&x, &got) in xs.iter().zip(&g) {
+            let x64 = x as f64;
+            let y = (2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044715 * x64.powi(3));
+            let want = 0.5 * x64 * (1.0 + y.tanh());
+            assert!(
+                (got as f64 - want).abs() < 2e-6 * (1.0 + want.abs()),
+                "x = {x}: {got} vs {want}"
+            );
         }
     }
 

@@ -202,6 +202,7 @@ impl DartModel {
             slot0,
             shape,
             vis: Visibility::Causal,
+            positions: &s.positions,
         }];
         // Only the last real slot and the masks leave the last layer (their outputs are the
         // depths); every slot goes through the layers before it (the next one's K/V).

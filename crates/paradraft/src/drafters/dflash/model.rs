@@ -178,6 +178,7 @@ impl DflashModel {
                 slot0,
                 shape,
                 vis: Visibility::Mask(&s.mask),
+                positions,
             }];
             l.forward(c, li, &mut seq, &mut s.l, false);
         }

@@ -21,6 +21,7 @@ use super::isa::{isa, Isa};
 use super::ops::fast_exp;
 use super::quant::{par_ranges, SendPtr};
 use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
+use crate::types::Pos;
 use half::f16;
 use std::cell::RefCell;
 
@@ -59,7 +60,34 @@ pub(crate) struct AttnJob<'a> {
     pub kv: KvLayerRef<'a>,
     pub s: &'a AttnShape,
     pub vis: Visibility<'a>,
+    pub rule: Rule<'a>,
     pub out: &'a mut [f32],
+}
+
+/// How scores are scaled, and which of the visible slots fall out of a sliding window.
+#[derive(Clone, Copy, Debug)]
+pub struct Rule<'a> {
+    /// Scores are `q·k · scale` (usually 1/√head_dim).
+    pub scale: f32,
+    pub window: Option<Window<'a>>,
+}
+
+impl Rule<'_> {
+    /// 1/√head_dim, no window.
+    pub fn plain(head_dim: usize) -> Rule<'static> {
+        Rule {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+        }
+    }
+}
+
+/// A sliding window: a token at position p sees only keys at positions above p − `size`. The
+/// cached prefix's slot j holds position j; `positions` are the new tokens'.
+#[derive(Clone, Copy, Debug)]
+pub struct Window<'a> {
+    pub size: usize,
+    pub positions: &'a [Pos],
 }
 
 fn kernel_for(s: &AttnShape) -> Kernel {
@@ -90,7 +118,7 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
         let typed = jobs
             .iter_mut()
             .map(|j| match j.kv {
-                KvLayerRef::F32(l) => (j.q, l, j.s, j.vis, &mut *j.out),
+                KvLayerRef::F32(l) => (j.q, l, j.s, j.vis, j.rule, &mut *j.out),
                 KvLayerRef::F16(_) => panic!("{wrong}"),
             })
             .collect();
@@ -99,7 +127,7 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
         let typed = jobs
             .iter_mut()
             .map(|j| match j.kv {
-                KvLayerRef::F16(l) => (j.q, l, j.s, j.vis, &mut *j.out),
+                KvLayerRef::F16(l) => (j.q, l, j.s, j.vis, j.rule, &mut *j.out),
                 KvLayerRef::F32(_) => panic!("{wrong}"),
             })
             .collect();
@@ -109,6 +137,7 @@ pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
 
 /// One job's attention with a chosen kernel and `tb` tokens per work unit.
 #[cfg(test)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_kern(
     kern: Kernel,
     tb: usize,
@@ -116,11 +145,12 @@ pub(crate) fn attention_kern(
     kv: KvLayerRef,
     s: &AttnShape,
     vis: Visibility,
+    rule: Rule,
     out: &mut [f32],
 ) {
     match kv {
-        KvLayerRef::F32(l) => attention_with(kern, tb, vec![(q, l, s, vis, out)]),
-        KvLayerRef::F16(l) => attention_with(kern, tb, vec![(q, l, s, vis, out)]),
+        KvLayerRef::F32(l) => attention_with(kern, tb, vec![(q, l, s, vis, rule, out)]),
+        KvLayerRef::F16(l) => attention_with(kern, tb, vec![(q, l, s, vis, rule, out)]),
     }
 }
 
@@ -177,6 +207,7 @@ type TypedJob<'a, E> = (
     KvLayer<'a, E>,
     &'a AttnShape,
     Visibility<'a>,
+    Rule<'a>,
     &'a mut [f32],
 );
 
@@ -192,7 +223,10 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
     let chunks = |s: &AttnShape| (s.prefix + s.n_new).div_ceil(SLOT_CHUNK);
     let mut first_unit = Vec::with_capacity(jobs.len() + 1);
     let mut units = 0;
-    for (q, kv, s, _, out) in &jobs {
+    for (q, kv, s, _, rule, out) in &jobs {
+        if let Some(w) = rule.window {
+            assert_eq!(w.positions.len(), s.n_new, "a position per new token");
+        }
         assert!(
             s.prefix + s.n_new <= kv.capacity,
             "attention past the cache"
@@ -209,11 +243,12 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
         let args: Vec<Args<E>> = jobs
             .iter()
             .enumerate()
-            .map(|(i, (q, kv, s, vis, _))| Args {
+            .map(|(i, (q, kv, s, vis, rule, _))| Args {
                 q,
                 kv: *kv,
                 s,
                 vis: *vis,
+                rule: *rule,
                 chunks: chunks(s),
                 tb,
                 kern,
@@ -281,6 +316,7 @@ struct Args<'a, E> {
     kv: KvLayer<'a, E>,
     s: &'a AttnShape,
     vis: Visibility<'a>,
+    rule: Rule<'a>,
     /// Slot ranges per (token, KV head).
     chunks: usize,
     /// Tokens per unit.
@@ -411,29 +447,52 @@ mod avx512;
 mod avx2;
 
 /// Token `t`'s `c`-th run of [`SLOT_CHUNK`] slots among those it sees, in slot order, onto
-/// `slots`: the cached prefix, then its visible new tokens (for a tree: its ancestors, by
-/// depth). A token sees the same sequence of K/V rows whether it runs alone, in a chain or in
-/// a tree.
-fn visible_slots(s: &AttnShape, vis: Visibility, t: usize, c: usize, slots: &mut Vec<u32>) {
+/// `slots`: the cached prefix (from the window's start), then its visible new tokens (for a
+/// tree: its ancestors, by depth) within the window. A token sees the same sequence of K/V rows
+/// whether it runs alone, in a chain or in a tree.
+fn visible_slots(
+    s: &AttnShape,
+    vis: Visibility,
+    win: Option<Window>,
+    t: usize,
+    c: usize,
+    slots: &mut Vec<u32>,
+) {
     let (lo, hi) = (c * SLOT_CHUNK, (c + 1) * SLOT_CHUNK);
-    if lo < s.prefix {
-        slots.extend(lo as u32..hi.min(s.prefix) as u32);
-    }
-    if hi > s.prefix {
-        match vis {
-            // New tokens 0..=t: one contiguous run of slots.
-            Visibility::Causal => {
-                let end = hi.min(s.prefix + t + 1);
-                slots.extend(lo.max(s.prefix) as u32..end.max(lo.max(s.prefix)) as u32);
-            }
-            Visibility::Mask(bits) => slots.extend(
-                (0..s.n_new)
-                    .filter(|&j| bits[t * s.n_new + j])
-                    .skip(lo.saturating_sub(s.prefix))
-                    .take(hi - lo.max(s.prefix))
-                    .map(|j| (s.prefix + j) as u32),
-            ),
+    let (start, at) = match win {
+        Some(w) => {
+            let p = w.positions[t].0 as usize;
+            ((p + 1).saturating_sub(w.size).min(s.prefix), Some((p, w)))
         }
+        None => (0, None),
+    };
+    let seen = s.prefix - start;
+    if lo < seen {
+        slots.extend((start + lo) as u32..(start + hi.min(seen)) as u32);
+    }
+    if hi <= seen {
+        return;
+    }
+    let (skip, take) = (lo.saturating_sub(seen), hi - lo.max(seen));
+    let near =
+        |j: usize| at.is_none_or(|(p, w)| p.saturating_sub(w.positions[j].0 as usize) < w.size);
+    let slot = |j: usize| (s.prefix + j) as u32;
+    match vis {
+        // New tokens 0..=t: one contiguous run of slots.
+        Visibility::Causal if at.is_none() => {
+            let end = hi.min(s.prefix + t + 1);
+            slots.extend(lo.max(s.prefix) as u32..end.max(lo.max(s.prefix)) as u32);
+        }
+        Visibility::Causal => {
+            slots.extend((0..=t).filter(|&j| near(j)).skip(skip).take(take).map(slot))
+        }
+        Visibility::Mask(bits) => slots.extend(
+            (0..s.n_new)
+                .filter(|&j| bits[t * s.n_new + j] && near(j))
+                .skip(skip)
+                .take(take)
+                .map(slot),
+        ),
     }
 }
 
@@ -494,13 +553,14 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
         kv,
         s,
         vis,
+        rule,
         chunks,
         tb,
         ..
     } = *a;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = rule.scale;
     let (b, g, c) = (
         unit / (s.n_kv_heads * chunks),
         unit / chunks % s.n_kv_heads,
@@ -520,7 +580,7 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     ends.push(0);
     qb.clear();
     for t in t0..t0 + nt {
-        visible_slots(s, vis, t, c, slots);
+        visible_slots(s, vis, rule.window, t, c, slots);
         ends.push(slots.len());
         qb.extend_from_slice(&q[(t * s.n_heads + g * group) * hd..][..group * hd]);
     }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::kv::{KvCache, KvDtype};
+use crate::types::Pos;
 
 use crate::runtime::qmatmul::tests::{runnable, Lcg};
 
@@ -53,16 +54,38 @@ fn case(
 
 /// f64 softmax attention, straight from the definition.
 fn reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, mask: &[bool]) -> Vec<f32> {
+    reference_rule(q, k, v, s, mask, Rule::plain(s.head_dim))
+}
+
+/// The same with a score scale and a sliding window: slot j (prefix slot j at position j, new
+/// token j at `positions[j]`) is seen from position p when p − pos(j) < size.
+fn reference_rule(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: &AttnShape,
+    mask: &[bool],
+    rule: Rule,
+) -> Vec<f32> {
     let (hd, group) = (s.head_dim, s.n_heads / s.n_kv_heads);
     let row = s.n_kv_heads * hd;
     let mut out = vec![0f32; q.len()];
     for t in 0..s.n_new {
+        let pos = |slot: usize| match rule.window {
+            Some(w) if slot >= s.prefix => w.positions[slot - s.prefix].0 as i64,
+            _ => slot as i64,
+        };
+        let near = |slot: usize| match rule.window {
+            Some(w) => pos(s.prefix + t) - pos(slot) < w.size as i64,
+            None => true,
+        };
         let seen: Vec<usize> = (0..s.prefix)
             .chain(
                 (0..s.n_new)
                     .filter(|&j| mask[t * s.n_new + j])
                     .map(|j| s.prefix + j),
             )
+            .filter(|&sl| near(sl))
             .collect();
         for h in 0..s.n_heads {
             let g = h / group;
@@ -75,7 +98,7 @@ fn reference(q: &[f32], k: &[f32], v: &[f32], s: &AttnShape, mask: &[bool]) -> V
                         .zip(kr)
                         .map(|(&a, &b)| a as f64 * b as f64)
                         .sum::<f64>()
-                        / (hd as f64).sqrt()
+                        * rule.scale as f64
                 })
                 .collect();
             let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -143,7 +166,16 @@ fn kernels_match_reference() {
                     };
                     let want = reference(&q, &round(&k), &round(&v), &s, &mask);
                     let mut out = vec![0f32; q.len()];
-                    attention_kern(kern, TOKEN_BLOCK, &q, kv.layer(0), &s, vis, &mut out);
+                    attention_kern(
+                        kern,
+                        TOKEN_BLOCK,
+                        &q,
+                        kv.layer(0),
+                        &s,
+                        vis,
+                        Rule::plain(hd),
+                        &mut out,
+                    );
                     let err = out
                         .iter()
                         .zip(&want)
@@ -159,6 +191,7 @@ fn kernels_match_reference() {
                             kv.layer(0),
                             &s,
                             Visibility::Causal,
+                            Rule::plain(hd),
                             &mut causal,
                         );
                         assert_eq!(causal, out, "Causal and its explicit mask differ");
@@ -167,7 +200,16 @@ fn kernels_match_reference() {
                     // TOKEN_BLOCK (and of 3, which leaves other remainders).
                     for tb in [1, 3] {
                         let mut alone = vec![0f32; q.len()];
-                        attention_kern(kern, tb, &q, kv.layer(0), &s, vis, &mut alone);
+                        attention_kern(
+                            kern,
+                            tb,
+                            &q,
+                            kv.layer(0),
+                            &s,
+                            vis,
+                            Rule::plain(hd),
+                            &mut alone,
+                        );
                         let same = alone
                             .iter()
                             .zip(&out)
@@ -210,6 +252,7 @@ fn attention_timing() {
                                 kv: kv.layer(l),
                                 s: &s,
                                 vis: Visibility::Causal,
+                                rule: Rule::plain(s.head_dim),
                                 out: &mut out,
                             };
                             attention_many(&mut [job]);
@@ -224,6 +267,86 @@ fn attention_timing() {
                 dt * 1e3,
                 bytes / dt / 1e9
             );
+        }
+    }
+}
+
+/// Sliding windows (Gemma, Mistral): every kernel against the f64 reference with windows
+/// narrower and wider than the prefix and the new tokens, a chain and a tree whose nodes share
+/// positions by depth, and a score scale other than 1/√head_dim; a token's bits do not depend
+/// on the tokens sharing its work units, and a window wider than every distance changes nothing.
+#[test]
+fn windowed_attention_matches_reference() {
+    crate::runtime::init_threads(2);
+    let mut rng = Lcg(11);
+    let hd = 16;
+    for &(prefix, n_new) in &[(0, 5), (37, 16), (300, 7)] {
+        for size in [1, 3, 16, 130, 100_000] {
+            for tree in [false, true] {
+                let (s, k, v, q) = case(&mut rng, (4, 2, hd), prefix, n_new, 2.0);
+                // Chain: position prefix + i. Tree: node i's parent (i − 1) / 2, depth by parent.
+                let parent = |i: usize| if tree { (i - 1) / 2 } else { i - 1 };
+                let mut mask = vec![false; n_new * n_new];
+                let mut depth = vec![0u32; n_new];
+                for i in 0..n_new {
+                    if i > 0 {
+                        depth[i] = depth[parent(i)] + 1;
+                    }
+                    let mut j = Some(i);
+                    while let Some(x) = j {
+                        mask[i * n_new + x] = true;
+                        j = (x > 0).then(|| parent(x));
+                    }
+                }
+                let positions: Vec<Pos> = depth.iter().map(|&d| Pos(prefix as u32 + d)).collect();
+                let rule = Rule {
+                    scale: 0.37,
+                    window: Some(Window {
+                        size,
+                        positions: &positions,
+                    }),
+                };
+                let want = reference_rule(&q, &k, &v, &s, &mask, rule);
+                let mut kerns: Vec<Kernel> =
+                    runnable().into_iter().map(|i| kernel_of(i, hd)).collect();
+                kerns.dedup();
+                for kern in kerns {
+                    let mut kv = KvCache::with_dtype(1, 2, hd, prefix + n_new, KvDtype::F32);
+                    kv.write(0, 0, &k, &v);
+                    let vis = if tree {
+                        Visibility::Mask(&mask)
+                    } else {
+                        Visibility::Causal
+                    };
+                    let mut outs = vec![];
+                    for tb in [TOKEN_BLOCK, 1, 3] {
+                        let mut out = vec![0f32; q.len()];
+                        attention_kern(kern, tb, &q, kv.layer(0), &s, vis, rule, &mut out);
+                        outs.push(out);
+                    }
+                    let err = outs[0]
+                        .iter()
+                        .zip(&want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    let case =
+                        format!("{kern:?} prefix {prefix} new {n_new} window {size} tree {tree}");
+                    assert!(err < 2e-5, "{case}: {err}");
+                    assert!(
+                        outs[1..].iter().all(|o| o == &outs[0]),
+                        "{case}: blocks differ"
+                    );
+                    if size == 100_000 {
+                        let mut plain = vec![0f32; q.len()];
+                        let r = Rule {
+                            window: None,
+                            ..rule
+                        };
+                        attention_kern(kern, TOKEN_BLOCK, &q, kv.layer(0), &s, vis, r, &mut plain);
+                        assert_eq!(plain, outs[0], "{case}: a window past every distance");
+                    }
+                }
+            }
         }
     }
 }

@@ -405,6 +405,12 @@ pub fn config_for(target: &Model, layers: usize) -> Result<Config> {
             "PARD training for targets with RoPE scaling".into(),
         ));
     }
+    if tc.extras != crate::model::config::Extras::default() {
+        return Err(Error::Unsupported(format!(
+            "PARD training for {} targets (its training graph has Llama / Qwen layers only)",
+            tc.arch.name()
+        )));
+    }
     let mut c = tc.clone();
     c.n_layers = layers;
     c.rope_style = crate::runtime::ops::RopeStyle::Half;
@@ -535,6 +541,8 @@ pub fn config_json(
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
         Arch::Llama => ("llama", "LlamaForCausalLM"),
+        // Refused by `config_for`: PARD trains Llama / Qwen layers only.
+        Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
     };
     let mut v = crate::drafters::parts::drafter_layers_json(c, mt, arch);
     v["tie_word_embeddings"] = true.into();

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Writes the fixtures of the model families beyond Llama / Qwen: a tiny random-weight model per
+family from transformers, its reference outputs, and the same model as a GGUF the way llama.cpp's
+converter writes it. Run once by hand; the tests only read what it wrote.
+
+    python3 -m venv --system-site-packages ~/venv-ref && ~/venv-ref/bin/pip install transformers gguf
+    ~/venv-ref/bin/python scripts/make_family_fixtures.py
+
+Outputs (under fixtures/tiny/):
+  gemma3/            a Gemma 3 text model (Gemma3ForCausalLM, float32 safetensors): 4 layers, two
+                     of them sliding (window 8, shorter than the reference text), q/k norms,
+                     post-norms, GeGLU, scaled embeddings, a linear RoPE scaling on the global
+                     layers and its own base on the sliding ones, a final logit soft-cap; the
+                     tiny byte-level BPE tokenizer of the other tiny models; reference.safetensors
+                     (input ids, logits, every layer's output) and reference_text.json
+  gemma3.gguf        the same weights as llama.cpp's converter writes them (RMSNorm weights as
+                     1 + w, GGUF names, gemma3.* keys) with a SentencePiece vocabulary of the same
+                     size (the first 384 pieces of fixtures/tokenizers/llama-spm.gguf, no space
+                     prefix as Gemma files have it)
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file as save_np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from make_fixtures import FIX, randomise, tiny_tokenizer  # noqa: E402
+
+TEXT = "<|im_start|>user\nExplain why the sky is blue, with numbers 12345.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def gemma3():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out = os.path.join(FIX, "tiny", "gemma3")
+    os.makedirs(out, exist_ok=True)
+    tk = tiny_tokenizer(out)
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    cfg = Gemma3TextConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1, rms_norm_eps=1e-6,
+        sliding_window=8, layer_types=layer_types, query_pre_attn_scalar=16,
+        final_logit_softcapping=30.0, attn_logit_softcapping=None, tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    )
+    torch.manual_seed(3)
+    model = Gemma3ForCausalLM(cfg)
+    randomise(model, 103)
+    with torch.no_grad():
+        # Gemma stores RMSNorm weights as offsets from 1: small ones, so the norms stay near 1.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.sub_(1.0)
+    model = model.float()
+    model.save_pretrained(out, safe_serialization=True)
+    ref = Gemma3ForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    ids = tk.encode(TEXT).ids
+    assert len(ids) > 3 * cfg.sliding_window, len(ids)
+    with torch.no_grad():
+        o = ref(torch.tensor([ids]), output_hidden_states=True)
+    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
+    save_np({"input_ids": np.array(ids, dtype=np.int64),
+             "logits": o.logits[0].numpy().astype(np.float32),
+             "hidden": hidden.numpy().astype(np.float32)},
+            os.path.join(out, "reference.safetensors"))
+    with open(os.path.join(out, "reference_text.json"), "w") as fh:
+        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    print(f"tiny gemma3: {len(ids)} tokens", file=sys.stderr)
+    gemma3_gguf(ref, layer_types)
+
+
+def spm_vocab(n):
+    """The first `n` pieces (with scores and types) of the Llama 2 SentencePiece vocabulary."""
+    import gguf
+
+    r = gguf.GGUFReader(os.path.join(FIX, "tokenizers", "llama-spm.gguf"))
+    f = r.fields
+    tokens = f["tokenizer.ggml.tokens"].contents()[:n]
+    scores = f["tokenizer.ggml.scores"].contents()[:n]
+    types = f["tokenizer.ggml.token_type"].contents()[:n]
+    return tokens, scores, types
+
+
+def gemma3_gguf(model, layer_types):
+    import gguf
+
+    cfg = model.config
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "gemma3.gguf"), "gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(2.0)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding_attention" for t in layer_types])
+    w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
+    w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    tokens, scores, types = spm_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(False)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_chat_template("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}assistant:{% endif %}")
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    plus = lambda a: (a + 1.0).astype(np.float32)  # llama.cpp's converter: 1 + w
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", plus(sd["model.norm.weight"]))
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            a = sd[f"model.layers.{i}.{hf}.weight"]
+            w.add_tensor(f"blk.{i}.{gg}.weight", plus(a) if "norm" in hf else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("tiny gemma3.gguf written", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    gemma3()
