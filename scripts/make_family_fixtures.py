@@ -17,6 +17,9 @@ Outputs (under fixtures/tiny/):
                      1 + w, GGUF names, gemma3.* keys) with a SentencePiece vocabulary of the same
                      size (the first 384 pieces of fixtures/tokenizers/llama-spm.gguf, no space
                      prefix as Gemma files have it)
+  phi3/, phi3.gguf   a Phi-3 model (Phi3ForCausalLM, float32, fused qkv_proj and gate_up_proj, no
+                     sliding window), and the same as a GGUF as llama.cpp writes Phi-3 (attn_qkv,
+                     ffn_up of twice the MLP width) with the SentencePiece vocabulary named Phi3
 """
 import json
 import os
@@ -140,5 +143,71 @@ def gemma3_gguf(model, layer_types):
     print("tiny gemma3.gguf written", file=sys.stderr)
 
 
+def phi3():
+    import gguf
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    out = os.path.join(FIX, "tiny", "phi3")
+    os.makedirs(out, exist_ok=True)
+    tk = tiny_tokenizer(out)
+    cfg = Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                     original_max_position_embeddings=256, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+                     rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(4)
+    model = Phi3ForCausalLM(cfg)
+    randomise(model, 104)
+    model = model.float()
+    model.save_pretrained(out, safe_serialization=True)
+    ref = Phi3ForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    ids = tk.encode(TEXT).ids
+    with torch.no_grad():
+        o = ref(torch.tensor([ids]), output_hidden_states=True)
+    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
+    save_np({"input_ids": np.array(ids, dtype=np.int64),
+             "logits": o.logits[0].numpy().astype(np.float32),
+             "hidden": hidden.numpy().astype(np.float32)},
+            os.path.join(out, "reference.safetensors"))
+    with open(os.path.join(out, "reference_text.json"), "w") as fh:
+        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "phi3.gguf"), "phi3")
+    w.add_name("Phi3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    tokens, scores, types = spm_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"tiny phi3: {len(ids)} tokens, gguf written", file=sys.stderr)
+
+
 if __name__ == "__main__":
-    gemma3()
+    which = sys.argv[1:] or ["gemma3", "phi3"]
+    for name in which:
+        globals()[name]()

@@ -454,3 +454,32 @@ fn bad_gemma3_configs() {
     let (_td, dir) = edited_tiny("gemma3", |v| v["model_type"] = "gemma3".into());
     assert!(load_err(&dir).to_string().contains("gemma3_text"));
 }
+
+/// Phi-3 variants this engine does not run (LongRoPE, partial rotary) are refused by name.
+#[test]
+fn unsupported_phi3_variants() {
+    let cases: [(&str, fn(&mut serde_json::Value)); 3] = [
+        (
+            "LongRoPE",
+            |v| v["rope_scaling"] = serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
+        ),
+        (
+            "LongRoPE",
+            |v| {
+                v["rope_parameters"] =
+                    serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0})
+            },
+        ),
+        ("partial rotary", |v| {
+            v["partial_rotary_factor"] = 0.75.into()
+        }),
+    ];
+    for (what, edit) in cases {
+        let (_td, dir) = edited_tiny("phi3", edit);
+        let e = load_err(&dir);
+        assert!(
+            matches!(e, Error::Unsupported(_)) && e.to_string().contains(what),
+            "{what}: {e}"
+        );
+    }
+}

@@ -100,14 +100,23 @@ fn tiny_gemma3_sliding_window_f32() {
     check_model("gemma3");
 }
 
-/// The same Gemma 3 as llama.cpp's converter writes it (RMSNorm weights stored as 1 + w,
-/// `gemma3.*` keys, the sliding pattern as flags, a SentencePiece vocabulary without the space
-/// prefix): the same logits as transformers.
+/// Phi-3: fused q/k/v and gate/up projections, served to the Llama layer as row ranges.
 #[test]
-fn tiny_gemma3_gguf_matches_transformers() {
-    let mut lm = model::load(&fixtures().join("tiny/gemma3.gguf")).unwrap();
+fn tiny_phi3_fused_projections_f32() {
+    check_model("phi3");
+}
+
+/// The same Phi-3 as a GGUF laid out as llama.cpp writes it (`attn_qkv`, `ffn_up` twice as
+/// tall): the same logits as transformers.
+#[test]
+fn tiny_phi3_gguf_matches_transformers() {
+    gguf_matches_transformers("phi3");
+}
+
+fn gguf_matches_transformers(name: &str) -> model::Loaded {
+    let mut lm = model::load(&fixtures().join(format!("tiny/{name}.gguf"))).unwrap();
     lm.model.set_exact(true);
-    let rp = fixtures().join("tiny/gemma3/reference.safetensors");
+    let rp = fixtures().join(format!("tiny/{name}/reference.safetensors"));
     let (_, input) = read_ref(&rp, "input_ids");
     let (lshape, logits) = read_ref(&rp, "logits");
     let got = run_logits(&lm, &ids(&input));
@@ -120,7 +129,16 @@ fn tiny_gemma3_gguf_matches_transformers() {
             .collect();
         worst = worst.max(max_abs_diff(row, &want));
     }
-    assert!(worst < TOL, "max |Δlogit| = {worst}");
+    assert!(worst < TOL, "{name}: max |Δlogit| = {worst}");
+    lm
+}
+
+/// The same Gemma 3 as llama.cpp's converter writes it (RMSNorm weights stored as 1 + w,
+/// `gemma3.*` keys, the sliding pattern as flags, a SentencePiece vocabulary without the space
+/// prefix): the same logits as transformers.
+#[test]
+fn tiny_gemma3_gguf_matches_transformers() {
+    let lm = gguf_matches_transformers("gemma3");
     let tok = &lm.tokenizer;
     let ids = tok.encode("the cat sat").unwrap();
     assert_eq!(ids[0], lm.tokenizer.bos.unwrap());

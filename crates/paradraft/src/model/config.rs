@@ -14,6 +14,8 @@ pub enum Arch {
     /// Gemma 3: q/k norms, norms after attention and MLP too, GeGLU, scaled embeddings,
     /// sliding-window layers with their own RoPE base.
     Gemma3,
+    /// Phi-3: fused q/k/v and gate/up projections (split at load).
+    Phi3,
 }
 
 impl Arch {
@@ -23,6 +25,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
         }
     }
 }

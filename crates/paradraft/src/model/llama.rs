@@ -46,6 +46,8 @@ impl Model {
     pub fn from_source(config: Config, src: &dyn TensorSource) -> Result<Self> {
         config.validate()?;
         let c = &config;
+        let fused = super::phi3::Fused::new(src, c);
+        let src: &dyn TensorSource = if c.arch == Arch::Phi3 { &fused } else { src };
         let h = c.hidden_size;
         let embed = src.matrix("token_embd.weight", c.vocab_size, h)?;
         let lm_head = if c.tie_embeddings {

@@ -8,6 +8,7 @@ pub mod gguf;
 pub mod layer;
 pub mod llama;
 pub mod options;
+mod phi3;
 pub mod source;
 mod spm;
 pub mod tokenizer;
@@ -70,9 +71,10 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         "gemma3" => Arch::Gemma3,
+        "phi3" => Arch::Phi3,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma3, dream)"
+                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma3, phi3, dream)"
             )))
         }
     };
@@ -100,6 +102,9 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         }
     };
     let n_layers = g.req_u64(&key("block_count"))? as usize;
+    if arch == Arch::Phi3 {
+        phi3::check_gguf(&g, head_dim)?;
+    }
     let extras = match arch {
         Arch::Gemma3 => gemma::gguf_extras(&g, (n_layers, hidden, n_heads, head_dim))?,
         _ => Extras::default(),
@@ -183,6 +188,10 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         "gemma3_text" => Arch::Gemma3,
+        "phi3" => {
+            phi3::check_hf(v)?;
+            Arch::Phi3
+        }
         "gemma3" => return Err(Error::Unsupported(
             "model_type \"gemma3\" (the image-text checkpoint): paradraft runs its text model, \
                  a gemma3_text directory or a GGUF"
@@ -190,7 +199,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         )),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3_text, dream)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3, dream)"
             )))
         }
     };
@@ -245,8 +254,9 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
     let n_layers = req("num_hidden_layers")?;
     let extras = match arch {
         Arch::Gemma3 => gemma::hf_extras(v, n_layers, hidden)?,
-        // Mistral v0.1 slides a window over every layer (later versions have none).
-        _ if model_type == "mistral" => Extras {
+        // Mistral v0.1 and Phi-3 slide a window over every layer in transformers (llama.cpp
+        // does not for Phi-3; its GGUF files carry none).
+        _ if model_type == "mistral" || model_type == "phi3" => Extras {
             sliding_window: v["sliding_window"].as_u64().map(|size| SlidingWindow {
                 size: size as usize,
                 layers: vec![true; n_layers],

@@ -263,6 +263,8 @@ impl SafetensorsSource {
             "attn_k" => "self_attn.k_proj",
             "attn_v" => "self_attn.v_proj",
             "attn_output" => "self_attn.o_proj",
+            "attn_qkv" => "self_attn.qkv_proj",
+            "ffn_gate_up" => "mlp.gate_up_proj",
             "attn_q_norm" => "self_attn.q_norm",
             "attn_k_norm" => "self_attn.k_norm",
             // Llama's MLP input norm; Gemma's is `pre_feedforward_layernorm` (see `entry`) and

@@ -106,6 +106,7 @@ fn greedy_is_token_identical_on_tiny_models() {
         // Sliding-window layers (window 8) under trees and chains far longer than the window.
         "tiny/gemma3",
         "tiny/gemma3.gguf",
+        "tiny/phi3.gguf",
     ]
     .map(|p| fixtures().join(p));
     for (m, path) in paths.iter().enumerate() {

@@ -543,6 +543,7 @@ pub fn config_json(
         Arch::Llama => ("llama", "LlamaForCausalLM"),
         // Refused by `config_for`: PARD trains Llama / Qwen layers only.
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
+        Arch::Phi3 => ("phi3", "Phi3ForCausalLM"),
     };
     let mut v = crate::drafters::parts::drafter_layers_json(c, mt, arch);
     v["tie_word_embeddings"] = true.into();
