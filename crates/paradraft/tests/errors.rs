@@ -429,11 +429,14 @@ fn zero_new_tokens_generates_nothing() {
     assert!(g.out.token_ids.is_empty());
 }
 
+/// An edit of a config.json.
+type ConfigEdit = fn(&mut serde_json::Value);
+
 /// Gemma options the family does not have, or that disagree with the model, are refused before
 /// any forward, naming what is wrong.
 #[test]
 fn bad_gemma3_configs() {
-    let cases: [(&str, fn(&mut serde_json::Value)); 4] = [
+    let cases: [(&str, ConfigEdit); 4] = [
         ("soft-capping", |v| {
             v["attn_logit_softcapping"] = 50.0.into()
         }),
@@ -458,7 +461,7 @@ fn bad_gemma3_configs() {
 /// Phi-3 variants this engine does not run (LongRoPE, partial rotary) are refused by name.
 #[test]
 fn unsupported_phi3_variants() {
-    let cases: [(&str, fn(&mut serde_json::Value)); 3] = [
+    let cases: [(&str, ConfigEdit); 3] = [
         (
             "LongRoPE",
             |v| v["rope_scaling"] = serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
