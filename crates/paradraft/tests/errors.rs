@@ -130,6 +130,14 @@ fn unsupported_architecture() {
         matches!(e, Error::Unsupported(_)) && e.to_string().contains("falcon"),
         "{e}"
     );
+    // A Mixtral-style file: Llama architecture, routed experts.
+    write_gguf(
+        &p,
+        &[("general.architecture", "llama")],
+        &[("blk.0.ffn_gate_inp.weight", vec![4, 8], 0, vec![0; 128])],
+    );
+    let e = load_err(&p);
+    assert!(e.to_string().contains("mixture of experts"), "{e}");
     let (_td, dir) = edited_tiny("llama", |v| v["model_type"] = "gpt_neox".into());
     let e = load_err(&dir);
     assert!(

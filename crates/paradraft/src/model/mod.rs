@@ -79,6 +79,13 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         }
     };
     let key = |k: &str| format!("{arch_name}.{k}");
+    if g.has("blk.0.ffn_gate_inp.weight") || g.u64(&key("expert_count")).unwrap_or(0) > 0 {
+        return Err(Error::Unsupported(format!(
+            "mixture of experts ({} experts, {} per token): {arch_name} MoE files are not run yet",
+            g.u64(&key("expert_count")).unwrap_or(0),
+            g.u64(&key("expert_used_count")).unwrap_or(0)
+        )));
+    }
     let hidden = g.req_u64(&key("embedding_length"))? as usize;
     let n_heads = g.req_u64(&key("attention.head_count"))? as usize;
     let head_dim = g
