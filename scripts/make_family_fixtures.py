@@ -17,6 +17,11 @@ Outputs (under fixtures/tiny/):
                      1 + w, GGUF names, gemma3.* keys) with a SentencePiece vocabulary of the same
                      size (the first 384 pieces of fixtures/tokenizers/llama-spm.gguf, no space
                      prefix as Gemma files have it)
+  gemma2/, gemma2.gguf, gemma/, gemma.gguf
+                     Gemma 2 (every other layer sliding, window 8; attention soft-cap 5 — low, so
+                     that it bites on random weights — and final soft-cap 30; the GGUF leaves the
+                     sliding pattern to llama.cpp's default) and Gemma 1 (GeGLU, scaled
+                     embeddings, no post-norms), written the same way
   phi3/, phi3.gguf   a Phi-3 model (Phi3ForCausalLM, float32, fused qkv_proj and gate_up_proj, no
                      sliding window), and the same as a GGUF as llama.cpp writes Phi-3 (attn_qkv,
                      ffn_up of twice the MLP width) with the SentencePiece vocabulary named Phi3
@@ -143,6 +148,102 @@ def gemma3_gguf(model, layer_types):
     print("tiny gemma3.gguf written", file=sys.stderr)
 
 
+def gemma_older(name):
+    """Gemma 1 or 2: the HF model, its reference, and its GGUF."""
+    import gguf
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM
+
+    out = os.path.join(FIX, "tiny", name)
+    os.makedirs(out, exist_ok=True)
+    tk = tiny_tokenizer(out)
+    common = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                  bos_token_id=0, eos_token_id=2, pad_token_id=1, rms_norm_eps=1e-6,
+                  hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if name == "gemma2":
+        cls = Gemma2ForCausalLM
+        cfg = Gemma2Config(**common, sliding_window=8, query_pre_attn_scalar=16,
+                           attn_logit_softcapping=5.0, final_logit_softcapping=30.0)
+    else:
+        cls = GemmaForCausalLM
+        cfg = GemmaConfig(**common)
+    torch.manual_seed(5)
+    model = cls(cfg)
+    randomise(model, 105)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.sub_(1.0)
+    model = model.float()
+    model.save_pretrained(out, safe_serialization=True)
+    ref = cls.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    ids = tk.encode(TEXT).ids
+    with torch.no_grad():
+        o = ref(torch.tensor([ids]), output_hidden_states=True)
+    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
+    save_np({"input_ids": np.array(ids, dtype=np.int64),
+             "logits": o.logits[0].numpy().astype(np.float32),
+             "hidden": hidden.numpy().astype(np.float32)},
+            os.path.join(out, "reference.safetensors"))
+    with open(os.path.join(out, "reference_text.json"), "w") as fh:
+        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", f"{name}.gguf"), name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(10000.0)
+    if name == "gemma2":
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_float32("gemma2.attn_logit_softcapping", cfg.attn_logit_softcapping)
+        w.add_float32("gemma2.final_logit_softcapping", cfg.final_logit_softcapping)
+    tokens, scores, types = spm_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(False)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    plus = lambda a: (a + 1.0).astype(np.float32)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", plus(sd["model.norm.weight"]))
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    if name == "gemma2":
+        names.update({"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
+    else:
+        names["post_attention_layernorm"] = "ffn_norm"
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            a = sd[f"model.layers.{i}.{hf}.weight"]
+            w.add_tensor(f"blk.{i}.{gg}.weight", plus(a) if "norm" in hf else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"tiny {name}: {len(ids)} tokens, gguf written", file=sys.stderr)
+
+
+def gemma2():
+    gemma_older("gemma2")
+
+
+def gemma():
+    gemma_older("gemma")
+
+
 def phi3():
     import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
@@ -208,6 +309,6 @@ def phi3():
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["gemma3", "phi3"]
+    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3"]
     for name in which:
         globals()[name]()

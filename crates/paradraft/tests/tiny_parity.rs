@@ -100,6 +100,25 @@ fn tiny_gemma3_sliding_window_f32() {
     check_model("gemma3");
 }
 
+/// Gemma 2: every other layer sliding (window 8), post-norms, GeGLU, scaled embeddings, an
+/// attention soft-cap (5, low enough to bite on random weights) and a final one.
+#[test]
+fn tiny_gemma2_softcaps_and_windows_f32() {
+    check_model("gemma2");
+}
+
+#[test]
+fn tiny_gemma2_gguf_matches_transformers() {
+    gguf_matches_transformers("gemma2");
+}
+
+/// Gemma 1: GeGLU, scaled embeddings, norms stored as offsets from 1 (HF) or as 1 + w (GGUF).
+#[test]
+fn tiny_gemma_f32_and_gguf() {
+    check_model("gemma");
+    gguf_matches_transformers("gemma");
+}
+
 /// Phi-3: fused q/k/v and gate/up projections, served to the Llama layer as row ranges.
 #[test]
 fn tiny_phi3_fused_projections_f32() {

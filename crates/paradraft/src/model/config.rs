@@ -11,8 +11,13 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: per-head q/k RMSNorm, no biases.
     Qwen3,
-    /// Gemma 3: q/k norms, norms after attention and MLP too, GeGLU, scaled embeddings,
-    /// sliding-window layers with their own RoPE base.
+    /// Gemma (1): GeGLU, scaled embeddings.
+    Gemma,
+    /// Gemma 2: Gemma's layer with norms after attention and MLP too, alternating
+    /// sliding-window layers, attention and final logit soft-caps.
+    Gemma2,
+    /// Gemma 3: Gemma 2 with q/k norms, sliding-window layers with their own RoPE base, no
+    /// attention soft-cap.
     Gemma3,
     /// Phi-3: fused q/k/v and gate/up projections (split at load).
     Phi3,
@@ -24,6 +29,8 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma => "gemma",
+            Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Phi3 => "phi3",
         }
@@ -82,6 +89,8 @@ pub struct Extras {
     pub sliding_window: Option<SlidingWindow>,
     /// Logits become c·tanh(logit / c).
     pub final_softcap: Option<f32>,
+    /// Attention scores (after scaling) become c·tanh(score / c) (Gemma 2).
+    pub attn_softcap: Option<f32>,
     /// Stored RMSNorm weights are offsets from 1 (Gemma's HF checkpoints; its GGUF files
     /// store 1 + w).
     pub norm_plus_one: bool,
@@ -150,10 +159,14 @@ impl Config {
         }
         let positive = |v: Option<f32>| v.is_none_or(|x| x.is_finite() && x > 0.0);
         let e = &self.extras;
-        if !positive(e.embed_scale) || !positive(e.attn_scale) || !positive(e.final_softcap) {
+        if !positive(e.embed_scale)
+            || !positive(e.attn_scale)
+            || !positive(e.final_softcap)
+            || !positive(e.attn_softcap)
+        {
             return bad(format!(
-                "embedding scale {:?}, attention scale {:?} and logit soft-cap {:?} must be positive",
-                e.embed_scale, e.attn_scale, e.final_softcap
+                "embedding scale {:?}, attention scale {:?} and soft-caps {:?} / {:?} must be positive",
+                e.embed_scale, e.attn_scale, e.final_softcap, e.attn_softcap
             ));
         }
         Ok(())

@@ -404,6 +404,7 @@ impl Layer {
                 vis: sq.vis,
                 rule: Rule {
                     scale: c.extras.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt()),
+                    softcap: c.extras.attn_softcap,
                     window,
                 },
                 out: os,

@@ -70,11 +70,13 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "llama" => Arch::Llama,
         "qwen2" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "gemma" => Arch::Gemma,
+        "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
         "phi3" => Arch::Phi3,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma3, phi3, dream)"
+                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, dream)"
             )))
         }
     };
@@ -113,7 +115,9 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         phi3::check_gguf(&g, head_dim)?;
     }
     let extras = match arch {
-        Arch::Gemma3 => gemma::gguf_extras(&g, (n_layers, hidden, n_heads, head_dim))?,
+        Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => {
+            gemma::gguf_extras(&g, arch, (n_layers, hidden, n_heads, head_dim))?
+        }
         _ => Extras::default(),
     };
     let config = Config {
@@ -194,6 +198,8 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         // Dream (a diffusion LM adapted from Qwen2.5) keeps Qwen2's layers.
         "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "gemma" => Arch::Gemma,
+        "gemma2" => Arch::Gemma2,
         "gemma3_text" => Arch::Gemma3,
         "phi3" => {
             phi3::check_hf(v)?;
@@ -206,7 +212,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         )),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3_text, phi3, dream)"
+                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, dream)"
             )))
         }
     };
@@ -260,7 +266,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
     };
     let n_layers = req("num_hidden_layers")?;
     let extras = match arch {
-        Arch::Gemma3 => gemma::hf_extras(v, n_layers, hidden)?,
+        Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => gemma::hf_extras(v, arch, n_layers, hidden)?,
         // Mistral v0.1 and Phi-3 slide a window over every layer in transformers (llama.cpp
         // does not for Phi-3; its GGUF files carry none).
         _ if model_type == "mistral" || model_type == "phi3" => Extras {

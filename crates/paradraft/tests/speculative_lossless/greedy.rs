@@ -107,6 +107,7 @@ fn greedy_is_token_identical_on_tiny_models() {
         // and fused projections: every third prompt (≥ 67 each).
         "tiny/gemma3",
         "tiny/gemma3.gguf",
+        "tiny/gemma2.gguf",
         "tiny/phi3.gguf",
     ]
     .map(|p| fixtures().join(p));

@@ -69,6 +69,8 @@ pub(crate) struct AttnJob<'a> {
 pub struct Rule<'a> {
     /// Scores are `q·k · scale` (usually 1/√head_dim).
     pub scale: f32,
+    /// Scores (after scaling) become c·tanh(score / c) (Gemma 2).
+    pub softcap: Option<f32>,
     pub window: Option<Window<'a>>,
 }
 
@@ -77,6 +79,7 @@ impl Rule<'_> {
     pub fn plain(head_dim: usize) -> Rule<'static> {
         Rule {
             scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
             window: None,
         }
     }
@@ -506,7 +509,7 @@ unsafe fn score_slots<I: Inner, E: AttnElem>(
     slots: &[u32],
     q: &[f32],
     hd: usize,
-    scale: f32,
+    (scale, cap): (f32, f32),
     tile: &mut [f32],
     scores: &mut [f32],
     (stride, col): (usize, usize),
@@ -525,8 +528,14 @@ unsafe fn score_slots<I: Inner, E: AttnElem>(
             for j in 0..heads {
                 let src = &tile[j * KV_TILE..][..KV_TILE];
                 let dst = &mut scores[j * stride + col + i..][..KV_TILE];
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = v * scale;
+                if cap == 0.0 {
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = v * scale;
+                    }
+                } else {
+                    for (d, &v) in dst.iter_mut().zip(src) {
+                        *d = softcap(v * scale, cap);
+                    }
                 }
             }
             i += KV_TILE;
@@ -535,7 +544,9 @@ unsafe fn score_slots<I: Inner, E: AttnElem>(
         while i < len && slots[i] as usize / KV_TILE == t {
             let l = slots[i] as usize % KV_TILE;
             for j in 0..heads {
-                *scores.get_unchecked_mut(j * stride + col + i) = tile[j * KV_TILE + l] * scale;
+                let v = tile[j * KV_TILE + l] * scale;
+                *scores.get_unchecked_mut(j * stride + col + i) =
+                    if cap == 0.0 { v } else { softcap(v, cap) };
             }
             i += 1;
         }
@@ -560,7 +571,7 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     } = *a;
     let hd = s.head_dim;
     let group = s.n_heads / s.n_kv_heads;
-    let scale = rule.scale;
+    let scale = (rule.scale, rule.softcap.unwrap_or(0.0));
     let (b, g, c) = (
         unit / (s.n_kv_heads * chunks),
         unit / chunks % s.n_kv_heads,
@@ -644,6 +655,12 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
             I::weighted_v(p, mine, vh, hd, Records { out, pw });
         }
     }
+}
+
+/// c·tanh(x / c).
+#[inline(always)]
+fn softcap(x: f32, c: f32) -> f32 {
+    c * (x / c).tanh()
 }
 
 /// The largest of `x` (NaNs ignored, −∞ when empty) in 16 lanes, so that it vectorises

@@ -542,6 +542,8 @@ pub fn config_json(
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
         Arch::Llama => ("llama", "LlamaForCausalLM"),
         // Refused by `config_for`: PARD trains Llama / Qwen layers only.
+        Arch::Gemma => ("gemma", "GemmaForCausalLM"),
+        Arch::Gemma2 => ("gemma2", "Gemma2ForCausalLM"),
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
         Arch::Phi3 => ("phi3", "Phi3ForCausalLM"),
     };
