@@ -40,12 +40,78 @@ from make_fixtures import FIX, randomise, tiny_tokenizer  # noqa: E402
 TEXT = "<|im_start|>user\nExplain why the sky is blue, with numbers 12345.<|im_end|>\n<|im_start|>assistant\n"
 
 
+def hf_model(name, cls, cfg, seed, gemma_norms):
+    """Writes fixtures/tiny/NAME: the tiny tokenizer, a random-weight model (Gemma's RMSNorm
+    weights as small offsets from 1 when `gemma_norms`), its reference outputs. Returns the
+    reloaded float32 model (eager attention) and the reference ids."""
+    out = os.path.join(FIX, "tiny", name)
+    os.makedirs(out, exist_ok=True)
+    tk = tiny_tokenizer(out)
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    randomise(model, 100 + seed)
+    if gemma_norms:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:
+                    p.sub_(1.0)
+    model = model.float()
+    model.save_pretrained(out, safe_serialization=True)
+    ref = cls.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    ids = tk.encode(TEXT).ids
+    with torch.no_grad():
+        o = ref(torch.tensor([ids]), output_hidden_states=True)
+    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
+    save_np({"input_ids": np.array(ids, dtype=np.int64),
+             "logits": o.logits[0].numpy().astype(np.float32),
+             "hidden": hidden.numpy().astype(np.float32)},
+            os.path.join(out, "reference.safetensors"))
+    with open(os.path.join(out, "reference_text.json"), "w") as fh:
+        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    print(f"tiny {name}: {len(ids)} tokens", file=sys.stderr)
+    return ref, ids
+
+
+def gguf_header(w, cfg, head_dim=True):
+    """The shape keys every family writes (key/value lengths when `head_dim`), in this order."""
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    if head_dim:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+
+
+def gguf_spm(w, n, space_prefix):
+    """A SentencePiece vocabulary of the first `n` Llama 2 pieces; `space_prefix` False writes
+    add_space_prefix = false (Gemma), None leaves the key out."""
+    tokens, scores, types = spm_vocab(n)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    if space_prefix is not None:
+        w.add_add_space_prefix(space_prefix)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+
+
+def gguf_close(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def gemma3():
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    out = os.path.join(FIX, "tiny", "gemma3")
-    os.makedirs(out, exist_ok=True)
-    tk = tiny_tokenizer(out)
     layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
     cfg = Gemma3TextConfig(
         vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -57,29 +123,8 @@ def gemma3():
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
     )
-    torch.manual_seed(3)
-    model = Gemma3ForCausalLM(cfg)
-    randomise(model, 103)
-    with torch.no_grad():
-        # Gemma stores RMSNorm weights as offsets from 1: small ones, so the norms stay near 1.
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.sub_(1.0)
-    model = model.float()
-    model.save_pretrained(out, safe_serialization=True)
-    ref = Gemma3ForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
-    ids = tk.encode(TEXT).ids
+    ref, ids = hf_model("gemma3", Gemma3ForCausalLM, cfg, 3, True)
     assert len(ids) > 3 * cfg.sliding_window, len(ids)
-    with torch.no_grad():
-        o = ref(torch.tensor([ids]), output_hidden_states=True)
-    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
-    save_np({"input_ids": np.array(ids, dtype=np.int64),
-             "logits": o.logits[0].numpy().astype(np.float32),
-             "hidden": hidden.numpy().astype(np.float32)},
-            os.path.join(out, "reference.safetensors"))
-    with open(os.path.join(out, "reference_text.json"), "w") as fh:
-        json.dump({"text": TEXT, "token_ids": ids}, fh)
-    print(f"tiny gemma3: {len(ids)} tokens", file=sys.stderr)
     gemma3_gguf(ref, layer_types)
 
 
@@ -100,15 +145,7 @@ def gemma3_gguf(model, layer_types):
 
     cfg = model.config
     w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "gemma3.gguf"), "gemma3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    gguf_header(w, cfg)
     w.add_rope_freq_base(1000000.0)
     w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
     w.add_rope_scaling_factor(2.0)
@@ -116,16 +153,7 @@ def gemma3_gguf(model, layer_types):
     w.add_array("gemma3.attention.sliding_window_pattern", [t == "sliding_attention" for t in layer_types])
     w.add_float32("gemma3.rope.freq_base_swa", 10000.0)
     w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    tokens, scores, types = spm_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_add_space_prefix(False)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    gguf_spm(w, cfg.vocab_size, False)
     w.add_chat_template("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                         "{% if add_generation_prompt %}assistant:{% endif %}")
     sd = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -141,10 +169,7 @@ def gemma3_gguf(model, layer_types):
         for hf, gg in names.items():
             a = sd[f"model.layers.{i}.{hf}.weight"]
             w.add_tensor(f"blk.{i}.{gg}.weight", plus(a) if "norm" in hf else a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    gguf_close(w)
     print("tiny gemma3.gguf written", file=sys.stderr)
 
 
@@ -153,9 +178,6 @@ def gemma_older(name):
     import gguf
     from transformers import Gemma2Config, Gemma2ForCausalLM, GemmaConfig, GemmaForCausalLM
 
-    out = os.path.join(FIX, "tiny", name)
-    os.makedirs(out, exist_ok=True)
-    tk = tiny_tokenizer(out)
     common = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                   bos_token_id=0, eos_token_id=2, pad_token_id=1, rms_norm_eps=1e-6,
@@ -168,51 +190,15 @@ def gemma_older(name):
     else:
         cls = GemmaForCausalLM
         cfg = GemmaConfig(**common)
-    torch.manual_seed(5)
-    model = cls(cfg)
-    randomise(model, 105)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.sub_(1.0)
-    model = model.float()
-    model.save_pretrained(out, safe_serialization=True)
-    ref = cls.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
-    ids = tk.encode(TEXT).ids
-    with torch.no_grad():
-        o = ref(torch.tensor([ids]), output_hidden_states=True)
-    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
-    save_np({"input_ids": np.array(ids, dtype=np.int64),
-             "logits": o.logits[0].numpy().astype(np.float32),
-             "hidden": hidden.numpy().astype(np.float32)},
-            os.path.join(out, "reference.safetensors"))
-    with open(os.path.join(out, "reference_text.json"), "w") as fh:
-        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    ref, ids = hf_model(name, cls, cfg, 5, True)
     w = gguf.GGUFWriter(os.path.join(FIX, "tiny", f"{name}.gguf"), name)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    gguf_header(w, cfg)
     w.add_rope_freq_base(10000.0)
     if name == "gemma2":
         w.add_sliding_window(cfg.sliding_window)
         w.add_float32("gemma2.attn_logit_softcapping", cfg.attn_logit_softcapping)
         w.add_float32("gemma2.final_logit_softcapping", cfg.final_logit_softcapping)
-    tokens, scores, types = spm_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_add_space_prefix(False)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    gguf_spm(w, cfg.vocab_size, False)
     sd = {k: v.numpy() for k, v in ref.state_dict().items()}
     plus = lambda a: (a + 1.0).astype(np.float32)
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
@@ -229,11 +215,8 @@ def gemma_older(name):
         for hf, gg in names.items():
             a = sd[f"model.layers.{i}.{hf}.weight"]
             w.add_tensor(f"blk.{i}.{gg}.weight", plus(a) if "norm" in hf else a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"tiny {name}: {len(ids)} tokens, gguf written", file=sys.stderr)
+    gguf_close(w)
+    print(f"tiny {name}.gguf written", file=sys.stderr)
 
 
 def gemma2():
@@ -248,50 +231,18 @@ def phi3():
     import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
-    out = os.path.join(FIX, "tiny", "phi3")
-    os.makedirs(out, exist_ok=True)
-    tk = tiny_tokenizer(out)
     cfg = Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                      original_max_position_embeddings=256, bos_token_id=0, eos_token_id=2, pad_token_id=1,
                      rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    torch.manual_seed(4)
-    model = Phi3ForCausalLM(cfg)
-    randomise(model, 104)
-    model = model.float()
-    model.save_pretrained(out, safe_serialization=True)
-    ref = Phi3ForCausalLM.from_pretrained(out, torch_dtype=torch.float32, attn_implementation="eager").eval()
-    ids = tk.encode(TEXT).ids
-    with torch.no_grad():
-        o = ref(torch.tensor([ids]), output_hidden_states=True)
-    hidden = torch.stack([h[0] for h in o.hidden_states[1:]])
-    save_np({"input_ids": np.array(ids, dtype=np.int64),
-             "logits": o.logits[0].numpy().astype(np.float32),
-             "hidden": hidden.numpy().astype(np.float32)},
-            os.path.join(out, "reference.safetensors"))
-    with open(os.path.join(out, "reference_text.json"), "w") as fh:
-        json.dump({"text": TEXT, "token_ids": ids}, fh)
+    ref, ids = hf_model("phi3", Phi3ForCausalLM, cfg, 4, False)
     w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "phi3.gguf"), "phi3")
     w.add_name("Phi3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    gguf_header(w, cfg, head_dim=False)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    tokens, scores, types = spm_vocab(cfg.vocab_size)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    gguf_spm(w, cfg.vocab_size, None)
     sd = {k: v.numpy() for k, v in ref.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
@@ -301,11 +252,8 @@ def phi3():
     for i in range(cfg.num_hidden_layers):
         for hf, gg in names.items():
             w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"tiny phi3: {len(ids)} tokens, gguf written", file=sys.stderr)
+    gguf_close(w)
+    print("tiny phi3.gguf written", file=sys.stderr)
 
 
 if __name__ == "__main__":

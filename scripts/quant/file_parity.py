@@ -16,7 +16,7 @@ import random
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from parity import ROOT, compare, gguf_types, run  # noqa: E402
+from parity import ROOT, compare, gguf_types, llama_logits_tool, run  # noqa: E402
 
 
 def main():
@@ -31,14 +31,7 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    lb = os.path.abspath(a.llama_build)
-    root = os.path.dirname(lb)
-    tool = os.path.join(a.work, "llama_logits")
-    if not os.path.exists(tool):
-        run(["gcc", "-O2", "-o", tool, os.path.join(ROOT, "scripts", "quant", "llama_logits.c"),
-             "-I", os.path.join(root, "include"), "-I", os.path.join(root, "ggml", "include"),
-             "-L", os.path.join(lb, "bin"), "-lllama", "-lggml", "-lggml-base",
-             "-Wl,-rpath," + os.path.join(lb, "bin")])
+    tool = llama_logits_tool(os.path.abspath(a.llama_build), a.work)
     rng = random.Random(1)
     prompts = [[1] + [rng.randrange(3, a.vocab) for _ in range(a.len - 1)] for _ in range(a.prompts)]
     ids_file = os.path.join(a.work, "ids.txt")

@@ -36,13 +36,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     src = run([a.paradraft, "fetch-model"]).strip().splitlines()[-1]
     lb = os.path.abspath(a.llama_build)
-    llama_root = os.path.dirname(lb)
-    tool = os.path.join(a.out, "llama_logits")
-    if not os.path.exists(tool):
-        run(["gcc", "-O2", "-o", tool, os.path.join(ROOT, "scripts", "quant", "llama_logits.c"),
-             "-I", os.path.join(llama_root, "include"), "-I", os.path.join(llama_root, "ggml", "include"),
-             "-L", os.path.join(lb, "bin"), "-lllama", "-lggml", "-lggml-base",
-             "-Wl,-rpath," + os.path.join(lb, "bin")])
+    tool = llama_logits_tool(lb, a.out)
     ref = json.load(open(os.path.join(ROOT, "fixtures", "smollm2_reference.json")))
     prompts = [p["token_ids"] for p in ref["prompts"]]
     ids_file = os.path.join(a.out, "prompt_ids.txt")
@@ -79,6 +73,18 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"model": os.path.basename(src), "reference": "llama.cpp (llama-cpp-python 0.3.36 sdist)",
                        "rows": rows}, f, indent=1)
+
+
+def llama_logits_tool(llama_build, out_dir):
+    """scripts/quant/llama_logits.c built against a llama.cpp build (once, into `out_dir`)."""
+    root = os.path.dirname(llama_build)
+    tool = os.path.join(out_dir, "llama_logits")
+    if not os.path.exists(tool):
+        run(["gcc", "-O2", "-o", tool, os.path.join(ROOT, "scripts", "quant", "llama_logits.c"),
+             "-I", os.path.join(root, "include"), "-I", os.path.join(root, "ggml", "include"),
+             "-L", os.path.join(llama_build, "bin"), "-lllama", "-lggml", "-lggml-base",
+             "-Wl,-rpath," + os.path.join(llama_build, "bin")])
+    return tool
 
 
 def compare(ref, other):
