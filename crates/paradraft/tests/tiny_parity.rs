@@ -112,6 +112,43 @@ fn tiny_gemma2_gguf_matches_transformers() {
     gguf_matches_transformers("gemma2");
 }
 
+/// With a final soft-cap, the top-k the output layer hands out (ids chosen on the raw scores,
+/// values capped) is the top-k of the capped full row, and the argmax is the full row's.
+#[test]
+fn soft_capped_top_k_and_argmax_match_the_full_row() {
+    use paradraft::model::{Logits, OutputSpec, Rows};
+    let mut lm = load_tiny("gemma2");
+    lm.model.set_exact(true);
+    assert_eq!(lm.model.config.extras.final_softcap, Some(30.0));
+    let rp = fixtures().join("tiny/gemma2/reference.safetensors");
+    let tokens = ids(&read_ref(&rp, "input_ids").1);
+    let full = run_logits(&lm, &tokens);
+    for logits in [Logits::TopK(5), Logits::ArgmaxTop(5), Logits::Argmax] {
+        let spec = OutputSpec {
+            rows: Rows::All,
+            logits,
+            taps: vec![],
+        };
+        let out = run_forward(&lm, &tokens, &spec);
+        for (t, row) in full.iter().enumerate() {
+            let want = paradraft::runtime::ops::top_k(row, 5);
+            if let Some(top) = out.top.get(t) {
+                assert_eq!(top.len(), 5);
+                for (a, b) in top.iter().zip(&want) {
+                    assert_eq!(a.0, b.0, "{logits:?} row {t}");
+                    assert!(
+                        (a.1 - b.1).abs() < 1e-5,
+                        "{logits:?} row {t}: {a:?} vs {b:?}"
+                    );
+                }
+            }
+            if let Some(&a) = out.argmax.get(t) {
+                assert_eq!(a, want[0].0, "{logits:?} row {t}");
+            }
+        }
+    }
+}
+
 /// Gemma 1: GeGLU, scaled embeddings, norms stored as offsets from 1 (HF) or as 1 + w (GGUF).
 #[test]
 fn tiny_gemma_f32_and_gguf() {
@@ -132,24 +169,14 @@ fn tiny_phi3_gguf_matches_transformers() {
     gguf_matches_transformers("phi3");
 }
 
-fn gguf_matches_transformers(name: &str) -> model::Loaded {
-    let mut lm = model::load(&fixtures().join(format!("tiny/{name}.gguf"))).unwrap();
-    lm.model.set_exact(true);
-    let rp = fixtures().join(format!("tiny/{name}/reference.safetensors"));
-    let (_, input) = read_ref(&rp, "input_ids");
-    let (lshape, logits) = read_ref(&rp, "logits");
-    let got = run_logits(&lm, &ids(&input));
-    let vocab = lshape[1];
-    let mut worst = 0f32;
-    for (t, row) in got.iter().enumerate() {
-        let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
-            .iter()
-            .map(|&x| x as f32)
-            .collect();
-        worst = worst.max(max_abs_diff(row, &want));
-    }
+/// The tiny GGUF `name` on the exact path: its logits within [`TOL`] of transformers'.
+fn gguf_matches_transformers(name: &str) {
+    let (worst, _, _) = gguf_parity(
+        &format!("tiny/{name}.gguf"),
+        &format!("tiny/{name}/reference.safetensors"),
+        true,
+    );
     assert!(worst < TOL, "{name}: max |Δlogit| = {worst}");
-    lm
 }
 
 /// The same Gemma 3 as llama.cpp's converter writes it (RMSNorm weights stored as 1 + w,
@@ -157,7 +184,8 @@ fn gguf_matches_transformers(name: &str) -> model::Loaded {
 /// prefix): the same logits as transformers.
 #[test]
 fn tiny_gemma3_gguf_matches_transformers() {
-    let lm = gguf_matches_transformers("gemma3");
+    gguf_matches_transformers("gemma3");
+    let lm = model::load(&fixtures().join("tiny/gemma3.gguf")).unwrap();
     let tok = &lm.tokenizer;
     let ids = tok.encode("the cat sat").unwrap();
     assert_eq!(ids[0], lm.tokenizer.bos.unwrap());
@@ -165,11 +193,12 @@ fn tiny_gemma3_gguf_matches_transformers() {
 }
 
 /// Returns (max |Δlogit|, mean |Δlogit|, smallest reference top-1 margin among positions whose
-/// argmax differs (∞ if none)) of the tiny mixed-type GGUF.
-fn gguf_parity(exact: bool) -> (f32, f32, f32) {
-    let mut lm = model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap();
+/// argmax differs (∞ if none)) of a tiny GGUF (`file`) against its reference logits (`reference`,
+/// both under fixtures/), on the exact path or the int8 one.
+fn gguf_parity(file: &str, reference: &str, exact: bool) -> (f32, f32, f32) {
+    let mut lm = model::load(&fixtures().join(file)).unwrap();
     lm.model.set_exact(exact);
-    let rp = fixtures().join("tiny/llama-quant.reference.safetensors");
+    let rp = fixtures().join(reference);
     let (_, input) = read_ref(&rp, "input_ids");
     let (lshape, logits) = read_ref(&rp, "logits");
     let got = run_logits(&lm, &ids(&input));
@@ -195,14 +224,20 @@ fn gguf_parity(exact: bool) -> (f32, f32, f32) {
     (worst, sum / got.len() as f32, flip_margin)
 }
 
+/// The tiny Llama with a tensor type per projection, and its reference logits.
+const LLAMA_QUANT: (&str, &str) = (
+    "tiny/llama-quant.gguf",
+    "tiny/llama-quant.reference.safetensors",
+);
+
 #[test]
 fn tiny_llama_mixed_type_gguf() {
     // f32 activations: the GGUF decoding (every block type, permuted q/k, rope_freqs) is exact.
-    let (worst, _, _) = gguf_parity(true);
+    let (worst, _, _) = gguf_parity(LLAMA_QUANT.0, LLAMA_QUANT.1, true);
     assert!(worst < TOL, "exact path: max |Δlogit| = {worst}");
     // int8 activations (the fast path): close, and the argmax changes only where the reference
     // itself has a near-tie (top-1 margin below twice the worst logit error).
-    let (worst, mean, flip_margin) = gguf_parity(false);
+    let (worst, mean, flip_margin) = gguf_parity(LLAMA_QUANT.0, LLAMA_QUANT.1, false);
     eprintln!("int8 path: max |Δlogit| {worst:.3}, mean {mean:.4}, smallest flipped margin {flip_margin:.3}");
     assert!(
         mean < 0.05 && worst < 0.5,

@@ -96,6 +96,17 @@ pub struct Extras {
     pub norm_plus_one: bool,
 }
 
+impl Extras {
+    /// RMSNorm weights as the forward multiplies by them (1 + w where they are stored as
+    /// offsets from 1).
+    pub(crate) fn norm_weights(&self, mut w: Vec<f32>) -> Vec<f32> {
+        if self.norm_plus_one {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        w
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub arch: Arch,

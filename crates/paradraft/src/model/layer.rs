@@ -116,13 +116,7 @@ impl Layer {
         let (h, hd, ff) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
         let n = |s: &str| name(s);
-        let plus = |v: Vec<f32>| -> Vec<f32> {
-            if c.extras.norm_plus_one {
-                v.into_iter().map(|x| x + 1.0).collect()
-            } else {
-                v
-            }
-        };
+        let plus = |v| c.extras.norm_weights(v);
         let norm = |s: &str| -> Result<Option<Vec<f32>>> {
             qk_norm.then(|| src.vector(&n(s), hd).map(plus)).transpose()
         };

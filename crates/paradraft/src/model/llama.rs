@@ -55,10 +55,7 @@ impl Model {
         } else {
             Some(src.matrix("output.weight", c.vocab_size, h)?)
         };
-        let mut output_norm = src.vector("output_norm.weight", h)?;
-        if c.extras.norm_plus_one {
-            output_norm.iter_mut().for_each(|x| *x += 1.0);
-        }
+        let output_norm = c.extras.norm_weights(src.vector("output_norm.weight", h)?);
         let qk_norm = matches!(c.arch, Arch::Qwen3 | Arch::Gemma3);
         let layers = (0..c.n_layers)
             .map(|i| {
@@ -454,27 +451,25 @@ impl Model {
                     refine_top(row, keep, margin, |id, t| head.row_dot(id, x, t), tmp, cand);
                 });
             }
-            // A soft-cap is monotonic: argmaxes are taken before it, values after it.
-            let cap = |row: &mut [f32]| {
-                if let Some(c) = softcap {
-                    row.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
-                }
+            // A soft-cap is monotonic: ids are chosen on the raw scores and only the values
+            // handed out are capped (every logit of a full row, the k of a top-k).
+            let cap = |x: f32| softcap.map_or(x, |c| ops::softcap(x, c));
+            let top = |row: &[f32], k: usize| {
+                let mut t = ops::top_k(row, k);
+                t.iter_mut().for_each(|e| e.1 = cap(e.1));
+                t
             };
             match spec.logits {
                 Logits::Argmax => unsafe { *ap.get().add(i) = ops::argmax(row) },
-                Logits::TopK(k) => unsafe {
-                    cap(row);
-                    *tp.get().add(i) = ops::top_k(row, k)
-                },
+                Logits::TopK(k) => unsafe { *tp.get().add(i) = top(row, k) },
                 // The argmax as `Argmax` finds it (refined with keep = 1), then the row's top
                 // k as it stands.
                 Logits::ArgmaxTop(k) => unsafe {
                     *ap.get().add(i) = ops::argmax(row);
-                    cap(row);
-                    *tp.get().add(i) = ops::top_k(row, k.max(1));
+                    *tp.get().add(i) = top(row, k.max(1));
                 },
-                Logits::Full => cap(row),
-                Logits::None => {}
+                Logits::Full if softcap.is_some() => row.iter_mut().for_each(|x| *x = cap(*x)),
+                Logits::Full | Logits::None => {}
             }
         });
     }

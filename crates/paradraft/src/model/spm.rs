@@ -47,7 +47,7 @@ pub(crate) struct Spm {
     specials: Vec<u32>,
     /// Whitespace after a special token is dropped (llama.cpp does so for Phi-3 files).
     rstrip_specials: bool,
-    pub(crate) add_space_prefix: bool,
+    add_space_prefix: bool,
     bos: Option<u32>,
 }
 

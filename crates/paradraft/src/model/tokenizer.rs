@@ -1,6 +1,6 @@
 //! Tokenizer (from `tokenizer.json`, or built from GGUF metadata: GPT-2-style BPE or
-//! SentencePiece), the
-//! stop-token set, incremental detokenisation for streaming, and the chat template.
+//! SentencePiece), the stop-token set, incremental detokenisation for streaming, and the chat
+//! template.
 
 use super::gguf::{GgufFile, Value};
 use super::spm::Spm;
@@ -154,13 +154,13 @@ impl Tokenizer {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let model = g.str("tokenizer.ggml.model").unwrap_or("");
         let id = |key: &str| g.u64(key).map(|v| TokenId(v as u32));
-        let (inner, add_bos_default) = match model {
-            "gpt2" => (Inner::hf(Self::gguf_bpe(g)?), false),
-            // SentencePiece: llama.cpp's defaults for it are BOS 1 and a BOS added.
-            "llama" => {
-                let bos = id("tokenizer.ggml.bos_token_id").unwrap_or(TokenId(1));
-                (Inner::Spm(Box::new(Spm::from_gguf(g, Some(bos.0))?)), true)
-            }
+        // SentencePiece: llama.cpp's defaults for it are BOS 1, EOS 2 and a BOS added.
+        let spm = model == "llama";
+        let bos = id("tokenizer.ggml.bos_token_id").or(spm.then_some(TokenId(1)));
+        let eos = id("tokenizer.ggml.eos_token_id").or(spm.then_some(TokenId(2)));
+        let inner = match model {
+            "gpt2" => Inner::hf(Self::gguf_bpe(g)?),
+            "llama" => Inner::Spm(Box::new(Spm::from_gguf(g, bos.map(|b| b.0))?)),
             other => {
                 return Err(Error::Unsupported(format!(
                     "GGUF tokenizer model {other:?} (supported: \"gpt2\" byte-level BPE, \"llama\" \
@@ -168,13 +168,10 @@ impl Tokenizer {
                 )))
             }
         };
-        let spm = matches!(inner, Inner::Spm(_));
-        let bos = id("tokenizer.ggml.bos_token_id").or(spm.then_some(TokenId(1)));
-        let eos = id("tokenizer.ggml.eos_token_id").or(spm.then_some(TokenId(2)));
         let add_bos = g
             .get("tokenizer.ggml.add_bos_token")
             .and_then(Value::as_bool)
-            .unwrap_or(add_bos_default);
+            .unwrap_or(spm);
         let mut stop_tokens: BTreeSet<TokenId> = eos.into_iter().collect();
         stop_tokens.extend(id("tokenizer.ggml.eot_token_id"));
         let text_of =

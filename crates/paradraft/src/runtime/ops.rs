@@ -65,6 +65,12 @@ multiversion! {
     }
 }
 
+/// c·tanh(x / c): Gemma's soft-cap of attention scores and of logits.
+#[inline(always)]
+pub fn softcap(x: f32, c: f32) -> f32 {
+    c * (x / c).tanh()
+}
+
 multiversion! {
     /// `gate = gelu(gate) · up`, in place, with GELU's tanh approximation written as
     /// x·σ(2y), y = √(2/π)·(x + 0.044715·x³) (the same function: ½(1 + tanh y) = σ(2y)).

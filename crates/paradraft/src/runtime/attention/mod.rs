@@ -18,7 +18,7 @@
 //! exactly AR greedy.
 
 use super::isa::{isa, Isa};
-use super::ops::fast_exp;
+use super::ops::{fast_exp, softcap};
 use super::quant::{par_ranges, SendPtr};
 use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
 use crate::types::Pos;
@@ -655,12 +655,6 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
             I::weighted_v(p, mine, vh, hd, Records { out, pw });
         }
     }
-}
-
-/// c·tanh(x / c).
-#[inline(always)]
-fn softcap(x: f32, c: f32) -> f32 {
-    c * (x / c).tanh()
 }
 
 /// The largest of `x` (NaNs ignored, −∞ when empty) in 16 lanes, so that it vectorises

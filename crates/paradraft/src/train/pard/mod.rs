@@ -541,7 +541,8 @@ pub fn config_json(
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
         Arch::Llama => ("llama", "LlamaForCausalLM"),
-        // Refused by `config_for`: PARD trains Llama / Qwen layers only.
+        // Gemma targets are refused by `config_for` (their layers are not Llama's); Phi-3's
+        // are Llama's, written unfused (its loader takes either form).
         Arch::Gemma => ("gemma", "GemmaForCausalLM"),
         Arch::Gemma2 => ("gemma2", "Gemma2ForCausalLM"),
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
