@@ -264,6 +264,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         )
     } else {
         let curve = set.measure(&lm.model, !sampling.is_greedy())?;
+        set.persist_guards(&paradraft::fetch::home_dir().join("guard"), &a.m.path());
         let sp = set.speculation(sampling, a.sampling.verify_rule)?;
         let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
         let (v, extra) = (

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::{Loaded, Model};
 use crate::sample::SamplingParams;
 use crate::speculative::cps::AdlParams;
-use crate::speculative::sizing::{CostCurve, Sizer};
+use crate::speculative::sizing::{CostCurve, GuardMemory, Sizer};
 use crate::speculative::{Drafter, Speculation, VerifyRule};
 use std::path::Path;
 
@@ -199,6 +199,8 @@ impl DrafterConfig {
             }),
             costs: None,
             sampled: None,
+            guards: Default::default(),
+            config: serde_json::to_string(self).unwrap_or_default(),
         })
     }
 
@@ -231,6 +233,10 @@ pub struct DrafterSet<'t> {
     costs: Option<(CostCurve, CostCurve)>,
     /// The target's verify-cost curve at T > 0 (full logits and the sampler for every row).
     sampled: Option<CostCurve>,
+    /// The speed guard the last greedy / sampling request left.
+    guards: [GuardMemory; 2],
+    /// The whole configuration, as the name of its kept guards ([`DrafterSet::persist_guards`]).
+    config: String,
 }
 
 impl<'t> DrafterSet<'t> {
@@ -310,7 +316,9 @@ impl<'t> DrafterSet<'t> {
                     Some(c) if !sampling.is_greedy() => c,
                     _ => t,
                 };
-                let s = Sizer::new(t.clone()).with_draft_curve(Some(d.clone()));
+                let s = Sizer::new(t.clone())
+                    .with_draft_curve(Some(d.clone()))
+                    .with_guard_memory(self.guards[usize::from(!sampling.is_greedy())].clone());
                 match self.adl {
                     Some(p) => s.with_adl(p),
                     None => s,
@@ -318,6 +326,37 @@ impl<'t> DrafterSet<'t> {
             }),
             rule,
         })
+    }
+
+    /// Keeps the speed guard's state in files under `dir` between processes that run this
+    /// drafter set (its whole configuration) with the model file `model` on this machine (CPU
+    /// model and thread count):
+    /// `paradraft generate` answers each request in a fresh process, which would otherwise
+    /// learn again in every request whether drafting pays here.
+    pub fn persist_guards(&mut self, dir: &Path, model: &Path) {
+        let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+        let len = std::fs::metadata(&model).map_or(0, |m| m.len());
+        let key = format!(
+            "{}|{}|{}|{}|{}",
+            crate::runtime::isa::cpu_model().unwrap_or_default(),
+            crate::runtime::current_threads(),
+            model.display(),
+            len,
+            self.config
+        );
+        // FNV-1a: a stable name for the key.
+        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        let label: String = self
+            .label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(40)
+            .collect();
+        self.guards = ["greedy", "sampled"].map(|kind| {
+            GuardMemory::persisted(dir.join(format!("{label}-{hash:016x}-{kind}.json")))
+        });
     }
 
     /// Whether requests decode without a drafter.

@@ -81,7 +81,7 @@ impl UndraftedCounts {
     }
 }
 
-/// Committed tokens and wall-clock ms of recent rounds (decayed sums).
+/// Timed AR rounds: committed tokens and wall-clock ms, decayed sums (≈ 20 rounds).
 #[derive(Clone, Copy, Debug, Default)]
 struct Rate {
     tokens: f64,
@@ -91,8 +91,8 @@ struct Rate {
 
 impl Rate {
     fn add(&mut self, tokens: f64, ms: f64) {
-        self.tokens = 0.9 * self.tokens + tokens;
-        self.ms = 0.9 * self.ms + ms;
+        self.tokens = 0.95 * self.tokens + tokens;
+        self.ms = 0.95 * self.ms + ms;
         self.n += 1;
     }
     fn per_ms(&self) -> f64 {
@@ -100,70 +100,91 @@ impl Rate {
     }
 }
 
-/// Drafting rounds' excess over AR: per round, tokens committed minus what AR would have
-/// committed in the round's ms (decayed sums, ≈ 20 rounds).
-#[derive(Clone, Copy, Debug, Default)]
-struct Excess {
-    n: f64,
-    sum: f64,
-    sq: f64,
+/// What the guard is doing: letting the sizer draft (a drafting phase), or holding drafting
+/// off, to measure AR (a probe) or because drafting measured slower (a hold).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Draft,
+    Probe,
+    Hold,
 }
 
-impl Excess {
-    fn add(&mut self, x: f64) {
-        const DECAY: f64 = 0.95;
-        self.n = DECAY * self.n + 1.0;
-        self.sum = DECAY * self.sum + x;
-        self.sq = DECAY * self.sq + x * x;
-    }
-
-    /// Whether the mean excess is below 0 by more than `z` standard errors.
-    fn clearly_negative(&self, z: f64) -> bool {
-        if self.n < 2.0 {
-            return false;
-        }
-        let mean = self.sum / self.n;
-        let var = (self.sq / self.n - mean * mean).max(0.0) * self.n / (self.n - 1.0);
-        mean + z * (var / self.n).sqrt() < 0.0
-    }
-}
-
-/// The cost model checked against the clock: the measured committed tokens per ms of the rounds
-/// that drafted (whose drafter was asked for a draft, whether or not any of it was verified)
-/// and of those that did not (each round timed from its draft to its commit, the target's
-/// forward included). When drafting measures slower than AR by more than `margin`,
-/// clearly (by `z` standard errors of the drafting rounds' excess over AR: a round commits 1 to
-/// 8 tokens, so a few rounds prove nothing), nothing is drafted for `hold` rounds (then
-/// drafting is measured afresh); while drafting, one round in `probe_every` runs without a
-/// draft so that AR's speed stays measured. Whatever the cost model misses on this machine
-/// (per-round overheads, a drafter's passes it undercounts), speculation then costs at most its
-/// probes when it does not pay.
+/// The cost model checked against the clock, as two policies timed in phases: drafting
+/// phases (the sizer drafts as it sees fit; every round counts, with its drafting, its
+/// verify and whatever it leaves the next rounds to pay) against AR phases (nothing
+/// drafted). After each phase the two are compared: drafting stays or comes back on only
+/// when its rounds committed more than AR's rate would have in their time, by more than
+/// `z` standard errors of that excess (with a `margin` against AR), else drafting is held off
+/// for `hold` rounds, twice as long after each hold in a row, and then drafted for
+/// `probe_draft` rounds to be measured afresh. A drafting phase that pays runs `draft_phase`
+/// rounds, twice as long after each in a row, and is followed by an AR probe of `probe_ar`
+/// rounds; it ends early when its rounds clearly lose to AR's rate (a hold), or when at a
+/// check every [`RECHECK`] rounds they fall behind it (a probe, then the comparison afresh).
+///
+/// AR is measured in stretches, not single rounds, and the first `wake` rounds of a stretch
+/// are not timed: on a 2-vCPU Intel Xeon, in T = 1 bench runs of `auto` and `dart`, the 1st to
+/// 6th AR round after drafting took 1.33, 1.33, 1.30, 1.27, 1.24 and 1.16× the AR run's
+/// rounds, and only from the 7th on 0.95–1.05× (at T = 0: 1.57 down to 1.16×; `examples/wake.rs`
+/// shows the same after one 16-row forward). The old guard timed lone AR probes there, priced
+/// AR a quarter too dear, and kept drafting that lost to AR by 10–25 % (docs/auto.md, "Never
+/// slower than AR").
 #[derive(Clone, Debug)]
 pub struct SpeedGuard {
-    /// Drafting rounds since drafting was last (re)started.
-    drafted: u32,
-    excess: Excess,
-    ar: Rate,
     pub(super) round: u64,
-    pub(super) off_until: u64,
-    pub probe_every: u64,
+    phase: Phase,
+    /// Observed rounds left in the phase.
+    left: u64,
+    /// Drafting phases that paid, and holds, in a row.
+    wins: u32,
+    holds: u32,
+    /// AR rounds of the current stretch observed so far.
+    stretch: u64,
+    /// Rounds of the current drafting phase observed so far.
+    in_phase: u64,
+    ar: Rate,
+    /// The recent drafting phases' rounds: (tokens, ms).
+    drafted: std::collections::VecDeque<(f64, f64)>,
+    pub draft_phase: u64,
+    pub probe_draft: u64,
+    pub probe_ar: u64,
     pub hold: u64,
+    pub wake: u64,
     pub margin: f64,
     pub z: f64,
+    pub cut_z: f64,
 }
+
+/// Drafting rounds the guard weighs (the latest).
+const DRAFTED_KEPT: usize = 64;
+/// Longest phase, in rounds.
+const MAX_PHASE: u64 = 4096;
+/// Every so many rounds of a drafting phase its rounds are checked against AR's rate: behind
+/// it by `z` standard errors (not clearly, as `cut_z` asks), the phase ends early.
+const RECHECK: u64 = 24;
+/// Doublings of a phase's length in a row, at most.
+const MAX_DOUBLINGS: u32 = 6;
 
 impl Default for SpeedGuard {
     fn default() -> Self {
+        let probe_ar = 12;
         SpeedGuard {
-            drafted: 0,
-            excess: Excess::default(),
-            ar: Rate::default(),
             round: 0,
-            off_until: 0,
-            probe_every: 16,
-            hold: 64,
+            phase: Phase::Probe,
+            left: probe_ar,
+            wins: 0,
+            holds: 0,
+            stretch: 0,
+            in_phase: 0,
+            ar: Rate::default(),
+            drafted: Default::default(),
+            draft_phase: 48,
+            probe_draft: 12,
+            probe_ar,
+            hold: 48,
+            wake: 6,
             margin: 0.02,
-            z: 1.5,
+            z: 0.0,
+            cut_z: 1.5,
         }
     }
 }
@@ -177,33 +198,274 @@ impl SpeedGuard {
     /// Counts the round; why it may not draft, if it may not.
     pub fn why_not(&mut self) -> Option<Undrafted> {
         self.round += 1;
-        if self.round < self.off_until {
-            Some(Undrafted::SpeedGuard)
-        } else if self.round.is_multiple_of(self.probe_every) {
-            Some(Undrafted::Probe)
-        } else {
-            None
+        match self.phase {
+            Phase::Draft => None,
+            Phase::Probe => Some(Undrafted::Probe),
+            Phase::Hold => Some(Undrafted::SpeedGuard),
         }
     }
 
-    /// A round committed `tokens` in `ms`, with or without verified draft nodes.
-    pub fn observe(&mut self, tokens: usize, ms: f64, drafted: bool) {
+    /// Whether drafting is on (a drafting phase).
+    pub fn drafting(&self) -> bool {
+        self.phase == Phase::Draft
+    }
+
+    /// A round committed `tokens` in `ms` (whether or not it drafted: a drafting phase is
+    /// timed as a whole).
+    pub fn observe(&mut self, tokens: usize, ms: f64) {
         if !(ms.is_finite() && ms > 0.0) {
             return;
         }
-        if drafted {
-            self.drafted += 1;
-            if self.ar.n > 0 {
-                let ar = self.ar.per_ms() * (1.0 - self.margin);
-                self.excess.add(tokens as f64 - ms * ar);
+        if self.phase == Phase::Draft {
+            self.stretch = 0;
+            if self.drafted.len() == DRAFTED_KEPT {
+                self.drafted.pop_front();
             }
+            self.drafted.push_back((tokens as f64, ms));
         } else {
-            self.ar.add(tokens as f64, ms);
+            self.stretch += 1;
+            if self.stretch > self.wake {
+                self.ar.add(tokens as f64, ms);
+            }
         }
-        if self.drafted >= 8 && self.ar.n >= 3 && self.excess.clearly_negative(self.z) {
-            self.off_until = self.round + self.hold;
-            self.drafted = 0;
-            self.excess = Excess::default();
+        self.left = self.left.saturating_sub(1);
+        if self.left == 0 {
+            self.next_phase();
+        } else if self.phase == Phase::Draft {
+            self.in_phase += 1;
+            if self.clearly_losing() {
+                // A drafter far slower than AR is not drafted to the end of its phase.
+                self.ar_known_hold();
+            } else if self.in_phase.is_multiple_of(RECHECK)
+                && self.excess().is_some_and(|(m, se)| m + self.z * se < 0.0)
+            {
+                // A long phase whose drafting fell behind AR's last rate: AR is timed afresh
+                // (the rate may be old) and the two compared again.
+                self.phase = Phase::Probe;
+                self.left = self.probe_ar;
+            }
+        }
+        if self.phase != Phase::Draft {
+            self.in_phase = 0;
+        }
+    }
+
+    /// Whether the drafting rounds so far (4 at least) lose to AR's measured rate by more
+    /// than `cut_z` standard errors.
+    fn clearly_losing(&self) -> bool {
+        self.drafted.len() >= 4
+            && self
+                .excess()
+                .is_some_and(|(m, se)| m + self.cut_z * se < 0.0)
+    }
+
+    /// Ends a drafting phase cut short: a hold (AR is measured; its rate is what drafting lost to).
+    fn ar_known_hold(&mut self) {
+        self.wins = 0;
+        self.holds += 1;
+        self.phase = Phase::Hold;
+        self.left = (self.hold << (self.holds - 1).min(MAX_DOUBLINGS)).clamp(1, MAX_PHASE);
+    }
+
+    /// The recent drafting rounds' mean excess over AR's timed rate (tokens committed minus
+    /// what AR, `margin` faster, would have in the round's ms) and its standard error; `None`
+    /// while either side is unmeasured.
+    fn excess(&self) -> Option<(f64, f64)> {
+        let n = self.drafted.len() as f64;
+        if self.ar.n == 0 || n < 2.0 {
+            return None;
+        }
+        let ar = self.ar.per_ms() * (1.0 + self.margin);
+        let ex = |&(t, ms): &(f64, f64)| t - ms * ar;
+        let mean = self.drafted.iter().map(ex).sum::<f64>() / n;
+        let var = self
+            .drafted
+            .iter()
+            .map(|r| (ex(r) - mean).powi(2))
+            .sum::<f64>()
+            / (n - 1.0);
+        Some((mean, (var / n).sqrt()))
+    }
+
+    /// Whether drafting beats AR: its mean excess above `z` standard errors.
+    fn drafting_pays(&self) -> Option<bool> {
+        self.excess().map(|(m, se)| m > self.z * se)
+    }
+
+    /// Draft → AR probe → (drafting pays: a drafting phase, longer after each that paid; it
+    /// does not: a hold, longer after each in a row) → … ; a hold ends in a drafting probe.
+    fn next_phase(&mut self) {
+        let (phase, len) = match self.phase {
+            Phase::Draft => (Phase::Probe, self.probe_ar),
+            Phase::Hold => {
+                // Drafting is measured afresh: the rounds it drafted before the hold are old.
+                self.drafted.clear();
+                (Phase::Draft, self.probe_draft)
+            }
+            Phase::Probe => match self.drafting_pays() {
+                None if self.ar.n == 0 => (Phase::Probe, self.probe_ar),
+                None => (Phase::Draft, self.probe_draft),
+                Some(true) => {
+                    self.holds = 0;
+                    let len = self.draft_phase << self.wins.min(MAX_DOUBLINGS);
+                    self.wins += 1;
+                    (Phase::Draft, len)
+                }
+                Some(false) => return self.ar_known_hold(),
+            },
+        };
+        self.phase = phase;
+        self.left = len.clamp(1, MAX_PHASE);
+    }
+
+    /// Drafting on for good (tests of the other policies).
+    #[cfg(test)]
+    pub(super) fn stay_on(&mut self) {
+        self.phase = Phase::Draft;
+        self.left = u64::MAX;
+    }
+
+    /// Drafting held off for `rounds` observed rounds (tests).
+    #[cfg(test)]
+    pub(super) fn hold_for(&mut self, rounds: u64) {
+        self.phase = Phase::Hold;
+        self.left = rounds;
+    }
+
+    /// Whether drafting is held off (a hold, not a probe).
+    pub fn holding(&self) -> bool {
+        self.phase == Phase::Hold
+    }
+
+    /// This guard as the next session of the process starts from it: the phases and rates go
+    /// on, but a hold ends within `hold` rounds and the next one starts short again (a request
+    /// on other text may draft better: at T = 0.7 on a 2-vCPU Xeon a hold begun on MT-Bench,
+    /// doubled from request to request, kept GSM8K and MBPP, where drafting had paid 1.25–1.29×,
+    /// from drafting at all); nothing of this session's last AR stretch is in the wake of the
+    /// next one's prefill.
+    fn resumed(&self) -> SpeedGuard {
+        let holding = self.phase == Phase::Hold;
+        SpeedGuard {
+            round: 0,
+            stretch: 0,
+            in_phase: 0,
+            left: if holding {
+                self.left.min(self.hold)
+            } else {
+                self.left
+            },
+            holds: if holding {
+                self.holds.min(1)
+            } else {
+                self.holds
+            },
+            ..self.clone()
+        }
+    }
+}
+
+/// Where a process's sessions leave their speed guard for the next session (one per drafter
+/// set and kind of sampling: greedy and sampled rounds pay differently), so that a server or a
+/// bench does not re-learn in every request what the last ones measured: a drafter held off
+/// stays off for the next request (until its hold ends), one that pays drafts from its first
+/// round. [`GuardMemory::persisted`] keeps it in a file too, for the next process.
+#[derive(Clone, Debug, Default)]
+pub struct GuardMemory {
+    slot: std::sync::Arc<std::sync::Mutex<Option<SpeedGuard>>>,
+    file: Option<std::sync::Arc<std::path::PathBuf>>,
+}
+
+/// A guard's state as kept on disk.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Saved {
+    version: u32,
+    phase: String,
+    left: u64,
+    wins: u32,
+    holds: u32,
+    ar: (f64, f64, u32),
+    drafted: Vec<(f64, f64)>,
+}
+
+impl SpeedGuard {
+    fn saved(&self) -> Saved {
+        Saved {
+            version: 1,
+            phase: format!("{:?}", self.phase).to_lowercase(),
+            left: self.left,
+            wins: self.wins,
+            holds: self.holds,
+            ar: (self.ar.tokens, self.ar.ms, self.ar.n),
+            drafted: self.drafted.iter().copied().collect(),
+        }
+    }
+
+    /// The guard `s` describes, when it is one this build wrote and every figure is sane.
+    fn from_saved(s: Saved) -> Option<SpeedGuard> {
+        let phase = match s.phase.as_str() {
+            "draft" => Phase::Draft,
+            "probe" => Phase::Probe,
+            "hold" => Phase::Hold,
+            _ => return None,
+        };
+        let finite = |x: f64| x.is_finite() && x >= 0.0;
+        let ok = s.version == 1
+            && s.left <= MAX_PHASE
+            && finite(s.ar.0)
+            && finite(s.ar.1)
+            && s.drafted.len() <= DRAFTED_KEPT
+            && s.drafted.iter().all(|&(t, ms)| finite(t) && finite(ms));
+        ok.then(|| SpeedGuard {
+            phase,
+            left: s.left.max(1),
+            wins: s.wins.min(MAX_DOUBLINGS),
+            holds: s.holds.min(MAX_DOUBLINGS + 1),
+            ar: Rate {
+                tokens: s.ar.0,
+                ms: s.ar.1,
+                n: s.ar.2,
+            },
+            drafted: s.drafted.into_iter().collect(),
+            ..SpeedGuard::default()
+        })
+    }
+}
+
+impl GuardMemory {
+    /// A memory kept in `file` as well: it starts from the guard the file holds (a missing,
+    /// unreadable or foreign file: from none) and rewrites the file whenever a session leaves
+    /// its guard (failures to write only lose the memory, never the request).
+    pub fn persisted(file: std::path::PathBuf) -> GuardMemory {
+        let saved = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Saved>(&b).ok())
+            .and_then(SpeedGuard::from_saved);
+        GuardMemory {
+            slot: std::sync::Arc::new(std::sync::Mutex::new(saved)),
+            file: Some(std::sync::Arc::new(file)),
+        }
+    }
+
+    /// The guard the last session left, resumed.
+    pub fn recall(&self) -> Option<SpeedGuard> {
+        self.slot.lock().ok()?.as_ref().map(SpeedGuard::resumed)
+    }
+
+    pub fn store(&self, g: &SpeedGuard) {
+        if let Ok(mut m) = self.slot.lock() {
+            *m = Some(g.clone());
+        }
+        if let Some(file) = &self.file {
+            let write = || -> std::io::Result<()> {
+                if let Some(dir) = file.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+                std::fs::write(&tmp, serde_json::to_vec(&g.saved())?)?;
+                std::fs::rename(&tmp, file.as_path())
+            };
+            // A cache: a file that cannot be written only loses the memory.
+            let _ = write();
         }
     }
 }

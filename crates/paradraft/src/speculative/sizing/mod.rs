@@ -16,7 +16,7 @@ mod guard;
 
 pub use cost::{CostCurve, LearnedCost, WARM_FORWARDS};
 pub use depths::DepthRates;
-pub use guard::{SpeedGuard, Undrafted, UndraftedCounts};
+pub use guard::{GuardMemory, SpeedGuard, Undrafted, UndraftedCounts};
 
 /// Forgetting factor of the acceptance statistics, per round (1 = never forget).
 const DECAY: f64 = 0.98;
@@ -202,6 +202,8 @@ pub struct Sizer {
     skip: u32,
     /// Rounds verified so far.
     rounds: u64,
+    /// Where the guard is left for the process's next session.
+    memory: Option<GuardMemory>,
 }
 
 /// The batch a session's round is verified in: how many sessions decode in it (this one
@@ -230,7 +232,18 @@ impl Sizer {
             zero_cuts: 0,
             skip: 0,
             rounds: 0,
+            memory: None,
         }
+    }
+
+    /// Starts from the guard the process's last session left in `memory` (if any), and leaves
+    /// this one's there when dropped.
+    pub fn with_guard_memory(mut self, memory: GuardMemory) -> Self {
+        if let Some(g) = memory.recall() {
+            self.guard = g;
+        }
+        self.memory = Some(memory);
+        self
     }
 
     /// Sizes chains by DiffuSpec's adaptive draft length (§4.5) instead of the cost model; the
@@ -253,8 +266,15 @@ impl Sizer {
     fn budget(&mut self, max: usize, b: BatchShape, trees: bool) -> usize {
         self.undrafted = None;
         self.asked = false;
+        // The guard's phases start past the prefill's wake (its first rounds are not timed);
+        // a hold that an earlier session began holds there too.
         if self.adl.is_none() {
-            if let Some(why) = self.guard.why_not() {
+            let why = if self.settled() {
+                self.guard.why_not()
+            } else {
+                self.guard.holding().then_some(Undrafted::SpeedGuard)
+            };
+            if let Some(why) = why {
                 self.undrafted = Some(why);
                 return 0;
             }
@@ -288,10 +308,10 @@ impl Sizer {
 
     /// After a round that committed `tokens` in `ms` (draft to commit), with or without verified
     /// draft nodes, `accepted` of them accepted: ADL's update (`eos`: the 1-based depth of the
-    /// draft's first stop token), or the speed guard's. The guard weighs the rounds whose
-    /// drafter was asked for a draft against those whose drafter was not: a tree proposed and
-    /// then cut to nothing cost its proposal, and counted as an AR round it hid that cost (on
-    /// a 2-vCPU Xeon at T = 1, 3,160 of `auto`'s 5,679 rounds, each 1.04× an AR round).
+    /// draft's first stop token), or the speed guard's. The guard times a drafting phase's
+    /// rounds whether or not they verified nodes: a tree proposed and then cut to nothing cost
+    /// its proposal (on a 2-vCPU Xeon at T = 1, 3,160 of `auto`'s 5,679 rounds, each 1.04× an AR
+    /// round), and an AR round after a drafted one pays for what drafting left behind.
     fn record_round(
         &mut self,
         tokens: usize,
@@ -304,7 +324,7 @@ impl Sizer {
         match &mut self.adl {
             Some(a) if drafted => a.observe(eos(), accepted),
             Some(_) => {}
-            None if settled => self.guard.observe(tokens, ms, self.asked),
+            None if settled => self.guard.observe(tokens, ms),
             None => {}
         }
     }
@@ -475,6 +495,16 @@ impl Sizer {
         if drafted_nodes > 0 {
             let per = draft_ms / drafted_nodes as f64;
             self.draft_ms_per_node = 0.8 * self.draft_ms_per_node + 0.2 * per;
+        }
+    }
+}
+
+impl Drop for Sizer {
+    fn drop(&mut self) {
+        if let Some(m) = &self.memory {
+            if self.settled() {
+                m.store(&self.guard);
+            }
         }
     }
 }

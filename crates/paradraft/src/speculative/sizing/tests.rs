@@ -168,69 +168,83 @@ fn beside_a_prompt_rows_cost_what_they_add() {
     assert_eq!(s.cut(&conf, 0.1, beside), 0);
 }
 
-/// Drafting that measures slower than AR is switched off for a while and measured afresh
-/// after; drafting that pays stays on, with one AR probe round in 16.
-#[test]
-fn the_guard_switches_off_drafting_that_measures_slower_than_ar() {
+/// A made-up machine for the guard: AR commits 1 token in 4 ms; a drafting round commits
+/// 1–4 tokens (as real drafts do; mean 2.5) at `speed` × AR's rate over the round; and the
+/// six AR rounds after drafted ones run slow (1.35× down to 1.15×, as `auto`'s and `dart`'s did
+/// in T = 1 bench runs on a 2-vCPU Intel Xeon). Returns (rounds drafted, tokens per ms against AR's) over `rounds`.
+fn guard_on(speed: f64, rounds: usize, seed: u64) -> (usize, f64) {
     let mut g = SpeedGuard::default();
-    // AR: 1 token in 4 ms; drafting: 1.1 tokens in 5 ms (0.22 vs 0.25 tokens per ms).
-    let mut drafted = 0;
-    for _ in 0..1000 {
-        if g.allows_draft() {
-            drafted += 1;
-            g.observe(1, 4.0 * 1.25 / 1.1, true);
-        } else {
-            g.observe(1, 4.0, false);
-        }
-    }
-    // 45 rounds before AR is measured three times, then 8 of every ~71 rounds.
-    assert!(drafted < 200, "{drafted} of 1000 rounds drafted");
-    // Drafting 1.5× faster: every round but the probes.
-    let mut g = SpeedGuard::default();
-    let mut drafted = 0;
-    for _ in 0..1000 {
-        if g.allows_draft() {
-            drafted += 1;
-            g.observe(3, 8.0, true);
-        } else {
-            g.observe(1, 4.0, false);
-        }
-    }
-    assert_eq!(drafted, 1000 - 1000 / 16);
-    assert!(g.round >= g.off_until, "drafting is on");
-}
-
-/// Drafting that pays 10 % on average but commits 1 to 4 tokens a round (as real drafts
-/// do) stays on: a few unlucky rounds are no evidence. Drafting 10 % slower with the same
-/// spread is still switched off.
-#[test]
-fn the_guard_needs_evidence_not_a_few_unlucky_rounds() {
-    let mut seed = 12345u64;
-    let mut tokens = || {
-        seed = seed
+    let mut rng = seed;
+    let mut next = || {
+        rng = rng
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        1 + (seed >> 33) as usize % 4 // 1..=4, mean 2.5
+        (rng >> 33) as usize
     };
-    let run = |speed: f64, tokens: &mut dyn FnMut() -> usize| {
-        let mut g = SpeedGuard::default();
-        let mut drafted = 0;
-        for _ in 0..2000 {
-            if g.allows_draft() {
-                drafted += 1;
-                // AR: 1 token in 4 ms; a drafting round of 2.5 tokens (on average) costs
-                // 2.5 · 4 / speed ms.
-                g.observe(tokens(), 10.0 / speed, true);
-            } else {
-                g.observe(1, 4.0, false);
-            }
+    let (mut drafted, mut tokens, mut ms, mut since) = (0, 0.0, 0.0, 9);
+    const WAKE: [f64; 6] = [1.35, 1.35, 1.3, 1.25, 1.2, 1.15];
+    for _ in 0..rounds {
+        let (t, m) = if g.allows_draft() {
+            drafted += 1;
+            since = 0;
+            (1 + next() % 4, 2.5 * 4.0 / speed)
+        } else {
+            since += 1;
+            (1, 4.0 * WAKE.get(since - 1).copied().unwrap_or(1.0))
+        };
+        g.observe(t, m);
+        tokens += t as f64;
+        ms += m;
+    }
+    (drafted, tokens / ms / 0.25)
+}
+
+/// Drafting that measures slower than AR is held off (longer after each hold in a row, and
+/// measured afresh after each, cut short when clearly losing), so a machine where every
+/// draft is dear runs within 1.5–4.5 % of AR over 2,000 rounds (the loss is the drafting
+/// probes': about 4 rounds after each hold, at holds of 48, 96, 192, … rounds) even though its
+/// AR rounds after drafting run slow; drafting that pays stays on but for its AR probes.
+#[test]
+fn the_guard_holds_off_drafting_that_measures_slower_than_ar() {
+    for (speed, floor) in [(0.5, 0.96), (0.8, 0.975), (0.9, 0.955)] {
+        for seed in 0..4 {
+            let (drafted, vs_ar) = guard_on(speed, 2000, seed);
+            assert!(
+                vs_ar > floor,
+                "speed {speed}: {vs_ar:.3} of AR, {drafted} drafted"
+            );
+            assert!(
+                drafted < 300,
+                "speed {speed}: {drafted} of 2000 rounds drafted"
+            );
         }
-        drafted
-    };
-    let paying = run(1.1, &mut tokens);
-    assert!(paying > 1800, "{paying} of 2000 rounds drafted");
-    let losing = run(0.9, &mut tokens);
-    assert!(losing < 1000, "{losing} of 2000 rounds drafted");
+    }
+    for speed in [1.2, 1.5] {
+        for seed in 0..4 {
+            let (drafted, vs_ar) = guard_on(speed, 2000, seed);
+            assert!(
+                drafted > 1800,
+                "speed {speed}: {drafted} of 2000 rounds drafted"
+            );
+            assert!(vs_ar > 0.93 * speed, "speed {speed}: {vs_ar:.3} of AR");
+        }
+    }
+}
+
+/// Early: AR is timed first (12 rounds, the last 6 timed), and a drafter that loses is held off within its first
+/// 12 drafting rounds (4 when it clearly loses), so a 100-round generation with a drafter at
+/// 3/4 of AR's speed runs at 0.88–0.93 of AR instead of 0.75; one that pays keeps most of its
+/// gain there too.
+#[test]
+fn the_guard_decides_within_a_short_generation() {
+    for seed in 0..8 {
+        let (drafted, vs_ar) = guard_on(0.75, 100, seed);
+        assert!(drafted <= 20, "{drafted} of 100 rounds drafted");
+        assert!(vs_ar > 0.87, "{vs_ar:.3} of AR");
+        let (drafted, vs_ar) = guard_on(1.3, 100, seed);
+        assert!(drafted >= 60, "{drafted} of 100 rounds drafted");
+        assert!(vs_ar > 1.12, "{vs_ar:.3} of AR");
+    }
 }
 
 /// A sized round that drafts nothing says why: the guard's hold, its AR probe, or the
@@ -243,6 +257,7 @@ fn undrafted_rounds_say_why() {
     for _ in 0..200 {
         s.observe(8, 0, 40.0, 8);
     }
+    s.guard.stay_on();
     let mut reasons = vec![];
     for _ in 0..32 {
         let n = s.budget(12, b, false);
@@ -250,10 +265,16 @@ fn undrafted_rounds_say_why() {
         reasons.push(s.undrafted());
     }
     let c = UndraftedCounts::of(reasons.iter().copied());
-    assert_eq!((c.probe, c.speed_guard, c.cost_model), (2, 0, 30));
+    assert_eq!((c.probe, c.speed_guard, c.cost_model), (0, 0, 32));
+    // Past the prefill's wake, the guard's first rounds time AR.
+    let mut s = Sizer::new(curve());
+    s.rounds = SETTLING_ROUNDS + 1;
+    assert_eq!(s.budget(12, b, false), 0);
+    assert_eq!(s.undrafted(), Some(Undrafted::Probe));
     // The guard holding drafting off.
     let mut s = Sizer::new(curve());
-    s.guard.off_until = 100;
+    s.rounds = SETTLING_ROUNDS + 1;
+    s.guard.hold_for(100);
     assert_eq!(s.budget(12, b, false), 0);
     assert_eq!(s.undrafted(), Some(Undrafted::SpeedGuard));
     let line = UndraftedCounts::of([Some(Undrafted::SpeedGuard), None, Some(Undrafted::Probe)])
@@ -426,7 +447,7 @@ fn trees_cut_to_nothing_that_cost_their_proposal_trip_the_guard() {
         false
     });
     assert!(held.is_some(), "the guard held drafting off");
-    assert!(asked >= 8, "{asked}");
+    assert!(asked >= 4, "{asked}");
 }
 
 /// Proposals that the cut keeps nothing of are asked for less and less often (2, 4, 8, 16
@@ -441,7 +462,7 @@ fn empty_cuts_back_off_proposing() {
         trees: true,
     };
     let mut s = Sizer::new(curve());
-    s.guard.probe_every = u64::MAX; // no probes in this test
+    s.guard.stay_on(); // no probes in this test
     let mut asked = vec![];
     for round in 0..60 {
         let budget = s.budget(facts.max, facts.batch, true);
@@ -535,7 +556,7 @@ fn the_first_rounds_teach_no_cost() {
 #[test]
 fn a_backoff_ends_with_one_explored_node() {
     let mut s = Sizer::new(curve());
-    s.guard.probe_every = u64::MAX;
+    s.guard.stay_on();
     let hopeless = [0.01f32, 0.01];
     let b = BatchShape::default();
     assert_eq!(s.cut(&hopeless, 1.0, b), 0);
@@ -562,4 +583,62 @@ fn a_backoff_ends_with_one_explored_node() {
     assert_eq!(round(&mut s, 1), 1);
     assert_eq!(s.zero_cuts, 0);
     assert_eq!(round(&mut s, 0), 0);
+}
+
+/// A session leaves its guard for the process's next one: a drafter held off stays off from
+/// the next session's first round (its prefill's wake included) until the hold ends, and a
+/// session that never got past the prefill's wake leaves nothing.
+#[test]
+fn the_next_session_starts_from_the_last_ones_guard() {
+    let b = BatchShape::default();
+    let memory = GuardMemory::default();
+    let mut s = Sizer::new(curve()).with_guard_memory(memory.clone());
+    assert!(
+        s.budget(12, b, false) > 0,
+        "a fresh guard lets the prefill's wake draft"
+    );
+    s.rounds = SETTLING_ROUNDS + 1;
+    s.guard.hold_for(100);
+    drop(s);
+    let mut next = Sizer::new(curve()).with_guard_memory(memory.clone());
+    assert_eq!(next.budget(12, b, false), 0);
+    assert_eq!(next.undrafted(), Some(Undrafted::SpeedGuard));
+    // Unsettled sessions leave the memory as it was.
+    next.guard.stay_on();
+    drop(next);
+    let mut third = Sizer::new(curve()).with_guard_memory(memory);
+    assert_eq!(third.budget(12, b, false), 0);
+}
+
+/// A persisted memory carries the guard to the next process (a file), and a file that is
+/// missing, garbled or out of range is no guard at all, not an error.
+#[test]
+fn a_persisted_guard_memory_reaches_the_next_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sub").join("guard.json");
+    let b = BatchShape::default();
+    let memory = GuardMemory::persisted(file.clone());
+    assert!(memory.recall().is_none());
+    let mut s = Sizer::new(curve()).with_guard_memory(memory);
+    s.rounds = SETTLING_ROUNDS + 1;
+    s.guard.hold_for(100);
+    drop(s);
+    // The next process.
+    let mut next = Sizer::new(curve()).with_guard_memory(GuardMemory::persisted(file.clone()));
+    assert_eq!(next.budget(12, b, false), 0);
+    assert_eq!(next.undrafted(), Some(Undrafted::SpeedGuard));
+    for bad in [
+        &b"not json"[..],
+        br#"{"version":1,"phase":"hold","left":100000000,"wins":0,"holds":1,"ar":[1.0,4.0,3],"drafted":[]}"#,
+        br#"{"version":1,"phase":"nap","left":10,"wins":0,"holds":1,"ar":[1.0,4.0,3],"drafted":[]}"#,
+        br#"{"version":2,"phase":"hold","left":10,"wins":0,"holds":1,"ar":[1.0,4.0,3],"drafted":[]}"#,
+    ] {
+        std::fs::write(&file, bad).unwrap();
+        assert!(GuardMemory::persisted(file.clone()).recall().is_none());
+    }
+    let good = br#"{"version":1,"phase":"hold","left":10,"wins":0,"holds":1,"ar":[1.0,4.0,3],"drafted":[[2.0,5.0]]}"#;
+    std::fs::write(&file, good).unwrap();
+    assert!(GuardMemory::persisted(file)
+        .recall()
+        .is_some_and(|g| g.holding()));
 }
