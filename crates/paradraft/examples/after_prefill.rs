@@ -49,16 +49,9 @@ fn main() -> paradraft::Result<()> {
             kv.truncate(ctx);
         }
     }
-    let medians: Vec<String> = by_place
-        .iter_mut()
-        .map(|v| {
-            v.sort_by(f64::total_cmp);
-            format!("{:.2}", v[v.len() / 2])
-        })
-        .collect();
     println!(
         "context {ctx}: median ms of the 1st..10th one-row forward after the prefill: {}",
-        medians.join(" ")
+        common::medians(&mut by_place)
     );
     Ok(())
 }

@@ -166,16 +166,9 @@ fn main() -> paradraft::Result<()> {
         }
     }
     for (kind, places) in kinds.iter().zip(by.iter_mut()) {
-        let medians: Vec<String> = places
-            .iter_mut()
-            .map(|v| {
-                v.sort_by(f64::total_cmp);
-                format!("{:.2}", v[v.len() / 2])
-            })
-            .collect();
         println!(
             "{kind:>8}: 1st..6th one-row forward ms {}",
-            medians.join(" ")
+            common::medians(places)
         );
     }
     eprintln!("({sink} {fsink})");

@@ -34,3 +34,15 @@ pub fn quiet() -> OutputSpec {
         taps: vec![],
     }
 }
+
+/// The median of each series (sorted in place), as "a.aa b.bb …" ms.
+pub fn medians(series: &mut [Vec<f64>]) -> String {
+    series
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(f64::total_cmp);
+            format!("{:.2}", v[v.len() / 2])
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

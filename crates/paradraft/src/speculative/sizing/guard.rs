@@ -130,7 +130,6 @@ enum Phase {
 /// slower than AR").
 #[derive(Clone, Debug)]
 pub struct SpeedGuard {
-    pub(super) round: u64,
     phase: Phase,
     /// Observed rounds left in the phase.
     left: u64,
@@ -168,7 +167,6 @@ impl Default for SpeedGuard {
     fn default() -> Self {
         let probe_ar = 12;
         SpeedGuard {
-            round: 0,
             phase: Phase::Probe,
             left: probe_ar,
             wins: 0,
@@ -190,24 +188,18 @@ impl Default for SpeedGuard {
 }
 
 impl SpeedGuard {
-    /// Whether this round may draft (counts the round).
-    pub fn allows_draft(&mut self) -> bool {
+    /// Whether this round may draft.
+    pub fn allows_draft(&self) -> bool {
         self.why_not().is_none()
     }
 
-    /// Counts the round; why it may not draft, if it may not.
-    pub fn why_not(&mut self) -> Option<Undrafted> {
-        self.round += 1;
+    /// Why this round may not draft, if it may not.
+    pub fn why_not(&self) -> Option<Undrafted> {
         match self.phase {
             Phase::Draft => None,
             Phase::Probe => Some(Undrafted::Probe),
             Phase::Hold => Some(Undrafted::SpeedGuard),
         }
-    }
-
-    /// Whether drafting is on (a drafting phase).
-    pub fn drafting(&self) -> bool {
-        self.phase == Phase::Draft
     }
 
     /// A round committed `tokens` in `ms` (whether or not it drafted: a drafting phase is
@@ -346,7 +338,6 @@ impl SpeedGuard {
     fn resumed(&self) -> SpeedGuard {
         let holding = self.phase == Phase::Hold;
         SpeedGuard {
-            round: 0,
             stretch: 0,
             in_phase: 0,
             left: if holding {
