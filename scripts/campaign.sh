@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Start (or resume) THE training campaign of a drafter in the background, nice'd, from a copy of
 # the release binary (so rebuilding the tree does not touch the running job). The drafter is
-# PARADRAFT_CAMPAIGN_METHOD (dflash, the default since #57, or dart). State, log and curve live in
-# $HOME/.cache/paradraft/campaign/<method>; it resumes from its newest checkpoint, or from
-# drafters/smollm2-135m-<method> when there is none.
+# PARADRAFT_CAMPAIGN_METHOD: pard, the default since DFlash's held-out α1 went flat (#57), dflash
+# or dart. State, log and curve live in $HOME/.cache/paradraft/campaign/<method>; it resumes
+# from its newest checkpoint, or from drafters/smollm2-135m-<method> when there is none.
 #
 #   scripts/campaign.sh            start it (no-op when it already runs)
 #   scripts/campaign.sh pause      SIGSTOP it (before timing anything)
@@ -15,7 +15,7 @@
 #   scripts/campaign.sh status     pid, last log lines, last curve point
 set -euo pipefail
 cd "$(dirname "$0")/.."
-METHOD="${PARADRAFT_CAMPAIGN_METHOD:-dflash}"
+METHOD="${PARADRAFT_CAMPAIGN_METHOD:-pard}"
 DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/$METHOD}"
 PIDF="$DIR/pid"
 mkdir -p "$DIR"

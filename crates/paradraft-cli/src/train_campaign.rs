@@ -1,5 +1,5 @@
-//! `paradraft train campaign`: start or resume THE training campaign of a drafter (DART or
-//! DFlash; see `paradraft::train::campaign`): argument mapping only.
+//! `paradraft train campaign`: start or resume THE training campaign of a drafter (DART,
+//! DFlash or PARD; see `paradraft::train::campaign`): argument mapping only.
 
 use crate::ModelArgs;
 use anyhow::{bail, Result};
@@ -32,10 +32,9 @@ pub struct CampaignArgs {
     /// Default: `data/distill/smollm2-135m-samples-more.bin.gz` when it is there.
     #[arg(long)]
     pub more_samples: Option<PathBuf>,
-    /// Sampled answers a new DART campaign's data starts with (training prompts answered again
-    /// at a temperature; answers to held-out prompts are left out). Default:
-    /// `data/distill/smollm2-135m-sampled.bin.gz` when it is there; DFlash trains on greedy
-    /// answers only and takes none.
+    /// Sampled answers a new campaign's data starts with (training prompts answered again at a
+    /// temperature, labelled by the target; answers to held-out prompts are left out).
+    /// Default: `data/distill/smollm2-135m-sampled.bin.gz` when it is there.
     #[arg(long)]
     pub more_sampled: Option<PathBuf>,
     /// Prompts of the samples, and of the samples the campaign distils.
@@ -46,12 +45,12 @@ pub struct CampaignArgs {
     pub corpus: Vec<PathBuf>,
     #[arg(long, default_value_t = 512)]
     pub corpus_max_len: usize,
-    /// Learning rate (default: the method's; DART 1e-4, DFlash 3e-4).
+    /// Learning rate (default: the method's; DART and DFlash 1e-4, PARD 2e-4).
     #[arg(long)]
     pub lr: Option<f64>,
     #[arg(long, default_value_t = Params::default().batch_seqs)]
     pub batch_seqs: usize,
-    /// DART prefixes or DFlash block anchors per sequence.
+    /// DART prefixes or DFlash block anchors per sequence (PARD: COD decides).
     #[arg(long, default_value_t = Params::default().anchors)]
     pub anchors: usize,
     #[arg(long, default_value_t = Params::default().kl_weight)]
@@ -105,6 +104,7 @@ pub struct CampaignArgs {
 pub enum MethodArg {
     Dart,
     Dflash,
+    Pard,
 }
 
 impl From<MethodArg> for Method {
@@ -112,6 +112,7 @@ impl From<MethodArg> for Method {
         match m {
             MethodArg::Dart => Method::Dart,
             MethodArg::Dflash => Method::Dflash,
+            MethodArg::Pard => Method::Pard,
         }
     }
 }
@@ -152,8 +153,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| resource_path(method.published()));
     let (lm, _) = a.m.load()?;
-    let target_vocab = lm.model.config.vocab_size;
-    let (net, vocab) = method.load(&from, target_vocab)?;
+    let (net, vocab) = method.load(&from, &lm.model)?;
     let shape = net.shape();
     let stamp = Stamp::new(&lm, &shape, &vocab);
     campaign::check_stamp(&dir, &stamp, &p)?;
@@ -180,7 +180,8 @@ pub fn run(a: CampaignArgs) -> Result<()> {
     };
     let prep = campaign::prepare(&dir, &lm, &src, |n| eprintln!("{n}"))?;
     drop(net);
-    let start = move || Ok(method.load(&from, target_vocab)?.0);
+    let target = &lm.model;
+    let start = move || Ok(method.load(&from, target)?.0);
     let setup = Setup {
         dir: &dir,
         lm: &lm,

@@ -17,8 +17,15 @@ fn fixture(lm: &Loaded, method: Method) -> Fixture {
     let data = tempfile::tempdir().unwrap();
     let seed = data.path().join("seed.bin");
     let (mut w, _) = SampleWriter::open(&seed).unwrap();
-    for s in greedy_samples(lm, 20, 10) {
-        w.append(&s).unwrap();
+    // PARD's held-out chains need K + 1 answer tokens: its fixture leaves out answers the tiny
+    // target ended sooner (it still has 20 samples, the last held out).
+    let long = |s: &Sample| method != Method::Pard || s.tokens.len() >= s.prompt_len as usize + 8;
+    let samples: Vec<Sample> = greedy_samples(lm, 24, 10)
+        .into_iter()
+        .filter(long)
+        .collect();
+    for s in &samples[..20] {
+        w.append(s).unwrap();
     }
     drop(w);
     let prompts = data.path().join("prompts.jsonl");
@@ -49,6 +56,11 @@ fn fixture(lm: &Loaded, method: Method) -> Fixture {
     let drafter = match method {
         Method::Dart => tiny_dart_dir(lm, 3, 9),
         Method::Dflash => tiny_dflash_dir(lm, &tiny_dflash_config(lm, 1, &[0, 1], 4), true),
+        Method::Pard => {
+            let n = lm.model.config.vocab_size;
+            let vocab = paradraft::drafters::vocab::DraftVocab::full(n);
+            common::tiny_pard_dir(lm, 1, &vocab, n as u32 - 1).0
+        }
     };
     std::mem::forget(data);
     Fixture {
@@ -102,8 +114,7 @@ fn run_while(
     p: &Params,
     stop: impl FnMut(&campaign::Progress) -> bool,
 ) -> (campaign::Progress, Vec<String>) {
-    let n = lm.model.config.vocab_size;
-    let (net0, vocab) = fx.method.load(fx.drafter.path(), n).unwrap();
+    let (net0, vocab) = fx.method.load(fx.drafter.path(), &lm.model).unwrap();
     let shape = net0.shape();
     campaign::check_stamp(fx.dir.path(), &Stamp::new(lm, &shape, &vocab), p).unwrap();
     let src = Sources {
@@ -117,7 +128,8 @@ fn run_while(
     let mut notes = vec![];
     let prep = campaign::prepare(fx.dir.path(), lm, &src, |n| notes.push(n)).unwrap();
     let (from, method) = (fx.drafter.path().to_path_buf(), fx.method);
-    let start = move || Ok(method.load(&from, n)?.0);
+    let target = &lm.model;
+    let start = move || Ok(method.load(&from, target)?.0);
     let setup = Setup {
         dir: fx.dir.path(),
         lm,
@@ -264,6 +276,51 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
     let target = common::fixtures().join("tiny/llama");
     if let Err(e) = cfg.load(&target, &lm, 128) {
         panic!("the exported DFlash drafter does not load: {e}");
+    }
+    let (pr, notes) = run_until(&lm, &fx, &p, 4);
+    assert_eq!(pr.step, 4);
+    assert!(
+        notes.iter().any(|n| n.contains("resumed at step 3")),
+        "{notes:?}"
+    );
+}
+
+/// PARD on the same pipeline (#57): a campaign from a PARD drafter trains COD layouts on
+/// greedy answers and on target-labelled corpus text, evaluates its chain of K drafts on the
+/// held-out split, exports a drafter the engine loads and resumes from its checkpoint.
+#[test]
+fn a_pard_campaign_trains_evaluates_exports_and_resumes() {
+    // PARD trains targets without RoPE scaling (the tiny Llama has Llama 3's).
+    let lm = load_tiny("qwen3");
+    let fx = fixture(&lm, Method::Pard);
+    let p = Params {
+        lr: Method::Pard.params().lr,
+        ..params()
+    };
+    assert!(p.corpus_share > 0.0, "half the sequences are corpus text");
+    let (pr, notes) = run_until(&lm, &fx, &p, 3);
+    assert_eq!(pr.step, 3);
+    assert!(pr.positions > 0, "{notes:?}");
+    let d = fx.dir.path();
+    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
+    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
+    let curve = campaign::read_curve(d).unwrap();
+    assert_eq!(curve[0].eval.block_size, 4, "the tiny PARD drafts K = 4");
+    assert!(curve.iter().all(|c| c.eval.blocks > 0));
+    let log = std::fs::read_to_string(d.join("train_log.jsonl")).unwrap();
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let loss = v["loss"].as_f64().unwrap();
+        assert!(loss > 0.0 && loss.is_finite(), "{v}");
+    }
+    let cfg = paradraft::drafters::speculative_config::DrafterConfig {
+        method: paradraft::drafters::speculative_config::Method::named("pard").unwrap(),
+        draft_model: Some(d.join("best")),
+        ..Default::default()
+    };
+    let target = common::fixtures().join("tiny/qwen3");
+    if let Err(e) = cfg.load(&target, &lm, 128) {
+        panic!("the exported PARD drafter does not load: {e}");
     }
     let (pr, notes) = run_until(&lm, &fx, &p, 4);
     assert_eq!(pr.step, 4);

@@ -1,5 +1,5 @@
-//! A drafter training campaign that accrues across sessions (DART, then DFlash on the same
-//! pipeline: [`Method`]): one directory (by default `$HOME/.cache/paradraft/campaign/<method>`)
+//! A drafter training campaign that accrues across sessions (DART, then DFlash and PARD on the
+//! same pipeline: [`Method`]): one directory (by default `$HOME/.cache/paradraft/campaign/<method>`)
 //! holds THE run: its stamp, its growing self-distilled data, rotating checkpoints (weights +
 //! AdamW moments + progress), the step log and the held-out curve. Every start resumes from
 //! the newest checkpoint that loads, or from a published drafter when there is none; the
@@ -302,7 +302,16 @@ pub fn run(
         let data = snap.data(s, &teacher);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
             let point = (&snap.pools, p.lr);
-            evaluate(s, &data, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
+            evaluate(
+                s,
+                &data,
+                head,
+                &ema.net(s.shape)?,
+                &mut pr,
+                point,
+                &now,
+                &mut on,
+            )?;
         }
         // A round: at least one step, then until `round_s` has passed.
         let t_round = Instant::now();
@@ -318,7 +327,16 @@ pub fn run(
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
                 let point = (&snap.pools, p.lr);
-                evaluate(s, &data, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
+                evaluate(
+                    s,
+                    &data,
+                    head,
+                    &ema.net(s.shape)?,
+                    &mut pr,
+                    point,
+                    &now,
+                    &mut on,
+                )?;
             }
             if t_round.elapsed().as_secs_f64() >= p.round_s {
                 break;
@@ -480,9 +498,11 @@ fn step(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn evaluate(
     s: &Setup,
     data: &run::Data,
+    head: &FrozenHead,
     net: &Student,
     pr: &mut Progress,
     (pools, lr): (&Pools, f64),
@@ -492,7 +512,7 @@ fn evaluate(
     let t0 = Instant::now();
     // In f32, so that the curve measures the weights alone, whatever the training precision.
     let was = set_matmul_precision(MatmulPrecision::F32);
-    let e = net.evaluate(data, &s.held_out);
+    let e = net.evaluate(head, data, &s.held_out);
     set_matmul_precision(was);
     let e = e?;
     now(pr);

@@ -1,6 +1,6 @@
-//! The drafters a campaign trains: what differs between DART and DFlash (their networks, the
-//! positions a step draws, their losses, held-out evaluations and published layouts), so that
-//! the campaign's loop, store and data are written once.
+//! The drafters a campaign trains: what differs between DART, DFlash and PARD (their networks,
+//! the positions a step draws, their losses, held-out evaluations and published layouts), so
+//! that the campaign's loop, store and data are written once.
 
 use super::Params;
 use crate::drafters::dart::DartConfig;
@@ -11,7 +11,7 @@ use crate::model::Model;
 use crate::train::data::Sample;
 use crate::train::dflash::net::{CResult, FrozenHead};
 use crate::train::run::{self, cerr, Data, Eval};
-use crate::train::{dart, dflash};
+use crate::train::{dart, dflash, pard};
 use crate::types::TokenId;
 use candle_core::{DType, Tensor};
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 /// Held-out positions evaluated per sample (evenly spaced).
 const EVAL_ANCHORS: usize = 32;
 
+/// PARD's longest trained or evaluated sequence in tokens (its published run's).
+const PARD_MAX_SEQ: usize = 384;
+
 /// Which drafter a campaign trains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
@@ -29,6 +32,8 @@ pub enum Method {
     /// DFlash: block diffusion over the target's features (its block drafts are what
     /// DFlash-tree and CPS build on).
     Dflash,
+    /// PARD: a small mask-token model of the target's family, COD's layout (`train::pard`).
+    Pard,
 }
 
 impl Method {
@@ -37,6 +42,7 @@ impl Method {
         match self {
             Method::Dart => "dart",
             Method::Dflash => "dflash",
+            Method::Pard => "pard",
         }
     }
 
@@ -45,6 +51,7 @@ impl Method {
         match self {
             Method::Dart => "DART",
             Method::Dflash => "DFlash",
+            Method::Pard => "PARD",
         }
     }
 
@@ -62,16 +69,23 @@ impl Method {
         match self {
             Method::Dart => "drafters/smollm2-135m-dart",
             Method::Dflash => "drafters/smollm2-135m-dflash",
+            Method::Pard => "drafters/smollm2-135m-pard",
         }
     }
 
     /// The campaign's settings for this drafter. DFlash's loss decays over the block as in its
     /// paper (γ = 7); since a lent GPU trained it (2026-11-27, ending at 3e-5 on 2,048 blocks a
     /// step), the CPU campaign goes on at DART's 1e-4 rather than the 3e-4 it began with. Both
-    /// take sampled answers, labelled by the target along its greedy path.
+    /// take sampled answers, labelled by the target along its greedy path. PARD's published
+    /// drafter saw half an epoch of the greedy answers (cosine from 4e-4): its campaign goes on
+    /// at a constant 2e-4 (γ and the anchors are COD's to decide, unused).
     pub fn params(self) -> Params {
         match self {
             Method::Dart => Params::default(),
+            Method::Pard => Params {
+                lr: 2e-4,
+                ..Params::default()
+            },
             Method::Dflash => Params {
                 gamma: 7.0,
                 ..Params::default()
@@ -90,16 +104,36 @@ impl Method {
         }
     }
 
-    /// An exported (or published) drafter as a trainable network with its draft vocabulary.
-    pub fn load(self, dir: &Path, target_vocab: usize) -> Result<(Student, DraftVocab)> {
+    /// An exported (or published) drafter of `target` as a trainable network with its draft
+    /// vocabulary.
+    pub fn load(self, dir: &Path, target: &Model) -> Result<(Student, DraftVocab)> {
         Ok(match self {
             Method::Dart => {
                 let (n, v) = dart::load_exported(dir)?;
                 (Student::Dart(n), v)
             }
             Method::Dflash => {
-                let (n, v) = dflash::load_exported(dir, target_vocab)?;
+                let (n, v) = dflash::load_exported(dir, target.config.vocab_size)?;
                 (Student::Dflash(n), v)
+            }
+            Method::Pard => {
+                let (net, mask, v) = pard::load_exported(dir, target)?;
+                let (cfg, path) = crate::model::read_config_json(dir, "PARD drafter config.json")?;
+                let k = match cfg.get("pard_k").map(|k| k.as_u64()) {
+                    None => pard::Cod::default().k,
+                    Some(Some(k)) if (2..=64).contains(&k) => k as usize,
+                    Some(_) => {
+                        return Err(Error::BadRequest(format!(
+                            "{}: pard_k must be an integer in 2..=64",
+                            path.display()
+                        )))
+                    }
+                };
+                let cod = pard::Cod {
+                    k,
+                    ..Default::default()
+                };
+                (Student::Pard { net, mask, cod }, v)
             }
         })
     }
@@ -110,6 +144,11 @@ impl Method {
 pub enum Shape {
     Dart(DartConfig),
     Dflash(DflashConfig),
+    Pard {
+        config: crate::model::Config,
+        mask: TokenId,
+        cod: pard::Cod,
+    },
 }
 
 impl Shape {
@@ -117,6 +156,7 @@ impl Shape {
         match self {
             Shape::Dart(_) => Method::Dart,
             Shape::Dflash(_) => Method::Dflash,
+            Shape::Pard { .. } => Method::Pard,
         }
     }
 
@@ -124,6 +164,12 @@ impl Shape {
         match self {
             Shape::Dart(c) => c.to_json(),
             Shape::Dflash(c) => c.to_json(),
+            Shape::Pard { config, mask, cod } => {
+                let mut v = crate::drafters::parts::drafter_layers_json(config, "llama", "PARD");
+                v["pard_token"] = mask.0.into();
+                v["cod"] = serde_json::to_value(cod).unwrap_or_default();
+                v
+            }
         }
     }
 
@@ -132,6 +178,11 @@ impl Shape {
         Ok(match self {
             Shape::Dart(c) => Student::Dart(dart::net::Net::from_tensors(c.clone(), t)?),
             Shape::Dflash(c) => Student::Dflash(dflash::net::Net::from_tensors(c.clone(), t)?),
+            Shape::Pard { config, mask, cod } => Student::Pard {
+                net: pard::net::Net::from_tensors(config.clone(), t)?,
+                mask: *mask,
+                cod: *cod,
+            },
         })
     }
 
@@ -152,6 +203,15 @@ impl Shape {
                 t.push(n - 1);
                 Ok((t, c.target_layer_ids.len() * h))
             }
+            // PARD's network reads no target features: the last layer is the teacher's.
+            Shape::Pard { config, .. } => {
+                if config.hidden_size != h || config.vocab_size != target.config.vocab_size {
+                    return Err(Error::BadRequest(
+                        "the PARD drafter does not share this target's width and vocabulary".into(),
+                    ));
+                }
+                Ok((vec![n - 1], 0))
+            }
         }
     }
 
@@ -165,6 +225,11 @@ impl Shape {
 pub enum Student {
     Dart(dart::net::Net),
     Dflash(dflash::net::Net),
+    Pard {
+        net: pard::net::Net,
+        mask: TokenId,
+        cod: pard::Cod,
+    },
 }
 
 impl Student {
@@ -172,6 +237,11 @@ impl Student {
         match self {
             Student::Dart(n) => Shape::Dart(n.config.clone()),
             Student::Dflash(n) => Shape::Dflash(n.config.clone()),
+            Student::Pard { net, mask, cod } => Shape::Pard {
+                config: net.config.clone(),
+                mask: *mask,
+                cod: *cod,
+            },
         }
     }
 
@@ -179,15 +249,20 @@ impl Student {
         match self {
             Student::Dart(n) => &n.vars,
             Student::Dflash(n) => &n.vars,
+            Student::Pard { net, .. } => &net.vars,
         }
     }
 
     /// The positions a step trains on in sample `s`: up to `n` DART prefixes or DFlash block
-    /// anchors, uniformly without replacement, sorted.
+    /// anchors, uniformly without replacement, sorted; for PARD, COD's mask chain length at
+    /// every anchor + 1 of the sample cut to its longest sequence (`n` unused: COD decides).
     pub(super) fn positions(&self, s: &Sample, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
         match self {
             Student::Dart(_) => dart::sample_prefixes(s, n, rng),
             Student::Dflash(_) => dflash::batch::sample_anchors(s, n, rng),
+            Student::Pard { cod, .. } => {
+                pard::cod_lengths(s.tokens.len().min(PARD_MAX_SEQ), cod, rng)
+            }
         }
     }
 
@@ -221,15 +296,42 @@ impl Student {
                     .map_err(cerr)?
                     .map(|(l, acc1)| (l, acc1, rows)))
             }
+            Student::Pard { net, mask, .. } => pard::teacher::campaign_loss(
+                net,
+                head,
+                data,
+                items,
+                *mask,
+                PARD_MAX_SEQ,
+                p.kl_weight,
+            ),
         }
     }
 
-    /// Held-out acceptance: DART's chain over its depths, DFlash's block drafts.
-    pub(super) fn evaluate(&self, data: &Data, held_out: &[usize]) -> Result<Eval> {
+    /// Held-out acceptance: DART's chain over its depths, DFlash's block drafts, PARD's chain
+    /// of K drafts from one pass (the anchor and K − 1 masks).
+    pub(super) fn evaluate(
+        &self,
+        head: &FrozenHead,
+        data: &Data,
+        held_out: &[usize],
+    ) -> Result<Eval> {
         match self {
             Student::Dart(n) => dart::evaluate(n, data, held_out, EVAL_ANCHORS),
             Student::Dflash(n) => {
                 dflash::evaluate(n, data, held_out, n.config.block_size, EVAL_ANCHORS)
+            }
+            Student::Pard { net, mask, cod } => {
+                let d = pard::Data {
+                    target: data.target,
+                    samples: data.samples,
+                    train: vec![],
+                    vocab: data.vocab,
+                    mask: *mask,
+                    device: data.device.clone(),
+                    max_seq: PARD_MAX_SEQ,
+                };
+                pard::evaluate(net, head, &d, cod, held_out, cod.k, EVAL_ANCHORS)
             }
         }
     }
@@ -241,6 +343,9 @@ impl Student {
             Student::Dflash(n) => {
                 let target_vocab = n.config.layers.vocab_size;
                 dflash::export(n, vocab, target_vocab, dir, DType::F16)
+            }
+            Student::Pard { net, mask, cod } => {
+                pard::export(net, *mask, cod, vocab, dir, DType::F16)
             }
         }
     }

@@ -18,6 +18,7 @@
 
 pub mod net;
 pub mod pipeline;
+pub mod teacher;
 
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
@@ -178,11 +179,16 @@ pub struct Data<'a> {
 
 /// COD's keep sets in anchor form for an S-token sequence: `(a, L)` for every kept chain —
 /// anchor a (the last real position it sees, −1 ..= S − 2) and L kept masks at positions
-/// a+1..=a+L — sorted by anchor. Copy i keeps ⌊S·max(r^i, r_min)⌋ positions drawn uniformly
-/// from the successors `(q + 1) mod S` of copy i−1's kept positions (copy 0 keeps all); a copy
-/// that would keep none ends the copies. Wrapped successors (a < −1) only carry ignored labels
-/// and are dropped.
+/// a+1..=a+L — sorted by anchor ([`cod_lengths`] drawn, as [`chains_of`] lists them).
 pub fn cod_chains(s: usize, cod: &Cod, rng: &mut ChaCha8Rng) -> Vec<(i64, usize)> {
+    chains_of(&cod_lengths(s, cod, rng))
+}
+
+/// COD's kept chain length at every anchor a (index a + 1; 0: no chain) of an S-token
+/// sequence. Copy i keeps ⌊S·max(r^i, r_min)⌋ positions drawn uniformly from the successors
+/// `(q + 1) mod S` of copy i−1's kept positions (copy 0 keeps all); a copy that would keep none
+/// ends the copies. Wrapped successors (a < −1) only carry ignored labels and are dropped.
+pub fn cod_lengths(s: usize, cod: &Cod, rng: &mut ChaCha8Rng) -> Vec<usize> {
     let mut kept: Vec<usize> = (0..s).collect();
     let mut len = vec![0usize; s + 1]; // by anchor + 1
     for i in 1..cod.k {
@@ -201,6 +207,11 @@ pub fn cod_chains(s: usize, cod: &Cod, rng: &mut ChaCha8Rng) -> Vec<(i64, usize)
             }
         }
     }
+    len
+}
+
+/// The chains `(a, L)` of chain lengths by anchor + 1 ([`cod_lengths`]), sorted by anchor.
+pub fn chains_of(len: &[usize]) -> Vec<(i64, usize)> {
     len.iter()
         .enumerate()
         .filter(|(_, &l)| l > 0)
