@@ -25,6 +25,14 @@ Outputs (under fixtures/tiny/):
   phi3/, phi3.gguf   a Phi-3 model (Phi3ForCausalLM, float32, fused qkv_proj and gate_up_proj, no
                      sliding window), and the same as a GGUF as llama.cpp writes Phi-3 (attn_qkv,
                      ffn_up of twice the MLP width) with the SentencePiece vocabulary named Phi3
+  qwen3moe/, qwen3moe.gguf
+                     a Qwen3-MoE model (Qwen3MoeForCausalLM, float32: 3 layers of 8 experts, 2 per
+                     token, renormalised; q/k norms), and the same as llama.cpp writes it
+                     (qwen3moe.* keys, stacked ffn_*_exps tensors, the router as ffn_gate_inp)
+  mixtral/, mixtral.gguf
+                     a Mixtral model (MixtralForCausalLM, float32: 3 layers of 4 experts, 2 per
+                     token), and the same as llama.cpp writes it (architecture llama with
+                     llama.expert_* keys, q/k rows permuted for its interleaved RoPE)
 """
 import json
 import os
@@ -256,7 +264,83 @@ def phi3():
     print("tiny phi3.gguf written", file=sys.stderr)
 
 
+def permute(w, n_head):
+    """q/k rows reordered for GGML's interleaved RoPE, as llama.cpp's converter does for llama."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def moe_gguf(name, arch, ref, cfg, n_experts, expert_names, permute_qk):
+    """Writes fixtures/tiny/NAME.gguf from the reloaded model `ref`: stacked expert tensors."""
+    import gguf
+
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", f"{name}.gguf"), arch)
+    w.add_name(name)
+    gguf_header(w, cfg, head_dim=arch != "llama")
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_expert_count(n_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    if arch == "qwen3moe":
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    gguf_spm(w, cfg.vocab_size, None)
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    # transformers 5 keeps the experts fused in memory; the saved checkpoint has one tensor each.
+    from safetensors.numpy import load_file
+    saved = load_file(os.path.join(FIX, "tiny", name, "model.safetensors"))
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            key = f"model.layers.{i}.{hf}.weight"
+            if key not in saved:
+                continue
+            a = saved[key]
+            if permute_qk and gg in heads:
+                a = permute(a, heads[gg])
+            w.add_tensor(f"blk.{i}.{gg}.weight", a)
+        router, experts = expert_names
+        w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", saved[f"model.layers.{i}.{router}.weight"])
+        for gg, proj in [("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down")]:
+            stack = np.stack([saved[f"model.layers.{i}.{experts(e, proj)}.weight"] for e in range(n_experts)])
+            w.add_tensor(f"blk.{i}.{gg}.weight", stack)
+    gguf_close(w)
+    print(f"tiny {name}.gguf written", file=sys.stderr)
+
+
+def qwen3moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                         max_position_embeddings=256, bos_token_id=0, eos_token_id=2, rms_norm_eps=1e-6,
+                         tie_word_embeddings=False, use_sliding_window=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    ref, _ = hf_model("qwen3moe", Qwen3MoeForCausalLM, cfg, 5, False)
+    moe_gguf("qwen3moe", "qwen3moe", ref, cfg, 8,
+             ("mlp.gate", lambda e, p: f"mlp.experts.{e}.{p}_proj"), False)
+
+
+def mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=384, hidden_size=64, intermediate_size=48, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=256, bos_token_id=0,
+                        eos_token_id=2, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    ref, _ = hf_model("mixtral", MixtralForCausalLM, cfg, 6, False)
+    w_of = {"gate": "w1", "down": "w2", "up": "w3"}
+    moe_gguf("mixtral", "llama", ref, cfg, 4,
+             ("block_sparse_moe.gate", lambda e, p: f"block_sparse_moe.experts.{e}.{w_of[p]}"), True)
+
+
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3"]
+    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"]
     for name in which:
         globals()[name]()

@@ -3,11 +3,12 @@ random-weight files (scripts/quant/random_shape.py, scripts/make_quant_fixtures.
 real model's so that the engine loads and chats with them."""
 
 
-def copy_tokenizer(w, fields):
-    """Writes the tokenizer keys of `fields` (a `gguf.GGUFReader`'s) to `w`; no BOS is added."""
+def copy_tokenizer(w, fields, pre=None):
+    """Writes the tokenizer keys of `fields` (a `gguf.GGUFReader`'s) to `w`, the pre-tokenizer
+    `pre` when given; no BOS is added."""
     c = lambda k: fields[k].contents()
     w.add_tokenizer_model(c("tokenizer.ggml.model"))
-    w.add_tokenizer_pre(c("tokenizer.ggml.pre"))
+    w.add_tokenizer_pre(pre or c("tokenizer.ggml.pre"))
     w.add_token_list(c("tokenizer.ggml.tokens"))
     w.add_token_types(c("tokenizer.ggml.token_type"))
     w.add_token_merges(c("tokenizer.ggml.merges"))

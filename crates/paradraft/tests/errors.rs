@@ -138,6 +138,23 @@ fn unsupported_architecture() {
     );
     let e = load_err(&p);
     assert!(e.to_string().contains("mixture of experts"), "{e}");
+    // Mixtures this engine does not run are named: Qwen3-MoE with dense layers among the
+    // sparse ones.
+    let (_td, dir) = edited_tiny("qwen3moe", |v| {
+        v["mlp_only_layers"] = serde_json::json!([1])
+    });
+    let e = load_err(&dir);
+    assert!(
+        matches!(e, Error::Unsupported(_)) && e.to_string().contains("mlp_only_layers"),
+        "{e}"
+    );
+    // More experts per token than there are.
+    let (_td, dir) = edited_tiny("qwen3moe", |v| v["num_experts_per_tok"] = 9.into());
+    let e = load_err(&dir);
+    assert!(
+        e.to_string().contains("2 of 8") || e.to_string().contains("9 of 8"),
+        "{e}"
+    );
     let (_td, dir) = edited_tiny("llama", |v| v["model_type"] = "gpt_neox".into());
     let e = load_err(&dir);
     assert!(

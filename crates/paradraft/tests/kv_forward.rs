@@ -15,6 +15,9 @@ const TOL: f32 = 0.0;
 fn load(name: &str) -> Loaded {
     if name == "llama-quant" {
         paradraft::model::load(&fixtures().join("tiny/llama-quant.gguf")).unwrap()
+    } else if name == "moe-kquant" {
+        // K-quant experts sliced from their stacks, int8 activations.
+        paradraft::model::load(&fixtures().join("quants/tiny-moe-kquant.gguf")).unwrap()
     } else {
         load_tiny(name)
     }
@@ -54,7 +57,14 @@ fn prompt() -> Vec<TokenId> {
 
 #[test]
 fn batched_forward_equals_token_by_token() {
-    for name in ["llama", "qwen3", "llama-quant"] {
+    for name in [
+        "llama",
+        "qwen3",
+        "llama-quant",
+        "qwen3moe",
+        "mixtral",
+        "moe-kquant",
+    ] {
         let lm = load(name);
         let p = prompt();
         let batched = run_logits(&lm, &p);
@@ -144,7 +154,15 @@ fn tree_forward(
 
 #[test]
 fn tree_forward_matches_each_root_path() {
-    for name in ["llama", "qwen2", "qwen3", "llama-quant"] {
+    for name in [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "llama-quant",
+        "qwen3moe",
+        "mixtral",
+        "moe-kquant",
+    ] {
         let lm = load(name);
         let p = prompt();
         let (nodes, parents) = tree();

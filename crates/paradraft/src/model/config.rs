@@ -21,6 +21,8 @@ pub enum Arch {
     Gemma3,
     /// Phi-3: fused q/k/v and gate/up projections (split at load).
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture-of-experts MLP in every layer.
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -33,7 +35,13 @@ impl Arch {
             Arch::Gemma2 => "gemma2",
             Arch::Gemma3 => "gemma3",
             Arch::Phi3 => "phi3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
+    }
+
+    /// Whether its attention normalises q and k per head.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Gemma3 | Arch::Qwen3Moe)
     }
 }
 
@@ -76,6 +84,18 @@ pub struct SlidingWindow {
     pub rope_theta: Option<f32>,
 }
 
+/// A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router picks `n_used` of `n_experts`
+/// SwiGLU experts per token by the softmax of its logits, and their outputs are summed weighted
+/// by those probabilities (renormalised over the chosen ones when `norm_topk`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Each expert's hidden width.
+    pub ff: usize,
+    pub norm_topk: bool,
+}
+
 /// What a family's decoder does beyond the Llama layer (all off for Llama and Qwen).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Extras {
@@ -94,6 +114,8 @@ pub struct Extras {
     /// Stored RMSNorm weights are offsets from 1 (Gemma's HF checkpoints; its GGUF files
     /// store 1 + w).
     pub norm_plus_one: bool,
+    /// Every layer's MLP is a mixture of experts.
+    pub moe: Option<Moe>,
 }
 
 impl Extras {
@@ -166,6 +188,14 @@ impl Config {
             }
             if let Some(t) = w.rope_theta.filter(|t| !(t.is_finite() && *t > 0.0)) {
                 return bad(format!("sliding-window rope theta {t} is invalid"));
+            }
+        }
+        if let Some(m) = &self.extras.moe {
+            if m.n_experts == 0 || m.n_used == 0 || m.n_used > m.n_experts || m.ff == 0 {
+                return bad(format!(
+                    "mixture of experts: {} of {} experts per token, expert width {}",
+                    m.n_used, m.n_experts, m.ff
+                ));
             }
         }
         let positive = |v: Option<f32>| v.is_none_or(|x| x.is_finite() && x > 0.0);

@@ -1,7 +1,8 @@
 //! One Llama-family decoder layer (pre-norm attention with optional biases and q/k norm, then a
 //! SwiGLU MLP), shared by the target models and by drafters built from the same layers (DFlash).
 
-use super::config::{Activation, Config};
+use super::config::Config;
+use super::moe::{glu, Experts, MoeScratch};
 use super::source::TensorSource;
 use crate::error::Result;
 use crate::kv::KvCache;
@@ -24,9 +25,7 @@ pub(crate) struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    w_gate: Matrix,
-    w_up: Matrix,
-    w_down: Matrix,
+    ffn: Ffn,
     /// Norms of the attention's and the MLP's outputs (Gemma).
     post_attn_norm: Option<Vec<f32>>,
     post_ffn_norm: Option<Vec<f32>>,
@@ -34,6 +33,16 @@ pub(crate) struct Layer {
     window: Option<usize>,
     /// Its RoPE table is the sliding layers' own ([`LayerScratch::rope_local`]).
     local_rope: bool,
+}
+
+/// A layer's MLP: one gated MLP, or a mixture of experts.
+enum Ffn {
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: Matrix,
+    },
+    Moe(Box<Experts>),
 }
 
 /// Buffers of a layer forward, grown on demand and reused.
@@ -54,6 +63,7 @@ pub(crate) struct LayerScratch {
     /// The same for sliding-window layers with their own RoPE base (Gemma 3).
     pub(crate) rope_local: Vec<(f32, f32)>,
     pub(crate) qa: QActs,
+    moe: MoeScratch,
 }
 
 impl LayerScratch {
@@ -138,9 +148,14 @@ impl Layer {
             q_norm: norm("attn_q_norm.weight")?,
             k_norm: norm("attn_k_norm.weight")?,
             ffn_norm: plus(src.vector(&n("ffn_norm.weight"), h)?),
-            w_gate: src.matrix(&n("ffn_gate.weight"), ff, h)?,
-            w_up: src.matrix(&n("ffn_up.weight"), ff, h)?,
-            w_down: src.matrix(&n("ffn_down.weight"), h, ff)?,
+            ffn: match &c.extras.moe {
+                Some(m) => Ffn::Moe(Box::new(Experts::load(src, c, m, n)?)),
+                None => Ffn::Dense {
+                    gate: src.matrix(&n("ffn_gate.weight"), ff, h)?,
+                    up: src.matrix(&n("ffn_up.weight"), ff, h)?,
+                    down: src.matrix(&n("ffn_down.weight"), h, ff)?,
+                },
+            },
             post_attn_norm: post("post_attention_norm.weight")?,
             post_ffn_norm: post("post_ffw_norm.weight")?,
             window: None,
@@ -181,15 +196,21 @@ impl Layer {
             (vec![m.rows, m.cols], v)
         };
         let mut out = vec![];
-        for (name, m, unpermute) in [
+        let mut mats = vec![
             ("self_attn.q_proj", &self.wq, true),
             ("self_attn.k_proj", &self.wk, true),
             ("self_attn.v_proj", &self.wv, false),
             ("self_attn.o_proj", &self.wo, false),
-            ("mlp.gate_proj", &self.w_gate, false),
-            ("mlp.up_proj", &self.w_up, false),
-            ("mlp.down_proj", &self.w_down, false),
-        ] {
+        ];
+        // A mixture of experts has no dense MLP to give (drafters are not made of its layers).
+        if let Ffn::Dense { gate, up, down } = &self.ffn {
+            mats.extend([
+                ("mlp.gate_proj", gate, false),
+                ("mlp.up_proj", up, false),
+                ("mlp.down_proj", down, false),
+            ]);
+        }
+        for (name, m, unpermute) in mats {
             let (shape, v) = dense(m, unpermute);
             out.push((name, shape, v));
         }
@@ -246,32 +267,23 @@ impl Layer {
     }
 
     /// The weight matrices (to convert their storage).
-    pub(crate) fn matrices_mut(&mut self) -> [&mut Matrix; 7] {
-        [
-            &mut self.wq,
-            &mut self.wk,
-            &mut self.wv,
-            &mut self.wo,
-            &mut self.w_gate,
-            &mut self.w_up,
-            &mut self.w_down,
-        ]
+    pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
+        let mut v = vec![&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        match &mut self.ffn {
+            Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
+            Ffn::Moe(x) => v.extend(x.matrices_mut()),
+        }
+        v
     }
 
     /// Bytes of weight matrices (what one forward streams).
     pub(crate) fn weight_bytes(&self) -> usize {
-        [
-            &self.wq,
-            &self.wk,
-            &self.wv,
-            &self.wo,
-            &self.w_gate,
-            &self.w_up,
-            &self.w_down,
-        ]
-        .iter()
-        .map(|m| m.nbytes())
-        .sum()
+        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
+        match &self.ffn {
+            Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
+            Ffn::Moe(x) => v.extend(x.matrices()),
+        }
+        v.iter().map(|m| m.nbytes()).sum()
     }
 
     /// Runs the rows of `s.x` (whose RoPE table is `s.rope`) through the layer. The rows are
@@ -417,7 +429,7 @@ impl Layer {
     /// output `s.proj` is added (fused with the MLP's input norm, one pass per token), then the
     /// MLP's output.
     pub(crate) fn mlp(&self, c: &Config, s: &mut LayerScratch, exact: bool) {
-        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let n = s.x.len() / h;
         debug_assert_eq!(s.proj.len(), n * h, "attend's output pending for every row");
         let xn = sized(&mut s.xn, n * h);
@@ -429,26 +441,20 @@ impl Layer {
             ops::add_inplace(xr, &proj[r.start * h..r.end * h]);
             ops::rms_norm(xr, &self.ffn_norm, c.rms_eps, o)
         });
-        let gate = sized(&mut s.gate, n * ff);
-        let up = sized(&mut s.up, n * ff);
-        prep(&mut s.qa, &[&self.w_gate, &self.w_up], xn, exact);
-        Matrix::matmul_many(
-            &mut [(&self.w_gate, &mut *gate), (&self.w_up, &mut *up)],
-            xn,
-            &s.qa,
-        );
-        let up = &*up;
-        let act = c.extras.activation;
-        par_rows(gate, ff, |r, g| {
-            let u = &up[r.start * ff..r.end * ff];
-            match act {
-                Activation::Silu => ops::silu_mul(g, u),
-                Activation::GeluTanh => ops::gelu_tanh_mul(g, u),
-            }
-        });
         let proj = sized(&mut s.proj, n * h);
-        prep(&mut s.qa, &[&self.w_down], gate, exact);
-        self.w_down.matmul(gate, &s.qa, proj);
+        let act = c.extras.activation;
+        match &self.ffn {
+            Ffn::Dense { gate, up, down } => glu(
+                act,
+                (gate, up, down),
+                xn,
+                &mut s.qa,
+                (&mut s.gate, &mut s.up),
+                proj,
+                exact,
+            ),
+            Ffn::Moe(x) => x.forward(act, xn, proj, &mut s.qa, &mut s.moe, exact),
+        }
         if let Some(pn) = &self.post_ffn_norm {
             par_rows(proj, h, |_, o| ops::rms_norm_inplace(o, pn, c.rms_eps));
         }

@@ -56,7 +56,7 @@ impl Model {
             Some(src.matrix("output.weight", c.vocab_size, h)?)
         };
         let output_norm = c.extras.norm_weights(src.vector("output_norm.weight", h)?);
-        let qk_norm = matches!(c.arch, Arch::Qwen3 | Arch::Gemma3);
+        let qk_norm = c.arch.qk_norm();
         let layers = (0..c.n_layers)
             .map(|i| {
                 let mut l = Layer::load(src, c, qk_norm, |s| format!("blk.{i}.{s}"))?;

@@ -7,6 +7,7 @@ mod gemma;
 pub mod gguf;
 pub mod layer;
 pub mod llama;
+mod moe;
 pub mod options;
 mod phi3;
 pub mod source;
@@ -74,19 +75,19 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "gemma2" => Arch::Gemma2,
         "gemma3" => Arch::Gemma3,
         "phi3" => Arch::Phi3,
+        "qwen3moe" => Arch::Qwen3Moe,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, dream)"
+                "architecture {other:?} (supported: llama (and Mixtral), qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, dream)"
             )))
         }
     };
     let key = |k: &str| format!("{arch_name}.{k}");
-    if g.has("blk.0.ffn_gate_inp.weight") || g.u64(&key("expert_count")).unwrap_or(0) > 0 {
-        return Err(Error::Unsupported(format!(
-            "mixture of experts ({} experts, {} per token): {arch_name} MoE files are not run yet",
-            g.u64(&key("expert_count")).unwrap_or(0),
-            g.u64(&key("expert_used_count")).unwrap_or(0)
-        )));
+    let moe = moe::gguf_moe(&g, &arch_name)?;
+    if moe.is_none() && arch == Arch::Qwen3Moe {
+        return Err(Error::Unsupported(
+            "a qwen3moe file without qwen3moe.expert_count".into(),
+        ));
     }
     let hidden = g.req_u64(&key("embedding_length"))? as usize;
     let n_heads = g.req_u64(&key("attention.head_count"))? as usize;
@@ -120,11 +121,16 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         }
         _ => Extras::default(),
     };
+    let intermediate_size = match &moe {
+        Some(m) => m.ff,
+        None => g.req_u64(&key("feed_forward_length"))? as usize,
+    };
+    let extras = Extras { moe, ..extras };
     let config = Config {
         arch,
         vocab_size: embd[0],
         hidden_size: hidden,
-        intermediate_size: g.req_u64(&key("feed_forward_length"))? as usize,
+        intermediate_size,
         n_layers,
         n_heads,
         n_kv_heads: g
@@ -198,6 +204,8 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         // Dream (a diffusion LM adapted from Qwen2.5) keeps Qwen2's layers.
         "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
+        "qwen3_moe" => Arch::Qwen3Moe,
+        "mixtral" => Arch::Llama,
         "gemma" => Arch::Gemma,
         "gemma2" => Arch::Gemma2,
         "gemma3_text" => Arch::Gemma3,
@@ -212,7 +220,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         )),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3, dream)"
+                "model_type {other:?} (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, dream)"
             )))
         }
     };
@@ -269,7 +277,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => gemma::hf_extras(v, arch, n_layers, hidden)?,
         // Mistral v0.1 and Phi-3 slide a window over every layer in transformers (llama.cpp
         // does not for Phi-3; its GGUF files carry none).
-        _ if model_type == "mistral" || model_type == "phi3" => Extras {
+        _ if ["mistral", "mixtral", "phi3"].contains(&model_type.as_str()) => Extras {
             sliding_window: v["sliding_window"].as_u64().map(|size| SlidingWindow {
                 size: size as usize,
                 layers: vec![true; n_layers],
@@ -279,11 +287,17 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         },
         _ => Extras::default(),
     };
+    let moe = moe::hf_moe(v, &model_type)?;
+    let intermediate_size = match &moe {
+        Some(m) => m.ff,
+        None => req("intermediate_size")?,
+    };
+    let extras = Extras { moe, ..extras };
     Ok(Config {
         arch,
         vocab_size: req("vocab_size")?,
         hidden_size: hidden,
-        intermediate_size: req("intermediate_size")?,
+        intermediate_size,
         n_layers,
         n_heads,
         n_kv_heads: v["num_key_value_heads"]

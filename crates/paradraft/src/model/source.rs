@@ -257,6 +257,18 @@ impl SafetensorsSource {
         };
         let (layer, tail) = rest.split_once('.').unwrap_or((rest, ""));
         let (part, suffix) = tail.rsplit_once('.').unwrap_or((tail, ""));
+        // One expert of a mixture (`ffn_gate_exps.E`): Qwen3-MoE's names (Mixtral's in `entry`).
+        if let Some((kind, e)) = part.split_once('.') {
+            let proj = match kind {
+                "ffn_gate_exps" => "gate_proj",
+                "ffn_up_exps" => "up_proj",
+                "ffn_down_exps" => "down_proj",
+                _ => "",
+            };
+            if !proj.is_empty() {
+                return format!("model.layers.{layer}.mlp.experts.{e}.{proj}.{suffix}");
+            }
+        }
         let hf = match part {
             "attn_norm" => "input_layernorm",
             "attn_q" => "self_attn.q_proj",
@@ -275,6 +287,7 @@ impl SafetensorsSource {
             "ffn_gate" => "mlp.gate_proj",
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
+            "ffn_gate_inp" => "mlp.gate",
             other => other,
         };
         format!("model.layers.{layer}.{hf}.{suffix}")
@@ -290,8 +303,33 @@ impl SafetensorsSource {
                 return Some(e);
             }
         }
-        self.entries.get(&Self::hf_name(name))
+        let hf = Self::hf_name(name);
+        self.entries
+            .get(&hf)
+            .or_else(|| self.entries.get(&mixtral_name(&hf)?))
     }
+}
+
+/// Mixtral's name of a mixture-of-experts tensor named as Qwen3-MoE's (`mlp.gate` →
+/// `block_sparse_moe.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj` →
+/// `block_sparse_moe.experts.E.w1` / `w3` / `w2`).
+fn mixtral_name(hf: &str) -> Option<String> {
+    let (head, tail) = hf.split_once(".mlp.")?;
+    let tail = match tail.strip_prefix("experts.") {
+        None => tail.strip_prefix("gate.").map(|s| format!("gate.{s}"))?,
+        Some(rest) => {
+            let (e, rest) = rest.split_once('.')?;
+            let (proj, suffix) = rest.split_once('.')?;
+            let w = match proj {
+                "gate_proj" => "w1",
+                "down_proj" => "w2",
+                "up_proj" => "w3",
+                _ => return None,
+            };
+            format!("experts.{e}.{w}.{suffix}")
+        }
+    };
+    Some(format!("{head}.block_sparse_moe.{tail}"))
 }
 
 impl TensorSource for SafetensorsSource {

@@ -350,6 +350,8 @@ pub fn config_for(target: &Model, draft_length: usize, draft_vocab: usize) -> Da
     layer.n_layers = 1;
     layer.rope_scaling = crate::model::config::RopeScaling::None;
     layer.rope_style = crate::runtime::ops::RopeStyle::Half;
+    // One dense layer, whatever the target's MLP (a mixture of experts: one expert's width).
+    layer.extras.moe = None;
     DartConfig {
         draft_length,
         draft_vocab_size: draft_vocab,

@@ -154,6 +154,8 @@ pub fn run(lm: Loaded, spec: &DataSpec, r: &DflashRun) -> Result<()> {
     layers.n_layers = draft_layers;
     layers.rope_scaling = crate::model::config::RopeScaling::None;
     layers.rope_style = crate::runtime::ops::RopeStyle::Half;
+    // Dense layers, whatever the target's MLP (a mixture of experts: one expert's width).
+    layers.extras.moe = None;
     let config = DflashConfig {
         layers,
         block_size,

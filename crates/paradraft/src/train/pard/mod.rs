@@ -558,6 +558,7 @@ pub fn config_json(
         Arch::Gemma2 => ("gemma2", "Gemma2ForCausalLM"),
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
         Arch::Phi3 => ("phi3", "Phi3ForCausalLM"),
+        Arch::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
     };
     let mut v = crate::drafters::parts::drafter_layers_json(c, mt, arch);
     v["tie_word_embeddings"] = true.into();
