@@ -3,14 +3,15 @@ random-weight files (scripts/quant/random_shape.py, scripts/make_quant_fixtures.
 real model's so that the engine loads and chats with them."""
 
 
-def copy_tokenizer(w, fields, pre=None):
+def copy_tokenizer(w, fields, pre=None, extra_tokens=0):
     """Writes the tokenizer keys of `fields` (a `gguf.GGUFReader`'s) to `w`, the pre-tokenizer
-    `pre` when given; no BOS is added."""
+    `pre` when given and `extra_tokens` unused tokens after the vocabulary (to reach a larger
+    model's); no BOS is added."""
     c = lambda k: fields[k].contents()
     w.add_tokenizer_model(c("tokenizer.ggml.model"))
     w.add_tokenizer_pre(pre or c("tokenizer.ggml.pre"))
-    w.add_token_list(c("tokenizer.ggml.tokens"))
-    w.add_token_types(c("tokenizer.ggml.token_type"))
+    w.add_token_list(list(c("tokenizer.ggml.tokens")) + [f"<|unused_{i}|>" for i in range(extra_tokens)])
+    w.add_token_types(list(c("tokenizer.ggml.token_type")) + [4] * extra_tokens)
     w.add_token_merges(c("tokenizer.ggml.merges"))
     w.add_bos_token_id(c("tokenizer.ggml.bos_token_id"))
     w.add_eos_token_id(c("tokenizer.ggml.eos_token_id"))

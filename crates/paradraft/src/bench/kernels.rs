@@ -434,7 +434,12 @@ pub fn macs_per_token(model: &Model) -> f64 {
         c.intermediate_size as f64,
     );
     let attn = h * (c.n_heads as f64 * hd) * 2.0 + h * (c.n_kv_heads as f64 * hd) * 2.0;
-    c.n_layers as f64 * (attn + 3.0 * h * ff) + h * c.vocab_size as f64
+    // A mixture of experts: the router, and the experts a token uses (each `ff` wide).
+    let mlp = match &c.extras.moe {
+        Some(m) => 3.0 * h * ff * m.n_used as f64 + h * m.n_experts as f64,
+        None => 3.0 * h * ff,
+    };
+    c.n_layers as f64 * (attn + mlp) + h * c.vocab_size as f64
 }
 
 pub fn run_kernel_bench(

@@ -276,14 +276,17 @@ impl Layer {
         v
     }
 
-    /// Bytes of weight matrices (what one forward streams).
+    /// Bytes of weight matrices one token's forward streams (a mixture of experts: the router
+    /// and, on average, the share of the experts a token uses).
     pub(crate) fn weight_bytes(&self) -> usize {
-        let mut v = vec![&self.wq, &self.wk, &self.wv, &self.wo];
-        match &self.ffn {
-            Ffn::Dense { gate, up, down } => v.extend([gate, up, down]),
-            Ffn::Moe(x) => v.extend(x.matrices()),
+        let attn: usize = [&self.wq, &self.wk, &self.wv, &self.wo]
+            .iter()
+            .map(|m| m.nbytes())
+            .sum();
+        attn + match &self.ffn {
+            Ffn::Dense { gate, up, down } => gate.nbytes() + up.nbytes() + down.nbytes(),
+            Ffn::Moe(x) => x.token_bytes(),
         }
-        v.iter().map(|m| m.nbytes()).sum()
     }
 
     /// Runs the rows of `s.x` (whose RoPE table is `s.rope`) through the layer. The rows are

@@ -69,11 +69,12 @@ impl Experts {
         v
     }
 
-    /// Every matrix.
-    pub(crate) fn matrices(&self) -> Vec<&Matrix> {
-        let mut v = vec![&self.router];
-        v.extend(self.gate.iter().chain(&self.up).chain(&self.down));
-        v
+    /// Bytes one token streams on average: the router and `n_used` of the experts.
+    pub(crate) fn token_bytes(&self) -> usize {
+        let experts: usize = (self.gate.iter().chain(&self.up).chain(&self.down))
+            .map(|m| m.nbytes())
+            .sum();
+        self.router.nbytes() + experts * self.moe.n_used / self.moe.n_experts
     }
 
     /// The MLP of the rows `xn` (`n × hidden`, already normed) into `out` (`n × hidden`).
