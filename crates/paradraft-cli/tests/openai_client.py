@@ -80,6 +80,18 @@ a, b = (
 )
 assert a == b, (a, b)
 
+# min_p (llama-server's and vLLM's extension, served while speculating): min_p = 1 keeps only
+# the most probable token, so a sampled request equals the greedy answer.
+r = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "Name a color."}],
+    max_tokens=20,
+    temperature=0.9,
+    seed=7,
+    extra_body={"min_p": 1.0},
+)
+assert r.choices[0].message.content == want["chat"], (r, want["chat"])
+
 # Errors surface as the client's exception types.
 try:
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=2)

@@ -1,5 +1,5 @@
 //! The one sampler shared by AR decoding, speculative verification and drafters:
-//! temperature → top-k → top-p; temperature 0 is argmax with ties to the lowest id. Draws are
+//! temperature → top-k → min-p → top-p; temperature 0 is argmax with ties to the lowest id. Draws are
 //! keyed by (seed, position), so the token a seed gives at a position is fixed before any
 //! logits are computed ([`Noise`]).
 
@@ -15,6 +15,9 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// 1 disables top-p.
     pub top_p: f32,
+    /// Tokens less probable than `min_p` × the most probable one (after temperature) are
+    /// dropped; 0 disables min-p.
+    pub min_p: f32,
     pub seed: u64,
 }
 
@@ -24,6 +27,7 @@ impl Default for SamplingParams {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
         }
     }
@@ -41,6 +45,12 @@ impl SamplingParams {
             return Err(Error::BadSampling(format!(
                 "top-p must be in (0, 1], got {}",
                 self.top_p
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(Error::BadSampling(format!(
+                "min-p must be in [0, 1], got {}",
+                self.min_p
             )));
         }
         Ok(())
@@ -256,7 +266,7 @@ impl Sampler {
         } else {
             p.top_k.min(logits.len())
         };
-        let cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 {
+        let cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 || p.min_p > 0.0 {
             ops::top_k(logits, k)
         } else {
             logits
@@ -268,7 +278,8 @@ impl Sampler {
         self.normalise(cand)
     }
 
-    /// Temperature, then top-p over `cand` (logits; sorted best first whenever top-p < 1).
+    /// Temperature, then min-p, then top-p over `cand` (logits; sorted best first whenever
+    /// top-p < 1 or min-p > 0).
     fn normalise(&self, mut cand: Vec<(TokenId, f32)>) -> Dist {
         let p = &self.params;
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
@@ -280,6 +291,16 @@ impl Sampler {
         }
         for c in cand.iter_mut() {
             c.1 = (c.1 as f64 / sum) as f32;
+        }
+        if p.min_p > 0.0 {
+            // Sorted descending: the first is the most probable.
+            let floor = cand.first().map_or(0.0, |c| c.1) * p.min_p;
+            let keep = cand.iter().take_while(|c| c.1 >= floor).count().max(1);
+            cand.truncate(keep);
+            let s: f32 = cand.iter().map(|c| c.1).sum();
+            for c in cand.iter_mut() {
+                c.1 /= s;
+            }
         }
         if p.top_p < 1.0 {
             // `cand` is sorted descending: keep the smallest prefix whose mass reaches top_p.
@@ -343,7 +364,7 @@ impl Sampler {
         if p.is_greedy() {
             return ops::argmax(logits);
         }
-        if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 {
+        if (p.top_k == 0 || p.top_k >= logits.len()) && p.top_p >= 1.0 && p.min_p == 0.0 {
             // Full vocabulary: log p = logits / T − const, so the distribution need not be built.
             return gumbel_argmax(logits, 1.0 / p.temperature, key);
         }
@@ -361,6 +382,42 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// min-p keeps the tokens at least min-p × as probable as the best (after temperature),
+    /// renormalised; 1 keeps only the best; it never empties the distribution.
+    #[test]
+    fn min_p_drops_the_improbable_tail() {
+        let logits = [2.0f32, 1.0, 0.0, -3.0];
+        let z: f32 = logits.iter().map(|x| x.exp()).sum();
+        let p: Vec<f32> = logits.iter().map(|x| x.exp() / z).collect();
+        let s = |min_p| {
+            Sampler::new(SamplingParams {
+                temperature: 1.0,
+                min_p,
+                ..Default::default()
+            })
+            .unwrap()
+        };
+        // 0.2 × p0: p1 (e^-1 ≈ 0.37 of p0) stays, p2 (0.135) and p3 go.
+        let d = s(0.2).dist(&logits);
+        let ids: Vec<u32> = d.entries.iter().map(|e| e.0 .0).collect();
+        assert_eq!(ids, vec![0, 1]);
+        let want = p[0] / (p[0] + p[1]);
+        assert!((d.entries[0].1 - want).abs() < 1e-3, "{d:?}");
+        assert_eq!(s(1.0).dist(&logits).entries.len(), 1);
+        assert_eq!(s(0.0).dist(&logits).entries.len(), 4);
+        // Draws come only from the kept tokens.
+        let s2 = s(0.2);
+        for pos in 0..500 {
+            assert!(s2.sample_at(&logits, pos).0 < 2);
+        }
+        assert!(SamplingParams {
+            min_p: 1.5,
+            ..Default::default()
+        }
+        .validate()
+        .is_err());
+    }
 
     #[test]
     fn rejects_bad_params() {
@@ -380,6 +437,7 @@ mod tests {
             temperature: 1.0,
             top_k: 3,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 1,
         })
         .unwrap();
@@ -392,6 +450,7 @@ mod tests {
             temperature: 1.0,
             top_k: 0,
             top_p: 0.5,
+            min_p: 0.0,
             seed: 1,
         })
         .unwrap();
@@ -476,6 +535,7 @@ mod tests {
             temperature: 1.0,
             top_k: 3,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 9,
         })
         .unwrap();
@@ -522,6 +582,7 @@ mod tests {
             temperature: 0.8,
             top_k: 40,
             top_p: 0.9,
+            min_p: 0.0,
             seed: 42,
         };
         let (a, b) = (Sampler::new(p).unwrap(), Sampler::new(p).unwrap());

@@ -83,6 +83,12 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             "",
         ),
         (
+            r#"{"messages": [{"role": "user", "content": "hi"}], "min_p": 1.5}"#.into(),
+            chat,
+            400,
+            "",
+        ),
+        (
             r#"{"messages": [{"role": "user", "content": "hi"}], "n": 2}"#.into(),
             chat,
             400,

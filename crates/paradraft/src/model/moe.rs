@@ -273,7 +273,11 @@ pub(crate) fn hf_moe(v: &serde_json::Value, model_type: &str) -> Result<Option<M
         }
         _ => return Ok(None),
     };
-    let missing = |k: &str| Error::BadRequest(format!("config.json: missing integer {k}"));
+    let missing = |k: &str| Error::BadModelFile {
+        path: "config.json".into(),
+        format: "config.json",
+        reason: format!("missing integer {k}"),
+    };
     Ok(Some(Moe {
         n_experts: num("num_local_experts")
             .or(num("num_experts"))

@@ -5,7 +5,7 @@ use super::openai::{ApiError, Knobs, Stop};
 use crate::error::{Error, Result};
 use crate::sample::SamplingParams;
 
-/// The sampler: temperature → top-k → top-p, seeded (temperature 0 is greedy).
+/// The sampler: temperature → top-k → min-p → top-p, seeded (temperature 0 is greedy).
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct SamplingFlags {
     /// 0 (greedy) to 2.
@@ -17,6 +17,9 @@ pub struct SamplingFlags {
     /// In (0, 1].
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f64,
+    /// In [0, 1]: drops tokens less probable than min-p × the most probable one (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub min_p: f64,
     /// Every random draw is a function of (seed, position): the same seed gives the same
     /// tokens, with or without a drafter (under the coupled rule).
     #[arg(long, default_value_t = 0)]
@@ -36,6 +39,7 @@ impl SamplingFlags {
             temperature: Some(self.temperature),
             top_p: Some(self.top_p),
             top_k: Some(self.top_k),
+            min_p: Some(self.min_p),
             seed: Some(self.seed as i64),
             stop,
             n: None,
@@ -62,6 +66,7 @@ pub fn flag_error(e: ApiError) -> Error {
         Some("temperature") => "--temperature",
         Some("top_p") => "--top-p",
         Some("top_k") => "--top-k",
+        Some("min_p") => "--min-p",
         Some("stop") => "--stop",
         _ => "--prompt",
     };

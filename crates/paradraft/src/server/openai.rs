@@ -123,6 +123,8 @@ pub struct ChatRequest {
     pub top_p: Option<f64>,
     /// Not in the OpenAI API; vLLM and llama.cpp accept it.
     pub top_k: Option<i64>,
+    /// Not in the OpenAI API; vLLM and llama.cpp accept it (vLLM not while speculating).
+    pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     #[serde(default)]
@@ -182,6 +184,7 @@ pub struct CompletionRequest {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     #[serde(default)]
@@ -205,6 +208,7 @@ pub struct Knobs<'r> {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
     pub seed: Option<i64>,
     pub stop: &'r Option<Stop>,
     pub n: Option<i64>,
@@ -288,6 +292,13 @@ impl Knobs<'_> {
                 ))
             }
         };
+        let min_p = self.min_p.unwrap_or(0.0);
+        if !(min_p.is_finite() && (0.0..=1.0).contains(&min_p)) {
+            return Err(ApiError::invalid(
+                format!("min_p must be in [0, 1], got {min_p}"),
+                Some("min_p"),
+            ));
+        }
         let stop_strings = match self.stop {
             None => vec![],
             Some(Stop::One(s)) => vec![s.clone()],
@@ -340,6 +351,7 @@ impl Knobs<'_> {
             temperature: temperature as f32,
             top_k,
             top_p: top_p as f32,
+            min_p: min_p as f32,
             seed,
         };
         sampling
@@ -360,6 +372,7 @@ impl ChatRequest {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             seed: self.seed,
             stop: &self.stop,
             n: self.n,
@@ -503,6 +516,7 @@ impl CompletionRequest {
             temperature: self.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
+            min_p: self.min_p,
             seed: self.seed,
             stop: &self.stop,
             n: self.n,

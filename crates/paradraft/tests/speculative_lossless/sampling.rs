@@ -174,7 +174,8 @@ fn sampling_matches_ar_distribution_pard_dflash() {
 
 /// Under the coupled rule every drafter of `group` gives AR's own tokens for 1,000 seeds;
 /// under the rejection rule the first three tokens of 12,000 seeds follow AR's distribution
-/// (two-sample χ² at p = 0.001 per token).
+/// (two-sample χ² at p = 0.001 per token). The sampler truncates by top-k and min-p (#61:
+/// min-p while speculating, which vLLM refuses).
 fn check_sampling(group: Group) {
     use std::collections::HashMap;
     one_thread();
@@ -186,6 +187,7 @@ fn check_sampling(group: Group) {
         temperature: 1.0,
         top_k: 12,
         top_p: 1.0,
+        min_p: 0.02,
         seed,
     };
     let mut kv = lm.model.new_kv(128);
