@@ -61,9 +61,10 @@ pub struct CampaignArgs {
     /// Share of sequences drawn from the corpus (default 0).
     #[arg(long)]
     pub corpus_share: Option<f64>,
-    /// Share of the time spent self-distilling new samples.
-    #[arg(long, default_value_t = Params::default().distill_share)]
-    pub distill_share: f64,
+    /// Share of the time spent self-distilling new samples (default: the method's; DART and
+    /// DFlash 0.5, PARD 0: its data outlasts it).
+    #[arg(long)]
+    pub distill_share: Option<f64>,
     /// Temperature of sampled self-distillation, once every prompt has its greedy answer (0:
     /// greedy answers only; default 0.8).
     #[arg(long)]
@@ -127,7 +128,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         kl_weight: a.kl_weight,
         gamma: a.gamma.unwrap_or(d.gamma),
         corpus_share: a.corpus_share.unwrap_or(d.corpus_share),
-        distill_share: a.distill_share,
+        distill_share: a.distill_share.unwrap_or(d.distill_share),
         sample_temp: a.sample_temp.unwrap_or(d.sample_temp),
         sampled_share: a.sampled_share,
         eval_every: a.eval_every,

@@ -243,7 +243,6 @@ fn a_campaign_resumes_from_its_last_good_checkpoint() {
 #[test]
 fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dflash);
     let d = Method::Dflash.params();
     let p = Params {
         lr: d.lr,
@@ -251,38 +250,7 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
         sample_temp: d.sample_temp,
         ..params()
     };
-    assert!(p.corpus_share > 0.0, "half the sequences are corpus text");
-    let (pr, notes) = run_until(&lm, &fx, &p, 3);
-    assert_eq!(pr.step, 3);
-    assert!(pr.positions > 0, "{notes:?}");
-    let d = fx.dir.path();
-    assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
-    assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
-    let curve = campaign::read_curve(d).unwrap();
-    assert_eq!(
-        curve[0].eval.block_size, 4,
-        "block drafts of the tiny DFlash"
-    );
-    assert!(curve.iter().all(|c| c.eval.blocks > 0));
-    let log = std::fs::read_to_string(d.join("train_log.jsonl")).unwrap();
-    let first: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
-    assert!(first["loss"].as_f64().unwrap() > 0.0, "{first}");
-    // The best weights are a DFlash drafter in the published layout.
-    let cfg = paradraft::drafters::speculative_config::DrafterConfig {
-        method: paradraft::drafters::speculative_config::Method::named("dflash").unwrap(),
-        draft_model: Some(d.join("best")),
-        ..Default::default()
-    };
-    let target = common::fixtures().join("tiny/llama");
-    if let Err(e) = cfg.load(&target, &lm, 128) {
-        panic!("the exported DFlash drafter does not load: {e}");
-    }
-    let (pr, notes) = run_until(&lm, &fx, &p, 4);
-    assert_eq!(pr.step, 4);
-    assert!(
-        notes.iter().any(|n| n.contains("resumed at step 3")),
-        "{notes:?}"
-    );
+    trains_evaluates_exports_and_resumes(&lm, Method::Dflash, &p, "tiny/llama", 4);
 }
 
 /// PARD on the same pipeline (#57): a campaign from a PARD drafter trains COD layouts on
@@ -292,20 +260,33 @@ fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
 fn a_pard_campaign_trains_evaluates_exports_and_resumes() {
     // PARD trains targets without RoPE scaling (the tiny Llama has Llama 3's).
     let lm = load_tiny("qwen3");
-    let fx = fixture(&lm, Method::Pard);
     let p = Params {
         lr: Method::Pard.params().lr,
         ..params()
     };
+    trains_evaluates_exports_and_resumes(&lm, Method::Pard, &p, "tiny/qwen3", 4);
+}
+
+/// Three steps of a `method` campaign on half corpus text: every step logged with a finite
+/// positive loss, held-out evaluations of `k` drafts at steps 0 and 2, the best weights a
+/// drafter the engine loads for the target at `target` (under fixtures/), then a resumed step.
+fn trains_evaluates_exports_and_resumes(
+    lm: &Loaded,
+    method: Method,
+    p: &Params,
+    target: &str,
+    k: usize,
+) {
+    let fx = fixture(lm, method);
     assert!(p.corpus_share > 0.0, "half the sequences are corpus text");
-    let (pr, notes) = run_until(&lm, &fx, &p, 3);
+    let (pr, notes) = run_until(lm, &fx, p, 3);
     assert_eq!(pr.step, 3);
     assert!(pr.positions > 0, "{notes:?}");
     let d = fx.dir.path();
     assert_eq!(steps_logged(d, "train_log.jsonl"), vec![1, 2, 3]);
     assert_eq!(steps_logged(d, "curve.jsonl"), vec![0, 2]);
     let curve = campaign::read_curve(d).unwrap();
-    assert_eq!(curve[0].eval.block_size, 4, "the tiny PARD drafts K = 4");
+    assert_eq!(curve[0].eval.block_size, k, "{method:?} drafts");
     assert!(curve.iter().all(|c| c.eval.blocks > 0));
     let log = std::fs::read_to_string(d.join("train_log.jsonl")).unwrap();
     for line in log.lines() {
@@ -313,16 +294,16 @@ fn a_pard_campaign_trains_evaluates_exports_and_resumes() {
         let loss = v["loss"].as_f64().unwrap();
         assert!(loss > 0.0 && loss.is_finite(), "{v}");
     }
+    // The best weights are a drafter in the published layout.
     let cfg = paradraft::drafters::speculative_config::DrafterConfig {
-        method: paradraft::drafters::speculative_config::Method::named("pard").unwrap(),
+        method: paradraft::drafters::speculative_config::Method::named(method.name()).unwrap(),
         draft_model: Some(d.join("best")),
         ..Default::default()
     };
-    let target = common::fixtures().join("tiny/qwen3");
-    if let Err(e) = cfg.load(&target, &lm, 128) {
-        panic!("the exported PARD drafter does not load: {e}");
+    if let Err(e) = cfg.load(&common::fixtures().join(target), lm, 128) {
+        panic!("the exported {method:?} drafter does not load: {e}");
     }
-    let (pr, notes) = run_until(&lm, &fx, &p, 4);
+    let (pr, notes) = run_until(lm, &fx, p, 4);
     assert_eq!(pr.step, 4);
     assert!(
         notes.iter().any(|n| n.contains("resumed at step 3")),

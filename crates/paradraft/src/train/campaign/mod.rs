@@ -303,9 +303,7 @@ pub fn run(
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
             let point = (&snap.pools, p.lr);
             evaluate(
-                s,
-                &data,
-                head,
+                (s, &data, head),
                 &ema.net(s.shape)?,
                 &mut pr,
                 point,
@@ -328,9 +326,7 @@ pub fn run(
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
                 let point = (&snap.pools, p.lr);
                 evaluate(
-                    s,
-                    &data,
-                    head,
+                    (s, &data, head),
                     &ema.net(s.shape)?,
                     &mut pr,
                     point,
@@ -498,11 +494,8 @@ fn step(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn evaluate(
-    s: &Setup,
-    data: &run::Data,
-    head: &FrozenHead,
+    (s, data, head): (&Setup, &run::Data, &FrozenHead),
     net: &Student,
     pr: &mut Progress,
     (pools, lr): (&Pools, f64),
