@@ -2,9 +2,9 @@
 # Commit a campaign's progress (issue #23 item 4): draw its held-out curve into docs/ (SVG and
 # PNG), export the answers it distilled into data/distill/, and when its best held-out alpha1
 # beats the committed drafter's by at least 0.02, replace drafters/smollm2-135m-<method> with
-# the campaign's best (f16) and its evaluation. The method is PARADRAFT_CAMPAIGN_METHOD (dart,
-# the default, or dflash); a DFlash campaign's curve goes to docs/dflash_campaign.* and
-# docs/results/dflash_campaign_curve.jsonl.
+# the campaign's best (f16) and its evaluation. The method is PARADRAFT_CAMPAIGN_METHOD (pard,
+# the default as in scripts/campaign.sh, dflash or dart); a PARD or DFlash campaign's curve goes
+# to docs/<method>_campaign.* and docs/results/<method>_campaign_curve.jsonl.
 # Needs rsvg-convert (Debian: librsvg2-bin) for the PNG. The DART campaign restarted from the
 # second GPU run's weights on 2026-11-25 (docs/dart_campaign.md): its curve goes to *_after_gpu2.*; the
 # earlier phases' curves (docs/dart_campaign.*, *_after_gpu.*, the GPU runs' logs) stay as
@@ -12,7 +12,7 @@
 # ones) replace data/distill/smollm2-135m-sampled.bin.gz when it holds more of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-METHOD="${PARADRAFT_CAMPAIGN_METHOD:-dart}"
+METHOD="${PARADRAFT_CAMPAIGN_METHOD:-pard}"
 DIR="${PARADRAFT_CAMPAIGN_DIR:-$HOME/.cache/paradraft/campaign/$METHOD}"
 BIN="${PARADRAFT_BIN:-target/release/paradraft}"
 OUT="drafters/smollm2-135m-$METHOD"
