@@ -29,6 +29,9 @@ Outputs (under fixtures/tiny/):
                      a Qwen3-MoE model (Qwen3MoeForCausalLM, float32: 3 layers of 8 experts, 2 per
                      token, renormalised; q/k norms), and the same as llama.cpp writes it
                      (qwen3moe.* keys, stacked ffn_*_exps tensors, the router as ffn_gate_inp)
+  phi3-longrope/, phi3-longrope.gguf
+                     a Phi-3 with LongRoPE (original context 64 of 256; reference_long.safetensors
+                     holds 130 tokens, past it), as HF and as llama.cpp writes it
   mixtral/, mixtral.gguf
                      a Mixtral model (MixtralForCausalLM, float32: 3 layers of 4 experts, 2 per
                      token), and the same as llama.cpp writes it (architecture llama with
@@ -264,6 +267,54 @@ def phi3():
     print("tiny phi3.gguf written", file=sys.stderr)
 
 
+def phi3_longrope():
+    """A Phi-3 with LongRoPE (Phi-3.5-mini's scheme): original context 64 of 256, so the 42-token
+    reference takes the short factors and reference_long.safetensors (130 tokens) the long ones,
+    cos/sin scaled by √(1 + ln 4 / ln 64); and its GGUF as llama.cpp's converter writes it
+    (rope_factors_short / _long tensors, phi3.rope.scaling.* keys)."""
+    import math
+    import gguf
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    g = torch.Generator().manual_seed(11)
+    short = (1.0 + 0.5 * torch.rand(8, generator=g)).tolist()
+    long = (1.0 + 6.0 * torch.rand(8, generator=g)).tolist()
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": 64}
+    cfg = Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                     original_max_position_embeddings=64, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+                     rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False, rope_parameters=rope)
+    ref, ids = hf_model("phi3-longrope", Phi3ForCausalLM, cfg, 7, False)
+    out = os.path.join(FIX, "tiny", "phi3-longrope")
+    long_ids = (ids * 4)[:130]
+    with torch.no_grad():
+        o = ref(torch.tensor([long_ids]))
+    save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
+            os.path.join(out, "reference_long.safetensors"))
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "phi3-longrope.gguf"), "phi3")
+    w.add_name("Phi3")
+    gguf_header(w, cfg, head_dim=False)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_uint32("phi3.rope.scaling.original_context_length", 64)
+    w.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(4) / math.log(64)))
+    gguf_spm(w, cfg.vocab_size, None)
+    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    w.add_tensor("rope_factors_short.weight", np.array(short, dtype=np.float32))
+    w.add_tensor("rope_factors_long.weight", np.array(long, dtype=np.float32))
+    names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(cfg.num_hidden_layers):
+        for hf, gg in names.items():
+            w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"])
+    gguf_close(w)
+    print("tiny phi3-longrope.gguf written", file=sys.stderr)
+
+
 def permute(w, n_head):
     """q/k rows reordered for GGML's interleaved RoPE, as llama.cpp's converter does for llama."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -341,6 +392,6 @@ def mixtral():
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral"]
+    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "phi3_longrope"]
     for name in which:
         globals()[name]()

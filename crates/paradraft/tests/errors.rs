@@ -483,10 +483,11 @@ fn bad_gemma3_configs() {
     assert!(load_err(&dir).to_string().contains("gemma3_text"));
 }
 
-/// Phi-3 variants this engine does not run (LongRoPE, partial rotary) are refused by name.
+/// Phi-3 variants this engine does not run (partial rotary: Phi-4-mini, in either place
+/// transformers writes it) and LongRoPE settings without usable factors are refused by name.
 #[test]
 fn unsupported_phi3_variants() {
-    let cases: [(&str, ConfigEdit); 3] = [
+    let cases: [(&str, ConfigEdit); 4] = [
         (
             "LongRoPE",
             |v| v["rope_scaling"] = serde_json::json!({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
@@ -501,6 +502,10 @@ fn unsupported_phi3_variants() {
         ("partial rotary", |v| {
             v["partial_rotary_factor"] = 0.75.into()
         }),
+        (
+            "partial rotary",
+            |v| v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
+        ),
     ];
     for (what, edit) in cases {
         let (_td, dir) = edited_tiny("phi3", edit);

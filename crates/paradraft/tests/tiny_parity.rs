@@ -169,6 +169,36 @@ fn tiny_phi3_gguf_matches_transformers() {
     gguf_matches_transformers("phi3");
 }
 
+/// Phi-3 LongRoPE (#60; Phi-3.5-mini's scheme), HF and GGUF: a context within the original
+/// length (64) takes the short factors, a larger one the long factors, cos and sin scaled by the
+/// attention factor, as transformers computes a sequence of that length.
+#[test]
+fn tiny_phi3_longrope_short_and_long_contexts() {
+    check_model("phi3-longrope");
+    gguf_matches_transformers("phi3-longrope");
+    let rp = fixtures().join("tiny/phi3-longrope/reference_long.safetensors");
+    let (_, input) = read_ref(&rp, "input_ids");
+    let (lshape, logits) = read_ref(&rp, "logits");
+    let tokens = ids(&input);
+    assert!(tokens.len() > 64, "past the original context");
+    for path in ["tiny/phi3-longrope", "tiny/phi3-longrope.gguf"] {
+        let mut lm = model::load(&fixtures().join(path)).unwrap();
+        lm.model.set_exact(true);
+        lm.model.set_kv_dtype(KvDtype::F32);
+        let got = run_logits(&lm, &tokens);
+        let vocab = lshape[1];
+        let mut worst = 0f32;
+        for (t, row) in got.iter().enumerate() {
+            let want: Vec<f32> = logits[t * vocab..(t + 1) * vocab]
+                .iter()
+                .map(|&x| x as f32)
+                .collect();
+            worst = worst.max(max_abs_diff(row, &want));
+        }
+        assert!(worst < TOL, "{path} long context: max |Δlogit| = {worst}");
+    }
+}
+
 /// Mixtures of experts (#60): Qwen3-MoE (8 experts, 2 per token, renormalised, q/k norms) and
 /// Mixtral (4 experts, 2 per token), from transformers' per-expert checkpoints and from GGUF
 /// files with llama.cpp's stacked expert tensors.

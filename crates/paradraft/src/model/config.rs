@@ -62,6 +62,15 @@ pub enum RopeScaling {
     Llama3(Llama3Scaling),
     /// Per-frequency divisors (GGUF `rope_freqs.weight`).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE ("su"): per-frequency divisors, `short` for a context of at most
+    /// `original` tokens and `long` beyond (chosen by the context's size, as llama.cpp does),
+    /// with cos and sin scaled by `attn_factor`.
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original: usize,
+        attn_factor: f32,
+    },
 }
 
 /// The MLP's gate activation.
@@ -177,6 +186,28 @@ impl Config {
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!("rope theta {} is invalid", self.rope_theta));
         }
+        if let RopeScaling::LongRope {
+            short,
+            long,
+            original,
+            attn_factor,
+        } = &self.rope_scaling
+        {
+            let half = self.head_dim / 2;
+            let ok = |f: &Vec<f32>| f.len() == half && f.iter().all(|x| x.is_finite() && *x > 0.0);
+            let usable = ok(short)
+                && ok(long)
+                && *original != 0
+                && attn_factor.is_finite()
+                && *attn_factor > 0.0;
+            if !usable {
+                return bad(format!(
+                    "LongRoPE needs {half} positive short and long factors, an original context and a positive attention factor (got {} / {}, {original}, {attn_factor})",
+                    short.len(),
+                    long.len()
+                ));
+            }
+        }
         if let Some(w) = &self.extras.sliding_window {
             if w.size == 0 || w.layers.len() != self.n_layers {
                 return bad(format!(
@@ -225,6 +256,25 @@ impl Config {
         )
     }
 
+    /// LongRoPE's frequencies for contexts beyond its original length: (that length, the long
+    /// factors' inverse frequencies).
+    pub fn inv_freqs_long(&self) -> Option<(usize, Vec<f32>)> {
+        let RopeScaling::LongRope { long, original, .. } = &self.rope_scaling else {
+            return None;
+        };
+        let base = base_freqs(self.rope_theta, self.head_dim);
+        let f = base.iter().zip(long).map(|(x, f)| (x / *f as f64) as f32);
+        Some((*original, f.collect()))
+    }
+
+    /// What cos and sin are multiplied by (LongRoPE's attention factor; else 1).
+    pub fn rope_attn_factor(&self) -> f32 {
+        match &self.rope_scaling {
+            RopeScaling::LongRope { attn_factor, .. } => *attn_factor,
+            _ => 1.0,
+        }
+    }
+
     /// RoPE inverse frequencies, one per pair, with scaling applied.
     pub fn inv_freqs(&self) -> Vec<f32> {
         let d = self.head_dim;
@@ -232,7 +282,9 @@ impl Config {
         let scaled: Vec<f64> = match &self.rope_scaling {
             RopeScaling::None => base,
             RopeScaling::Linear(f) => base.iter().map(|x| x / *f as f64).collect(),
-            RopeScaling::Factors(fs) => base.iter().zip(fs).map(|(x, f)| x / *f as f64).collect(),
+            RopeScaling::Factors(fs) | RopeScaling::LongRope { short: fs, .. } => {
+                base.iter().zip(fs).map(|(x, f)| x / *f as f64).collect()
+            }
             RopeScaling::Llama3(s) => {
                 let (factor, lo, hi, orig) = (
                     s.factor as f64,

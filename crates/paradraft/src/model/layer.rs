@@ -94,10 +94,20 @@ pub(crate) struct SeqAttn<'a> {
 /// The RoPE table of `positions`: `(cos, sin)` of position × frequency, token-major.
 pub(crate) fn rope_table(inv_freq: &[f32], positions: &[Pos], out: &mut Vec<(f32, f32)>) {
     out.clear();
+    rope_rows(inv_freq, positions, 1.0, out);
+}
+
+/// Appends the RoPE table of `positions` to `out`, cos and sin multiplied by `scale`.
+pub(crate) fn rope_rows(
+    inv_freq: &[f32],
+    positions: &[Pos],
+    scale: f32,
+    out: &mut Vec<(f32, f32)>,
+) {
     for p in positions {
         for &f in inv_freq {
             let a = p.0 as f32 * f;
-            out.push((a.cos(), a.sin()));
+            out.push((a.cos() * scale, a.sin() * scale));
         }
     }
 }

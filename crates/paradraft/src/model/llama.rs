@@ -3,7 +3,7 @@
 
 use super::config::{Arch, Config};
 use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
-use super::layer::{rope_table, Layer, LayerScratch, SeqAttn};
+use super::layer::{rope_rows, rope_table, Layer, LayerScratch, SeqAttn};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvDtype};
@@ -24,6 +24,10 @@ pub struct Model {
     inv_freq: Vec<f32>,
     /// The sliding-window layers' own RoPE frequencies (Gemma 3).
     inv_freq_local: Option<Vec<f32>>,
+    /// LongRoPE: the context length beyond which its long factors apply, and their frequencies.
+    inv_freq_long: Option<(usize, Vec<f32>)>,
+    /// What cos and sin are multiplied by (LongRoPE's attention factor).
+    rope_scale: f32,
     /// f32 activations in every matmul (the reference path) instead of int8 ones.
     exact: bool,
     /// Element type of the KV caches [`Model::new_kv`] makes.
@@ -66,6 +70,8 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         let inv_freq = config.inv_freqs();
         let inv_freq_local = config.inv_freqs_local();
+        let inv_freq_long = config.inv_freqs_long();
+        let rope_scale = config.rope_attn_factor();
         let screen = screen_of(lm_head.as_ref().unwrap_or(&embed));
         Ok(Model {
             config,
@@ -75,6 +81,8 @@ impl Model {
             layers,
             inv_freq,
             inv_freq_local,
+            inv_freq_long,
+            rope_scale,
             exact: false,
             kv_dtype: KvDtype::F16,
             screen,
@@ -323,10 +331,17 @@ impl Model {
             }
         }
         s.positions.clear();
-        for (_, b) in seqs.iter() {
+        s.l.rope.clear();
+        for (kv, b) in seqs.iter() {
             s.positions.extend_from_slice(b.positions);
+            // LongRoPE: a context larger than the original length takes the long factors, for
+            // every token in it (llama.cpp's rule), so a cache's keys never mix the two.
+            let f = match &self.inv_freq_long {
+                Some((orig, long)) if kv.capacity() > *orig => long,
+                _ => &self.inv_freq,
+            };
+            rope_rows(f, b.positions, self.rope_scale, &mut s.l.rope);
         }
-        rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
         if let Some(f) = &self.inv_freq_local {
             rope_table(f, &s.positions, &mut s.l.rope_local);
         }

@@ -98,7 +98,9 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
     let embd = g
         .shape("token_embd.weight")
         .ok_or_else(|| g.missing("token_embd.weight"))?;
-    let rope_scaling = if let Some(t) = g.tensors.get("rope_freqs.weight") {
+    let rope_scaling = if let Some(ls) = phi3::gguf_longrope(&g, &arch_name, head_dim)? {
+        ls
+    } else if let Some(t) = g.tensors.get("rope_freqs.weight") {
         let mut v = vec![0f32; t.dims[0]];
         crate::runtime::quant::dequantize(t.dtype, g.data(t), &mut v);
         RopeScaling::Factors(v)
@@ -243,10 +245,12 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         full if full.is_object() => full,
         _ => &v["rope_parameters"],
     };
-    let rs = if rp.is_object() {
-        rp
-    } else {
+    // An explicit `rope_scaling` wins over `rope_parameters` (a file with both is an older
+    // config edited by hand; ignoring the scaling it names would run another model).
+    let rs = if v["rope_scaling"].is_object() || !rp.is_object() {
         &v["rope_scaling"]
+    } else {
+        rp
     };
     let rope_theta = v["rope_theta"]
         .as_f64()
@@ -263,6 +267,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         match ty {
             "default" => RopeScaling::None,
             "linear" => RopeScaling::Linear(f("factor", 1.0)),
+            "longrope" | "su" => phi3::hf_longrope(v, rs)?,
             "llama3" => RopeScaling::Llama3(Llama3Scaling {
                 factor: f("factor", 8.0),
                 low_freq_factor: f("low_freq_factor", 1.0),

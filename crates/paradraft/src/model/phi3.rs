@@ -2,10 +2,10 @@
 //! (`attn_qkv`, HF `qkv_proj`) and one gate/up matrix (`ffn_up` of twice the MLP width, HF
 //! `gate_up_proj`, the gate's rows first). [`Fused`] serves the separate matrices as row ranges
 //! of the fused ones, exactly (a quantized row is self-contained), so the layer code is the
-//! Llama one. LongRoPE (the 128K variants, Phi-3.5, Phi-4-mini) and partial rotary embeddings
-//! are refused by name.
+//! Llama one. LongRoPE (the 128K variants, Phi-3.5-mini) is read from either format; partial
+//! rotary embeddings (Phi-4-mini) are refused by name.
 
-use super::config::Config;
+use super::config::{Config, RopeScaling};
 use super::gguf::GgufFile;
 use super::source::TensorSource;
 use crate::error::{Error, Result};
@@ -100,16 +100,85 @@ impl TensorSource for Fused<'_> {
     }
 }
 
-/// Refuses what this engine does not run of a Phi-3 GGUF: LongRoPE factors, partial rotary
-/// embeddings.
+/// LongRoPE from a GGUF file as llama.cpp's converter writes it: `rope_factors_short` /
+/// `rope_factors_long` tensors, `<arch>.rope.scaling.original_context_length` and
+/// `.attn_factor` (1 when absent, as llama.cpp reads it); `None` without the factors.
+pub(crate) fn gguf_longrope(
+    g: &GgufFile,
+    arch: &str,
+    head_dim: usize,
+) -> Result<Option<RopeScaling>> {
+    let (Some(s), Some(l)) = (
+        g.tensors.get("rope_factors_short.weight"),
+        g.tensors.get("rope_factors_long.weight"),
+    ) else {
+        if g.has("rope_factors_long.weight") || g.has("rope_factors_short.weight") {
+            return Err(Error::Unsupported(
+                "LongRoPE with only one of rope_factors_short / rope_factors_long".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let read = |t: &super::gguf::TensorInfo| -> Result<Vec<f32>> {
+        if t.dims.iter().product::<usize>() != head_dim / 2 {
+            return Err(Error::Unsupported(format!(
+                "LongRoPE factors of {:?} for heads of {head_dim} (partial rotary embeddings?)",
+                t.dims
+            )));
+        }
+        let mut v = vec![0f32; head_dim / 2];
+        crate::runtime::quant::dequantize(t.dtype, g.data(t), &mut v);
+        Ok(v)
+    };
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    let original = g
+        .u64(&key("original_context_length"))
+        .ok_or_else(|| g.missing(&key("original_context_length")))? as usize;
+    Ok(Some(RopeScaling::LongRope {
+        short: read(s)?,
+        long: read(l)?,
+        original,
+        attn_factor: g.f64(&key("attn_factor")).unwrap_or(1.0) as f32,
+    }))
+}
+
+/// LongRoPE from an HF config's rope parameters `rs` (`short_factor`, `long_factor`, the
+/// original context, the attention factor or transformers' default for it:
+/// √(1 + ln s / ln original) with s = max positions / original, 1 when s ≤ 1).
+pub(crate) fn hf_longrope(v: &serde_json::Value, rs: &serde_json::Value) -> Result<RopeScaling> {
+    let bad = |m: String| Error::Unsupported(format!("LongRoPE: {m}"));
+    let factors = |k: &str| -> Result<Vec<f32>> {
+        rs[k]
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+            .ok_or_else(|| bad(format!("{k} must be a list of numbers")))
+    };
+    let original = rs["original_max_position_embeddings"]
+        .as_u64()
+        .or(v["original_max_position_embeddings"].as_u64())
+        .ok_or_else(|| bad("no original_max_position_embeddings".into()))?;
+    let max_pos = v["max_position_embeddings"].as_u64().unwrap_or(original) as f64;
+    let attn_factor = match rs["attention_factor"].as_f64() {
+        Some(a) => a,
+        None => {
+            let s = max_pos / original as f64;
+            if s <= 1.0 {
+                1.0
+            } else {
+                (1.0 + s.ln() / (original as f64).ln()).sqrt()
+            }
+        }
+    };
+    Ok(RopeScaling::LongRope {
+        short: factors("short_factor")?,
+        long: factors("long_factor")?,
+        original: original as usize,
+        attn_factor: attn_factor as f32,
+    })
+}
+
+/// Refuses what this engine does not run of a Phi-3 GGUF: partial rotary embeddings.
 pub(crate) fn check_gguf(g: &GgufFile, head_dim: usize) -> Result<()> {
-    if g.has("rope_factors_long.weight") || g.has("rope_factors_short.weight") {
-        return Err(Error::Unsupported(
-            "Phi-3 LongRoPE (rope_factors_long / rope_factors_short: the 128K variants, \
-             Phi-3.5, Phi-4-mini); the 4K-context Phi-3 models run"
-                .into(),
-        ));
-    }
     if let Some(n) = g.u64("phi3.rope.dimension_count") {
         if n as usize != head_dim {
             return Err(Error::Unsupported(format!(
@@ -122,18 +191,10 @@ pub(crate) fn check_gguf(g: &GgufFile, head_dim: usize) -> Result<()> {
 
 /// The same for an HF `phi3` config.
 pub(crate) fn check_hf(v: &serde_json::Value) -> Result<()> {
-    let rs = &v["rope_scaling"];
-    let rp = &v["rope_parameters"]["rope_type"];
-    if !rs.is_null() || rp.as_str().is_some_and(|t| t != "default") {
-        return Err(Error::Unsupported(format!(
-            "Phi-3 rope scaling {} (LongRoPE: the 128K variants, Phi-3.5, Phi-4-mini)",
-            rs["type"]
-                .as_str()
-                .or(rs["rope_type"].as_str())
-                .unwrap_or("?")
-        )));
-    }
-    if let Some(f) = v["partial_rotary_factor"].as_f64().filter(|&f| f != 1.0) {
+    let partial = v["partial_rotary_factor"]
+        .as_f64()
+        .or(v["rope_parameters"]["partial_rotary_factor"].as_f64());
+    if let Some(f) = partial.filter(|&f| f != 1.0) {
         return Err(Error::Unsupported(format!(
             "partial rotary embeddings (partial_rotary_factor {f})"
         )));
