@@ -239,7 +239,6 @@ def gemma():
 
 
 def phi3():
-    import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
     cfg = Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -248,23 +247,37 @@ def phi3():
                      rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     ref, ids = hf_model("phi3", Phi3ForCausalLM, cfg, 4, False)
-    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "phi3.gguf"), "phi3")
+    phi3_gguf("phi3", ref, cfg)
+
+
+def phi3_gguf(name, ref, cfg, longrope=None):
+    """fixtures/tiny/NAME.gguf as llama.cpp writes Phi-3 (attn_qkv, ffn_up of twice the MLP
+    width), with `longrope` = (short, long, original, attn_factor) as its converter writes it."""
+    import gguf
+
+    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", f"{name}.gguf"), "phi3")
     w.add_name("Phi3")
     gguf_header(w, cfg, head_dim=False)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    if longrope:
+        w.add_uint32("phi3.rope.scaling.original_context_length", longrope[2])
+        w.add_float32("phi3.rope.scaling.attn_factor", longrope[3])
     gguf_spm(w, cfg.vocab_size, None)
     sd = {k: v.numpy() for k, v in ref.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     w.add_tensor("output.weight", sd["lm_head.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    if longrope:
+        w.add_tensor("rope_factors_short.weight", np.array(longrope[0], dtype=np.float32))
+        w.add_tensor("rope_factors_long.weight", np.array(longrope[1], dtype=np.float32))
     names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
              "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for i in range(cfg.num_hidden_layers):
         for hf, gg in names.items():
             w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"])
     gguf_close(w)
-    print("tiny phi3.gguf written", file=sys.stderr)
+    print(f"tiny {name}.gguf written", file=sys.stderr)
 
 
 def phi3_longrope():
@@ -273,7 +286,6 @@ def phi3_longrope():
     cos/sin scaled by √(1 + ln 4 / ln 64); and its GGUF as llama.cpp's converter writes it
     (rope_factors_short / _long tensors, phi3.rope.scaling.* keys)."""
     import math
-    import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
     g = torch.Generator().manual_seed(11)
@@ -292,27 +304,7 @@ def phi3_longrope():
         o = ref(torch.tensor([long_ids]))
     save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
             os.path.join(out, "reference_long.safetensors"))
-    w = gguf.GGUFWriter(os.path.join(FIX, "tiny", "phi3-longrope.gguf"), "phi3")
-    w.add_name("Phi3")
-    gguf_header(w, cfg, head_dim=False)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_uint32("phi3.rope.scaling.original_context_length", 64)
-    w.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(4) / math.log(64)))
-    gguf_spm(w, cfg.vocab_size, None)
-    sd = {k: v.numpy() for k, v in ref.state_dict().items()}
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
-    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-    w.add_tensor("rope_factors_short.weight", np.array(short, dtype=np.float32))
-    w.add_tensor("rope_factors_long.weight", np.array(long, dtype=np.float32))
-    names = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-    for i in range(cfg.num_hidden_layers):
-        for hf, gg in names.items():
-            w.add_tensor(f"blk.{i}.{gg}.weight", sd[f"model.layers.{i}.{hf}.weight"])
-    gguf_close(w)
-    print("tiny phi3-longrope.gguf written", file=sys.stderr)
+    phi3_gguf("phi3-longrope", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))))
 
 
 def permute(w, n_head):

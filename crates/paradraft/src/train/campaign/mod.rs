@@ -300,16 +300,10 @@ pub fn run(
             on(Event::Note(format!("{n} sampled self-distilled samples")));
         }
         let data = snap.data(s, &teacher);
+        let ctx = (s, &data, head);
         if pr.step == 0 && read_curve(s.dir)?.is_empty() {
             let point = (&snap.pools, p.lr);
-            evaluate(
-                (s, &data, head),
-                &ema.net(s.shape)?,
-                &mut pr,
-                point,
-                &now,
-                &mut on,
-            )?;
+            evaluate(ctx, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
         }
         // A round: at least one step, then until `round_s` has passed.
         let t_round = Instant::now();
@@ -325,14 +319,7 @@ pub fn run(
             on(Event::Step(&log));
             if pr.step.is_multiple_of(p.eval_every.max(1)) {
                 let point = (&snap.pools, p.lr);
-                evaluate(
-                    (s, &data, head),
-                    &ema.net(s.shape)?,
-                    &mut pr,
-                    point,
-                    &now,
-                    &mut on,
-                )?;
+                evaluate(ctx, &ema.net(s.shape)?, &mut pr, point, &now, &mut on)?;
             }
             if t_round.elapsed().as_secs_f64() >= p.round_s {
                 break;
