@@ -171,6 +171,8 @@ struct GenerateArgs {
     max_new_tokens: Option<i64>,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    processing: paradraft::server::flags::ProcessingFlags,
     /// Extra stop strings (repeatable, at most 4, none empty).
     #[arg(long = "stop")]
     stop: Vec<String>,
@@ -234,14 +236,18 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let tok = &lm.tokenizer;
     let prompt = tok.encode_prompt(&user, a.system.as_deref(), a.raw)?;
     let stop = Some(Stop::Many(a.stop.clone()));
+    let bias = a.processing.bias()?;
+    let knobs = a.sampling.knobs(
+        a.max_new_tokens
+            .unwrap_or_else(|| 256.min(ctx.saturating_sub(prompt.len())).max(1) as i64),
+        &stop,
+    );
     let params = a
-        .sampling
-        .knobs(
-            a.max_new_tokens
-                .unwrap_or_else(|| 256.min(ctx.saturating_sub(prompt.len())).max(1) as i64),
-            &stop,
-        )
-        .params(prompt.len(), ctx, || sampling.seed)
+        .processing
+        .knobs(knobs, &bias)?
+        .params(prompt.len(), ctx, lm.model.config.vocab_size, || {
+            sampling.seed
+        })
         .map_err(paradraft::server::flags::flag_error)?;
     let mut kv = lm.model.new_kv(ctx);
     let stream = !a.json;

@@ -92,6 +92,66 @@ r = client.chat.completions.create(
 )
 assert r.choices[0].message.content == want["chat"], (r, want["chat"])
 
+# Bias, penalties and log-probabilities (served while speculating, #61): the same text and
+# log-probabilities as `paradraft generate` with the same settings, streaming or not.
+pc = want["processed_chat"]
+kw = dict(
+    model=model,
+    messages=[{"role": "user", "content": "Name three colors."}],
+    max_tokens=24,
+    temperature=0,
+    presence_penalty=1,
+    frequency_penalty=0.5,
+    logit_bias={"2382": -100},
+    logprobs=True,
+    top_logprobs=3,
+    extra_body={"repetition_penalty": 1.2},
+)
+r = client.chat.completions.create(**kw)
+assert r.choices[0].message.content == pc["text"], (r, pc["text"])
+lps = r.choices[0].logprobs.content
+assert len(lps) == len(pc["logprobs"]) == r.usage.completion_tokens, (len(lps), r.usage)
+for got, ref in zip(lps, pc["logprobs"]):
+    assert abs(got.logprob - ref["logprob"]) < 1e-4, (got, ref)
+    assert len(got.top_logprobs) == 3 and got.top_logprobs[0].logprob >= got.logprob - 1e-6, got
+    assert [abs(t.logprob - l) < 1e-4 for t, (_, l) in zip(got.top_logprobs, ref["top"])] == [True] * 3
+    assert bytes(got.bytes) == got.token.encode()
+assert "".join(t.token for t in lps) == pc["text"], lps
+text, streamed = "", []
+for chunk in client.chat.completions.create(stream=True, **kw):
+    for c in chunk.choices:
+        text += c.delta.content or ""
+        if c.logprobs and c.logprobs.content:
+            streamed += c.logprobs.content
+assert text == pc["text"], (text, pc["text"])
+assert [t.logprob for t in streamed] == [t.logprob for t in lps], streamed
+
+pcmp = want["processed_completion"]
+ckw = dict(
+    model=model,
+    prompt="Name three colors.",
+    max_tokens=24,
+    temperature=0,
+    presence_penalty=1,
+    frequency_penalty=0.5,
+    logit_bias={"2382": -100},
+    logprobs=2,
+    extra_body={"repetition_penalty": 1.2},
+)
+r = client.completions.create(**ckw)
+lp = r.choices[0].logprobs
+assert r.choices[0].text == pcmp["text"], (r, pcmp["text"])
+assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(pcmp["logprobs"])
+for got, ref in zip(lp.token_logprobs, pcmp["logprobs"]):
+    assert abs(got - ref["logprob"]) < 1e-4, (got, ref)
+assert all(len(t) in (2, 3) for t in lp.top_logprobs), lp.top_logprobs
+assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0, lp.text_offset
+streamed = []
+for c in client.completions.create(stream=True, **ckw):
+    if c.choices and c.choices[0].logprobs:
+        streamed += c.choices[0].logprobs.token_logprobs
+assert streamed == lp.token_logprobs, (streamed, lp.token_logprobs)
+
 # Errors surface as the client's exception types.
 try:
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=2)

@@ -159,11 +159,18 @@ impl<'m> BatchGenerator<'m> {
             max_new_tokens: req.max_new_tokens,
             sampling: req.sampling,
             stop_strings: vec![],
+            ..Default::default()
         };
         let mut kv = self.model.new_kv(self.ctx);
-        let h = self.model.config.hidden_size;
-        let session = Session::new(self.tok, &mut kv, &req.prompt, &params, sp, h)
-            .map_err(|e| e.context(format!("request {}", req.id)))?;
+        let session = Session::new(
+            self.tok,
+            &mut kv,
+            &req.prompt,
+            &params,
+            sp,
+            &self.model.config,
+        )
+        .map_err(|e| e.context(format!("request {}", req.id)))?;
         let tag = Tag {
             id: req.id,
             prompt: req.prompt,

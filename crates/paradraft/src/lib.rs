@@ -14,6 +14,7 @@ pub mod generate;
 pub mod kv;
 pub mod model;
 pub mod ngram;
+pub mod process;
 pub mod request;
 pub mod runtime;
 pub mod sample;

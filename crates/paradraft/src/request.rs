@@ -4,15 +4,18 @@
 
 use crate::error::{Error, Result};
 use crate::model::{StreamDecoder, Tokenizer};
+use crate::process::Processing;
 use crate::sample::SamplingParams;
 use crate::types::TokenId;
 use serde::Serialize;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateParams {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub stop_strings: Vec<String>,
+    /// Logit bias, penalties and log-probabilities ([`crate::process`]).
+    pub processing: Processing,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -88,6 +91,9 @@ pub struct Generation {
     pub token_ids: Vec<TokenId>,
     pub stop_reason: StopReason,
     pub stats: Stats,
+    /// Each output token's log-probabilities, when asked for ([`crate::process`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<crate::process::TokenLogprob>,
 }
 
 /// Holds back text that might be the start of a stop string, so streamed text never has to be

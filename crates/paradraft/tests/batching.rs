@@ -165,6 +165,7 @@ fn single_stream_sampled(
         max_new_tokens: max_new,
         sampling,
         stop_strings: vec![],
+        ..Default::default()
     };
     generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &p, |_| {})
         .unwrap()
@@ -401,8 +402,7 @@ fn stepped_sessions(
                 sizer: None,
                 rule: VerifyRule::Coupled,
             };
-            let h = lm.model.config.hidden_size;
-            Session::new(&lm.tokenizer, kv, p, params, sp, h).unwrap()
+            Session::new(&lm.tokenizer, kv, p, params, sp, &lm.model.config).unwrap()
         })
         .collect();
     let mut stepper = Stepper::default();
@@ -455,6 +455,7 @@ fn speculative_sessions_share_one_forward() {
                     ..Default::default()
                 },
                 stop_strings: vec![],
+                ..Default::default()
             })
             .collect();
         for prefill in [usize::MAX, 7] {

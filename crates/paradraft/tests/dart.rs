@@ -287,6 +287,7 @@ fn speculative_decoding_with_dart_is_lossless() {
         max_new_tokens: 60,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(120);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
@@ -401,6 +402,7 @@ fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
         max_new_tokens: 48,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let curve = CostCurve::measure(&lm.model, 64, 2).unwrap();
     let (mut rounds, mut committed) = (0usize, 0usize);

@@ -22,6 +22,7 @@ fn greedy(max_new_tokens: usize) -> GenerateParams {
         max_new_tokens,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     }
 }
 

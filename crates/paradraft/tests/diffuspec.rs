@@ -160,6 +160,7 @@ fn greedy_decoding_is_token_identical_in_every_mode() {
         max_new_tokens: 40,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(p.len() + 80);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();
@@ -268,6 +269,7 @@ fn dream_checkpoints_load_and_decode_losslessly() {
         max_new_tokens: 24,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(p.len() + 60);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();

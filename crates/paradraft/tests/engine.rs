@@ -39,6 +39,7 @@ fn params(i: usize) -> GenerateParams {
             ..Default::default()
         },
         stop_strings: vec![],
+        ..Default::default()
     }
 }
 
@@ -48,6 +49,7 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Finished) {
     loop {
         match rx.blocking_recv().expect("an event") {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(_) => {}
             Event::Done(f) => return (text, f),
             Event::Error(e) => panic!("{e}"),
         }
@@ -130,6 +132,7 @@ fn cancelled_requests_free_their_pages_and_the_cap_refuses() {
             max_new_tokens: 250,
             sampling: Default::default(),
             stop_strings: vec![],
+            ..Default::default()
         },
         events: tx,
         max_draft: None,

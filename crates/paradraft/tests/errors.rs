@@ -263,6 +263,7 @@ fn prompt_longer_than_context() {
         max_new_tokens: 4,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let e = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap_err();
     assert!(
@@ -320,6 +321,7 @@ fn invalid_sampling_parameters() {
             max_new_tokens: 4,
             sampling,
             stop_strings: vec![],
+            ..Default::default()
         };
         let e = generate(
             &lm.model,
@@ -430,6 +432,7 @@ fn zero_new_tokens_generates_nothing() {
         max_new_tokens: 0,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let prompt: Vec<TokenId> = (10..20).map(TokenId).collect();
     let g = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();

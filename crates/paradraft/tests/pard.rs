@@ -118,6 +118,7 @@ fn speculative_decoding_with_pard_is_lossless() {
         max_new_tokens: 40,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let stop = lm.tokenizer.stop_tokens.iter().copied().collect::<Vec<_>>();
     for text in ["Tell me about the sea.", "1, 2, 3, 4,", "Once upon a time"] {
@@ -267,6 +268,7 @@ fn a_published_layout_loads_unchanged() {
         max_new_tokens: 24,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(128);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &p, &params, |_| {}).unwrap();

@@ -184,6 +184,7 @@ fn greedy(n: usize) -> GenerateParams {
         max_new_tokens: n,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     }
 }
 

@@ -123,6 +123,7 @@ fn fast_and_exact_paths_agree_on_greedy_generation() {
         max_new_tokens: 48,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let run = |lm: &model::Loaded| {
         let mut kv = lm.model.new_kv(256);
@@ -230,6 +231,7 @@ fn batched_greedy_reproduces_autoregressive_greedy() {
         max_new_tokens: 40,
         sampling: Default::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(512);
     let gen = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();

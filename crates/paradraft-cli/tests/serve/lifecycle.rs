@@ -111,10 +111,43 @@ fn openai_pythonpath() -> PathBuf {
 fn the_official_openai_python_client_works() {
     let pydeps = openai_pythonpath();
     let server = Server::start(&["--drafter", "pld", "--api-key", "sk-py"]);
+    // Bias, penalties and log-probabilities (#61), as `generate` gives them without a server.
+    let processed = |raw: bool| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "Name three colors.",
+            "--max-new-tokens",
+            "24",
+            "--presence-penalty",
+            "1",
+            "--frequency-penalty",
+            "0.5",
+            "--repetition-penalty",
+            "1.2",
+            "--logit-bias",
+            "2382=-100",
+            "--logprobs",
+            "3",
+            "--json",
+        ];
+        if raw {
+            args.push("--raw");
+        }
+        let out = Command::new(bin()).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
     let want = json!({
         "chat": generate("Name a color.", false, 20, None).0,
         "chat_stop": generate("Count from 1 to 10, separated by commas.", false, 40, Some(",")).0,
         "completion": generate("The capital of Italy is", true, 12, None).0,
+        "processed_chat": processed(false),
+        "processed_completion": processed(true),
     });
     let out = Command::new("python3")
         .arg(scripts_dir().join("openai_client.py"))

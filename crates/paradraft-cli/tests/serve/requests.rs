@@ -181,6 +181,33 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             assert_eq!(e["code"], json!(code), "{v}");
         }
     }
+    // Processing (#61): out-of-range values and keys are refused naming their field.
+    let (cmpl, hi) = ("/v1/completions", r#""prompt": "hi""#);
+    let user = r#""messages": [{"role": "user", "content": "hi"}]"#;
+    for (path, head, rest, param) in [
+        (cmpl, hi, r#""logit_bias": {"abc": 1}"#, "logit_bias"),
+        (cmpl, hi, r#""logit_bias": {"99999999": 1}"#, "logit_bias"),
+        (cmpl, hi, r#""logit_bias": {"5": 101}"#, "logit_bias"),
+        (cmpl, hi, r#""presence_penalty": 2.5"#, "presence_penalty"),
+        (cmpl, hi, r#""frequency_penalty": -3"#, "frequency_penalty"),
+        (cmpl, hi, r#""repetition_penalty": 0"#, "repetition_penalty"),
+        (cmpl, hi, r#""logprobs": 21"#, "logprobs"),
+        (chat, user, r#""top_logprobs": 2"#, "top_logprobs"),
+        (
+            chat,
+            user,
+            r#""logprobs": true, "top_logprobs": 21"#,
+            "top_logprobs",
+        ),
+    ] {
+        let body = format!("{{{head}, {rest}}}");
+        let (st, v) = call(path, &body, &auth);
+        assert_eq!(
+            (st, &v["error"]["param"]),
+            (400, &json!(param)),
+            "{body}: {v}"
+        );
+    }
     let (st, v) = call(chat, ok_body, &[("Authorization", "Bearer wrong"), auth[0]]);
     assert_eq!((st, &v["error"]["code"]), (401, &json!("invalid_api_key")));
     let (st, _) = http(port, "GET", "/nope", &[], "");
@@ -227,6 +254,6 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     assert!(metric(port, "paradraft_requests_total{outcome=\"finished\"}") >= 1.0);
     // Refused requests are counted too: the bad bodies above and the wrong key.
     let invalid = metric(port, "paradraft_requests_total{outcome=\"invalid\"}");
-    assert!(invalid >= (cases.len() - 1) as f64, "{invalid}");
+    assert!(invalid >= (cases.len() - 1 + 9) as f64, "{invalid}");
     assert!(metric(port, "paradraft_requests_total{outcome=\"unauthorized\"}") >= 2.0);
 }

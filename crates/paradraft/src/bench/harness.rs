@@ -89,6 +89,7 @@ pub fn run_bench(
                             ..p.sampling
                         },
                         stop_strings: vec![],
+                        ..Default::default()
                     };
                     let sp = m.drafters.speculation(params.sampling, p.rule)?;
                     let SpecGeneration {

@@ -1,6 +1,7 @@
 //! What the engine is configured with, what it is sent and what it answers.
 
 use super::pool;
+use crate::process::TokenLogprob;
 use crate::request::{GenerateParams, StopReason};
 use crate::speculative::VerifyRule;
 use crate::types::TokenId;
@@ -47,11 +48,13 @@ pub struct Request {
     pub max_draft: Option<usize>,
 }
 
-/// What a request hears from the engine: text pieces as they become final, then one
+/// What a request hears from the engine: text pieces as they become final (after a step's
+/// pieces, the log-probabilities of the tokens that step committed, when asked for), then one
 /// `Done` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     Text(String),
+    Logprobs(Vec<TokenLogprob>),
     Done(Finished),
     Error(String),
 }

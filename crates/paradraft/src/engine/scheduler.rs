@@ -40,6 +40,8 @@ struct Meta {
     pages: usize,
     /// Rounds already reported to the metrics.
     rounds: usize,
+    /// Output tokens whose log-probabilities were sent.
+    logprobs: usize,
 }
 
 impl TextSink for Meta {
@@ -218,7 +220,7 @@ impl<'e> Scheduler<'e> {
                         &r.prompt,
                         &r.params,
                         sp,
-                        model.config.hidden_size,
+                        &model.config,
                     )
                 });
             match started {
@@ -231,6 +233,7 @@ impl<'e> Scheduler<'e> {
                         generated: 0,
                         pages,
                         rounds: 0,
+                        logprobs: 0,
                     };
                     b.running.push(kv, session, meta);
                 }
@@ -347,6 +350,12 @@ impl<'e> Scheduler<'e> {
             }
         }
         r.meta.rounds = rounds.len();
+        let lps = r.session.logprobs();
+        if lps.len() > r.meta.logprobs {
+            let new = lps[r.meta.logprobs..].to_vec();
+            r.meta.logprobs = lps.len();
+            let _ = r.meta.events.send(Event::Logprobs(new));
+        }
     }
 
     fn ended(&self, outcome: &str) {

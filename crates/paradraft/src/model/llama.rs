@@ -616,6 +616,7 @@ mod tests {
                 max_new_tokens: n,
                 sampling: Default::default(),
                 stop_strings: vec![],
+                ..Default::default()
             };
             let mut kv = m.new_kv(prompt.len() + n + 1);
             let gen = generate(m, tok, &mut kv, &prompt, &params, |_| {}).unwrap();

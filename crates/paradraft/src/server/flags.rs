@@ -45,7 +45,9 @@ impl SamplingFlags {
             n: None,
             frequency_penalty: None,
             presence_penalty: None,
+            repetition_penalty: None,
             logit_bias: &None,
+            logprobs: None,
         }
     }
 
@@ -53,15 +55,96 @@ impl SamplingFlags {
     pub fn params(&self) -> Result<SamplingParams> {
         Ok(self
             .knobs(1, &None)
-            .params(1, 2, || self.seed)
+            .params(1, 2, 1, || self.seed)
             .map_err(flag_error)?
             .sampling)
+    }
+}
+
+/// Logit bias, penalties and log-probabilities ([`crate::process`]), as the API takes them.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ProcessingFlags {
+    /// -2 to 2: subtracted once from the logit of every token the output already holds.
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f64>,
+    /// -2 to 2: subtracted from a token's logit per occurrence in the output.
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f64>,
+    /// In (0, 100]: > 1 divides the positive logits (multiplies the negative ones) of every
+    /// token in the prompt or the output; 1 is off.
+    #[arg(long)]
+    pub repetition_penalty: Option<f64>,
+    /// `TOKEN_ID=BIAS`, BIAS in -100..=100, added to the token's logit (repeatable).
+    #[arg(
+        long = "logit-bias",
+        value_name = "ID=BIAS",
+        allow_hyphen_values = true
+    )]
+    pub logit_bias: Vec<String>,
+    /// 0 to 20: each output token's log-probability and this many alternatives, in the
+    /// `--json` output.
+    #[arg(long, allow_negative_numbers = true)]
+    pub logprobs: Option<i64>,
+}
+
+impl ProcessingFlags {
+    /// `--logit-bias` as the API's `logit_bias` object.
+    pub fn bias(&self) -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
+        if self.logit_bias.is_empty() {
+            return Ok(None);
+        }
+        let mut m = serde_json::Map::new();
+        for b in &self.logit_bias {
+            let parsed = b
+                .split_once('=')
+                .and_then(|(id, v)| Some((id.trim(), v.trim().parse::<f64>().ok()?)));
+            match parsed {
+                Some((id, v)) if serde_json::Number::from_f64(v).is_some() => {
+                    m.insert(id.to_string(), serde_json::json!(v));
+                }
+                _ => {
+                    return Err(Error::BadRequest(format!(
+                        "--logit-bias: expected TOKEN_ID=BIAS, got {b:?}"
+                    )))
+                }
+            }
+        }
+        Ok(Some(m))
+    }
+
+    /// `knobs` with these flags (`bias`: [`ProcessingFlags::bias`]).
+    pub fn knobs<'a>(
+        &self,
+        knobs: Knobs<'a>,
+        bias: &'a Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<Knobs<'a>> {
+        let logprobs = match self.logprobs {
+            Some(k) if !(0..=crate::process::MAX_TOP_LOGPROBS as i64).contains(&k) => {
+                return Err(Error::BadRequest(format!(
+                    "--logprobs must be in 0..={}, got {k}",
+                    crate::process::MAX_TOP_LOGPROBS
+                )))
+            }
+            k => k.map(|k| k as usize),
+        };
+        Ok(Knobs {
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: bias,
+            logprobs,
+            ..knobs
+        })
     }
 }
 
 /// A request refused by the server's validation, worded for the command line (its flag).
 pub fn flag_error(e: ApiError) -> Error {
     let flag = match e.param {
+        Some("presence_penalty") => "--presence-penalty",
+        Some("frequency_penalty") => "--frequency-penalty",
+        Some("repetition_penalty") => "--repetition-penalty",
+        Some("logit_bias") => "--logit-bias",
         Some("max_tokens") => "--max-new-tokens",
         Some("temperature") => "--temperature",
         Some("top_p") => "--top-p",

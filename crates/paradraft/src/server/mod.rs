@@ -9,8 +9,10 @@
 
 pub mod flags;
 pub mod openai;
+mod response;
 
 use crate::engine::{Engine, Event, Finished, Rejected, Request};
+use crate::process::TokenLogprob;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -19,7 +21,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, Stream};
-use openai::{finish_reason, ApiError, ChatRequest, CompletionRequest, Usage, Validated};
+use openai::{ApiError, ChatRequest, CompletionRequest, Validated};
+use response::{finish_reason, Usage};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -198,7 +201,10 @@ async fn chat(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) 
         let req: ChatRequest = parse(&headers, &body)?;
         check_model(&st, &req.model)?;
         let e = &st.engine;
-        req.validate(&e.loaded().tokenizer, e.config().ctx, || st.draw_seed())
+        let vocab = e.loaded().model.config.vocab_size;
+        req.validate(&e.loaded().tokenizer, e.config().ctx, vocab, || {
+            st.draw_seed()
+        })
     };
     match run() {
         Ok(v) => respond(st.clone(), v, Kind::Chat).await,
@@ -242,6 +248,7 @@ fn refused(st: &AppState, e: ApiError) -> Response {
 async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
     let (tx, rx) = unbounded_channel();
     let prompt_tokens = v.prompt.len();
+    let logprobs = v.params.processing.logprobs.is_some();
     let req = Request {
         prompt: v.prompt,
         params: v.params,
@@ -271,6 +278,8 @@ async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
         model: st.model_name.clone(),
         kind,
         prompt_tokens,
+        logprobs,
+        st: st.clone(),
     };
     if v.stream {
         sse(meta, rx, v.include_usage).into_response()
@@ -285,9 +294,25 @@ struct Meta {
     model: String,
     kind: Kind,
     prompt_tokens: usize,
+    /// Whether the request asked for log-probabilities.
+    logprobs: bool,
+    st: Arc<AppState>,
 }
 
 impl Meta {
+    /// The `logprobs` of a choice holding `lps` (null when not asked for); `offset`: where
+    /// the first token starts in the completion's text (moved past the last).
+    fn logprobs(&self, lps: &[TokenLogprob], offset: &mut usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let tok = &self.st.engine.loaded().tokenizer;
+        match self.kind {
+            Kind::Chat => response::chat(tok, lps),
+            Kind::Completion => response::completion(tok, lps, offset),
+        }
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.kind, chunk) {
             (Kind::Chat, false) => "chat.completion",
@@ -309,12 +334,19 @@ impl Meta {
     }
 
     /// One choice: the whole message (`chunk` false) or a delta.
-    fn choice(&self, chunk: bool, text: Option<&str>, finish: Option<&str>, first: bool) -> Value {
+    fn choice(
+        &self,
+        chunk: bool,
+        text: Option<&str>,
+        finish: Option<&str>,
+        first: bool,
+        logprobs: Value,
+    ) -> Value {
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text.unwrap_or(""), "refusal": null},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             (Kind::Chat, true) => {
@@ -325,12 +357,12 @@ impl Meta {
                 if let Some(t) = text {
                     delta["content"] = json!(t);
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             (Kind::Completion, _) => json!({
                 "index": 0,
                 "text": text.unwrap_or(""),
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
         }
@@ -347,15 +379,19 @@ fn internal(msg: String) -> ApiError {
 /// A non-streaming response: every event, then one JSON body.
 async fn whole(meta: Meta, mut rx: UnboundedReceiver<Event>) -> Response {
     let mut text = String::new();
+    let mut lps = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Text(t) => text.push_str(&t),
+            Event::Logprobs(l) => lps.extend(l),
             Event::Done(f) => {
+                let logprobs = meta.logprobs(&lps, &mut 0);
                 let choice = meta.choice(
                     false,
                     Some(&text),
                     Some(finish_reason(f.stop_reason)),
                     false,
+                    logprobs,
                 );
                 let mut body = meta.envelope(false, json!([choice]));
                 body["usage"] = json!(Usage::of(meta.prompt_tokens, &f));
@@ -376,6 +412,11 @@ struct Streaming {
     /// Events still to send before reading more (the final chunks).
     queue: std::collections::VecDeque<SseEvent>,
     done: bool,
+    /// With log-probabilities: the text of the step whose log-probabilities come next (a
+    /// chunk carries a step's text and its tokens' log-probabilities together).
+    pending: String,
+    /// Where the next token starts in the completion's text (completions' `text_offset`).
+    offset: usize,
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -384,7 +425,11 @@ fn data(v: &Value) -> SseEvent {
 
 impl Streaming {
     fn chunk(&mut self, text: Option<&str>, finish: Option<&str>) -> SseEvent {
-        let choice = self.meta.choice(true, text, finish, self.first);
+        self.chunk_with(text, finish, Value::Null)
+    }
+
+    fn chunk_with(&mut self, text: Option<&str>, finish: Option<&str>, lp: Value) -> SseEvent {
+        let choice = self.meta.choice(true, text, finish, self.first, lp);
         self.first = false;
         let mut v = self.meta.envelope(true, json!([choice]));
         if self.include_usage {
@@ -394,6 +439,11 @@ impl Streaming {
     }
 
     fn finish(&mut self, f: Finished) {
+        if !self.pending.is_empty() {
+            let text = std::mem::take(&mut self.pending);
+            let c = self.chunk(Some(&text), None);
+            self.queue.push_back(c);
+        }
         let reason = finish_reason(f.stop_reason);
         let last = if self.meta.kind == Kind::Chat {
             self.chunk(None, Some(reason))
@@ -425,6 +475,8 @@ fn sse(
         first: true,
         queue: Default::default(),
         done: false,
+        pending: String::new(),
+        offset: 0,
     };
     // The role chunk goes first (with empty content), as OpenAI's does.
     if st.meta.kind == Kind::Chat {
@@ -440,8 +492,17 @@ fn sse(
                 return None;
             }
             match st.rx.recv().await {
+                Some(Event::Text(t)) if st.meta.logprobs => st.pending.push_str(&t),
                 Some(Event::Text(t)) => {
                     let c = st.chunk(Some(&t), None);
+                    return Some((Ok(c), st));
+                }
+                Some(Event::Logprobs(l)) => {
+                    let text = std::mem::take(&mut st.pending);
+                    let mut offset = st.offset;
+                    let lp = st.meta.logprobs(&l, &mut offset);
+                    st.offset = offset;
+                    let c = st.chunk_with(Some(&text), None, lp);
                     return Some((Ok(c), st));
                 }
                 Some(Event::Done(f)) => st.finish(f),

@@ -2,15 +2,18 @@
 //! errors) and the validation that turns a request into a prompt and [`GenerateParams`].
 //!
 //! Requests refuse unknown fields (as the OpenAI API does). Known fields that this server does
-//! not implement are refused when they ask for something (`n > 1`, penalties, logprobs, tools,
-//! JSON response formats) and accepted when they are at their defaults; bookkeeping fields
-//! (`user`, `metadata`, `store`, `service_tier`) are accepted and ignored.
+//! not implement are refused when they ask for something (`n > 1`, tools, JSON response
+//! formats) and accepted when they are at their defaults; bookkeeping fields (`user`,
+//! `metadata`, `store`, `service_tier`) are accepted and ignored. `logit_bias`, the presence,
+//! frequency and (vLLM's) repetition penalties and `logprobs` are served with every drafter
+//! ([`crate::process`]).
 
 use crate::model::{Message, Tokenizer};
-use crate::request::{GenerateParams, StopReason};
+use crate::process::{Processing, MAX_TOP_LOGPROBS};
+use crate::request::GenerateParams;
 use crate::sample::SamplingParams;
 use crate::types::TokenId;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 /// An error in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}` with its
@@ -133,6 +136,8 @@ pub struct ChatRequest {
     pub n: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
+    /// Not in the OpenAI API; vLLM accepts it.
+    pub repetition_penalty: Option<f64>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
@@ -196,6 +201,7 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub logprobs: Option<i64>,
     pub user: Option<String>,
@@ -214,7 +220,10 @@ pub struct Knobs<'r> {
     pub n: Option<i64>,
     pub frequency_penalty: Option<f64>,
     pub presence_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
     pub logit_bias: &'r Option<serde_json::Map<String, Value>>,
+    /// Log-probabilities with this many alternatives per token (validated per endpoint).
+    pub logprobs: Option<usize>,
 }
 
 /// A validated request: the prompt's tokens and how to generate.
@@ -237,12 +246,72 @@ fn unsupported(what: &str, param: &'static str) -> ApiError {
 }
 
 impl Knobs<'_> {
-    /// Sampling and stopping for a prompt of `prompt_len` tokens in a context of `ctx`;
-    /// `draw_seed` gives a seed to requests without one.
+    /// Bias, penalties and log-probabilities, checked against a vocabulary of `vocab` ids.
+    fn processing(&self, vocab: usize) -> Result<Processing, ApiError> {
+        let mut p = Processing {
+            logprobs: self.logprobs,
+            ..Default::default()
+        };
+        for (v, name, slot) in [
+            (
+                self.frequency_penalty,
+                "frequency_penalty",
+                &mut p.frequency_penalty,
+            ),
+            (
+                self.presence_penalty,
+                "presence_penalty",
+                &mut p.presence_penalty,
+            ),
+        ] {
+            let x = v.unwrap_or(0.0);
+            if !(-2.0..=2.0).contains(&x) {
+                return Err(ApiError::invalid(
+                    format!("{name} must be between -2 and 2, got {x}"),
+                    Some(name),
+                ));
+            }
+            *slot = x as f32;
+        }
+        let r = self.repetition_penalty.unwrap_or(1.0);
+        if !(r.is_finite() && r > 0.0 && r <= 100.0) {
+            return Err(ApiError::invalid(
+                format!("repetition_penalty must be in (0, 100], got {r}"),
+                Some("repetition_penalty"),
+            ));
+        }
+        p.repetition_penalty = r as f32;
+        for (k, v) in self.logit_bias.iter().flatten() {
+            let bad = |m: String| ApiError::invalid(m, Some("logit_bias"));
+            let id = match k.parse::<u32>() {
+                Ok(i) if (i as usize) < vocab => TokenId(i),
+                _ => {
+                    return Err(bad(format!(
+                        "logit_bias keys must be token ids in 0..{vocab}, got {k:?}"
+                    )))
+                }
+            };
+            let b = match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => b as f32,
+                _ => {
+                    return Err(bad(format!(
+                        "logit_bias[{k:?}] must be a number in -100..=100, got {v}"
+                    )))
+                }
+            };
+            p.logit_bias.push((id, b));
+        }
+        p.logit_bias.sort_by_key(|e| e.0);
+        Ok(p)
+    }
+
+    /// Sampling, processing and stopping for a prompt of `prompt_len` tokens in a context of
+    /// `ctx` and a vocabulary of `vocab` ids; `draw_seed` gives a seed to requests without one.
     pub fn params(
         &self,
         prompt_len: usize,
         ctx: usize,
+        vocab: usize,
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<GenerateParams, ApiError> {
         if let Some(n) = self.n {
@@ -250,24 +319,7 @@ impl Knobs<'_> {
                 return Err(unsupported("n other than 1", "n"));
             }
         }
-        for (v, name) in [
-            (self.frequency_penalty, "frequency_penalty"),
-            (self.presence_penalty, "presence_penalty"),
-        ] {
-            match v {
-                Some(x) if !(-2.0..=2.0).contains(&x) => {
-                    return Err(ApiError::invalid(
-                        format!("{name} must be between -2 and 2, got {x}"),
-                        Some(name),
-                    ))
-                }
-                Some(x) if x != 0.0 => return Err(unsupported("a non-zero penalty", name)),
-                _ => {}
-            }
-        }
-        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-            return Err(unsupported("logit_bias", "logit_bias"));
-        }
+        let processing = self.processing(vocab)?;
         let temperature = self.temperature.unwrap_or(1.0);
         if !temperature.is_finite() || !(0.0..=2.0).contains(&temperature) {
             return Err(ApiError::invalid(
@@ -361,6 +413,7 @@ impl Knobs<'_> {
             max_new_tokens,
             sampling,
             stop_strings,
+            processing,
         })
     }
 }
@@ -378,7 +431,30 @@ impl ChatRequest {
             n: self.n,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
             logit_bias: &self.logit_bias,
+            logprobs: None,
+        }
+    }
+
+    /// `logprobs` / `top_logprobs`: the alternatives per token, `None` when not asked for.
+    fn logprobs(&self) -> Result<Option<usize>, ApiError> {
+        let top = match self.top_logprobs {
+            Some(k) if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) => {
+                return Err(ApiError::invalid(
+                    format!("top_logprobs must be in 0..={MAX_TOP_LOGPROBS}, got {k}"),
+                    Some("top_logprobs"),
+                ))
+            }
+            k => k.map(|k| k as usize),
+        };
+        match (self.logprobs.unwrap_or(false), top) {
+            (true, k) => Ok(Some(k.unwrap_or(0))),
+            (false, Some(_)) => Err(ApiError::invalid(
+                "top_logprobs requires logprobs: true",
+                Some("top_logprobs"),
+            )),
+            (false, None) => Ok(None),
         }
     }
 
@@ -387,11 +463,10 @@ impl ChatRequest {
         &self,
         tok: &Tokenizer,
         ctx: usize,
+        vocab: usize,
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<Validated, ApiError> {
-        if self.logprobs == Some(true) || self.top_logprobs.is_some() {
-            return Err(unsupported("logprobs", "logprobs"));
-        }
+        let logprobs = self.logprobs()?;
         let absent = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
         for (v, name) in [
             (&self.tools, "tools"),
@@ -441,7 +516,11 @@ impl ChatRequest {
         let prompt = tok
             .encode_chat(&msgs, true)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        let params = self.knobs().params(prompt.len(), ctx, draw_seed)?;
+        let knobs = Knobs {
+            logprobs,
+            ..self.knobs()
+        };
+        let params = knobs.params(prompt.len(), ctx, vocab, draw_seed)?;
         Ok(Validated {
             prompt,
             params,
@@ -522,7 +601,9 @@ impl CompletionRequest {
             n: self.n,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            repetition_penalty: self.repetition_penalty,
             logit_bias: &self.logit_bias,
+            logprobs: self.logprobs.map(|k| k.max(0) as usize),
         }
     }
 
@@ -544,8 +625,13 @@ impl CompletionRequest {
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(unsupported("best_of other than 1", "best_of"));
         }
-        if self.logprobs.is_some() {
-            return Err(unsupported("logprobs", "logprobs"));
+        if let Some(k) = self.logprobs {
+            if !(0..=MAX_TOP_LOGPROBS as i64).contains(&k) {
+                return Err(ApiError::invalid(
+                    format!("logprobs must be in 0..={MAX_TOP_LOGPROBS}, got {k}"),
+                    Some("logprobs"),
+                ));
+            }
         }
         let bad = |m: &str| ApiError::invalid(m, Some("prompt"));
         let ids = |v: &[Value]| -> Result<Vec<TokenId>, ApiError> {
@@ -578,7 +664,7 @@ impl CompletionRequest {
                 ))
             }
         };
-        let params = self.knobs().params(prompt.len(), ctx, draw_seed)?;
+        let params = self.knobs().params(prompt.len(), ctx, vocab, draw_seed)?;
         Ok(Validated {
             prompt,
             params,
@@ -586,49 +672,5 @@ impl CompletionRequest {
             include_usage: stream_usage(self.stream, &self.stream_options)?,
             max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
         })
-    }
-}
-
-/// `finish_reason` of a stop reason.
-pub fn finish_reason(r: StopReason) -> &'static str {
-    match r {
-        StopReason::StopToken | StopReason::StopString => "stop",
-        StopReason::MaxTokens | StopReason::ContextFull => "length",
-    }
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub total_tokens: usize,
-    /// The request's own speculation (an extension; clients that do not know it ignore it).
-    pub speculative: SpecUsage,
-}
-
-/// What speculation did for one request: its decode rounds (target passes after the prompt),
-/// the draft nodes verified and accepted in them, and τ, tokens per round.
-#[derive(Clone, Debug, Serialize)]
-pub struct SpecUsage {
-    pub rounds: usize,
-    pub drafted_tokens: usize,
-    pub accepted_tokens: usize,
-    pub tau: f64,
-}
-
-impl Usage {
-    /// The usage of a request of `prompt` tokens that ended as `f`.
-    pub fn of(prompt: usize, f: &crate::engine::Finished) -> Self {
-        Usage {
-            prompt_tokens: prompt,
-            completion_tokens: f.completion_tokens,
-            total_tokens: prompt + f.completion_tokens,
-            speculative: SpecUsage {
-                rounds: f.rounds,
-                drafted_tokens: f.drafted,
-                accepted_tokens: f.accepted,
-                tau: (f.tau * 1e4).round() / 1e4,
-            },
-        }
     }
 }

@@ -9,9 +9,10 @@ use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
 use super::{Drafter, Hidden};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Logits, Output, Tokenizer};
+use crate::model::{Batch, Config, Logits, Output, Tokenizer};
+use crate::process::{Processor, TokenLogprob};
 use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::runtime::ops;
 use crate::sample::Sampler;
@@ -193,17 +194,21 @@ pub struct Session<'a> {
     prefill_ms: f64,
     draft_prefill_ms: f64,
     decode_start: Instant,
+    /// Bias, penalties and log-probabilities, when the request asks for any.
+    process: Option<Processor>,
+    /// Each output token's log-probabilities (when asked for), in output order.
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl<'a> Session<'a> {
-    /// A request for a model of hidden size `hidden_size` whose K/V go to `kv` (cleared).
+    /// A request for a model of shape `config` whose K/V go to `kv` (cleared).
     pub fn new(
         tok: &'a Tokenizer,
         kv: &mut KvCache,
         prompt: &[TokenId],
         params: &GenerateParams,
         sp: Speculation<'a>,
-        hidden_size: usize,
+        config: &Config,
     ) -> Result<Self> {
         let Speculation {
             drafter,
@@ -212,6 +217,7 @@ impl<'a> Session<'a> {
             rule,
         } = sp;
         let sampler = Sampler::new(params.sampling)?;
+        let process = Processor::new(&params.processing, prompt, config.vocab_size)?;
         check_prompt(prompt, kv.capacity())?;
         kv.clear();
         let taps = drafter.taps().to_vec();
@@ -221,7 +227,7 @@ impl<'a> Session<'a> {
             rule,
             sampler,
             emitter: Emitter::new(tok, params),
-            width: taps.len() * hidden_size,
+            width: taps.len() * config.hidden_size,
             taps,
             drafter,
             greedy: params.sampling.is_greedy(),
@@ -237,6 +243,8 @@ impl<'a> Session<'a> {
             prefill_ms: 0.0,
             draft_prefill_ms: 0.0,
             decode_start: Instant::now(),
+            process,
+            logprobs: Vec::new(),
         })
     }
 
@@ -382,6 +390,7 @@ impl<'a> Session<'a> {
             },
             Pending::Round(_) => RowNeeds {
                 logits: match (self.greedy, self.drafter.candidates()) {
+                    _ if self.process.is_some() => Logits::Full,
                     (true, 0) => Logits::Argmax,
                     (true, k) => Logits::ArgmaxTop(k),
                     (false, _) => Logits::Full,
@@ -418,7 +427,15 @@ impl<'a> Session<'a> {
         if self.prefilling() {
             return Ok(());
         }
-        self.root = self.sampler.sample_at(o.logits_row(0), self.prompt_len);
+        let mut first = o.logits_row(0).to_vec();
+        if let Some(p) = &self.process {
+            p.first(&mut first);
+        }
+        self.root = self.sampler.sample_at(&first, self.prompt_len);
+        let lp = self
+            .process
+            .as_ref()
+            .and_then(|p| p.logprob(&first, self.root));
         let start = self.prefill_start.unwrap_or_else(Instant::now);
         self.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
@@ -432,8 +449,7 @@ impl<'a> Session<'a> {
         )?;
         self.hidden = hidden;
         self.draft_prefill_ms = t.elapsed().as_secs_f64() * 1e3;
-        self.stop = self.emitter.push(self.root, on_text)?;
-        self.committed.push(self.root);
+        self.push(self.root, lp, on_text)?;
         self.decode_start = Instant::now();
         Ok(())
     }
@@ -454,19 +470,32 @@ impl<'a> Session<'a> {
             verify_start,
         } = p;
         let base = lin.positions[0].0 as usize;
-        let mut outcome: Outcome = verify(
-            self.rule,
-            &tree,
-            o.argmax,
-            |r| o.logits_row(r),
-            &self.sampler,
-            base,
-        );
+        // Bias and penalties: each row over its own path (full logits were asked for).
+        if let Some(p) = &mut self.process {
+            let n = (tree.len() + 1) * o.vocab;
+            let rows = o.logits.get(..n).ok_or_else(|| {
+                Error::BadRequest("a processed round's forward gave no full logits".into())
+            })?;
+            p.round(&tree, rows, o.vocab);
+        }
+        let process = self.process.as_ref();
+        let row = |r: usize| match process {
+            Some(p) => p.row(o.logits, r, o.vocab),
+            None => o.logits_row(r),
+        };
+        let argmax = process.map_or(o.argmax, Processor::argmax);
+        let mut outcome: Outcome = verify(self.rule, &tree, argmax, row, &self.sampler, base);
+        // Each committed token's log-probabilities, from the row that predicted it.
+        let logprobs: Vec<Option<TokenLogprob>> = std::iter::once(0)
+            .chain(outcome.accepted.iter().map(|&n| row_of(Some(n))))
+            .zip(outcome.committed())
+            .map(|(r, t)| process.and_then(|p| p.logprob(row(r), t)))
+            .collect();
         outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, self.greedy, &o);
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
         let t = Instant::now();
-        self.accept(kv, base, &outcome, on_text)?;
+        self.accept(kv, base, &outcome, logprobs, on_text)?;
         self.gather_hidden(&o, &outcome);
         let hidden = Hidden {
             width: self.width,
@@ -503,6 +532,7 @@ impl<'a> Session<'a> {
         kv: &mut KvCache,
         base: usize,
         outcome: &Outcome,
+        logprobs: Vec<Option<TokenLogprob>>,
         on_text: &mut impl FnMut(&str),
     ) -> Result<()> {
         let slots: Vec<SlotId> = outcome
@@ -511,14 +541,38 @@ impl<'a> Session<'a> {
             .map(|&n: &NodeId| SlotId((base + row_of(Some(n))) as u32))
             .collect();
         kv.compact(base + 1, &slots)?;
-        for tok in outcome.committed() {
-            self.committed.push(tok);
-            if self.stop.is_none() {
-                self.stop = self.emitter.push(tok, on_text)?;
-            }
+        for (tok, lp) in outcome.committed().zip(logprobs) {
+            self.push(tok, lp, on_text)?;
         }
         self.root = outcome.bonus;
         Ok(())
+    }
+
+    /// Commits one token with its log-probabilities (when asked for): the context the
+    /// penalties read, the stream and its stops.
+    fn push(
+        &mut self,
+        tok: TokenId,
+        lp: Option<TokenLogprob>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<()> {
+        self.committed.push(tok);
+        if let Some(p) = &mut self.process {
+            p.push(tok);
+        }
+        if self.stop.is_none() {
+            let before = self.emitter.len();
+            self.stop = self.emitter.push(tok, on_text)?;
+            if self.emitter.len() > before {
+                self.logprobs.extend(lp);
+            }
+        }
+        Ok(())
+    }
+
+    /// The log-probabilities of the output tokens so far (when the request asked for them).
+    pub fn logprobs(&self) -> &[TokenLogprob] {
+        &self.logprobs
     }
 
     /// The tapped states of the rows now committed: the root (row 0) and the accepted nodes.
@@ -558,6 +612,7 @@ impl<'a> Session<'a> {
                 prompt_token_ids: self.committed[..self.prompt_len].to_vec(),
                 stop_reason: self.stop.unwrap_or(StopReason::MaxTokens),
                 token_ids: ids,
+                logprobs: self.logprobs,
             },
             rounds,
             tau,

@@ -24,7 +24,7 @@ pub fn speculative_generate<'a>(
     sp: Speculation<'a>,
     mut on_text: impl FnMut(&str),
 ) -> Result<SpecGeneration> {
-    let mut session = Session::new(tok, kv, prompt, params, sp, model.config.hidden_size)?;
+    let mut session = Session::new(tok, kv, prompt, params, sp, &model.config)?;
     let mut stepper = Stepper::default();
     loop {
         let mut alone = [Member {

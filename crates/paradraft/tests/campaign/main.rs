@@ -34,6 +34,7 @@ fn greedy_samples(lm: &Loaded, n: usize, new_tokens: usize) -> Vec<Sample> {
                 max_new_tokens: new_tokens,
                 sampling: SamplingParams::default(),
                 stop_strings: vec![],
+                ..Default::default()
             };
             let out =
                 generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();

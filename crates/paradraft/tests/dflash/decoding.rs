@@ -13,6 +13,7 @@ fn speculative_decoding_with_dflash_is_lossless() {
         max_new_tokens: 40,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(200);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
@@ -142,6 +143,7 @@ fn committed_smollm2_drafter_is_lossless_and_accepts_drafts() {
         max_new_tokens: 48,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     };
     let mut kv = lm.model.new_kv(1024);
     let (mut rounds, mut committed) = (0usize, 0usize);

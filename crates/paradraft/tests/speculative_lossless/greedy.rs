@@ -3,18 +3,18 @@
 use super::*;
 
 /// AR greedy, then each drafter (the built-in ones, `auto`'s and `extra`); all outputs must
-/// be identical.
+/// be identical, and so must their log-probabilities when `params` asks for them.
 fn check_greedy(
     lm: &Loaded,
     prompt: &[TokenId],
-    max_new: usize,
+    params: &GenerateParams,
     seed: u64,
     extra: &mut dyn Drafter,
     auto: &DrafterSet,
 ) -> f64 {
-    let params = greedy(max_new);
+    let max_new = params.max_new_tokens;
     let mut kv = lm.model.new_kv(prompt.len() + max_new + 40);
-    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, &params, |_| {}).unwrap();
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, prompt, params, |_| {}).unwrap();
     let truth = ar.token_ids.clone();
     let vocab = lm.model.config.vocab_size as u32;
     let n0 = prompt.len();
@@ -40,7 +40,7 @@ fn check_greedy(
             &lm.tokenizer,
             &mut kv,
             prompt,
-            &params,
+            params,
             Speculation {
                 drafter: Box::new(d),
                 max_draft: 12,
@@ -56,6 +56,10 @@ fn check_greedy(
         );
         assert_eq!(sp.out.stop_reason, ar.stop_reason, "{name}");
         assert_eq!(sp.out.text, ar.text, "{name}");
+        assert_eq!(
+            sp.out.logprobs, ar.logprobs,
+            "{name}: log-probabilities differ"
+        );
         if name == "replay" {
             tau = tau.max(sp.tau);
         }
@@ -78,7 +82,7 @@ fn check_greedy(
         &lm.tokenizer,
         &mut kv,
         prompt,
-        &params,
+        params,
         Speculation {
             drafter: Box::new(&mut pld),
             max_draft: 12,
@@ -125,7 +129,14 @@ fn greedy_is_token_identical_on_tiny_models() {
         let auto = auto(path, &lm, &["pld", "suffix", "recycle"], 160, |_| {});
         for (i, p) in ps.iter().enumerate().step_by(stride) {
             let ids = encode(&lm, p, 96);
-            check_greedy(&lm, &ids, 24, (m * 1000 + i) as u64, &mut sd, &auto);
+            check_greedy(
+                &lm,
+                &ids,
+                &greedy(24),
+                (m * 1000 + i) as u64,
+                &mut sd,
+                &auto,
+            );
         }
     }
 }
@@ -144,9 +155,63 @@ fn greedy_is_token_identical_on_smollm2() {
     let mut taus = vec![];
     for i in (0..ps.len()).step_by(21) {
         let ids = encode(&lm, &ps[i], 256);
-        taus.push(check_greedy(&lm, &ids, 40, i as u64, &mut sd, &auto));
+        taus.push(check_greedy(
+            &lm,
+            &ids,
+            &greedy(40),
+            i as u64,
+            &mut sd,
+            &auto,
+        ));
     }
     eprintln!("{}", auto.report().unwrap_or_default());
     // The chain drafter follows the true continuation, so it must be accepted in full.
     assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
+}
+
+/// Greedy decoding with a bias, the three penalties and log-probabilities (#61): each row of a
+/// verify forward processed over its own path, so every drafter still commits AR's tokens, and
+/// reports AR's log-probabilities, on the tiny models and on SmolLM2.
+#[test]
+fn greedy_with_bias_penalties_and_logprobs_is_token_identical() {
+    one_thread();
+    let ps = prompts();
+    let processed = |lm: &Loaded, max_new: usize, seed: u64| {
+        let v = lm.model.config.vocab_size as u64;
+        GenerateParams {
+            processing: Processing {
+                logit_bias: vec![
+                    (TokenId((seed * 31 % v) as u32), 4.0),
+                    (TokenId(((seed * 7 + 3) % v) as u32), -100.0),
+                ],
+                presence_penalty: 0.8,
+                frequency_penalty: 0.4,
+                repetition_penalty: 1.15,
+                logprobs: Some(2),
+            },
+            ..greedy(max_new)
+        }
+    };
+    let tiny = ["tiny/qwen3", "tiny/llama-quant.gguf", "tiny/gemma3.gguf"];
+    for (m, path) in tiny.iter().map(|p| fixtures().join(p)).enumerate() {
+        let lm = model::load(&path).unwrap();
+        let mut sd = self_draft(&path, &lm, 1, SamplingParams::default());
+        let auto = auto(&path, &lm, &["pld", "suffix", "recycle"], 160, |_| {});
+        for (i, p) in ps.iter().enumerate().step_by(9) {
+            let ids = encode(&lm, p, 96);
+            let seed = (m * 1000 + i) as u64;
+            check_greedy(&lm, &ids, &processed(&lm, 24, seed), seed, &mut sd, &auto);
+        }
+    }
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = model::load(&path).unwrap();
+    let mut sd = self_draft(&path, &lm, 8, SamplingParams::default());
+    let defaults = DrafterConfig::default().sources;
+    let sources: Vec<&str> = defaults.iter().map(|s| s.as_str()).collect();
+    let auto = auto(&path, &lm, &sources, 340, |_| {});
+    for i in (0..ps.len()).step_by(42) {
+        let ids = encode(&lm, &ps[i], 256);
+        let params = processed(&lm, 40, i as u64);
+        check_greedy(&lm, &ids, &params, i as u64, &mut sd, &auto);
+    }
 }

@@ -16,6 +16,7 @@ use paradraft::drafters::pld::PromptLookup;
 use paradraft::drafters::speculative_config::{DrafterConfig, DrafterSet, Method};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{self, Loaded, Message};
+use paradraft::process::Processing;
 use paradraft::sample::SamplingParams;
 use paradraft::speculative::sizing::{CostCurve, Sizer};
 use paradraft::speculative::{
@@ -56,6 +57,7 @@ fn greedy(max_new: usize) -> GenerateParams {
         max_new_tokens: max_new,
         sampling: SamplingParams::default(),
         stop_strings: vec![],
+        ..Default::default()
     }
 }
 

@@ -201,14 +201,23 @@ fn check_sampling(group: Group) {
         }
         hist
     };
+    // Presence and frequency penalties (#61): the second and third tokens' distributions depend
+    // on the path before them, which every verify row must take from its own node; they leave
+    // the first token's distribution alone (checked against the softmax below).
     let params = |seed| GenerateParams {
         max_new_tokens: 3,
         sampling: sampling(seed),
         stop_strings: vec![],
+        processing: Processing {
+            presence_penalty: 1.0,
+            frequency_penalty: 0.5,
+            logprobs: Some(2),
+            ..Default::default()
+        },
     };
     let mut ar_ids = Vec::new();
     let ar = count(&mut |seed| {
-        let ids = generate(
+        let g = generate(
             &lm.model,
             &lm.tokenizer,
             &mut kv,
@@ -216,10 +225,9 @@ fn check_sampling(group: Group) {
             &params(seed),
             |_| {},
         )
-        .unwrap()
-        .token_ids;
-        ar_ids.push(ids.clone());
-        ids
+        .unwrap();
+        ar_ids.push((g.token_ids.clone(), g.logprobs));
+        g.token_ids
     });
     // AR sampling itself follows the target: its first token against the exact top-12
     // softmax of the prompt's logits.
@@ -497,7 +505,7 @@ fn check_sampling(group: Group) {
             sizer: None,
             rule,
         };
-        speculative_generate(
+        let g = speculative_generate(
             &lm.model,
             &lm.tokenizer,
             &mut kv,
@@ -507,24 +515,25 @@ fn check_sampling(group: Group) {
             |_| {},
         )
         .unwrap()
-        .out
-        .token_ids
+        .out;
+        (g.token_ids, g.logprobs)
     };
     cases.retain(|c| c.0 == group);
     assert!(!cases.is_empty());
     eprintln!("setup + AR: {:.1} s", t_start.elapsed().as_secs_f64());
     for (_, name, d) in cases.iter_mut() {
         let t_case = std::time::Instant::now();
-        // Coupled rule: every seed gives AR's own tokens, whatever was drafted.
+        // Coupled rule: every seed gives AR's own tokens and log-probabilities, whatever was
+        // drafted.
         for seed in 0..1_000u64 {
-            let ids = spec_ids(d.as_mut(), seed, VerifyRule::Coupled);
+            let got = spec_ids(d.as_mut(), seed, VerifyRule::Coupled);
             assert_eq!(
-                ids, ar_ids[seed as usize],
+                got, ar_ids[seed as usize],
                 "{name}, coupled rule, seed {seed}"
             );
         }
         // Rejection rule: the same distribution, checked by χ².
-        let sp = count(&mut |seed| spec_ids(d.as_mut(), seed, VerifyRule::Rejection));
+        let sp = count(&mut |seed| spec_ids(d.as_mut(), seed, VerifyRule::Rejection).0);
         for pos in 0..3 {
             let (chi, dof) = chi_square(&ar[pos], &sp[pos], n, n);
             if chi >= chi_crit(dof) {
