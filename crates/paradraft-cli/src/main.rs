@@ -242,13 +242,14 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             .unwrap_or_else(|| 256.min(ctx.saturating_sub(prompt.len())).max(1) as i64),
         &stop,
     );
-    let params = a
+    let mut params = a
         .processing
         .knobs(knobs, &bias)?
         .params(prompt.len(), ctx, lm.model.config.vocab_size, || {
             sampling.seed
         })
         .map_err(paradraft::server::flags::flag_error)?;
+    params.processing.grammar = a.processing.grammar()?;
     let mut kv = lm.model.new_kv(ctx);
     let stream = !a.json;
     let print = |piece: &str| {

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod ngram;

@@ -15,6 +15,8 @@
 //! model's own log-probabilities).
 
 use crate::error::{Error, Result};
+use crate::grammar::{Constraint, Grammar};
+use crate::model::Tokenizer;
 use crate::runtime::ops;
 use crate::speculative::tree::{DraftTree, NodeId};
 use crate::types::TokenId;
@@ -34,6 +36,8 @@ pub struct Processing {
     pub repetition_penalty: f32,
     /// Log-probabilities of each output token and of this many alternatives (`None`: none).
     pub logprobs: Option<usize>,
+    /// What the output must match ([`crate::grammar`]).
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for Processing {
@@ -44,6 +48,7 @@ impl Default for Processing {
             frequency_penalty: 0.0,
             repetition_penalty: 1.0,
             logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -58,6 +63,7 @@ impl Processing {
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
             && self.repetition_penalty == 1.0
+            && self.grammar.is_none()
     }
 
     /// Whether anything is done at all (processing or log-probabilities).
@@ -123,15 +129,26 @@ pub struct Processor {
     /// Processed rows (`rows × vocab`), when processing changes them.
     buf: Vec<f32>,
     argmax: Vec<TokenId>,
+    grammar: Option<Constraint>,
 }
 
 impl Processor {
-    /// The processing of a request whose prompt is `prompt`; `None` when it does nothing.
-    pub fn new(p: &Processing, prompt: &[TokenId], vocab: usize) -> Result<Option<Processor>> {
+    /// The processing of a request whose prompt is `prompt`, for a model of `vocab` logits
+    /// and its tokenizer `tok`; `None` when it does nothing.
+    pub fn new(
+        p: &Processing,
+        prompt: &[TokenId],
+        vocab: usize,
+        tok: &Tokenizer,
+    ) -> Result<Option<Processor>> {
         p.validate(vocab)?;
         if p.is_off() {
             return Ok(None);
         }
+        let grammar = match &p.grammar {
+            Some(g) => Some(tok.grammar_env(vocab)?.constraint(g)?),
+            None => None,
+        };
         Ok(Some(Processor {
             p: p.clone(),
             output: HashMap::new(),
@@ -142,16 +159,28 @@ impl Processor {
             },
             buf: Vec::new(),
             argmax: Vec::new(),
+            grammar,
         }))
     }
 
     /// Another output token in the context.
     pub fn push(&mut self, t: TokenId) {
         *self.output.entry(t).or_default() += 1;
+        if let Some(g) = &mut self.grammar {
+            g.push(t);
+        }
     }
 
-    /// Processes one row of logits over the context plus `path` (tokens after the context).
-    pub fn apply(&self, row: &mut [f32], path: &[TokenId]) {
+    /// Processes one row of logits over the context plus `path` (tokens after the context):
+    /// bias, penalties, then the grammar's mask.
+    pub fn apply(&mut self, row: &mut [f32], path: &[TokenId]) {
+        self.penalise(row, path);
+        if let Some(g) = &mut self.grammar {
+            g.mask(row, path);
+        }
+    }
+
+    fn penalise(&self, row: &mut [f32], path: &[TokenId]) {
         let p = &self.p;
         for &(t, b) in &p.logit_bias {
             row[t.idx()] += b;
@@ -228,7 +257,7 @@ impl Processor {
     }
 
     /// Processes the first token's row (the prompt's last) in place.
-    pub fn first(&self, row: &mut [f32]) {
+    pub fn first(&mut self, row: &mut [f32]) {
         self.apply(row, &[]);
     }
 
@@ -243,6 +272,7 @@ impl Processor {
             top: if k > 0 {
                 ops::top_k(row, k)
                     .into_iter()
+                    .filter(|e| e.1.is_finite())
                     .map(|(id, l)| (id, l - z))
                     .collect()
             } else {
@@ -256,9 +286,18 @@ impl Processor {
 mod tests {
     use super::*;
 
+    fn tok() -> Tokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        Tokenizer::from_hf_dir(&dir, &cfg).unwrap()
+    }
+
     fn proc(p: Processing, prompt: &[u32]) -> Processor {
         let prompt: Vec<TokenId> = prompt.iter().map(|&t| TokenId(t)).collect();
-        Processor::new(&p, &prompt, 6).unwrap().unwrap()
+        Processor::new(&p, &prompt, 6, &tok()).unwrap().unwrap()
     }
 
     /// Each penalty by hand on a 6-token vocabulary.
@@ -271,7 +310,7 @@ mod tests {
                 presence_penalty: 0.5,
                 frequency_penalty: 0.25,
                 repetition_penalty: 2.0,
-                logprobs: None,
+                ..Default::default()
             },
             &[0, 1],
         );
@@ -346,6 +385,7 @@ mod tests {
 
     #[test]
     fn refuses_bad_values() {
+        let tok = tok();
         for p in [
             Processing {
                 logit_bias: vec![(TokenId(6), 1.0)],
@@ -372,9 +412,9 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            assert!(Processor::new(&p, &[], 6).is_err(), "{p:?}");
+            assert!(Processor::new(&p, &[], 6, &tok).is_err(), "{p:?}");
         }
-        assert!(Processor::new(&Processing::default(), &[], 6)
+        assert!(Processor::new(&Processing::default(), &[], 6, &tok)
             .unwrap()
             .is_none());
     }

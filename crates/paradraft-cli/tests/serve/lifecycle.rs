@@ -82,7 +82,7 @@ fn scripts_dir() -> PathBuf {
 fn openai_pythonpath() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/pydeps");
     let probe = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", "import openai, jsonschema"])
         .env("PYTHONPATH", &dir)
         .status()
         .unwrap();
@@ -99,7 +99,7 @@ fn openai_pythonpath() -> PathBuf {
             ])
             .env("PIP_ROOT_USER_ACTION", "ignore")
             .arg(&dir)
-            .arg("openai")
+            .args(["openai", "jsonschema"])
             .status()
             .unwrap();
         assert!(st.success(), "pip install openai failed");
@@ -142,7 +142,42 @@ fn the_official_openai_python_client_works() {
         );
         serde_json::from_slice::<Value>(&out.stdout).unwrap()
     };
+    // Structured output (#61): a JSON schema through `generate`, the server's answer must equal it.
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 30},
+            "indoor": {"type": "boolean"},
+        },
+        "required": ["name", "age", "indoor"],
+        "additionalProperties": false,
+    });
+    let schema_text = schema.to_string();
+    let structured = {
+        let out = Command::new(bin())
+            .args([
+                "generate",
+                "--prompt",
+                "Describe a cat as JSON.",
+                "--max-new-tokens",
+                "80",
+                "--json-schema",
+                &schema_text,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
     let want = json!({
+        "schema": schema,
+        "structured": structured["text"],
         "chat": generate("Name a color.", false, 20, None).0,
         "chat_stop": generate("Count from 1 to 10, separated by commas.", false, 40, Some(",")).0,
         "completion": generate("The capital of Italy is", true, 12, None).0,

@@ -115,7 +115,7 @@ impl Engine {
             self.metrics.requests.with_label_values(&["rejected"]).inc();
             return Err(Rejected::Busy(n));
         }
-        self.tx.send(Command::Run(r, Instant::now())).map_err(|_| {
+        self.tx.send(Command::Run(Box::new(r), Instant::now())).map_err(|_| {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             Rejected::Stopped
         })

@@ -86,6 +86,6 @@ pub enum Rejected {
 
 /// What the engine thread is sent.
 pub(super) enum Command {
-    Run(Request, Instant),
+    Run(Box<Request>, Instant),
     Shutdown,
 }

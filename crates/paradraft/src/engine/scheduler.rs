@@ -68,7 +68,7 @@ struct Queue {
 impl Queue {
     fn take(&mut self, cmd: Command) {
         match cmd {
-            Command::Run(r, t) => self.waiting.push_back((r, t)),
+            Command::Run(r, t) => self.waiting.push_back((*r, t)),
             Command::Shutdown => self.shutdown = true,
         }
     }

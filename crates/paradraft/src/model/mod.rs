@@ -12,6 +12,7 @@ pub mod options;
 mod phi3;
 pub mod source;
 mod spm;
+mod token_bytes;
 pub mod tokenizer;
 
 pub use config::{Arch, Config};

@@ -153,6 +153,17 @@ impl Spm {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// The bytes token `id` adds to the text (`None`: a control, unknown or unused token).
+    pub(crate) fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let t = self.tokens.get(id as usize)?;
+        match self.kinds[id as usize] {
+            Kind::Control | Kind::Unknown | Kind::Unused => None,
+            Kind::UserDefined => Some(t.as_bytes().to_vec()),
+            Kind::Normal => Some(t.replace('▁', " ").into_bytes()),
+            Kind::Byte => byte_of(t).map(|b| vec![b]),
+        }
+    }
+
     /// The texts of the control tokens (what chat templates emit).
     pub(crate) fn control_texts(&self) -> Vec<String> {
         self.specials

@@ -40,6 +40,8 @@ pub struct Tokenizer {
     pub chat_template: Option<String>,
     pub bos_text: String,
     pub eos_text: String,
+    /// The vocabulary compiled for constrained decoding, made on first use.
+    grammar: std::sync::OnceLock<std::sync::Arc<crate::grammar::GrammarEnv>>,
 }
 
 /// The tokenizer model: HF `tokenizers` (tokenizer.json, or GPT-2-style BPE built from GGUF
@@ -72,6 +74,14 @@ impl Inner {
         match self {
             Inner::Hf { tok, .. } => tok.id_to_token(id),
             Inner::Spm(m) => m.id_to_token(id).map(String::from),
+        }
+    }
+
+    /// The bytes each id adds to the text (`None`: special tokens).
+    fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        match self {
+            Inner::Hf { tok, .. } => super::token_bytes::hf(tok),
+            Inner::Spm(m) => super::token_bytes::spm(m),
         }
     }
 
@@ -184,6 +194,7 @@ impl Tokenizer {
             add_bos,
             stop_tokens,
             chat_template: g.str("tokenizer.chat_template").map(String::from),
+            grammar: Default::default(),
         };
         tk.add_end_of_turn_tokens();
         Ok(tk)
@@ -346,6 +357,7 @@ impl Tokenizer {
             chat_template,
             bos_text,
             eos_text,
+            grammar: Default::default(),
         };
         tk.add_end_of_turn_tokens();
         Ok(tk)
@@ -361,6 +373,27 @@ impl Tokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
+    }
+
+    /// The bytes each id adds to the text (`None`: special tokens).
+    pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
+        self.inner.token_bytes()
+    }
+
+    /// The vocabulary compiled for grammars over `vocab` logits (the model's, at least the
+    /// tokenizer's), built on first use and kept.
+    pub fn grammar_env(&self, vocab: usize) -> Result<std::sync::Arc<crate::grammar::GrammarEnv>> {
+        if let Some(g) = self.grammar.get().filter(|g| g.vocab() == vocab) {
+            return Ok(g.clone());
+        }
+        let g = std::sync::Arc::new(crate::grammar::GrammarEnv::new(self, vocab)?);
+        Ok(self.grammar.get_or_init(|| g.clone()).clone()).map(|kept| {
+            if kept.vocab() == vocab {
+                kept
+            } else {
+                g
+            }
+        })
     }
 
     /// The end-of-sequence token (`eos_text`'s id), if the vocabulary has it.

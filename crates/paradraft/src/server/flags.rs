@@ -85,6 +85,18 @@ pub struct ProcessingFlags {
     /// `--json` output.
     #[arg(long, allow_negative_numbers = true)]
     pub logprobs: Option<i64>,
+    /// The output must satisfy this JSON schema (the schema, or `@FILE`).
+    #[arg(long, value_name = "SCHEMA", group = "constrain")]
+    pub json_schema: Option<String>,
+    /// The output must be a JSON object.
+    #[arg(long, group = "constrain")]
+    pub json_object: bool,
+    /// The output must match this Lark grammar (llguidance's dialect; the text, or `@FILE`).
+    #[arg(long, value_name = "LARK", group = "constrain")]
+    pub grammar: Option<String>,
+    /// The whole output must match this regular expression.
+    #[arg(long, value_name = "REGEX", group = "constrain")]
+    pub regex: Option<String>,
 }
 
 impl ProcessingFlags {
@@ -110,6 +122,30 @@ impl ProcessingFlags {
             }
         }
         Ok(Some(m))
+    }
+
+    /// The grammar the flags ask for (compiled when the generation starts).
+    pub fn grammar(&self) -> Result<Option<crate::grammar::Grammar>> {
+        use crate::grammar::Grammar;
+        let text = |flag: &str, v: &str| -> Result<String> {
+            match v.strip_prefix('@') {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|e| Error::BadRequest(format!("{flag}: reading {path}: {e}"))),
+                None => Ok(v.to_string()),
+            }
+        };
+        Ok(if let Some(s) = &self.json_schema {
+            let s = text("--json-schema", s)?;
+            let v: serde_json::Value = serde_json::from_str(&s)
+                .map_err(|e| Error::BadRequest(format!("--json-schema: not JSON: {e}")))?;
+            Some(Grammar::JsonSchema(v))
+        } else if self.json_object {
+            Some(Grammar::JsonObject)
+        } else if let Some(g) = &self.grammar {
+            Some(Grammar::Lark(text("--grammar", g)?))
+        } else {
+            self.regex.clone().map(Grammar::Regex)
+        })
     }
 
     /// `knobs` with these flags (`bias`: [`ProcessingFlags::bias`]).

@@ -8,6 +8,7 @@
 //! frequency and (vLLM's) repetition penalties and `logprobs` are served with every drafter
 //! ([`crate::process`]).
 
+use crate::grammar::Grammar;
 use crate::model::{Message, Tokenizer};
 use crate::process::{Processing, MAX_TOP_LOGPROBS};
 use crate::request::GenerateParams;
@@ -157,6 +158,10 @@ pub struct ChatRequest {
     pub prediction: Option<Value>,
     pub web_search_options: Option<Value>,
     pub speculative: Option<SpeculativeOptions>,
+    /// Structured-output extensions ([`ConstrainFields`]).
+    pub grammar: Option<String>,
+    pub json_schema: Option<Value>,
+    pub regex: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -206,6 +211,87 @@ pub struct CompletionRequest {
     pub logprobs: Option<i64>,
     pub user: Option<String>,
     pub speculative: Option<SpeculativeOptions>,
+    /// vLLM accepts it on completions too.
+    pub response_format: Option<Value>,
+    pub grammar: Option<String>,
+    pub json_schema: Option<Value>,
+    pub regex: Option<String>,
+}
+
+/// The structured-output extensions both endpoints take besides `response_format`
+/// (llama-server's names).
+#[derive(Clone, Debug, Default)]
+pub struct ConstrainFields {
+    /// A Lark grammar (llguidance's dialect).
+    pub grammar: Option<String>,
+    /// A JSON schema the output must satisfy.
+    pub json_schema: Option<Value>,
+    /// A regular expression the whole output must match.
+    pub regex: Option<String>,
+}
+
+impl ConstrainFields {
+    /// The one grammar `response_format` and these fields ask for, compiled once against the
+    /// model's vocabulary so that one that does not compile is refused here, naming its field.
+    fn grammar(
+        &self,
+        response_format: &Option<Value>,
+        tok: &Tokenizer,
+        vocab: usize,
+    ) -> Result<Option<Grammar>, ApiError> {
+        let mut asked: Vec<(Grammar, &'static str)> = vec![];
+        if let Some(rf) = response_format.as_ref().filter(|v| !v.is_null()) {
+            let bad = |m: &str| ApiError::invalid(m, Some("response_format"));
+            match rf.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some("json_object") => asked.push((Grammar::JsonObject, "response_format")),
+                Some("json_schema") => {
+                    let schema = rf
+                        .get("json_schema")
+                        .and_then(|j| j.get("schema"))
+                        .filter(|s| s.is_object())
+                        .ok_or_else(|| {
+                            bad("response_format.json_schema.schema must be an object")
+                        })?;
+                    asked.push((Grammar::JsonSchema(schema.clone()), "response_format"));
+                }
+                _ => {
+                    return Err(bad(
+                        "response_format.type must be text, json_object or json_schema",
+                    ))
+                }
+            }
+        }
+        if let Some(g) = &self.grammar {
+            asked.push((Grammar::Lark(g.clone()), "grammar"));
+        }
+        if let Some(s) = &self.json_schema {
+            if !s.is_object() {
+                return Err(ApiError::invalid(
+                    "json_schema must be an object",
+                    Some("json_schema"),
+                ));
+            }
+            asked.push((Grammar::JsonSchema(s.clone()), "json_schema"));
+        }
+        if let Some(r) = &self.regex {
+            asked.push((Grammar::Regex(r.clone()), "regex"));
+        }
+        let Some((g, field)) = asked.pop() else {
+            return Ok(None);
+        };
+        if let Some((_, other)) = asked.first() {
+            return Err(ApiError::invalid(
+                format!("{other} and {field} both constrain the output: give one"),
+                Some(field),
+            ));
+        }
+        let compiled = tok
+            .grammar_env(vocab)
+            .and_then(|env| env.constraint(&g).map(|_| ()));
+        compiled.map_err(|e| ApiError::invalid(e.to_string(), Some(field)))?;
+        Ok(Some(g))
+    }
 }
 
 /// What both endpoints validate the same way.
@@ -487,14 +573,6 @@ impl ChatRequest {
                 return Err(unsupported(name, name));
             }
         }
-        if let Some(rf) = &self.response_format {
-            if rf.get("type").and_then(Value::as_str) != Some("text") {
-                return Err(unsupported(
-                    "a response_format other than {\"type\": \"text\"}",
-                    "response_format",
-                ));
-            }
-        }
         if let Some(m) = &self.modalities {
             if m != &serde_json::json!(["text"]) {
                 return Err(unsupported(
@@ -520,7 +598,13 @@ impl ChatRequest {
             logprobs,
             ..self.knobs()
         };
-        let params = knobs.params(prompt.len(), ctx, vocab, draw_seed)?;
+        let mut params = knobs.params(prompt.len(), ctx, vocab, draw_seed)?;
+        params.processing.grammar = ConstrainFields {
+            grammar: self.grammar.clone(),
+            json_schema: self.json_schema.clone(),
+            regex: self.regex.clone(),
+        }
+        .grammar(&self.response_format, tok, vocab)?;
         Ok(Validated {
             prompt,
             params,
@@ -664,7 +748,13 @@ impl CompletionRequest {
                 ))
             }
         };
-        let params = self.knobs().params(prompt.len(), ctx, vocab, draw_seed)?;
+        let mut params = self.knobs().params(prompt.len(), ctx, vocab, draw_seed)?;
+        params.processing.grammar = ConstrainFields {
+            grammar: self.grammar.clone(),
+            json_schema: self.json_schema.clone(),
+            regex: self.regex.clone(),
+        }
+        .grammar(&self.response_format, tok, vocab)?;
         Ok(Validated {
             prompt,
             params,

@@ -217,7 +217,7 @@ impl<'a> Session<'a> {
             rule,
         } = sp;
         let sampler = Sampler::new(params.sampling)?;
-        let process = Processor::new(&params.processing, prompt, config.vocab_size)?;
+        let process = Processor::new(&params.processing, prompt, config.vocab_size, tok)?;
         check_prompt(prompt, kv.capacity())?;
         kv.clear();
         let taps = drafter.taps().to_vec();
@@ -428,7 +428,7 @@ impl<'a> Session<'a> {
             return Ok(());
         }
         let mut first = o.logits_row(0).to_vec();
-        if let Some(p) = &self.process {
+        if let Some(p) = &mut self.process {
             p.first(&mut first);
         }
         self.root = self.sampler.sample_at(&first, self.prompt_len);

@@ -188,6 +188,7 @@ fn greedy_with_bias_penalties_and_logprobs_is_token_identical() {
                 frequency_penalty: 0.4,
                 repetition_penalty: 1.15,
                 logprobs: Some(2),
+                grammar: None,
             },
             ..greedy(max_new)
         }
@@ -213,5 +214,121 @@ fn greedy_with_bias_penalties_and_logprobs_is_token_identical() {
         let ids = encode(&lm, &ps[i], 256);
         let params = processed(&lm, 40, i as u64);
         check_greedy(&lm, &ids, &params, i as u64, &mut sd, &auto);
+    }
+}
+
+/// The grammars the structured-output tests run: any JSON object, a schema, a regex and a Lark
+/// grammar.
+fn grammars() -> Vec<Grammar> {
+    vec![
+        Grammar::JsonObject,
+        Grammar::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+            },
+            "required": ["name", "age"],
+            "additionalProperties": false,
+        })),
+        Grammar::Regex("[A-Za-z ,]{1,60}\\.".into()),
+        Grammar::Lark("start: item (\", \" item)*\nitem: /[a-z]+/ | /[0-9]{1,3}/".into()),
+    ]
+}
+
+/// Structured output (#61): every verify row masked after its own draft path, so with a
+/// grammar every drafter still commits AR's tokens — greedy on SmolLM2 (byte-level BPE) and on
+/// tiny models with byte-level and SentencePiece vocabularies.
+#[test]
+fn greedy_with_a_grammar_is_token_identical() {
+    one_thread();
+    let ps = prompts();
+    let with = |g: &Grammar, max_new: usize| GenerateParams {
+        processing: Processing {
+            grammar: Some(g.clone()),
+            logprobs: Some(1),
+            ..Default::default()
+        },
+        ..greedy(max_new)
+    };
+    for path in ["tiny/qwen3", "tiny/gemma3.gguf", "tiny/phi3.gguf"].map(|p| fixtures().join(p)) {
+        let lm = model::load(&path).unwrap();
+        let mut sd = self_draft(&path, &lm, 1, SamplingParams::default());
+        let auto = auto(&path, &lm, &["pld", "suffix", "recycle"], 160, |_| {});
+        for (i, p) in ps.iter().enumerate().step_by(23) {
+            let g = &grammars()[i % 4];
+            let ids = encode(&lm, p, 96);
+            check_greedy(&lm, &ids, &with(g, 24), i as u64, &mut sd, &auto);
+        }
+    }
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = model::load(&path).unwrap();
+    let mut sd = self_draft(&path, &lm, 8, SamplingParams::default());
+    let defaults = DrafterConfig::default().sources;
+    let sources: Vec<&str> = defaults.iter().map(|s| s.as_str()).collect();
+    let auto = auto(&path, &lm, &sources, 340, |_| {});
+    for (k, i) in (0..ps.len()).step_by(35).enumerate() {
+        let g = &grammars()[k % 4];
+        let ids = encode(&lm, &ps[i], 256);
+        check_greedy(&lm, &ids, &with(g, 48), i as u64, &mut sd, &auto);
+    }
+}
+
+/// With a grammar at T > 0, the coupled rule still gives AR's own tokens for every seed, for
+/// random trees (mostly tokens the grammar forbids), prompt lookup and `auto`.
+#[test]
+fn sampling_with_a_grammar_keeps_the_coupled_identity() {
+    one_thread();
+    let lm = load_tiny("qwen3");
+    let path = fixtures().join("tiny/qwen3");
+    let auto_set = auto(&path, &lm, &["pld", "suffix", "recycle"], 160, |_| {});
+    let prompt = encode(&lm, "Describe a person as JSON.", 64);
+    let vocab = lm.model.config.vocab_size as u32;
+    let mut kv = lm.model.new_kv(160);
+    for (gi, g) in grammars().iter().enumerate() {
+        for seed in 0..60u64 {
+            let params = GenerateParams {
+                max_new_tokens: 20,
+                sampling: SamplingParams {
+                    temperature: 0.9,
+                    top_k: 40,
+                    seed,
+                    ..Default::default()
+                },
+                stop_strings: vec![],
+                processing: Processing {
+                    grammar: Some(g.clone()),
+                    ..Default::default()
+                },
+            };
+            let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &params, |_| {}).unwrap();
+            let mut rng = Lcg(seed * 31 + gi as u64);
+            let mut trees = Replay::new(move |_: &[TokenId], max: usize| {
+                random_tree(&mut rng, &[], vocab, max)
+            });
+            let mut pld = PromptLookup::default();
+            let mut au = auto_set.create(params.sampling).unwrap();
+            let drafters: [&mut dyn Drafter; 3] = [&mut trees, &mut pld, au.as_mut()];
+            for d in drafters {
+                let name = d.name().to_string();
+                let sp = speculative_generate(
+                    &lm.model,
+                    &lm.tokenizer,
+                    &mut kv,
+                    &prompt,
+                    &params,
+                    Speculation {
+                        drafter: Box::new(d),
+                        max_draft: 8,
+                        sizer: None,
+                        rule: VerifyRule::Coupled,
+                    },
+                    |_| {},
+                )
+                .unwrap();
+                assert_eq!(sp.out.token_ids, ar.token_ids, "{name}, {g:?}, seed {seed}");
+            }
+        }
     }
 }

@@ -15,6 +15,7 @@ use paradraft::drafters::parts::{BlockDrafter, Selection};
 use paradraft::drafters::pld::PromptLookup;
 use paradraft::drafters::speculative_config::{DrafterConfig, DrafterSet, Method};
 use paradraft::generate::{generate, GenerateParams};
+use paradraft::grammar::Grammar;
 use paradraft::model::{self, Loaded, Message};
 use paradraft::process::Processing;
 use paradraft::sample::SamplingParams;
