@@ -18,7 +18,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use std::sync::Arc;
-use toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use toktrie::{TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
 /// What the output must match.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,13 +33,30 @@ pub enum Grammar {
     Regex(String),
 }
 
+/// How JSON is laid out unless a schema's own `x-guidance` says otherwise: on one line with
+/// `, ` and `: ` separators and no other whitespace. Punctuation and a schema's keys are then
+/// forced, so they are drafted for free ([`Constraint::forced`]); with free whitespace almost
+/// nothing is (`{"whitespace_flexible": true}` in the schema's `x-guidance` asks for it).
+fn compact(mut schema: Value) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
+    }
+    schema
+}
+
 impl Grammar {
     fn top_level(&self) -> TopLevelGrammar {
         match self {
             Grammar::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
             }
-            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(s.clone()),
+            Grammar::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
             Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
         }
@@ -76,7 +93,7 @@ impl GrammarEnv {
             tok_bos: tok.bos.map(|t| t.0),
             ..TokRxInfo::new(vocab as u32, eos)
         };
-        let env: TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let env: TokEnv = Arc::new(Greedy(TokTrie::from(&info, &words)));
         let mut factory = ParserFactory::new_simple(&env).map_err(grammar_err)?;
         factory.quiet();
         Ok(GrammarEnv {
@@ -109,6 +126,26 @@ impl GrammarEnv {
     }
 }
 
+/// The vocabulary's trie, tokenizing bytes greedily (longest token first). It answers "yes"
+/// to canonical, so llguidance reports forced tokens: those are drafts ([`Constraint::forced`]),
+/// verified like any other, so a tokenization the model would not choose costs a rejected
+/// draft, never a different output. Masks do not depend on it.
+struct Greedy(TokTrie);
+
+impl TokenizerEnv for Greedy {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.0
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        self.0.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        true
+    }
+}
+
 fn grammar_err(e: impl std::fmt::Display) -> Error {
     Error::BadSampling(format!("the grammar does not compile: {e:#}"))
 }
@@ -128,6 +165,52 @@ impl Constraint {
         if !self.stop.contains(&t) {
             let _ = self.m.consume_tokens(&[t.0]);
         }
+    }
+
+    /// The tokens the grammar forces next, after the committed ones (empty when nothing is
+    /// forced, or once the grammar has ended or erred).
+    pub fn forced(&mut self) -> Vec<TokenId> {
+        if self.m.is_error() || self.m.is_stopped() {
+            return Vec::new();
+        }
+        self.m
+            .compute_ff_tokens()
+            .into_iter()
+            .map(TokenId)
+            .collect()
+    }
+
+    /// The best token of `row` among its `k` best that the grammar allows after `path` — the
+    /// argmax of the masked row when it is among them — or `None` (none of them is allowed, or
+    /// `path` leaves the grammar): then [`Constraint::mask`] decides. A greedy row needs no
+    /// more than this, and checking a few tokens costs far less than a mask.
+    pub fn best(&mut self, row: &[f32], path: &[TokenId], k: usize) -> Option<TokenId> {
+        if self.m.is_error() {
+            return None;
+        }
+        let ids: Vec<u32> = path.iter().map(|t| t.0).collect();
+        let n = self.m.try_consume_tokens(&ids).unwrap_or(0);
+        let mut found = None;
+        if n == ids.len() {
+            let stopped = self.m.is_stopped();
+            let can_end = stopped || self.m.is_accepting().unwrap_or(true);
+            for (t, l) in crate::runtime::ops::top_k(row, k) {
+                if l == f32::NEG_INFINITY {
+                    break;
+                }
+                let ok = if self.stop.contains(&t) {
+                    can_end
+                } else {
+                    !stopped && self.m.validate_tokens(&[t.0]).is_ok_and(|c| c == 1)
+                };
+                if ok {
+                    found = Some(t);
+                    break;
+                }
+            }
+        }
+        let _ = self.m.rollback(n);
+        found
     }
 
     /// Masks `row` (−∞ where disallowed) to what the grammar allows after the committed
@@ -229,6 +312,35 @@ mod tests {
         assert!(bang
             .iter()
             .all(|t| tok.decode(&[*t]).unwrap().starts_with('!')));
+        // The greedy shortcut picks the masked row's argmax, along any path.
+        let mut c = env
+            .constraint(&Grammar::JsonSchema(serde_json::json!({
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                "required": ["a", "b"]
+            })))
+            .unwrap();
+        let mut state = 7u64;
+        let text = tok.encode("{\"a\": 12, \"b\": \"xy\"}").unwrap();
+        for cut in 0..text.len() {
+            for _ in 0..20 {
+                let row: Vec<f32> = (0..vocab)
+                    .map(|_| {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                        (state >> 40) as f32 / (1u64 << 24) as f32
+                    })
+                    .collect();
+                let mut masked = row.clone();
+                assert!(c.mask(&mut masked, &text[..cut]));
+                let want = crate::runtime::ops::argmax(&masked);
+                match c.best(&row, &text[..cut], 16) {
+                    Some(t) => assert_eq!(t, want, "cut {cut}"),
+                    None => assert!(!crate::runtime::ops::top_k(&row, 16)
+                        .iter()
+                        .any(|e| e.0 == want)),
+                }
+            }
+        }
         assert!(env.constraint(&Grammar::Regex("(".into())).is_err());
         assert!(env
             .constraint(&Grammar::JsonSchema(serde_json::json!({"type": 5})))

@@ -19,6 +19,7 @@ use crate::grammar::{Constraint, Grammar};
 use crate::model::Tokenizer;
 use crate::runtime::ops;
 use crate::speculative::tree::{DraftTree, NodeId};
+use crate::speculative::Outcome;
 use crate::types::TokenId;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -128,8 +129,13 @@ pub struct Processor {
     prompt: HashSet<TokenId>,
     /// Processed rows (`rows × vocab`), when processing changes them.
     buf: Vec<f32>,
+    /// Per row of the round: processed yet.
+    done: Vec<bool>,
     argmax: Vec<TokenId>,
     grammar: Option<Constraint>,
+    /// Rows are read for their argmax only (greedy, no log-probabilities): a grammar then
+    /// checks the best few tokens instead of masking the row.
+    only_argmax: bool,
 }
 
 impl Processor {
@@ -140,6 +146,7 @@ impl Processor {
         prompt: &[TokenId],
         vocab: usize,
         tok: &Tokenizer,
+        greedy: bool,
     ) -> Result<Option<Processor>> {
         p.validate(vocab)?;
         if p.is_off() {
@@ -158,8 +165,10 @@ impl Processor {
                 HashSet::new()
             },
             buf: Vec::new(),
+            done: Vec::new(),
             argmax: Vec::new(),
             grammar,
+            only_argmax: greedy && p.logprobs.is_none(),
         }))
     }
 
@@ -169,6 +178,13 @@ impl Processor {
         if let Some(g) = &mut self.grammar {
             g.push(t);
         }
+    }
+
+    /// The tokens the grammar forces after the committed ones (none without a grammar).
+    pub fn forced(&mut self) -> Vec<TokenId> {
+        self.grammar
+            .as_mut()
+            .map_or_else(Vec::new, Constraint::forced)
     }
 
     /// Processes one row of logits over the context plus `path` (tokens after the context):
@@ -215,39 +231,78 @@ impl Processor {
         }
     }
 
-    /// Processes a round's rows — row 0 the root, row i + 1 node i of `tree` — from `logits`
-    /// (`rows × v`), each over its own path; afterwards [`Processor::row`] and
-    /// [`Processor::argmax`] give the processed rows.
-    pub fn round(&mut self, tree: &DraftTree, logits: &[f32], v: usize) {
+    /// Starts a round whose rows — row 0 the root, row i + 1 node i of `tree` — are `raw`
+    /// (`rows × v`), and processes row 0. Rows are processed on demand
+    /// ([`Processor::process_row`]): verification reads only the rows of the root and the
+    /// accepted path, and a grammar's mask is the dear part.
+    pub fn begin_round(&mut self, tree: &DraftTree, raw: &[f32], v: usize) {
         let rows = tree.len() + 1;
+        self.done.clear();
+        self.done.resize(rows, false);
         self.argmax.clear();
-        if self.p.is_identity() {
-            self.argmax
-                .extend(logits.chunks_exact(v).take(rows).map(ops::argmax));
-            return;
+        // A token no node holds: a walk reaching a row not processed yet stops there.
+        self.argmax.resize(rows, TokenId(u32::MAX));
+        if !self.p.is_identity() && self.buf.len() < rows * v {
+            self.buf.resize(rows * v, 0.0);
         }
-        self.buf.clear();
-        self.buf.extend_from_slice(&logits[..rows * v]);
-        let mut path = Vec::new();
-        for r in 0..rows {
-            path.clear();
-            let mut n = (r > 0).then(|| NodeId(r as u32 - 1));
-            while let Some(x) = n {
-                path.push(tree.token(x));
-                n = tree.parent(x);
-            }
-            path.reverse();
-            let mut buf = std::mem::take(&mut self.buf);
-            let row = &mut buf[r * v..(r + 1) * v];
-            self.apply(row, &path);
-            self.argmax.push(ops::argmax(row));
-            self.buf = buf;
-        }
+        self.process_row(tree, 0, raw, v);
     }
 
-    /// Row `r` of the last [`Processor::round`] (`raw`: the round's unprocessed logits).
+    /// Processes row `r` of the round over its own path.
+    pub fn process_row(&mut self, tree: &DraftTree, r: usize, raw: &[f32], v: usize) {
+        if self.done[r] {
+            return;
+        }
+        self.done[r] = true;
+        let src = &raw[r * v..(r + 1) * v];
+        if self.p.is_identity() {
+            self.argmax[r] = ops::argmax(src);
+            return;
+        }
+        let mut path = Vec::new();
+        let mut n = (r > 0).then(|| NodeId(r as u32 - 1));
+        while let Some(x) = n {
+            path.push(tree.token(x));
+            n = tree.parent(x);
+        }
+        path.reverse();
+        let mut buf = std::mem::take(&mut self.buf);
+        let row = &mut buf[r * v..(r + 1) * v];
+        row.copy_from_slice(src);
+        self.penalise(row, &path);
+        let best = match &mut self.grammar {
+            Some(g) if self.only_argmax => g.best(row, &path, 16),
+            _ => None,
+        };
+        self.argmax[r] = match best {
+            Some(t) => t,
+            None => {
+                if let Some(g) = &mut self.grammar {
+                    g.mask(row, &path);
+                }
+                ops::argmax(row)
+            }
+        };
+        self.buf = buf;
+    }
+
+    /// The rows `o` was decided on (the root's and the accepted nodes') that were not
+    /// processed: empty when `o` stands.
+    pub fn missing(&self, o: &Outcome) -> Vec<usize> {
+        std::iter::once(0)
+            .chain(o.accepted.iter().map(|&n| n.idx() + 1))
+            .filter(|&r| !self.done[r])
+            .collect()
+    }
+
+    /// Row `r` of the round (`raw`: its unprocessed logits); processed once
+    /// [`Processor::process_row`] has run on it.
     pub fn row<'a>(&'a self, raw: &'a [f32], r: usize, v: usize) -> &'a [f32] {
-        let src = if self.p.is_identity() { raw } else { &self.buf };
+        let src = if self.p.is_identity() || !self.done[r] {
+            raw
+        } else {
+            &self.buf
+        };
         &src[r * v..(r + 1) * v]
     }
 
@@ -297,7 +352,9 @@ mod tests {
 
     fn proc(p: Processing, prompt: &[u32]) -> Processor {
         let prompt: Vec<TokenId> = prompt.iter().map(|&t| TokenId(t)).collect();
-        Processor::new(&p, &prompt, 6, &tok()).unwrap().unwrap()
+        Processor::new(&p, &prompt, 6, &tok(), false)
+            .unwrap()
+            .unwrap()
     }
 
     /// Each penalty by hand on a 6-token vocabulary.
@@ -350,7 +407,10 @@ mod tests {
         let raw: Vec<f32> = (0..5 * 6).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
         let mut p = proc(params.clone(), &[3]);
         p.push(TokenId(0));
-        p.round(&tree, &raw, 6);
+        p.begin_round(&tree, &raw, 6);
+        for r in 1..5 {
+            p.process_row(&tree, r, &raw, 6);
+        }
         let paths: [&[u32]; 5] = [&[], &[1], &[1, 1], &[1, 5], &[1, 1, 3]];
         for (r, path) in paths.iter().enumerate() {
             let mut fresh = proc(params.clone(), &[3]);
@@ -412,9 +472,9 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            assert!(Processor::new(&p, &[], 6, &tok).is_err(), "{p:?}");
+            assert!(Processor::new(&p, &[], 6, &tok, false).is_err(), "{p:?}");
         }
-        assert!(Processor::new(&Processing::default(), &[], 6, &tok)
+        assert!(Processor::new(&Processing::default(), &[], 6, &tok, false)
             .unwrap()
             .is_none());
     }

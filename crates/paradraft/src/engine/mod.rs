@@ -115,10 +115,12 @@ impl Engine {
             self.metrics.requests.with_label_values(&["rejected"]).inc();
             return Err(Rejected::Busy(n));
         }
-        self.tx.send(Command::Run(Box::new(r), Instant::now())).map_err(|_| {
-            self.in_flight.fetch_sub(1, Ordering::SeqCst);
-            Rejected::Stopped
-        })
+        self.tx
+            .send(Command::Run(Box::new(r), Instant::now()))
+            .map_err(|_| {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                Rejected::Stopped
+            })
     }
 
     /// The model and tokenizer the engine serves.

@@ -150,6 +150,8 @@ enum Pending {
 /// A drafted, sized and linearised round waiting for its forward.
 struct Planned {
     tree: DraftTree,
+    /// How `tree` grafted the drafter's proposal under forced tokens, when it did.
+    grafted: Option<super::forced::Grafted>,
     lin: Linearised,
     facts: RoundFacts,
     /// Σ path probability of the nodes kept (trees cut by sizing).
@@ -217,7 +219,8 @@ impl<'a> Session<'a> {
             rule,
         } = sp;
         let sampler = Sampler::new(params.sampling)?;
-        let process = Processor::new(&params.processing, prompt, config.vocab_size, tok)?;
+        let greedy = params.sampling.is_greedy();
+        let process = Processor::new(&params.processing, prompt, config.vocab_size, tok, greedy)?;
         check_prompt(prompt, kv.capacity())?;
         kv.clear();
         let taps = drafter.taps().to_vec();
@@ -333,11 +336,25 @@ impl<'a> Session<'a> {
         if let Some(c) = conf {
             stats.conf = c[..tree.len().min(c.len())].to_vec();
         }
+        // The grammar's forced tokens first (when speculating): a chain the drafter's tree is
+        // grafted under.
+        let forced = match &mut self.process {
+            Some(p) if self.max_draft > 0 => p.forced(),
+            _ => Vec::new(),
+        };
+        let (tree, grafted) = if forced.is_empty() {
+            (tree, None)
+        } else {
+            let room = facts.room.min(self.max_draft.max(tree.len()));
+            let (v, g) = super::forced::graft(&forced, tree, room)?;
+            (v, Some(g))
+        };
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);
         stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
         self.pending = Some(Pending::Round(Planned {
             tree,
+            grafted,
             lin,
             facts,
             predicted: cut.predicted,
@@ -463,6 +480,7 @@ impl<'a> Session<'a> {
     ) -> Result<()> {
         let Planned {
             tree,
+            grafted,
             lin,
             facts,
             predicted,
@@ -470,27 +488,7 @@ impl<'a> Session<'a> {
             verify_start,
         } = p;
         let base = lin.positions[0].0 as usize;
-        // Bias and penalties: each row over its own path (full logits were asked for).
-        if let Some(p) = &mut self.process {
-            let n = (tree.len() + 1) * o.vocab;
-            let rows = o.logits.get(..n).ok_or_else(|| {
-                Error::BadRequest("a processed round's forward gave no full logits".into())
-            })?;
-            p.round(&tree, rows, o.vocab);
-        }
-        let process = self.process.as_ref();
-        let row = |r: usize| match process {
-            Some(p) => p.row(o.logits, r, o.vocab),
-            None => o.logits_row(r),
-        };
-        let argmax = process.map_or(o.argmax, Processor::argmax);
-        let mut outcome: Outcome = verify(self.rule, &tree, argmax, row, &self.sampler, base);
-        // Each committed token's log-probabilities, from the row that predicted it.
-        let logprobs: Vec<Option<TokenLogprob>> = std::iter::once(0)
-            .chain(outcome.accepted.iter().map(|&n| row_of(Some(n))))
-            .zip(outcome.committed())
-            .map(|(r, t)| process.and_then(|p| p.logprob(row(r), t)))
-            .collect();
+        let (mut outcome, logprobs) = self.verify_processed(&tree, &o, base)?;
         outcome.top = candidates(self.drafter.candidates(), tree.len() + 1, self.greedy, &o);
         stats.verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
 
@@ -501,28 +499,81 @@ impl<'a> Session<'a> {
             width: self.width,
             rows: &self.hidden,
         };
-        self.drafter.observe(&outcome, hidden)?;
+        // The drafter and the sizer hear of the drafter's own nodes.
+        let mine = grafted.as_ref().map(|g| g.drafter_outcome(&outcome));
+        self.drafter
+            .observe(mine.as_ref().unwrap_or(&outcome), hidden)?;
         stats.drafted = outcome.drafted;
         stats.accepted = outcome.accepted.len();
         stats.path = outcome.accepted.iter().map(|n| n.0).collect();
+        let drafted = grafted.as_ref().map_or(&tree, |g| &g.drafted);
         stats.commit_ms = t.elapsed().as_secs_f64() * 1e3;
         self.sizing.after(&RoundResult {
             facts,
-            nodes: tree.len(),
-            depth: tree.max_depth() as usize,
+            nodes: drafted.len(),
+            depth: drafted.max_depth() as usize,
             predicted,
-            accepted: stats.accepted,
+            accepted: mine.as_ref().map_or(stats.accepted, |m| m.accepted.len()),
             draft_ms: stats.draft_ms,
             ms: stats.draft_ms + stats.tree_ms + stats.verify_ms + stats.commit_ms,
             batch_forward: o.batch_forward,
             eos: self
                 .sizing
                 .reads_eos()
-                .then(|| tree.stop_depth(|t| self.emitter.is_stop(t)))
+                .then(|| drafted.stop_depth(|t| self.emitter.is_stop(t)))
                 .flatten(),
         });
         self.rounds.push(stats);
         Ok(())
+    }
+
+    /// Verifies a round's rows, processed (bias, penalties, a grammar: each row over its own
+    /// path; full logits were asked for) on demand — verify, process the rows its walk read
+    /// unprocessed, and again until it read processed rows only (each pass extends the
+    /// accepted path) — and each committed token's log-probabilities (when asked for), from
+    /// the row that predicted it.
+    fn verify_processed(
+        &mut self,
+        tree: &DraftTree,
+        o: &RoundOutput,
+        base: usize,
+    ) -> Result<(Outcome, Vec<Option<TokenLogprob>>)> {
+        let v = o.vocab;
+        let raw = o.logits.get(..(tree.len() + 1) * v);
+        if let Some(p) = &mut self.process {
+            let raw = raw.ok_or_else(|| {
+                Error::BadRequest("a processed round's forward gave no full logits".into())
+            })?;
+            p.begin_round(tree, raw, v);
+        }
+        let outcome = loop {
+            let process = self.process.as_ref();
+            let row = |r: usize| match process {
+                Some(p) => p.row(o.logits, r, v),
+                None => o.logits_row(r),
+            };
+            let argmax = process.map_or(o.argmax, Processor::argmax);
+            let out = verify(self.rule, tree, argmax, row, &self.sampler, base);
+            let (Some(p), Some(raw)) = (&mut self.process, raw) else {
+                break out;
+            };
+            let missing = p.missing(&out);
+            if missing.is_empty() {
+                break out;
+            }
+            for r in missing {
+                p.process_row(tree, r, raw, v);
+            }
+        };
+        let logprobs = match &self.process {
+            Some(p) => std::iter::once(0)
+                .chain(outcome.accepted.iter().map(|&n| row_of(Some(n))))
+                .zip(outcome.committed())
+                .map(|(r, t)| p.logprob(p.row(o.logits, r, v), t))
+                .collect(),
+            None => vec![None; outcome.tokens.len() + 1],
+        };
+        Ok((outcome, logprobs))
     }
 
     /// Keeps the root's slot and the accepted path's in the cache, contiguously, and commits

@@ -3,6 +3,7 @@
 
 pub mod cps;
 pub mod decode;
+pub mod forced;
 pub mod sizing;
 pub mod step;
 mod summary;
