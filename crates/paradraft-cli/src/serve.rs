@@ -42,6 +42,10 @@ pub(crate) struct ServeArgs {
     /// How drafts are verified at temperature > 0 (see `generate --help`).
     #[arg(long, value_enum, default_value = "coupled")]
     verify_rule: paradraft::speculative::VerifyRule,
+    /// Memory in MiB for recent prompts' K/V, reused by requests that begin with the same
+    /// tokens (a system prompt, a chat history); 0 turns the prefix cache off.
+    #[arg(long, default_value_t = 256)]
+    prefix_cache_mib: usize,
 }
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
@@ -63,6 +67,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         kv_pages,
         prefill_chunk: a.prefill_chunk,
         rule: a.verify_rule,
+        prefix_cache_bytes: a.prefix_cache_mib << 20,
     };
     let t0 = std::time::Instant::now();
     if cfg.method.is_none() {

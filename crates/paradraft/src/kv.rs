@@ -363,6 +363,68 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// A cache of `n` slots holding this one's first `n` (a prompt's K/V, kept for reuse).
+    pub fn prefix(&self, n: usize) -> Result<KvCache> {
+        let n = n.min(self.len);
+        let (layers, g) = (self.geometry().0, self.geom);
+        let mut out = KvCache::with_dtype(layers, g.n_kv_heads, g.head_dim, n.max(1), self.dtype());
+        out.copy_from(self, n)?;
+        Ok(out)
+    }
+
+    /// Replaces this cache's contents by the first `n` slots of `src` (same layers, heads,
+    /// head size and element type; any capacities holding `n`).
+    pub fn copy_from(&mut self, src: &KvCache, n: usize) -> Result<()> {
+        let (a, b) = (self.geom, src.geom);
+        if self.geometry() != src.geometry() || self.dtype() != src.dtype() {
+            return Err(Error::BadRequest(
+                "copying K/V between caches of different shapes or types".into(),
+            ));
+        }
+        if n > src.len || n > a.capacity {
+            return Err(Error::ContextOverflow {
+                needed: n,
+                capacity: a.capacity.min(src.len),
+            });
+        }
+        fn copy<E: Copy>(
+            a: Geom,
+            b: Geom,
+            dk: &mut [E],
+            dv: &mut [E],
+            sk: &[E],
+            sv: &[E],
+            n: usize,
+        ) {
+            let hd = a.head_dim;
+            for g in 0..a.n_kv_heads {
+                for s in 0..n {
+                    let (x, y) = (a.k_at(g, s), b.k_at(g, s));
+                    for d in 0..hd {
+                        dk[x + d * KV_TILE] = sk[y + d * KV_TILE];
+                    }
+                    let (x, y) = ((g * a.capacity + s) * hd, (g * b.capacity + s) * hd);
+                    dv[x..x + hd].copy_from_slice(&sv[y..y + hd]);
+                }
+            }
+        }
+        match (&mut self.store, &src.store) {
+            (Store::F32(dk, dv), Store::F32(sk, sv)) => {
+                for l in 0..dk.len() {
+                    copy(a, b, &mut dk[l], &mut dv[l], &sk[l], &sv[l], n);
+                }
+            }
+            (Store::F16(dk, dv), Store::F16(sk, sv)) => {
+                for l in 0..dk.len() {
+                    copy(a, b, &mut dk[l], &mut dv[l], &sk[l], &sv[l], n);
+                }
+            }
+            _ => return Err(Error::BadRequest("K/V element types differ".into())),
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// Keeps slots `0..keep_prefix` and moves `slots` (strictly increasing, all `>= keep_prefix`)
     /// to `keep_prefix..keep_prefix + slots.len()`, dropping the rest: the accepted path of a
     /// tree becomes contiguous.

@@ -255,3 +255,103 @@ fn drafter_caches_are_counted_in_the_pool() {
     }
     e.shutdown();
 }
+
+/// Taps two layers and drafts nothing: what a drafter that reads the prompt's states sees.
+struct Taps(Vec<usize>);
+
+impl paradraft::speculative::Drafter for Taps {
+    fn name(&self) -> &str {
+        "taps"
+    }
+    fn taps(&self) -> &[usize] {
+        &self.0
+    }
+    fn begin(&mut self, _: &[TokenId], _: paradraft::speculative::Hidden) -> paradraft::Result<()> {
+        Ok(())
+    }
+    fn propose(
+        &mut self,
+        _: &[TokenId],
+        _: usize,
+    ) -> paradraft::Result<paradraft::speculative::DraftTree> {
+        Ok(Default::default())
+    }
+    fn observe(
+        &mut self,
+        _: &paradraft::speculative::Outcome,
+        _: paradraft::speculative::Hidden,
+    ) -> paradraft::Result<()> {
+        Ok(())
+    }
+}
+
+/// A prompt that begins with a cached one's tokens (#64: shared-prefix cache) gets the K/V and
+/// tapped states a full prefill gives, bit for bit, and the same output; prefilled at once or
+/// in chunks of 7.
+#[test]
+fn a_cached_prefix_gives_what_a_full_prefill_gives() {
+    use paradraft::engine::prefix::PrefixCache;
+    use paradraft::speculative::step::{Member, Stepper};
+    use paradraft::speculative::{Session, Speculation};
+    let lm = load_tiny("qwen3");
+    let (v, n) = (lm.model.config.vocab_size, lm.model.config.n_layers);
+    let p = toks(30, 1, v);
+    let mut q = p[..20].to_vec();
+    q.extend(toks(7, 9, v));
+    let params = params(0);
+    // (prompt states, output, cached tokens used)
+    let run = |prompt: &[TokenId], cache: &mut PrefixCache, chunk: usize| {
+        let mut kv = lm.model.new_kv(80);
+        let sp = Speculation {
+            drafter: Box::new(Taps(vec![0, n - 1])),
+            max_draft: 0,
+            sizer: None,
+            rule: Default::default(),
+        };
+        let mut s = Session::new(
+            &lm.tokenizer,
+            &mut kv,
+            prompt,
+            &params,
+            sp,
+            &lm.model.config,
+        )
+        .unwrap();
+        let mut hit = 0;
+        if let Some(h) = cache.lookup(prompt, s.width()) {
+            kv.copy_from(h.kv, h.tokens).unwrap();
+            s.skip_prefill(&kv, h.tokens, h.hidden).unwrap();
+            hit = h.tokens;
+        }
+        let (mut stepper, mut states) = (Stepper::default(), None);
+        loop {
+            let mut sink = |_: &str| {};
+            let mut m = [Member {
+                kv: &mut kv,
+                session: &mut s,
+                on_text: &mut sink,
+            }];
+            let rows = stepper.step(&lm.model, &mut m, chunk).unwrap().rows;
+            if let (None, Some(h)) = (&states, s.prompt_states()) {
+                states = Some(h.to_vec());
+                cache.insert(prompt, &kv, h);
+            }
+            if rows == 0 {
+                break;
+            }
+        }
+        (states.unwrap(), s.finish(&mut |_| {}).out.token_ids, hit)
+    };
+    for chunk in [usize::MAX, 7] {
+        let mut off = PrefixCache::new(0);
+        let (full_states, full_out, none) = run(&q, &mut off, chunk);
+        assert_eq!(none, 0);
+        let mut cache = PrefixCache::new(64 << 20);
+        run(&p, &mut cache, chunk);
+        let (states, out, hit) = run(&q, &mut cache, chunk);
+        assert_eq!(hit, 20, "the shared prefix");
+        assert_eq!(states, full_states, "tapped states, chunk {chunk}");
+        assert_eq!(out, full_out, "output, chunk {chunk}");
+        assert!(!out.is_empty());
+    }
+}

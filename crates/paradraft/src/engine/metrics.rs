@@ -27,6 +27,12 @@ pub struct Metrics {
     pub step_rows: Histogram,
     /// Draft tokens accepted per speculative round, per drafter.
     pub accepted: HistogramVec,
+    /// Requests that reused a cached prompt prefix, the tokens they did not prefill, entries
+    /// evicted, and the bytes the cache holds.
+    pub prefix_hits: IntCounter,
+    pub prefix_hit_tokens: IntCounter,
+    pub prefix_evictions: IntCounter,
+    pub prefix_bytes: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -112,6 +118,22 @@ impl Metrics {
                 ],
             ),
             accepted,
+            prefix_hits: c(
+                "paradraft_prefix_cache_hits_total",
+                "Requests that reused a cached prompt prefix",
+            ),
+            prefix_hit_tokens: c(
+                "paradraft_prefix_cache_hit_tokens_total",
+                "Prompt tokens taken from the prefix cache instead of prefilled",
+            ),
+            prefix_evictions: c(
+                "paradraft_prefix_cache_evictions_total",
+                "Prefix-cache entries evicted for room",
+            ),
+            prefix_bytes: g(
+                "paradraft_prefix_cache_bytes",
+                "Bytes the prefix cache holds",
+            ),
             registry,
         }
     }

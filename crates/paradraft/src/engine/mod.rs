@@ -10,6 +10,7 @@
 
 pub mod metrics;
 pub mod pool;
+pub mod prefix;
 mod request;
 mod scheduler;
 

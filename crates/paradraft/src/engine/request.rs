@@ -22,6 +22,8 @@ pub struct EngineConfig {
     /// Most prompt tokens per step while other requests decode.
     pub prefill_chunk: usize,
     pub rule: VerifyRule,
+    /// Bytes of recent prompts' K/V kept for requests that share their prefix (0: off).
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -33,6 +35,7 @@ impl Default for EngineConfig {
             kv_pages: 64 * 2048 / pool::PAGE_SLOTS,
             prefill_chunk: 256,
             rule: VerifyRule::Coupled,
+            prefix_cache_bytes: 256 << 20,
         }
     }
 }

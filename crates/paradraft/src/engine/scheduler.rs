@@ -4,6 +4,7 @@
 
 use super::metrics::Metrics;
 use super::pool::KvPool;
+use super::prefix::PrefixCache;
 use super::request::{Command, EngineConfig, Event, Finished, Request};
 use crate::drafters::speculative_config::{DrafterConfig, DrafterSet};
 use crate::error::{Error, Result};
@@ -42,6 +43,8 @@ struct Meta {
     rounds: usize,
     /// Output tokens whose log-probabilities were sent.
     logprobs: usize,
+    /// Its prompt's K/V went to the prefix cache (or need not).
+    cached: bool,
 }
 
 impl TextSink for Meta {
@@ -79,6 +82,7 @@ struct Batch<'t> {
     pool: KvPool,
     queue: Queue,
     running: Slots<'t, Meta>,
+    prefixes: PrefixCache,
 }
 
 impl Batch<'_> {
@@ -128,6 +132,7 @@ impl<'e> Scheduler<'e> {
             pool: KvPool::new(self.cfg.kv_pages),
             queue: Queue::default(),
             running: Slots::default(),
+            prefixes: PrefixCache::new(self.cfg.prefix_cache_bytes),
         };
         while b.receive(&rx) {
             self.cancel(&mut b);
@@ -223,6 +228,16 @@ impl<'e> Scheduler<'e> {
                         &model.config,
                     )
                 });
+            // A cached prefix of the prompt: its K/V copied, its prefill skipped.
+            let started = started.and_then(|mut session| {
+                if let Some(hit) = b.prefixes.lookup(&r.prompt, session.width()) {
+                    kv.copy_from(hit.kv, hit.tokens)?;
+                    session.skip_prefill(&kv, hit.tokens, hit.hidden)?;
+                    self.metrics.prefix_hits.inc();
+                    self.metrics.prefix_hit_tokens.inc_by(hit.tokens as u64);
+                }
+                Ok(session)
+            });
             match started {
                 Ok(session) => {
                     self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
@@ -234,6 +249,7 @@ impl<'e> Scheduler<'e> {
                         pages,
                         rounds: 0,
                         logprobs: 0,
+                        cached: false,
                     };
                     b.running.push(kv, session, meta);
                 }
@@ -263,7 +279,18 @@ impl<'e> Scheduler<'e> {
                 let now = Instant::now();
                 for run in b.running.iter_mut() {
                     self.observe(run, now);
+                    // A prompt just prefilled: its K/V and states for later requests.
+                    if !run.meta.cached && !run.session.prefilling() {
+                        run.meta.cached = true;
+                        if let Some(h) = run.session.prompt_states() {
+                            b.prefixes.insert(run.session.prompt(), &run.kv, h);
+                        }
+                    }
                 }
+                self.metrics
+                    .prefix_evictions
+                    .inc_by(b.prefixes.evictions - self.metrics.prefix_evictions.get());
+                self.metrics.prefix_bytes.set(b.prefixes.bytes() as i64);
                 Some(r)
             }
             Err(e) => {

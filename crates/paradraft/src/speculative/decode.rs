@@ -256,6 +256,42 @@ impl<'a> Session<'a> {
         self.stop
     }
 
+    /// Starts from a cached prefix of the prompt: `kv` already holds the K/V of its first `n`
+    /// tokens (`n` < the prompt's length, so the last is still computed and gives the first
+    /// token) and `hidden` their tapped states (`n × width`). Exact: a prefix's K/V and states
+    /// do not depend on what follows it, nor on the batch that computed them.
+    pub fn skip_prefill(&mut self, kv: &KvCache, n: usize, hidden: &[f32]) -> Result<()> {
+        if self.prefilled != 0
+            || n >= self.prompt_len
+            || kv.len() != n
+            || hidden.len() != n * self.width
+        {
+            return Err(Error::BadRequest(format!(
+                "a cached prefix of {n} tokens does not fit this request ({} prompt tokens, {} in its cache)",
+                self.prompt_len,
+                kv.len()
+            )));
+        }
+        self.prefilled = n;
+        self.hidden.clear();
+        self.hidden.extend_from_slice(hidden);
+        Ok(())
+    }
+
+    /// The prompt.
+    pub fn prompt(&self) -> &[TokenId] {
+        &self.committed[..self.prompt_len]
+    }
+
+    /// The prompt's tapped states (`prompt × width`), from the end of its prefill until the
+    /// first round commits; `None` otherwise.
+    pub fn prompt_states(&self) -> Option<&[f32]> {
+        (!self.prefilling()
+            && self.rounds.is_empty()
+            && self.hidden.len() == self.prompt_len * self.width)
+            .then_some(&self.hidden[..])
+    }
+
     /// Whether its prompt is still (partly) outside the cache.
     pub fn prefilling(&self) -> bool {
         self.prefilled < self.prompt_len
