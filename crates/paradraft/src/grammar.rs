@@ -265,20 +265,11 @@ impl Constraint {
 mod tests {
     use super::*;
 
-    fn tiny() -> Tokenizer {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        Tokenizer::from_hf_dir(&dir, &cfg).unwrap()
-    }
-
     /// A regex grammar allows exactly the tokens that keep the text a prefix of a match, and
     /// the stop tokens once the text is a whole match.
     #[test]
     fn masks_follow_the_grammar_along_a_path() {
-        let tok = tiny();
+        let tok = crate::model::tokenizer::tiny_fixture();
         let vocab = tok.vocab_size();
         let env = GrammarEnv::new(&tok, vocab).unwrap();
         let mut c = env.constraint(&Grammar::Regex("(yes|no)!".into())).unwrap();

@@ -341,14 +341,7 @@ impl Processor {
 mod tests {
     use super::*;
 
-    fn tok() -> Tokenizer {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        Tokenizer::from_hf_dir(&dir, &cfg).unwrap()
-    }
+    use crate::model::tokenizer::tiny_fixture as tok;
 
     fn proc(p: Processing, prompt: &[u32]) -> Processor {
         let prompt: Vec<TokenId> = prompt.iter().map(|&t| TokenId(t)).collect();

@@ -592,6 +592,15 @@ impl StreamDecoder {
     }
 }
 
+/// The tiny Qwen3 fixture's tokenizer (byte-level BPE), for unit tests.
+#[cfg(test)]
+pub(crate) fn tiny_fixture() -> Tokenizer {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    Tokenizer::from_hf_dir(&dir, &cfg).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,12 +609,7 @@ mod tests {
     /// multi-byte characters split across tokens.
     #[test]
     fn stream_pieces_add_up_to_the_full_decode() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3");
-        let cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
-                .unwrap();
-        let tok = Tokenizer::from_hf_dir(&dir, &cfg).unwrap();
+        let tok = tiny_fixture();
         for text in [
             "héllo wörld — ünïcode ✓ 漢字 and emoji 🎉🎉 done",
             "  two  spaces\n\nnew lines",
