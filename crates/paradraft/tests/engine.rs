@@ -355,3 +355,62 @@ fn a_cached_prefix_gives_what_a_full_prefill_gives() {
         assert!(!out.is_empty());
     }
 }
+
+/// Requests that arrive together with one long prompt beginning (a burst with one system
+/// prompt) prefill it once: the first computes it, the others wait for it and copy it. Their
+/// outputs are AR's.
+#[test]
+fn a_burst_with_one_prompt_beginning_prefills_it_once() {
+    let cfg = EngineConfig {
+        ctx: 96,
+        max_running: 8,
+        ..Default::default()
+    };
+    let e = start(Method::named("pld").unwrap(), cfg);
+    let lm = e.loaded();
+    let v = lm.model.config.vocab_size;
+    let shared = toks(40, 5, v);
+    let prompts: Vec<Vec<TokenId>> = (0..4)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(toks(3 + i, 50 + i as u32, v));
+            p
+        })
+        .collect();
+    let rxs: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = unbounded_channel();
+            e.submit(Request {
+                prompt: p.clone(),
+                params: params(i),
+                events: tx,
+                max_draft: None,
+            })
+            .unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (_, f) = collect(rx);
+        let mut kv = lm.model.new_kv(96);
+        let ar = generate(
+            &lm.model,
+            &lm.tokenizer,
+            &mut kv,
+            &prompts[i],
+            &params(i),
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(f.token_ids, ar.token_ids, "request {i}");
+    }
+    let m = e.metrics().render();
+    assert!(m.contains("paradraft_prefix_cache_hits_total 3"), "{m}");
+    assert!(
+        m.contains("paradraft_prefix_cache_hit_tokens_total 120"),
+        "{m}"
+    );
+    e.shutdown();
+}

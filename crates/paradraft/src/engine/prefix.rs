@@ -39,7 +39,8 @@ pub struct PrefixCache {
     pub evictions: u64,
 }
 
-fn common(a: &[TokenId], b: &[TokenId]) -> usize {
+/// Leading tokens `a` and `b` share.
+pub fn common(a: &[TokenId], b: &[TokenId]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -57,6 +58,27 @@ impl PrefixCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.used
+    }
+
+    /// How many leading tokens of `prompt` a lookup would reuse now (0: none).
+    pub fn hit_len(&self, prompt: &[TokenId]) -> usize {
+        let limit = prompt.len().saturating_sub(1);
+        let n = self
+            .entries
+            .iter()
+            .map(|e| common(&e.tokens, prompt).min(limit))
+            .max()
+            .unwrap_or(0);
+        if n >= MIN_HIT {
+            n
+        } else {
+            0
+        }
+    }
+
+    /// Whether `budget` allows entries at all.
+    pub fn enabled(&self) -> bool {
+        self.budget > 0
     }
 
     /// The longest cached prefix of `prompt`, leaving its last token to compute (its logits

@@ -204,6 +204,23 @@ impl<'e> Scheduler<'e> {
             let Some((r, arrival)) = b.queue.waiting.front() else {
                 break;
             };
+            // A prompt sharing more of its beginning with one being prefilled than the cache
+            // holds waits for that prefill to finish, then copies the shared part (a burst
+            // with one system prompt, `n` samples of one prompt, computes it once).
+            if b.prefixes.enabled() {
+                let cached = b.prefixes.hit_len(&r.prompt);
+                let shared = b
+                    .running
+                    .iter()
+                    .filter(|s| s.session.prefilling())
+                    .map(|s| super::prefix::common(s.session.prompt(), &r.prompt))
+                    .max()
+                    .unwrap_or(0)
+                    .min(r.prompt.len().saturating_sub(1));
+                if shared >= super::prefix::MIN_HIT && shared > cached {
+                    break;
+                }
+            }
             let cap =
                 (r.prompt.len() + r.params.max_new_tokens + set.max_draft + 1).min(self.cfg.ctx);
             let pages = self.pages_for(set, cap);
