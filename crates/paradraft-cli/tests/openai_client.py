@@ -212,10 +212,42 @@ for bad in (
     except openai.BadRequestError as e:
         assert e.status_code == 400
 
+# n choices (#61): each its own seed (seed, seed + 1, ...), the prompt computed once.
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Name a color."}], max_tokens=20,
+    temperature=0, n=3,
+)
+assert [c.index for c in r.choices] == [0, 1, 2], r
+assert all(c.message.content == want["chat"] for c in r.choices), r
+one = lambda seed: client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+    temperature=0.9, seed=seed,
+).choices[0].message.content
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+    temperature=0.9, seed=42, n=2,
+)
+assert [c.message.content for c in r.choices] == [one(42), one(43)], r
+texts, finishes = ["", ""], [None, None]
+for chunk in client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+    temperature=0.9, seed=42, n=2, stream=True,
+):
+    for c in chunk.choices:
+        texts[c.index] += c.delta.content or ""
+        finishes[c.index] = c.finish_reason or finishes[c.index]
+assert texts == [c.message.content for c in r.choices], (texts, r)
+assert all(finishes), finishes
+r = client.completions.create(
+    model=model, prompt="The capital of Italy is", max_tokens=12, temperature=0, n=2, logprobs=1
+)
+assert [c.text for c in r.choices] == [want["completion"]] * 2, r
+assert r.choices[0].logprobs.token_logprobs == r.choices[1].logprobs.token_logprobs
+
 # Errors surface as the client's exception types.
 try:
-    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=2)
-    raise AssertionError("n=2 accepted")
+    client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=17)
+    raise AssertionError("n=17 accepted")
 except openai.BadRequestError as e:
     assert e.status_code == 400
 try:

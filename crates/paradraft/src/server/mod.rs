@@ -7,28 +7,25 @@
 //! frees its KV pages. The server keeps no state beyond requests in flight, so replicas behind
 //! any HTTP load balancer scale it out.
 
+mod choices;
 pub mod flags;
 pub mod openai;
 mod response;
 
-use crate::engine::{Engine, Event, Finished, Rejected, Request};
+use crate::engine::{Engine, Rejected, Request};
 use crate::process::TokenLogprob;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures_util::stream::{self, Stream};
 use openai::{ApiError, ChatRequest, CompletionRequest, Validated};
-use response::{finish_reason, Usage};
 use serde_json::{json, Value};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 
 /// What the handlers share.
 pub struct AppState {
@@ -246,16 +243,25 @@ fn refused(st: &AppState, e: ApiError) -> Response {
 
 /// Submits a validated request and answers with JSON or an event stream.
 async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
-    let (tx, rx) = unbounded_channel();
     let prompt_tokens = v.prompt.len();
     let logprobs = v.params.processing.logprobs.is_some();
-    let req = Request {
-        prompt: v.prompt,
-        params: v.params,
-        events: tx,
-        max_draft: v.max_draft,
-    };
-    if let Err(e) = st.engine.submit(req) {
+    // `n` choices: one engine request each, seeded seed, seed + 1, …; the first computes the
+    // prompt and the others copy it (the engine's prefix cache waits for it).
+    let mut rxs = Vec::with_capacity(v.n);
+    for i in 0..v.n {
+        let (tx, rx) = unbounded_channel();
+        let mut params = v.params.clone();
+        params.sampling.seed = params.sampling.seed.wrapping_add(i as u64);
+        let req = Request {
+            prompt: v.prompt.clone(),
+            params,
+            events: tx,
+            max_draft: v.max_draft,
+        };
+        rxs.push(rx);
+        let Err(e) = st.engine.submit(req) else {
+            continue;
+        };
         let err = match e {
             Rejected::Busy(_) => ApiError::invalid(e.to_string(), None)
                 .status(429)
@@ -266,6 +272,7 @@ async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
                 .kind("server_error")
                 .with_code("shutting_down"),
         };
+        // The choices already queued are cancelled with their receivers.
         return err.into_response();
     }
     let meta = Meta {
@@ -282,9 +289,9 @@ async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
         st: st.clone(),
     };
     if v.stream {
-        sse(meta, rx, v.include_usage).into_response()
+        choices::sse(meta, rxs, v.include_usage).into_response()
     } else {
-        whole(meta, rx).await
+        choices::whole(meta, rxs).await
     }
 }
 
@@ -333,9 +340,10 @@ impl Meta {
         })
     }
 
-    /// One choice: the whole message (`chunk` false) or a delta.
+    /// Choice `index`: the whole message (`chunk` false) or a delta.
     fn choice(
         &self,
+        index: usize,
         chunk: bool,
         text: Option<&str>,
         finish: Option<&str>,
@@ -344,7 +352,7 @@ impl Meta {
     ) -> Value {
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text.unwrap_or(""), "refusal": null},
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -357,10 +365,10 @@ impl Meta {
                 if let Some(t) = text {
                     delta["content"] = json!(t);
                 }
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             (Kind::Completion, _) => json!({
-                "index": 0,
+                "index": index,
                 "text": text.unwrap_or(""),
                 "logprobs": logprobs,
                 "finish_reason": finish,
@@ -374,153 +382,6 @@ fn internal(msg: String) -> ApiError {
         .status(500)
         .kind("server_error")
         .with_code("internal_error")
-}
-
-/// A non-streaming response: every event, then one JSON body.
-async fn whole(meta: Meta, mut rx: UnboundedReceiver<Event>) -> Response {
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Text(t) => text.push_str(&t),
-            Event::Logprobs(l) => lps.extend(l),
-            Event::Done(f) => {
-                let logprobs = meta.logprobs(&lps, &mut 0);
-                let choice = meta.choice(
-                    false,
-                    Some(&text),
-                    Some(finish_reason(f.stop_reason)),
-                    false,
-                    logprobs,
-                );
-                let mut body = meta.envelope(false, json!([choice]));
-                body["usage"] = json!(Usage::of(meta.prompt_tokens, &f));
-                return Json(body).into_response();
-            }
-            Event::Error(e) => return internal(e).into_response(),
-        }
-    }
-    internal("the engine dropped the request".into()).into_response()
-}
-
-/// The state of an event stream.
-struct Streaming {
-    meta: Meta,
-    rx: UnboundedReceiver<Event>,
-    include_usage: bool,
-    first: bool,
-    /// Events still to send before reading more (the final chunks).
-    queue: std::collections::VecDeque<SseEvent>,
-    done: bool,
-    /// With log-probabilities: the text of the step whose log-probabilities come next (a
-    /// chunk carries a step's text and its tokens' log-probabilities together).
-    pending: String,
-    /// Where the next token starts in the completion's text (completions' `text_offset`).
-    offset: usize,
-}
-
-fn data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
-}
-
-impl Streaming {
-    fn chunk(&mut self, text: Option<&str>, finish: Option<&str>) -> SseEvent {
-        self.chunk_with(text, finish, Value::Null)
-    }
-
-    fn chunk_with(&mut self, text: Option<&str>, finish: Option<&str>, lp: Value) -> SseEvent {
-        let choice = self.meta.choice(true, text, finish, self.first, lp);
-        self.first = false;
-        let mut v = self.meta.envelope(true, json!([choice]));
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        data(&v)
-    }
-
-    fn finish(&mut self, f: Finished) {
-        if !self.pending.is_empty() {
-            let text = std::mem::take(&mut self.pending);
-            let c = self.chunk(Some(&text), None);
-            self.queue.push_back(c);
-        }
-        let reason = finish_reason(f.stop_reason);
-        let last = if self.meta.kind == Kind::Chat {
-            self.chunk(None, Some(reason))
-        } else {
-            self.chunk(Some(""), Some(reason))
-        };
-        self.queue.push_back(last);
-        if self.include_usage {
-            let mut v = self.meta.envelope(true, json!([]));
-            v["usage"] = json!(Usage::of(self.meta.prompt_tokens, &f));
-            self.queue.push_back(data(&v));
-        }
-        self.queue.push_back(SseEvent::default().data("[DONE]"));
-        self.done = true;
-    }
-}
-
-/// A streaming response: a chunk per text piece, the finish chunk, optionally a usage chunk,
-/// then `[DONE]`. Dropping the stream (client gone) drops the receiver: the engine cancels.
-fn sse(
-    meta: Meta,
-    rx: UnboundedReceiver<Event>,
-    include_usage: bool,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let mut st = Streaming {
-        meta,
-        rx,
-        include_usage,
-        first: true,
-        queue: Default::default(),
-        done: false,
-        pending: String::new(),
-        offset: 0,
-    };
-    // The role chunk goes first (with empty content), as OpenAI's does.
-    if st.meta.kind == Kind::Chat {
-        let c = st.chunk(Some(""), None);
-        st.queue.push_back(c);
-    }
-    let s = stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(ev) = st.queue.pop_front() {
-                return Some((Ok(ev), st));
-            }
-            if st.done {
-                return None;
-            }
-            match st.rx.recv().await {
-                Some(Event::Text(t)) if st.meta.logprobs => st.pending.push_str(&t),
-                Some(Event::Text(t)) => {
-                    let c = st.chunk(Some(&t), None);
-                    return Some((Ok(c), st));
-                }
-                Some(Event::Logprobs(l)) => {
-                    let text = std::mem::take(&mut st.pending);
-                    let mut offset = st.offset;
-                    let lp = st.meta.logprobs(&l, &mut offset);
-                    st.offset = offset;
-                    let c = st.chunk_with(Some(&text), None, lp);
-                    return Some((Ok(c), st));
-                }
-                Some(Event::Done(f)) => st.finish(f),
-                Some(Event::Error(e)) => {
-                    st.queue.push_back(data(&internal(e).body()));
-                    st.queue.push_back(SseEvent::default().data("[DONE]"));
-                    st.done = true;
-                }
-                None => {
-                    st.queue.push_back(data(
-                        &internal("the engine dropped the request".into()).body(),
-                    ));
-                    st.done = true;
-                }
-            }
-        }
-    });
-    Sse::new(s)
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then lets requests in flight finish.

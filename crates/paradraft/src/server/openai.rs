@@ -2,11 +2,11 @@
 //! errors) and the validation that turns a request into a prompt and [`GenerateParams`].
 //!
 //! Requests refuse unknown fields (as the OpenAI API does). Known fields that this server does
-//! not implement are refused when they ask for something (`n > 1`, tools, JSON response
-//! formats) and accepted when they are at their defaults; bookkeeping fields (`user`,
-//! `metadata`, `store`, `service_tier`) are accepted and ignored. `logit_bias`, the presence,
-//! frequency and (vLLM's) repetition penalties and `logprobs` are served with every drafter
-//! ([`crate::process`]).
+//! not implement are refused when they ask for something (tools, `echo`, `suffix`, `best_of`)
+//! and accepted when they are at their defaults; bookkeeping fields (`user`, `metadata`,
+//! `store`, `service_tier`) are accepted and ignored. `logit_bias`, the presence, frequency and
+//! (vLLM's) repetition penalties, `logprobs` ([`crate::process`]), structured output
+//! ([`crate::grammar`]) and `n` are served with every drafter.
 
 use crate::grammar::Grammar;
 use crate::model::{Message, Tokenizer};
@@ -321,7 +321,12 @@ pub struct Validated {
     pub include_usage: bool,
     /// Most draft tokens a round verifies for this request (`None`: the server's limit).
     pub max_draft: Option<usize>,
+    /// Choices to generate (`n`).
+    pub n: usize,
 }
+
+/// The most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
 
 fn unsupported(what: &str, param: &'static str) -> ApiError {
     ApiError::invalid(
@@ -332,6 +337,18 @@ fn unsupported(what: &str, param: &'static str) -> ApiError {
 }
 
 impl Knobs<'_> {
+    /// `n`: how many choices (1 to [`MAX_CHOICES`]).
+    pub fn choices(&self) -> Result<usize, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as usize),
+            Some(n) => Err(ApiError::invalid(
+                format!("n must be in 1..={MAX_CHOICES}, got {n}"),
+                Some("n"),
+            )),
+        }
+    }
+
     /// Bias, penalties and log-probabilities, checked against a vocabulary of `vocab` ids.
     fn processing(&self, vocab: usize) -> Result<Processing, ApiError> {
         let mut p = Processing {
@@ -400,11 +417,6 @@ impl Knobs<'_> {
         vocab: usize,
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<GenerateParams, ApiError> {
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(unsupported("n other than 1", "n"));
-            }
-        }
         let processing = self.processing(vocab)?;
         let temperature = self.temperature.unwrap_or(1.0);
         if !temperature.is_finite() || !(0.0..=2.0).contains(&temperature) {
@@ -611,6 +623,7 @@ impl ChatRequest {
             stream: self.stream,
             include_usage: stream_usage(self.stream, &self.stream_options)?,
             max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
+            n: self.knobs().choices()?,
         })
     }
 }
@@ -761,6 +774,7 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage: stream_usage(self.stream, &self.stream_options)?,
             max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
+            n: self.knobs().choices()?,
         })
     }
 }

@@ -37,17 +37,26 @@ pub struct SpecUsage {
 }
 
 impl Usage {
-    /// The usage of a request of `prompt` tokens that ended as `f`.
-    pub fn of(prompt: usize, f: &crate::engine::Finished) -> Self {
+    /// The usage of a request of `prompt` tokens whose choices ended as `done` (the prompt
+    /// counted once, the rest summed over the choices).
+    pub fn of(prompt: usize, done: &[crate::engine::Finished]) -> Self {
+        let sum = |f: fn(&crate::engine::Finished) -> usize| done.iter().map(f).sum::<usize>();
+        let (completion, rounds) = (sum(|f| f.completion_tokens), sum(|f| f.rounds));
+        let accepted = sum(|f| f.accepted);
+        let tau = if rounds > 0 {
+            (rounds + accepted) as f64 / rounds as f64
+        } else {
+            0.0
+        };
         Usage {
             prompt_tokens: prompt,
-            completion_tokens: f.completion_tokens,
-            total_tokens: prompt + f.completion_tokens,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
             speculative: SpecUsage {
-                rounds: f.rounds,
-                drafted_tokens: f.drafted,
-                accepted_tokens: f.accepted,
-                tau: (f.tau * 1e4).round() / 1e4,
+                rounds,
+                drafted_tokens: sum(|f| f.drafted),
+                accepted_tokens: accepted,
+                tau: (tau * 1e4).round() / 1e4,
             },
         }
     }
