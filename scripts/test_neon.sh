@@ -10,7 +10,7 @@
 #                                   nothing the kernel tests do not, so CI leaves it out)
 #   scripts/test_neon.sh FILTER...  only the library tests matching FILTER
 #
-# The toolchain comes from Debian: `rustc-web`/`cargo-web` (Rust ≥ 1.85, this crate's minimum)
+# The toolchain comes from Debian: `rustc-web`/`cargo-web` (Rust ≥ 1.87, this crate's minimum: llguidance needs it)
 # with the AArch64 standard library `libstd-rust-web-dev:arm64` (multiarch), the cross linker
 # `gcc-aarch64-linux-gnu` and `qemu-user`. The test binary is linked statically: dynamically
 # linked binaries hang in `pthread_create` under Debian 12's qemu-aarch64 7.2.
