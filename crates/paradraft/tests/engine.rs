@@ -56,6 +56,25 @@ fn collect(mut rx: UnboundedReceiver<Event>) -> (String, Finished) {
     }
 }
 
+/// Submits request i with `prompts[i]` and `params(i)`; their receivers, in order.
+fn submit_all(e: &Engine, prompts: &[Vec<TokenId>]) -> Vec<UnboundedReceiver<Event>> {
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (tx, rx) = unbounded_channel();
+            e.submit(Request {
+                prompt: p.clone(),
+                params: params(i),
+                events: tx,
+                max_draft: None,
+            })
+            .unwrap();
+            rx
+        })
+        .collect()
+}
+
 #[test]
 fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
     // auto with recycled candidates: greedy rows ask the batch's forward for their top ids
@@ -76,21 +95,7 @@ fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
         let lm = e.loaded();
         let v = lm.model.config.vocab_size;
         let prompts: Vec<Vec<TokenId>> = (0..16).map(|i| toks(3 + i % 9, i as u32, v)).collect();
-        let rxs: Vec<_> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let (tx, rx) = unbounded_channel();
-                e.submit(Request {
-                    prompt: p.clone(),
-                    params: params(i),
-                    events: tx,
-                    max_draft: None,
-                })
-                .unwrap();
-                rx
-            })
-            .collect();
+        let rxs = submit_all(&e, &prompts);
         for (i, rx) in rxs.into_iter().enumerate() {
             let (text, f) = collect(rx);
             let mut kv = lm.model.new_kv(64);
@@ -377,21 +382,7 @@ fn a_burst_with_one_prompt_beginning_prefills_it_once() {
             p
         })
         .collect();
-    let rxs: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let (tx, rx) = unbounded_channel();
-            e.submit(Request {
-                prompt: p.clone(),
-                params: params(i),
-                events: tx,
-                max_draft: None,
-            })
-            .unwrap();
-            rx
-        })
-        .collect();
+    let rxs = submit_all(&e, &prompts);
     for (i, rx) in rxs.into_iter().enumerate() {
         let (_, f) = collect(rx);
         let mut kv = lm.model.new_kv(96);
