@@ -233,7 +233,7 @@ impl<'a> Session<'a> {
             width: taps.len() * config.hidden_size,
             taps,
             drafter,
-            greedy: params.sampling.is_greedy(),
+            greedy,
             prompt_len: prompt.len(),
             prefilled: 0,
             committed: prompt.to_vec(),
@@ -480,15 +480,20 @@ impl<'a> Session<'a> {
         if self.prefilling() {
             return Ok(());
         }
-        let mut first = o.logits_row(0).to_vec();
-        if let Some(p) = &mut self.process {
-            p.first(&mut first);
-        }
-        self.root = self.sampler.sample_at(&first, self.prompt_len);
-        let lp = self
-            .process
-            .as_ref()
-            .and_then(|p| p.logprob(&first, self.root));
+        // The first token's row, processed when the request asks for processing.
+        let (root, lp) = match &mut self.process {
+            Some(p) => {
+                let mut first = o.logits_row(0).to_vec();
+                p.first(&mut first);
+                let root = self.sampler.sample_at(&first, self.prompt_len);
+                (root, p.logprob(&first, root))
+            }
+            None => (
+                self.sampler.sample_at(o.logits_row(0), self.prompt_len),
+                None,
+            ),
+        };
+        self.root = root;
         let start = self.prefill_start.unwrap_or_else(Instant::now);
         self.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
         let t = Instant::now();
