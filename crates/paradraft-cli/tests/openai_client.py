@@ -244,6 +244,86 @@ r = client.completions.create(
 assert [c.text for c in r.choices] == [want["completion"]] * 2, r
 assert r.choices[0].logprobs.token_logprobs == r.choices[1].logprobs.token_logprobs
 
+# Tools (#61): tool_choice required or named holds the reply to one call of an offered tool,
+# read back as tool_calls whose arguments satisfy the tool's schema; streamed the same; equal
+# with speculation off; auto answers or calls; a tool's result continues the conversation.
+tools = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Adds two integers",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}},
+]
+spec = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+question = {"role": "user", "content": "What is the weather in Paris?"}
+tkw = dict(model=model, messages=[question], tools=tools, max_tokens=60, temperature=0)
+plain = lambda calls: [(c.function.name, c.function.arguments) for c in calls]
+for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+    r = client.chat.completions.create(tool_choice=choice, **tkw)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, r
+    calls = c.message.tool_calls
+    assert len(calls) == 1 and calls[0].type == "function" and calls[0].id.startswith("call_"), r
+    jsonschema.validate(json.loads(calls[0].function.arguments), spec[calls[0].function.name])
+    if isinstance(choice, dict):
+        assert calls[0].function.name == "add", r
+    off = client.chat.completions.create(
+        tool_choice=choice, extra_body={"speculative": {"enabled": False}}, **tkw
+    )
+    assert plain(off.choices[0].message.tool_calls) == plain(calls), (off, r)
+    got, finish = {}, None
+    for chunk in client.chat.completions.create(tool_choice=choice, stream=True, **tkw):
+        for ch in chunk.choices:
+            assert not ch.delta.content, chunk
+            for d in ch.delta.tool_calls or []:
+                e = got.setdefault(d.index, {"id": d.id, "name": "", "arguments": ""})
+                e["name"] += d.function.name or ""
+                e["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls", finish
+    assert [(e["name"], e["arguments"]) for e in got.values()] == plain(calls), (got, calls)
+r = client.chat.completions.create(tool_choice="auto", **tkw)
+c = r.choices[0]
+assert (c.finish_reason == "tool_calls") == bool(c.message.tool_calls), r
+assert c.message.tool_calls or isinstance(c.message.content, str), r
+call = client.chat.completions.create(tool_choice="required", **tkw).choices[0].message.tool_calls[0]
+history = [
+    question,
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+]
+r = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=30, temperature=0)
+assert r.choices[0].message.content or r.choices[0].message.tool_calls, r
+for bad in (
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+    {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "missing"}}},
+    {"tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}},
+):
+    try:
+        client.chat.completions.create(model=model, messages=[question], **bad)
+        raise AssertionError(f"{bad} accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+
+# Other servers' fields (#61): what llama.cpp's web UI sends by default is accepted and
+# changes nothing, n_predict is max_tokens, vLLM's guided_choice holds the answer.
+webui = {"cache_prompt": True, "typical_p": 1, "xtc_probability": 0, "dry_multiplier": 0,
+         "dynatemp_range": 0, "repeat_penalty": 1, "repeat_last_n": 64, "timings_per_token": False}
+r = client.completions.create(
+    model=model, prompt="The capital of Italy is", temperature=0,
+    extra_body={**webui, "n_predict": 12},
+)
+assert r.choices[0].text == want["completion"], (r, want["completion"])
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Is the sky green?"}], temperature=0,
+    max_tokens=10, extra_body={"guided_choice": ["yes", "no"]},
+)
+assert r.choices[0].message.content in ("yes", "no"), r
+
 # Errors surface as the client's exception types.
 try:
     client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=17)

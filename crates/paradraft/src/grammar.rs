@@ -37,7 +37,7 @@ pub enum Grammar {
 /// `, ` and `: ` separators and no other whitespace. Punctuation and a schema's keys are then
 /// forced, so they are drafted for free ([`Constraint::forced`]); with free whitespace almost
 /// nothing is (`{"whitespace_flexible": true}` in the schema's `x-guidance` asks for it).
-fn compact(mut schema: Value) -> Value {
+pub(crate) fn compact(mut schema: Value) -> Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({

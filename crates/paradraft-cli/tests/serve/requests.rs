@@ -199,6 +199,18 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             r#""logprobs": true, "top_logprobs": 21"#,
             "top_logprobs",
         ),
+        // Tools, and other servers' fields (#61): refused naming the field.
+        (
+            chat,
+            user,
+            r#""tools": [{"type": "function", "function": {"name": "a b"}}]"#,
+            "tools",
+        ),
+        (chat, user, r#""tool_choice": "required""#, "tool_choice"),
+        (cmpl, hi, r#""mirostat": 2"#, "mirostat"),
+        (chat, user, r#""samplers": ["top_k"]"#, "samplers"),
+        (cmpl, hi, r#""guided_regex": "(""#, "guided_regex"),
+        (cmpl, hi, r#""bogus": 1"#, "bogus"),
     ] {
         let body = format!("{{{head}, {rest}}}");
         let (st, v) = call(path, &body, &auth);

@@ -10,6 +10,7 @@ pub mod llama;
 mod moe;
 pub mod options;
 mod phi3;
+pub mod pyjson;
 pub mod source;
 mod spm;
 mod token_bytes;

@@ -140,10 +140,17 @@ impl Inner {
     }
 }
 
+/// A chat turn as chat templates read it. Tool calls take Hugging Face's shape
+/// (`{"type": "function", "id", "function": {"name", "arguments": {…}}}`, the arguments an
+/// object); a tool's answer names the call it answers.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -151,6 +158,8 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -455,6 +464,17 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>> {
+        self.encode_chat_with(messages, add_generation_prompt, &Default::default())
+    }
+
+    /// [`Tokenizer::encode_chat`] with more variables for the template (`tools`, a request's
+    /// `chat_template_kwargs`); the messages and the special tokens win over them.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Vec<TokenId>> {
         let specials = self.inner.special_texts();
         let risky: Vec<usize> = (0..messages.len())
             .filter(|&i| {
@@ -464,7 +484,7 @@ impl Tokenizer {
             })
             .collect();
         if risky.is_empty() {
-            return self.encode(&self.apply_chat_template(messages, add_generation_prompt)?);
+            return self.encode(&self.render_chat(messages, add_generation_prompt, vars)?);
         }
         // Render with a sentinel in place of each such content, then encode the template's
         // pieces with special tokens and the contents as text.
@@ -473,7 +493,7 @@ impl Tokenizer {
         for &i in &risky {
             msgs[i].content = sentinel(i);
         }
-        let text = self.apply_chat_template(&msgs, add_generation_prompt)?;
+        let text = self.render_chat(&msgs, add_generation_prompt, vars)?;
         let mut pieces: Vec<(&str, bool)> = Vec::new();
         let mut rest = text.as_str();
         while let Some((at, i)) = risky
@@ -507,6 +527,15 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat(messages, add_generation_prompt, &Default::default())
+    }
+
+    fn render_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let Some(tpl) = &self.chat_template else {
             let mut s: String = messages
                 .iter()
@@ -527,6 +556,7 @@ impl Tokenizer {
                 ))
             },
         );
+        env.add_filter("tojson", super::pyjson::tojson);
         env.add_function("strftime_now", |_fmt: String| "1 January 2026".to_string());
         let cerr = |e: minijinja::Error| Error::ChatTemplate(format!("{e:#}"));
         env.add_template("chat", tpl).map_err(cerr)?;
@@ -535,6 +565,7 @@ impl Tokenizer {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_text,
             eos_token => self.eos_text,
+            ..minijinja::Value::from_serialize(vars)
         };
         env.get_template("chat")
             .map_err(cerr)?

@@ -2,6 +2,7 @@
 //! one event stream whose chunks name their choice's `index`.
 
 use super::response::{finish_reason, Usage};
+use super::tools::{self, Reader};
 use super::{internal, Kind, Meta};
 use crate::engine::{Event, Finished};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -34,7 +35,16 @@ pub(super) async fn whole(meta: Meta, rxs: Vec<UnboundedReceiver<Event>>) -> Res
         };
         let logprobs = meta.logprobs(&lps, &mut 0);
         let reason = finish_reason(f.stop_reason);
-        choices.push(meta.choice(i, false, Some(&text), Some(reason), false, logprobs));
+        let mut choice = meta.choice(i, false, Some(&text), Some(reason), false, logprobs);
+        if let Some(format) = meta.tool_format {
+            let p = tools::read(format, &text);
+            choice["message"]["content"] = json!(p.content);
+            if !p.calls.is_empty() {
+                choice["message"]["tool_calls"] = meta.tool_calls(i, &p.calls, false);
+                choice["finish_reason"] = json!("tool_calls");
+            }
+        }
+        choices.push(choice);
         done.push(f);
     }
     let mut body = meta.envelope(false, Value::Array(choices));
@@ -57,6 +67,8 @@ struct Streaming {
     /// Per choice: where its next token starts in its text (completions' `text_offset`).
     offset: Vec<usize>,
     finished: Vec<Option<Finished>>,
+    /// Per choice, with tools: the reader holding back what may be a call.
+    readers: Vec<Option<Reader>>,
     /// Events still to send before reading more (the final chunks).
     queue: std::collections::VecDeque<SseEvent>,
     done: bool,
@@ -80,10 +92,17 @@ impl Streaming {
     /// Takes one choice's event; queues what it sends.
     fn take(&mut self, i: usize, ev: Event) {
         match ev {
-            Event::Text(t) if self.meta.logprobs => self.pending[i].push_str(&t),
             Event::Text(t) => {
-                let c = self.chunk(i, Some(&t), None, Value::Null);
-                self.queue.push_back(c);
+                let t = match &mut self.readers[i] {
+                    Some(r) => r.push(&t),
+                    None => t,
+                };
+                if self.meta.logprobs {
+                    self.pending[i].push_str(&t);
+                } else if !t.is_empty() {
+                    let c = self.chunk(i, Some(&t), None, Value::Null);
+                    self.queue.push_back(c);
+                }
             }
             Event::Logprobs(l) => {
                 let text = std::mem::take(&mut self.pending[i]);
@@ -103,12 +122,30 @@ impl Streaming {
     }
 
     fn finish(&mut self, i: usize, f: Finished) {
+        let read = self.readers[i].as_mut().map(Reader::finish);
+        if let Some(rest) = read.as_ref().and_then(|p| p.content.as_deref()) {
+            self.pending[i].push_str(rest);
+        }
         if !self.pending[i].is_empty() {
             let text = std::mem::take(&mut self.pending[i]);
             let c = self.chunk(i, Some(&text), None, Value::Null);
             self.queue.push_back(c);
         }
-        let reason = finish_reason(f.stop_reason);
+        let mut reason = finish_reason(f.stop_reason);
+        if let Some(p) = read.filter(|p| !p.calls.is_empty()) {
+            let calls = self.meta.tool_calls(i, &p.calls, true);
+            let mut c = self
+                .meta
+                .choice(i, true, None, None, self.first[i], Value::Null);
+            c["delta"]["tool_calls"] = calls;
+            self.first[i] = false;
+            let mut v = self.meta.envelope(true, json!([c]));
+            if self.include_usage {
+                v["usage"] = Value::Null;
+            }
+            self.queue.push_back(data(&v));
+            reason = "tool_calls";
+        }
         let text = (self.meta.kind == Kind::Completion).then_some("");
         let last = self.chunk(i, text, Some(reason), Value::Null);
         self.queue.push_back(last);
@@ -135,6 +172,7 @@ pub(super) fn sse(
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let n = rxs.len();
+    let meta_format = meta.tool_format;
     let events: Events = Box::pin(stream::select_all(rxs.into_iter().enumerate().map(
         |(i, rx)| {
             Box::pin(stream::unfold(rx, move |mut rx| async move {
@@ -150,6 +188,7 @@ pub(super) fn sse(
         pending: vec![String::new(); n],
         offset: vec![0; n],
         finished: vec![None; n],
+        readers: (0..n).map(|_| meta_format.map(Reader::new)).collect(),
         queue: Default::default(),
         done: false,
     };

@@ -176,7 +176,7 @@ impl ProcessingFlags {
 
 /// A request refused by the server's validation, worded for the command line (its flag).
 pub fn flag_error(e: ApiError) -> Error {
-    let flag = match e.param {
+    let flag = match e.param.as_deref() {
         Some("presence_penalty") => "--presence-penalty",
         Some("frequency_penalty") => "--frequency-penalty",
         Some("repetition_penalty") => "--repetition-penalty",

@@ -8,9 +8,13 @@
 //! any HTTP load balancer scale it out.
 
 mod choices;
+mod extensions;
 pub mod flags;
+mod messages;
 pub mod openai;
 mod response;
+mod structured;
+pub mod tools;
 
 use crate::engine::{Engine, Rejected, Request};
 use crate::process::TokenLogprob;
@@ -286,6 +290,7 @@ async fn respond(st: Arc<AppState>, v: Validated, kind: Kind) -> Response {
         kind,
         prompt_tokens,
         logprobs,
+        tool_format: v.tool_format,
         st: st.clone(),
     };
     if v.stream {
@@ -303,6 +308,8 @@ struct Meta {
     prompt_tokens: usize,
     /// Whether the request asked for log-probabilities.
     logprobs: bool,
+    /// How tool calls are read from the text, when the request offers tools.
+    tool_format: Option<tools::Format>,
     st: Arc<AppState>,
 }
 
@@ -374,6 +381,30 @@ impl Meta {
                 "finish_reason": finish,
             }),
         }
+    }
+}
+
+impl Meta {
+    /// Choice `index`'s tool calls as the API gives them: whole (`chunk` false, with `id`,
+    /// `type`, `function`) or as a stream's delta (also with its `index`).
+    fn tool_calls(&self, index: usize, calls: &[tools::Call], chunk: bool) -> Value {
+        let tail = self.id.rsplit('-').next().unwrap_or_default();
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let mut v = json!({
+                    "id": format!("call_{tail}{index:02x}{k:02x}"),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                });
+                if chunk {
+                    v["index"] = json!(k);
+                }
+                v
+            })
+            .collect();
+        Value::Array(calls)
     }
 }
 

@@ -1,15 +1,20 @@
 //! The OpenAI API's request and response bodies (chat completions, completions, models,
 //! errors) and the validation that turns a request into a prompt and [`GenerateParams`].
 //!
-//! Requests refuse unknown fields (as the OpenAI API does). Known fields that this server does
-//! not implement are refused when they ask for something (tools, `echo`, `suffix`, `best_of`)
-//! and accepted when they are at their defaults; bookkeeping fields (`user`, `metadata`,
+//! Requests refuse unknown fields (as the OpenAI API does), naming them; other servers'
+//! extension fields are served, accepted where they ask for nothing, or refused by name
+//! ([`super::extensions`]). Known fields that this server does
+//! not implement are refused when they ask for something (`functions`, audio, `echo`,
+//! `suffix`, `best_of`) and accepted when they are at their defaults; bookkeeping fields (`user`, `metadata`,
 //! `store`, `service_tier`) are accepted and ignored. `logit_bias`, the presence, frequency and
 //! (vLLM's) repetition penalties, `logprobs` ([`crate::process`]), structured output
-//! ([`crate::grammar`]) and `n` are served with every drafter.
+//! ([`crate::grammar`]), `n` and tools ([`super::tools`]) are served with every drafter.
 
-use crate::grammar::Grammar;
-use crate::model::{Message, Tokenizer};
+use super::extensions;
+use super::messages::ChatMessage;
+use super::structured::{compile, ConstrainFields};
+use super::tools::{self, Format, Tools};
+use crate::model::Tokenizer;
 use crate::process::{Processing, MAX_TOP_LOGPROBS};
 use crate::request::GenerateParams;
 use crate::sample::SamplingParams;
@@ -24,7 +29,7 @@ pub struct ApiError {
     pub status: u16,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<std::borrow::Cow<'static, str>>,
     pub code: Option<&'static str>,
 }
 
@@ -34,9 +39,15 @@ impl ApiError {
             status: 400,
             message: message.into(),
             kind: "invalid_request_error",
-            param,
+            param: param.map(Into::into),
             code: None,
         }
+    }
+
+    /// The field the error names, when it is only known at run time.
+    pub fn param_named(mut self, field: String) -> Self {
+        self.param = Some(field.into());
+        self
     }
 
     pub fn with_code(mut self, code: &'static str) -> Self {
@@ -117,7 +128,6 @@ impl SpeculativeOptions {
 
 /// `POST /v1/chat/completions`.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     pub model: Option<String>,
@@ -150,6 +160,9 @@ pub struct ChatRequest {
     pub reasoning_effort: Option<String>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    /// Variables for the chat template (vLLM's and llama-server's extension), e.g.
+    /// `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     pub response_format: Option<Value>,
@@ -162,31 +175,13 @@ pub struct ChatRequest {
     pub grammar: Option<String>,
     pub json_schema: Option<Value>,
     pub regex: Option<String>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<Content>,
-    /// Accepted (OpenAI allows a participant name) and not used by the template.
-    #[serde(default)]
-    pub name: Option<String>,
+    /// Every other field: other servers' extensions ([`super::extensions`]) or unknown.
     #[serde(flatten)]
-    pub other: serde_json::Map<String, Value>,
-}
-
-/// A message's content: text, or text parts.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content {
-    Text(String),
-    Parts(Vec<Value>),
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// `POST /v1/completions`.
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     pub prompt: Value,
     pub model: Option<String>,
@@ -216,82 +211,9 @@ pub struct CompletionRequest {
     pub grammar: Option<String>,
     pub json_schema: Option<Value>,
     pub regex: Option<String>,
-}
-
-/// The structured-output extensions both endpoints take besides `response_format`
-/// (llama-server's names).
-#[derive(Clone, Debug, Default)]
-pub struct ConstrainFields {
-    /// A Lark grammar (llguidance's dialect).
-    pub grammar: Option<String>,
-    /// A JSON schema the output must satisfy.
-    pub json_schema: Option<Value>,
-    /// A regular expression the whole output must match.
-    pub regex: Option<String>,
-}
-
-impl ConstrainFields {
-    /// The one grammar `response_format` and these fields ask for, compiled once against the
-    /// model's vocabulary so that one that does not compile is refused here, naming its field.
-    fn grammar(
-        &self,
-        response_format: &Option<Value>,
-        tok: &Tokenizer,
-        vocab: usize,
-    ) -> Result<Option<Grammar>, ApiError> {
-        let mut asked: Vec<(Grammar, &'static str)> = vec![];
-        if let Some(rf) = response_format.as_ref().filter(|v| !v.is_null()) {
-            let bad = |m: &str| ApiError::invalid(m, Some("response_format"));
-            match rf.get("type").and_then(Value::as_str) {
-                Some("text") => {}
-                Some("json_object") => asked.push((Grammar::JsonObject, "response_format")),
-                Some("json_schema") => {
-                    let schema = rf
-                        .get("json_schema")
-                        .and_then(|j| j.get("schema"))
-                        .filter(|s| s.is_object())
-                        .ok_or_else(|| {
-                            bad("response_format.json_schema.schema must be an object")
-                        })?;
-                    asked.push((Grammar::JsonSchema(schema.clone()), "response_format"));
-                }
-                _ => {
-                    return Err(bad(
-                        "response_format.type must be text, json_object or json_schema",
-                    ))
-                }
-            }
-        }
-        if let Some(g) = &self.grammar {
-            asked.push((Grammar::Lark(g.clone()), "grammar"));
-        }
-        if let Some(s) = &self.json_schema {
-            if !s.is_object() {
-                return Err(ApiError::invalid(
-                    "json_schema must be an object",
-                    Some("json_schema"),
-                ));
-            }
-            asked.push((Grammar::JsonSchema(s.clone()), "json_schema"));
-        }
-        if let Some(r) = &self.regex {
-            asked.push((Grammar::Regex(r.clone()), "regex"));
-        }
-        let Some((g, field)) = asked.pop() else {
-            return Ok(None);
-        };
-        if let Some((_, other)) = asked.first() {
-            return Err(ApiError::invalid(
-                format!("{other} and {field} both constrain the output: give one"),
-                Some(field),
-            ));
-        }
-        let compiled = tok
-            .grammar_env(vocab)
-            .and_then(|env| env.constraint(&g).map(|_| ()));
-        compiled.map_err(|e| ApiError::invalid(e.to_string(), Some(field)))?;
-        Ok(Some(g))
-    }
+    /// Every other field: other servers' extensions ([`super::extensions`]) or unknown.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 /// What both endpoints validate the same way.
@@ -323,6 +245,8 @@ pub struct Validated {
     pub max_draft: Option<usize>,
     /// Choices to generate (`n`).
     pub n: usize,
+    /// The format tool calls are read back in, when the request offers tools.
+    pub tool_format: Option<Format>,
 }
 
 /// The most choices (`n`) one request may ask for.
@@ -564,10 +488,10 @@ impl ChatRequest {
         vocab: usize,
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<Validated, ApiError> {
+        let served = extensions::check(&self.extra)?;
         let logprobs = self.logprobs()?;
         let absent = |v: &Option<Value>| v.as_ref().is_none_or(Value::is_null);
         for (v, name) in [
-            (&self.tools, "tools"),
             (&self.functions, "functions"),
             (&self.audio, "audio"),
             (&self.prediction, "prediction"),
@@ -577,14 +501,18 @@ impl ChatRequest {
                 return Err(unsupported(name, name));
             }
         }
-        for (v, name) in [
-            (&self.tool_choice, "tool_choice"),
-            (&self.function_call, "function_call"),
-        ] {
-            if !absent(v) && v.as_ref().and_then(Value::as_str) != Some("none") {
-                return Err(unsupported(name, name));
-            }
+        if !absent(&self.function_call)
+            && self.function_call.as_ref().and_then(Value::as_str) != Some("none")
+        {
+            return Err(unsupported("function_call", "function_call"));
         }
+        let format = Format::of(tok.chat_template.as_deref());
+        let tools = Tools::of_request(
+            &self.tools,
+            &self.tool_choice,
+            self.parallel_tool_calls,
+            format,
+        )?;
         if let Some(m) = &self.modalities {
             if m != &serde_json::json!(["text"]) {
                 return Err(unsupported(
@@ -603,20 +531,34 @@ impl ChatRequest {
         for (i, m) in self.messages.iter().enumerate() {
             msgs.push(m.to_message(i)?);
         }
-        let prompt = tok
-            .encode_chat(&msgs, true)
+        let vars = self.chat_template_kwargs.clone().unwrap_or_default();
+        let prompt = tools::encode(tok, msgs, tools.as_ref(), format, vars)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
-        let knobs = Knobs {
+        let mut knobs = Knobs {
             logprobs,
             ..self.knobs()
         };
+        if let Some(n) = served.n_predict {
+            knobs.max_tokens = n;
+        }
         let mut params = knobs.params(prompt.len(), ctx, vocab, draw_seed)?;
         params.processing.grammar = ConstrainFields {
             grammar: self.grammar.clone(),
             json_schema: self.json_schema.clone(),
             regex: self.regex.clone(),
+            more: served.grammars,
         }
         .grammar(&self.response_format, tok, vocab)?;
+        if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+            if params.processing.grammar.is_some() {
+                return Err(ApiError::invalid(
+                    "tool_choice holds the reply to tool calls, and a response_format or grammar constrains it too: give one",
+                    Some("tool_choice"),
+                ));
+            }
+            compile(&g, tok, vocab, "tools")?;
+            params.processing.grammar = Some(g);
+        }
         Ok(Validated {
             prompt,
             params,
@@ -624,6 +566,7 @@ impl ChatRequest {
             include_usage: stream_usage(self.stream, &self.stream_options)?,
             max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
             n: self.knobs().choices()?,
+            tool_format: tools.map(|_| format),
         })
     }
 }
@@ -636,52 +579,6 @@ fn stream_usage(stream: bool, o: &Option<StreamOptions>) -> Result<bool, ApiErro
         )),
         Some(o) => Ok(o.include_usage),
         None => Ok(false),
-    }
-}
-
-impl ChatMessage {
-    fn to_message(&self, i: usize) -> Result<Message, ApiError> {
-        let bad = |m: String| ApiError::invalid(m, Some("messages"));
-        let role = match self.role.as_str() {
-            "system" | "developer" => "system",
-            "user" => "user",
-            "assistant" => "assistant",
-            r => {
-                return Err(bad(format!(
-                    "messages[{i}].role {r:?} is not supported (system, developer, user, assistant)"
-                )))
-            }
-        };
-        if let Some(k) = self.other.keys().next() {
-            let supported = ["refusal"];
-            if !supported.contains(&k.as_str()) || !self.other[k].is_null() {
-                return Err(bad(format!("messages[{i}].{k} is not supported")));
-            }
-        }
-        let text = match &self.content {
-            None => {
-                return Err(bad(format!("messages[{i}].content is required")));
-            }
-            Some(Content::Text(t)) => t.clone(),
-            Some(Content::Parts(parts)) => {
-                let mut t = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (
-                        p.get("type").and_then(Value::as_str),
-                        p.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(s)) => t.push_str(s),
-                        _ => {
-                            return Err(bad(format!(
-                                "messages[{i}].content[{j}]: only text parts are supported"
-                            )))
-                        }
-                    }
-                }
-                t
-            }
-        };
-        Ok(Message::new(role, &text))
     }
 }
 
@@ -713,6 +610,7 @@ impl CompletionRequest {
         vocab: usize,
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<Validated, ApiError> {
+        let served = extensions::check(&self.extra)?;
         if self.echo == Some(true) {
             return Err(unsupported("echo", "echo"));
         }
@@ -761,11 +659,16 @@ impl CompletionRequest {
                 ))
             }
         };
-        let mut params = self.knobs().params(prompt.len(), ctx, vocab, draw_seed)?;
+        let mut knobs = self.knobs();
+        if let Some(n) = served.n_predict {
+            knobs.max_tokens = n;
+        }
+        let mut params = knobs.params(prompt.len(), ctx, vocab, draw_seed)?;
         params.processing.grammar = ConstrainFields {
             grammar: self.grammar.clone(),
             json_schema: self.json_schema.clone(),
             regex: self.regex.clone(),
+            more: served.grammars,
         }
         .grammar(&self.response_format, tok, vocab)?;
         Ok(Validated {
@@ -775,6 +678,7 @@ impl CompletionRequest {
             include_usage: stream_usage(self.stream, &self.stream_options)?,
             max_draft: SpeculativeOptions::max_draft(&self.speculative)?,
             n: self.knobs().choices()?,
+            tool_format: None,
         })
     }
 }

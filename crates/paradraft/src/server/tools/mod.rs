@@ -1,0 +1,556 @@
+//! Tools (`tools` / `tool_choice`): how the model hears of them, the grammar that holds it to
+//! a call when `tool_choice` asks for one, and the calls read back out of its text.
+//!
+//! The chat template decides the format ([`Format::of`]):
+//! - **Hermes** (`<tool_call>{"name", "arguments"}</tool_call>`; the templates of Qwen 2.5 / 3,
+//!   Hermes, SmolLM3 and others), which render the tools and tool turns themselves;
+//! - **Llama 3** (`{"name", "parameters"}` as the whole reply), likewise;
+//! - **generic**, for a template that knows no tools (SmolLM2's): the tools are described in
+//!   a system message and the reply is held by a grammar to `{"tool_calls": [{"name",
+//!   "arguments"}]}` or, with `tool_choice: auto`, `{"response": "…"}` (llama-server's generic
+//!   format does the same), so even a small model's calls parse.
+//!
+//! With `required` or a named tool every format is held by a grammar to calls of the offered
+//! tools whose arguments satisfy their schemas. Grammars are lossless with every drafter
+//! ([`crate::grammar`]), so speculation changes none of this.
+
+use super::openai::ApiError;
+use crate::grammar::{compact, Grammar};
+use crate::model::{Message, Tokenizer};
+use crate::types::TokenId;
+use serde_json::{json, Map, Value};
+
+/// How the model is told of tools and writes its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Hermes,
+    Llama3,
+    Generic,
+}
+
+impl Format {
+    /// The format a chat template speaks.
+    pub fn of(template: Option<&str>) -> Format {
+        match template {
+            Some(t) if t.contains("<tool_call>") => Format::Hermes,
+            Some(t)
+                if t.contains("tools")
+                    && (t.contains("<|python_tag|>") || t.contains("\"parameters\"")) =>
+            {
+                Format::Llama3
+            }
+            _ => Format::Generic,
+        }
+    }
+
+    /// The key a call's arguments take in the model's text.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            Format::Llama3 => "parameters",
+            Format::Hermes | Format::Generic => "arguments",
+        }
+    }
+}
+
+/// `tool_choice` when tools are offered.
+#[derive(Clone, Debug, PartialEq)]
+enum Choice {
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// A request's tools, validated.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    format: Format,
+    /// As the request gave them (`{"type": "function", "function": {"name", …}}`), each with
+    /// `parameters` (an empty object schema where none was given).
+    defs: Vec<Value>,
+    choice: Choice,
+    parallel: bool,
+}
+
+fn bad_tools(m: String) -> ApiError {
+    ApiError::invalid(m, Some("tools"))
+}
+
+fn bad_choice(m: String) -> ApiError {
+    ApiError::invalid(m, Some("tool_choice"))
+}
+
+/// A function name as OpenAI allows them: 1 to 64 of `a-z A-Z 0-9 _ -`.
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Tools {
+    /// The request's `tools`, `tool_choice` and `parallel_tool_calls` in `format`; `None`
+    /// when no tools are offered or `tool_choice` is `"none"`.
+    pub fn of_request(
+        tools: &Option<Value>,
+        choice: &Option<Value>,
+        parallel: Option<bool>,
+        format: Format,
+    ) -> Result<Option<Tools>, ApiError> {
+        let mut defs = match tools {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(a)) => a.clone(),
+            Some(_) => return Err(bad_tools("tools must be an array".into())),
+        };
+        let mut names: Vec<String> = vec![];
+        for (i, t) in defs.iter_mut().enumerate() {
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad_tools(format!("tools[{i}].type must be \"function\"")));
+            }
+            let Some(f) = t.get_mut("function").and_then(Value::as_object_mut) else {
+                return Err(bad_tools(format!("tools[{i}].function must be an object")));
+            };
+            let name = match f.get("name").and_then(Value::as_str) {
+                Some(n) if valid_name(n) => n.to_string(),
+                _ => {
+                    return Err(bad_tools(format!(
+                        "tools[{i}].function.name must be 1 to 64 letters, digits, _ or -"
+                    )))
+                }
+            };
+            if names.contains(&name) {
+                return Err(bad_tools(format!(
+                    "tools[{i}]: a second tool named {name:?}"
+                )));
+            }
+            match f.get("parameters") {
+                None | Some(Value::Null) => {
+                    f.insert(
+                        "parameters".into(),
+                        json!({"type": "object", "properties": {}}),
+                    );
+                }
+                Some(Value::Object(_)) => {}
+                Some(_) => {
+                    return Err(bad_tools(format!(
+                        "tools[{i}].function.parameters must be a JSON schema (an object)"
+                    )))
+                }
+            }
+            if f.get("description").is_some_and(|d| !d.is_string()) {
+                return Err(bad_tools(format!(
+                    "tools[{i}].function.description must be a string"
+                )));
+            }
+            names.push(name);
+        }
+        let choice = match choice {
+            None | Some(Value::Null) => Choice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "none" => return Ok(None),
+                "auto" => Choice::Auto,
+                "required" => Choice::Required,
+                _ => {
+                    return Err(bad_choice(format!(
+                        "tool_choice must be none, auto, required or a function, got {s:?}"
+                    )))
+                }
+            },
+            Some(v) => match (
+                v.get("type").and_then(Value::as_str),
+                v.get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str),
+            ) {
+                (Some("function"), Some(n)) if names.iter().any(|m| m == n) => {
+                    Choice::Named(n.to_string())
+                }
+                (Some("function"), Some(n)) => {
+                    return Err(bad_choice(format!("tool_choice names {n:?}, not in tools")))
+                }
+                _ => {
+                    return Err(bad_choice(
+                        "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": …}}"
+                            .into(),
+                    ))
+                }
+            },
+        };
+        if defs.is_empty() {
+            return match choice {
+                Choice::Auto => Ok(None),
+                _ => Err(bad_choice(
+                    "tool_choice asks for a tool but tools is empty".into(),
+                )),
+            };
+        }
+        Ok(Some(Tools {
+            format,
+            defs,
+            choice,
+            // llama-server's default: one call unless the request allows more.
+            parallel: parallel.unwrap_or(false),
+        }))
+    }
+
+    /// The schema of one call of an allowed tool (`{"name", <arguments key>}`).
+    fn call_schema(&self) -> Value {
+        let key = self.format.arguments_key();
+        let allowed: Vec<Value> = self
+            .defs
+            .iter()
+            .map(|t| &t["function"])
+            .filter(|f| match &self.choice {
+                Choice::Named(n) => f["name"] == **n,
+                _ => true,
+            })
+            .map(|f| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
+                    "required": ["name", key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        match <[Value; 1]>::try_from(allowed) {
+            Ok([one]) => one,
+            Err(all) => json!({"anyOf": all}),
+        }
+    }
+
+    /// The grammar the reply is held to, if any.
+    pub fn grammar(&self) -> Option<Grammar> {
+        match (self.format, &self.choice) {
+            (Format::Generic, choice) => {
+                let mut calls =
+                    json!({"type": "array", "items": self.call_schema(), "minItems": 1});
+                if !self.parallel {
+                    calls["maxItems"] = json!(1);
+                }
+                let call = json!({
+                    "type": "object",
+                    "properties": {"tool_calls": calls},
+                    "required": ["tool_calls"],
+                    "additionalProperties": false,
+                });
+                let answer = json!({
+                    "type": "object",
+                    "properties": {"response": {"type": "string"}},
+                    "required": ["response"],
+                    "additionalProperties": false,
+                });
+                Some(Grammar::JsonSchema(match choice {
+                    Choice::Auto => json!({"anyOf": [call, answer]}),
+                    _ => call,
+                }))
+            }
+            (_, Choice::Auto) => None,
+            (Format::Hermes, _) => {
+                let call = compact(self.call_schema());
+                let start = if self.parallel {
+                    "call (\"\\n\" call)*"
+                } else {
+                    "call"
+                };
+                Some(Grammar::Lark(format!(
+                    "start: {start}\ncall: \"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"\n"
+                )))
+            }
+            (Format::Llama3, _) => Some(Grammar::JsonSchema(self.call_schema())),
+        }
+    }
+
+    /// What a template that knows no tools is told of them (a system message).
+    fn describe(&self) -> String {
+        let mut s = String::from(
+            "You can call these tools (their arguments follow the JSON schema given):\n",
+        );
+        for t in &self.defs {
+            let f = &t["function"];
+            let mut d = json!({"name": f["name"], "parameters": f["parameters"]});
+            if let Some(desc) = f.get("description") {
+                d["description"] = desc.clone();
+            }
+            s.push_str(&compact_json(&d));
+            s.push('\n');
+        }
+        s.push_str(
+            "To call tools, reply with only {\"tool_calls\": [{\"name\": <tool name>, \"arguments\": <arguments object>}]}.",
+        );
+        if self.choice == Choice::Auto {
+            s.push_str(" To answer without a tool, reply with only {\"response\": <your answer>}.");
+        }
+        s
+    }
+}
+
+/// JSON on one line with `, ` and `: ` (the layout the grammars hold JSON to).
+fn compact_json(v: &Value) -> String {
+    crate::model::pyjson::dumps(v, None)
+}
+
+/// Encodes `msgs` as the prompt, telling the model of `tools` in `format`. A template that
+/// knows no tools reads tool calls as the generic reply they were and tool results as `tool`
+/// turns — or, where the template refuses those (or a system turn), as user turns.
+pub fn encode(
+    tok: &Tokenizer,
+    mut msgs: Vec<Message>,
+    tools: Option<&Tools>,
+    format: Format,
+    mut vars: Map<String, Value>,
+) -> crate::error::Result<Vec<TokenId>> {
+    if format != Format::Generic {
+        if let Some(t) = tools {
+            vars.insert("tools".into(), Value::Array(t.defs.clone()));
+        }
+        return tok.encode_chat_with(&msgs, true, &vars);
+    }
+    for m in &mut msgs {
+        if let Some(calls) = m.tool_calls.take() {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}))
+                .collect();
+            m.content = compact_json(&json!({"tool_calls": calls}));
+        }
+        if let Some(id) = m.tool_call_id.take() {
+            m.content = compact_json(&json!({"tool_call_id": id, "content": m.content}));
+        }
+    }
+    if let Some(t) = tools {
+        let text = t.describe();
+        match msgs.first_mut() {
+            Some(m) if m.role == "system" => m.content = format!("{text}\n\n{}", m.content),
+            _ => msgs.insert(0, Message::new("system", &text)),
+        }
+    }
+    let first = tok.encode_chat_with(&msgs, true, &vars);
+    if first.is_ok() || !msgs.iter().any(|m| m.role == "tool" || m.role == "system") {
+        return first;
+    }
+    // The template refused a turn: tool turns as user turns, a system turn as the start of
+    // the first user turn.
+    for m in &mut msgs {
+        if m.role == "tool" {
+            m.role = "user".into();
+        }
+    }
+    if msgs.first().is_some_and(|m| m.role == "system") && msgs.len() > 1 {
+        let sys = msgs.remove(0);
+        msgs[0].content = format!("{}\n\n{}", sys.content, msgs[0].content);
+    }
+    tok.encode_chat_with(&msgs, true, &vars)
+}
+
+/// A call read from the model's text: its name and its arguments as JSON text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A reply read: its text for the user (`None`: none besides calls) and its calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parsed {
+    pub content: Option<String>,
+    pub calls: Vec<Call>,
+}
+
+/// A call object (`{"name", "arguments" | "parameters"}`) as a [`Call`].
+fn call_of(v: &Value) -> Option<Call> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = v.get("arguments").or_else(|| v.get("parameters"))?;
+    let arguments = match args {
+        // Some models write the arguments as a JSON string.
+        Value::String(s) => serde_json::from_str::<Value>(s).ok()?.to_string(),
+        Value::Object(_) => args.to_string(),
+        _ => return None,
+    };
+    Some(Call { name, arguments })
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// The longest end of `s` that begins `tag` (text that may yet become the tag).
+fn partial_tag(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&n| s.is_char_boundary(s.len() - n) && tag.starts_with(&s[s.len() - n..]))
+        .unwrap_or(0)
+}
+
+/// The start of the generic format's answer (the grammar's compact layout).
+const ANSWER: &str = "{\"response\": \"";
+
+/// The text of a JSON string body `s` (after its opening quote) so far: complete escapes
+/// only, up to its closing quote if there is one.
+fn string_so_far(s: &str) -> String {
+    let b = s.as_bytes();
+    let (mut i, mut safe) = (0, 0);
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                safe = i;
+                break;
+            }
+            b'\\' => {
+                let need = match b.get(i + 1) {
+                    Some(b'u') => {
+                        let hex = s
+                            .get(i + 2..i + 6)
+                            .and_then(|h| u16::from_str_radix(h, 16).ok());
+                        match hex {
+                            // A high surrogate needs its low half.
+                            Some(h) if (0xD800..0xDC00).contains(&h) => 12,
+                            _ => 6,
+                        }
+                    }
+                    _ => 2,
+                };
+                if i + need > b.len() {
+                    break;
+                }
+                i += need;
+            }
+            _ => i += 1,
+        }
+        safe = i;
+    }
+    serde_json::from_str(&format!("\"{}\"", &s[..safe])).unwrap_or_default()
+}
+
+/// Reads a reply in `format`: whole ([`read`]) or as it streams ([`Reader::push`]); what a
+/// stream sends is always a prefix of the content the whole reply gives.
+pub fn read(format: Format, text: &str) -> Parsed {
+    let plain = || Parsed {
+        content: Some(text.to_string()),
+        calls: vec![],
+    };
+    match format {
+        Format::Hermes => {
+            let Some(at) = text.find(OPEN) else {
+                return plain();
+            };
+            let mut calls = vec![];
+            for part in text[at..].split(OPEN).skip(1) {
+                let body = part.split(CLOSE).next().unwrap_or_default();
+                match serde_json::from_str::<Value>(body.trim())
+                    .ok()
+                    .as_ref()
+                    .and_then(call_of)
+                {
+                    Some(c) => calls.push(c),
+                    None => return plain(),
+                }
+            }
+            let before = &text[..at];
+            Parsed {
+                content: (!before.trim().is_empty()).then(|| before.to_string()),
+                calls,
+            }
+        }
+        Format::Llama3 => match serde_json::from_str::<Value>(text.trim()) {
+            Ok(v) => match call_of(&v) {
+                Some(c) => Parsed {
+                    content: None,
+                    calls: vec![c],
+                },
+                None => plain(),
+            },
+            Err(_) => plain(),
+        },
+        Format::Generic => match serde_json::from_str::<Value>(text) {
+            Ok(v) => {
+                if let Some(r) = v.get("response").and_then(Value::as_str) {
+                    return Parsed {
+                        content: Some(r.to_string()),
+                        calls: vec![],
+                    };
+                }
+                let calls: Option<Vec<Call>> = v
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(call_of).collect());
+                match calls {
+                    Some(c) if !c.is_empty() => Parsed {
+                        content: None,
+                        calls: c,
+                    },
+                    _ => plain(),
+                }
+            }
+            // Cut short (max_tokens): what the answer had said, else the text.
+            Err(_) => match text.strip_prefix(ANSWER) {
+                Some(rest) => Parsed {
+                    content: Some(string_so_far(rest)),
+                    calls: vec![],
+                },
+                None => plain(),
+            },
+        },
+    }
+}
+
+/// A streamed reply: content sent as soon as it cannot be the start of a call.
+pub struct Reader {
+    format: Format,
+    text: String,
+    /// Content sent so far (bytes of the content).
+    sent: usize,
+}
+
+impl Reader {
+    pub fn new(format: Format) -> Self {
+        Reader {
+            format,
+            text: String::new(),
+            sent: 0,
+        }
+    }
+
+    /// The content the text read so far lets through.
+    fn content_so_far(&self) -> String {
+        let t = &self.text;
+        match self.format {
+            Format::Hermes => match t.find(OPEN) {
+                Some(_) => String::new(),
+                None => t[..t.len() - partial_tag(t, OPEN)].to_string(),
+            },
+            Format::Llama3 => match t.trim_start().chars().next() {
+                Some('{') | None => String::new(),
+                Some(_) => t.clone(),
+            },
+            Format::Generic => t
+                .strip_prefix(ANSWER)
+                .map(string_so_far)
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Adds generated text; returns the content to send now (possibly empty).
+    pub fn push(&mut self, piece: &str) -> String {
+        self.text.push_str(piece);
+        let c = self.content_so_far();
+        if c.len() <= self.sent {
+            return String::new();
+        }
+        let out = c[self.sent..].to_string();
+        self.sent = c.len();
+        out
+    }
+
+    /// The reply read whole: the content not sent yet, and the calls.
+    pub fn finish(&mut self) -> Parsed {
+        let mut p = read(self.format, &self.text);
+        p.content = p
+            .content
+            .map(|c| c.get(self.sent..).unwrap_or_default().to_string());
+        if self.sent > 0 && p.content.as_deref() == Some("") {
+            p.content = None;
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests;
