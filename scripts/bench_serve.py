@@ -61,6 +61,39 @@ class Server:
         self.p.wait(timeout=120)
 
 
+class LlamaServer(Server):
+    """llama.cpp's llama-server on the same model, threads and prompts (the `llama-server`
+    method): one slot per stream of the busiest level, each with the context a paradraft
+    request gets."""
+
+    def __init__(self, binary, model, threads, slots, ctx):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.p = subprocess.Popen(
+            [binary, "-m", model, "--port", str(self.port), "-t", str(threads), "-tb", str(threads),
+             "-np", str(slots), "-c", str(slots * ctx), "--jinja", "--metrics", "-lv", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        t = time.time()
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            if self.p.poll() is not None:
+                raise RuntimeError("llama-server exited: " + str(self.p.returncode))
+            if time.time() - t > 300:
+                raise RuntimeError("llama-server did not start")
+            time.sleep(0.5)
+
+
 def stream_chat(port, prompt, max_tokens, temperature, seed):
     """One streaming chat request: (t_first, t_last, completion tokens, text)."""
     body = json.dumps(
@@ -96,6 +129,8 @@ def stream_chat(port, prompt, max_tokens, temperature, seed):
                 last = now
                 text.append(piece)
     c.close()
+    # A server that reports no usage: one token per content chunk (llama-server streams so).
+    tokens = tokens or sum(1 for _ in text)
     first = first or time.perf_counter()
     return first - t0, (last or first) - t0, tokens, "".join(text)
 
@@ -227,6 +262,11 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--datasets", default="mt_bench,gsm8k_test,humaneval")
     ap.add_argument("--server-args", default="", help="extra `serve` flags, space-separated")
+    ap.add_argument("--llama-server", default="", help="llama-server binary (for the `llama-server` method)")
+    ap.add_argument("--model", default=os.path.expanduser(
+        "~/.cache/paradraft/models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="the model llama-server loads")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server's threads")
+    ap.add_argument("--llama-ctx", type=int, default=2048, help="llama-server's context per slot")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out", "serve"))
     a = ap.parse_args()
     levels = [int(c) for c in a.concurrency.split(",")]
@@ -243,7 +283,10 @@ def main():
         report["cli_decode_tok_s"] = cli_decode(a.bin, ps, a.max_tokens, 8)
         print(f"CLI decode (median of 8 prompts): {report['cli_decode_tok_s']:.1f} tok/s", flush=True)
     for method in a.methods.split(","):
-        srv = Server(a.bin, ["--drafter", method, *a.server_args.split()])
+        if method == "llama-server":
+            srv = LlamaServer(a.llama_server, a.model, a.threads, max(levels), a.llama_ctx)
+        else:
+            srv = Server(a.bin, ["--drafter", method, *a.server_args.split()])
         try:
             stream_chat(srv.port, ps[0], 8, a.temperature, 0)  # warm-up
             res = []
