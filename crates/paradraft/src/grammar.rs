@@ -122,6 +122,7 @@ impl GrammarEnv {
             m,
             stop: self.stop.clone(),
             saved: Vec::new(),
+            walk: Vec::new(),
         })
     }
 }
@@ -155,6 +156,10 @@ pub struct Constraint {
     m: Matcher,
     stop: Vec<TokenId>,
     saved: Vec<f32>,
+    /// Tokens [`Constraint::allows`] left consumed past the committed ones (the last path it
+    /// judged), so a tree's paths are judged a token at a time; rolled back before anything
+    /// else reads the matcher.
+    walk: Vec<u32>,
 }
 
 impl Constraint {
@@ -162,6 +167,7 @@ impl Constraint {
     /// refuses (it cannot be sampled from a masked row) leaves the matcher in error: from then
     /// on only stop tokens are allowed.
     pub fn push(&mut self, t: TokenId) {
+        self.settle();
         if !self.stop.contains(&t) {
             let _ = self.m.consume_tokens(&[t.0]);
         }
@@ -170,6 +176,7 @@ impl Constraint {
     /// The tokens the grammar forces next, after the committed ones (empty when nothing is
     /// forced, or once the grammar has ended or erred).
     pub fn forced(&mut self) -> Vec<TokenId> {
+        self.settle();
         if self.m.is_error() || self.m.is_stopped() {
             return Vec::new();
         }
@@ -185,6 +192,7 @@ impl Constraint {
     /// `path` leaves the grammar): then [`Constraint::mask`] decides. A greedy row needs no
     /// more than this, and checking a few tokens costs far less than a mask.
     pub fn best(&mut self, row: &[f32], path: &[TokenId], k: usize) -> Option<TokenId> {
+        self.settle();
         if self.m.is_error() {
             return None;
         }
@@ -213,11 +221,49 @@ impl Constraint {
         found
     }
 
+    /// Whether the grammar allows `path` after the committed tokens (a path through a stop
+    /// token is allowed where the grammar can end there; past one, it is not judged: true).
+    /// Incremental: only the tokens after the part `path` shares with the last path judged are
+    /// consumed, so judging a tree's nodes in order costs about a token each.
+    pub fn allows(&mut self, path: &[TokenId]) -> bool {
+        let end = path
+            .iter()
+            .position(|t| self.stop.contains(t))
+            .unwrap_or(path.len());
+        let ids: Vec<u32> = path[..end].iter().map(|t| t.0).collect();
+        let common = self
+            .walk
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common < self.walk.len() {
+            let _ = self.m.rollback(self.walk.len() - common);
+            self.walk.truncate(common);
+        }
+        if self.m.is_error() {
+            return true;
+        }
+        let n = self.m.try_consume_tokens(&ids[common..]).unwrap_or(0);
+        self.walk.extend_from_slice(&ids[common..common + n]);
+        common + n == ids.len()
+            && (end == path.len() || self.m.is_stopped() || self.m.is_accepting().unwrap_or(true))
+    }
+
+    /// Rolls back what [`Constraint::allows`] left consumed.
+    fn settle(&mut self) {
+        if !self.walk.is_empty() {
+            let _ = self.m.rollback(self.walk.len());
+            self.walk.clear();
+        }
+    }
+
     /// Masks `row` (−∞ where disallowed) to what the grammar allows after the committed
     /// tokens and then `path`. Returns false when `path` itself leaves the grammar (the row
     /// is unreachable: its draft token has probability 0 at its parent) and leaves the row as
     /// it is.
     pub fn mask(&mut self, row: &mut [f32], path: &[TokenId]) -> bool {
+        self.settle();
         let ids: Vec<u32> = path.iter().map(|t| t.0).collect();
         let n = if self.m.is_error() {
             0
@@ -332,6 +378,37 @@ mod tests {
                 }
             }
         }
+        // Paths judged one after another (a tree's nodes) get the answers each gets alone,
+        // and leave the matcher as it was.
+        let g = Grammar::Regex("(yes|no)!( ok)?".into());
+        let paths: Vec<Vec<TokenId>> = [
+            "y", "ye", "yes", "yes!", "no", "maybe", "no!", "no! ok", "yes?",
+        ]
+        .iter()
+        .map(|s| tok.encode(s).unwrap())
+        .chain([[tok.encode("no!").unwrap(), vec![stop]].concat()])
+        .chain([[tok.encode("no").unwrap(), vec![stop]].concat()])
+        .collect();
+        let mut walked = env.constraint(&g).unwrap();
+        let mut before = vec![0.0f32; vocab];
+        walked.mask(&mut before, &[]);
+        for p in &paths {
+            let alone = env.constraint(&g).unwrap().allows(p);
+            assert_eq!(walked.allows(p), alone, "{p:?}");
+        }
+        let mut after = vec![0.0f32; vocab];
+        walked.mask(&mut after, &[]);
+        assert_eq!(before, after);
+        let ok = |s: &str| env.constraint(&g).unwrap().allows(&tok.encode(s).unwrap());
+        assert!(ok("yes") && ok("no! o") && !ok("maybe"));
+        assert!(env
+            .constraint(&g)
+            .unwrap()
+            .allows(&[tok.encode("no!").unwrap(), vec![stop]].concat()));
+        assert!(!env
+            .constraint(&g)
+            .unwrap()
+            .allows(&[tok.encode("no").unwrap(), vec![stop]].concat()));
         assert!(env.constraint(&Grammar::Regex("(".into())).is_err());
         assert!(env
             .constraint(&Grammar::JsonSchema(serde_json::json!({"type": 5})))

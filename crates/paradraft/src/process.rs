@@ -187,6 +187,17 @@ impl Processor {
             .map_or_else(Vec::new, Constraint::forced)
     }
 
+    /// Whether the grammar (if any) allows `path` after the committed tokens: a drafted node
+    /// it does not allow has probability 0 and is cut before it costs a verify row.
+    pub fn allows(&mut self, path: &[TokenId]) -> bool {
+        self.grammar.as_mut().is_none_or(|g| g.allows(path))
+    }
+
+    /// Whether a grammar constrains the output.
+    pub fn constrained(&self) -> bool {
+        self.grammar.is_some()
+    }
+
     /// Processes one row of logits over the context plus `path` (tokens after the context):
     /// bias, penalties, then the grammar's mask.
     pub fn apply(&mut self, row: &mut [f32], path: &[TokenId]) {

@@ -372,18 +372,16 @@ impl<'a> Session<'a> {
         if let Some(c) = conf {
             stats.conf = c[..tree.len().min(c.len())].to_vec();
         }
-        // The grammar's forced tokens first (when speculating): a chain the drafter's tree is
-        // grafted under.
-        let forced = match &mut self.process {
-            Some(p) if self.max_draft > 0 => p.forced(),
-            _ => Vec::new(),
-        };
-        let (tree, grafted) = if forced.is_empty() {
-            (tree, None)
-        } else {
-            let room = facts.room.min(self.max_draft.max(tree.len()));
-            let (v, g) = super::forced::graft(&forced, tree, room)?;
-            (v, Some(g))
+        // With a grammar (when speculating): its forced tokens first, a chain the drafter's
+        // tree is grafted under, the nodes it forbids cut.
+        let (tree, grafted) = match &mut self.process {
+            Some(p) if self.max_draft > 0 && p.constrained() => {
+                let forced = p.forced();
+                let room = facts.room.min(self.max_draft.max(tree.len()));
+                let (v, g) = super::forced::graft(&forced, tree, room, &mut |path| p.allows(path))?;
+                (v, Some(g))
+            }
+            _ => (tree, None),
         };
         let t = Instant::now();
         let lin = tree.linearise(self.root, base);

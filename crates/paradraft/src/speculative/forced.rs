@@ -20,9 +20,16 @@ pub struct Grafted {
     of: Vec<Option<NodeId>>,
 }
 
-/// The forced chain `forced`, then the nodes of `drafted` that agree with it (at most `room`
-/// nodes in all): the tree to verify, and how it maps back.
-pub fn graft(forced: &[TokenId], drafted: DraftTree, room: usize) -> Result<(DraftTree, Grafted)> {
+/// The forced chain `forced`, then the nodes of `drafted` that agree with it and whose path
+/// the grammar `allows` (at most `room` nodes in all): the tree to verify, and how it maps
+/// back. A node the grammar forbids could never be accepted, so it is cut with its subtree
+/// before it costs a verify row.
+pub fn graft(
+    forced: &[TokenId],
+    drafted: DraftTree,
+    room: usize,
+    allows: &mut dyn FnMut(&[TokenId]) -> bool,
+) -> Result<(DraftTree, Grafted)> {
     let forced = &forced[..forced.len().min(room)];
     let k = forced.len();
     let mut tree = DraftTree::chain(forced);
@@ -48,7 +55,7 @@ pub fn graft(forced: &[TokenId], drafted: DraftTree, room: usize) -> Result<(Dra
                     v
                 })
             }
-            Some(p) if tree.len() < room => {
+            Some(p) if tree.len() < room && allows(&path_to(&tree, p, drafted.token(n))) => {
                 let v = tree.push(p, drafted.token(n), drafted.q(n).cloned())?;
                 of.push(Some(n));
                 Some(v)
@@ -58,6 +65,18 @@ pub fn graft(forced: &[TokenId], drafted: DraftTree, room: usize) -> Result<(Dra
         at.push(placed);
     }
     Ok((tree, Grafted { drafted, of }))
+}
+
+/// The tokens from the root to `parent` in `tree`, then `last`.
+fn path_to(tree: &DraftTree, parent: Option<NodeId>, last: TokenId) -> Vec<TokenId> {
+    let mut path = vec![last];
+    let mut at = parent;
+    while let Some(v) = at {
+        path.push(tree.token(v));
+        at = tree.parent(v);
+    }
+    path.reverse();
+    path
 }
 
 impl Grafted {
@@ -102,7 +121,7 @@ mod tests {
         d.push(Some(a), TokenId(3), None).unwrap();
         d.push(None, TokenId(9), None).unwrap();
         d.push(Some(c), TokenId(8), None).unwrap();
-        let (tree, g) = graft(&t(&[1, 2]), d, 16).unwrap();
+        let (tree, g) = graft(&t(&[1, 2]), d, 16, &mut |_| true).unwrap();
         // 1 → 2 (the chain, standing for drafted a, b), then 7 → 8 under 2.
         assert_eq!(tree.len(), 4);
         assert_eq!(
@@ -130,14 +149,48 @@ mod tests {
         let b = d.push(Some(a), TokenId(2), None).unwrap();
         let c = d.push(Some(b), TokenId(7), None).unwrap();
         d.push(Some(c), TokenId(8), None).unwrap();
-        assert_eq!(graft(&t(&[1, 2]), d, 3).unwrap().0.len(), 3);
+        assert_eq!(graft(&t(&[1, 2]), d, 3, &mut |_| true).unwrap().0.len(), 3);
+    }
+
+    #[test]
+    fn nodes_the_grammar_forbids_are_cut_with_their_subtrees() {
+        // Drafted: 1 → 7 → 8, 1 → 3; nothing forced; the grammar forbids 7 after 1.
+        let mut d = DraftTree::new();
+        let a = d.push(None, TokenId(1), None).unwrap();
+        let b = d.push(Some(a), TokenId(7), None).unwrap();
+        d.push(Some(b), TokenId(8), None).unwrap();
+        d.push(Some(a), TokenId(3), None).unwrap();
+        let mut asked = vec![];
+        let (tree, g) = graft(&[], d, 16, &mut |path| {
+            asked.push(path.to_vec());
+            path != t(&[1, 7]).as_slice()
+        })
+        .unwrap();
+        assert_eq!(
+            (0..tree.len() as u32)
+                .map(|i| tree.token(NodeId(i)).0)
+                .collect::<Vec<_>>(),
+            vec![1, 3]
+        );
+        // Each placed node's whole path was asked once; 8 (under a cut node) never.
+        assert_eq!(asked, vec![t(&[1]), t(&[1, 7]), t(&[1, 3])]);
+        let o = Outcome {
+            accepted: vec![NodeId(0), NodeId(1)],
+            tokens: t(&[1, 3]),
+            bonus: TokenId(2),
+            drafted: 2,
+            top: Candidates::default(),
+        };
+        let mine = g.drafter_outcome(&o);
+        assert_eq!(mine.accepted, vec![NodeId(0), NodeId(3)]);
+        assert_eq!(mine.drafted, 4);
     }
 
     #[test]
     fn a_drafter_that_disagrees_hears_its_nodes_were_not_reached() {
         let mut d = DraftTree::new();
         d.push(None, TokenId(4), None).unwrap();
-        let (tree, g) = graft(&t(&[1, 2, 3]), d, 16).unwrap();
+        let (tree, g) = graft(&t(&[1, 2, 3]), d, 16, &mut |_| true).unwrap();
         assert_eq!(tree.len(), 3);
         let o = Outcome {
             accepted: vec![NodeId(0), NodeId(1)],
