@@ -250,7 +250,7 @@ def phi3():
     phi3_gguf("phi3", ref, cfg)
 
 
-def phi3_gguf(name, ref, cfg, longrope=None):
+def phi3_gguf(name, ref, cfg, longrope=None, rotary=None):
     """fixtures/tiny/NAME.gguf as llama.cpp writes Phi-3 (attn_qkv, ffn_up of twice the MLP
     width), with `longrope` = (short, long, original, attn_factor) as its converter writes it."""
     import gguf
@@ -259,14 +259,15 @@ def phi3_gguf(name, ref, cfg, longrope=None):
     w.add_name("Phi3")
     gguf_header(w, cfg, head_dim=False)
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_dimension_count(rotary or cfg.hidden_size // cfg.num_attention_heads)
     if longrope:
         w.add_uint32("phi3.rope.scaling.original_context_length", longrope[2])
         w.add_float32("phi3.rope.scaling.attn_factor", longrope[3])
     gguf_spm(w, cfg.vocab_size, None)
     sd = {k: v.numpy() for k, v in ref.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output.weight", sd["lm_head.weight"])
+    if not cfg.tie_word_embeddings:
+        w.add_tensor("output.weight", sd["lm_head.weight"])
     w.add_tensor("output_norm.weight", sd["model.norm.weight"])
     if longrope:
         w.add_tensor("rope_factors_short.weight", np.array(longrope[0], dtype=np.float32))
@@ -305,6 +306,35 @@ def phi3_longrope():
     save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
             os.path.join(out, "reference_long.safetensors"))
     phi3_gguf("phi3-longrope", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))))
+
+
+def phi4_mini():
+    """Phi-4-mini's scheme at a tiny size: partial rotary embeddings (half of each 16-wide head
+    rotated), LongRoPE over the rotated half (original context 64 of 256), tied embeddings; the
+    42-token reference takes the short factors, reference_long.safetensors (130 tokens) the long
+    ones; its GGUF as llama.cpp's converter writes it (phi3.rope.dimension_count 8, no
+    output.weight)."""
+    import math
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    g = torch.Generator().manual_seed(13)
+    short = (1.0 + 0.5 * torch.rand(4, generator=g)).tolist()
+    long = (1.0 + 6.0 * torch.rand(4, generator=g)).tolist()
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long,
+            "original_max_position_embeddings": 64, "partial_rotary_factor": 0.5}
+    cfg = Phi3Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                     original_max_position_embeddings=64, bos_token_id=0, eos_token_id=2, pad_token_id=1,
+                     rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=True, rope_parameters=rope,
+                     partial_rotary_factor=0.5)
+    ref, ids = hf_model("phi4-mini", Phi3ForCausalLM, cfg, 8, False)
+    out = os.path.join(FIX, "tiny", "phi4-mini")
+    long_ids = (ids * 4)[:130]
+    with torch.no_grad():
+        o = ref(torch.tensor([long_ids]))
+    save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
+            os.path.join(out, "reference_long.safetensors"))
+    phi3_gguf("phi4-mini", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))), rotary=8)
 
 
 def permute(w, n_head):
@@ -384,6 +414,7 @@ def mixtral():
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "phi3_longrope"]
+    which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "phi3_longrope",
+                             "phi4_mini"]
     for name in which:
         globals()[name]()

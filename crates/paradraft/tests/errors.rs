@@ -486,8 +486,9 @@ fn bad_gemma3_configs() {
     assert!(load_err(&dir).to_string().contains("gemma3_text"));
 }
 
-/// Phi-3 variants this engine does not run (partial rotary: Phi-4-mini, in either place
-/// transformers writes it) and LongRoPE settings without usable factors are refused by name.
+/// Phi-3 settings this engine cannot run are refused by name: LongRoPE without usable
+/// factors, a partial rotary share (in either place transformers writes it) that is odd or
+/// larger than the head.
 #[test]
 fn unsupported_phi3_variants() {
     let cases: [(&str, ConfigEdit); 4] = [
@@ -502,12 +503,13 @@ fn unsupported_phi3_variants() {
                     serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0})
             },
         ),
+        // Partial rotary embeddings run (Phi-4-mini); an odd or oversized share is refused.
         ("partial rotary", |v| {
-            v["partial_rotary_factor"] = 0.75.into()
+            v["partial_rotary_factor"] = 0.5625.into() // 9 of 16
         }),
         (
             "partial rotary",
-            |v| v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
+            |v| v["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.5}),
         ),
     ];
     for (what, edit) in cases {

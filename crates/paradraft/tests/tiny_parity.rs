@@ -186,6 +186,20 @@ fn tiny_phi3_longrope_short_and_long_contexts() {
     }
 }
 
+/// Phi-4-mini's scheme (#60): partial rotary embeddings (half of each head rotated, the rest
+/// passed through), LongRoPE over the rotated half, tied embeddings; HF and GGUF
+/// (`phi3.rope.dimension_count`), short and long contexts.
+#[test]
+fn tiny_phi4_mini_partial_rotary() {
+    check_model("phi4-mini");
+    gguf_matches_transformers("phi4-mini");
+    for path in ["tiny/phi4-mini", "tiny/phi4-mini.gguf"] {
+        let reference = "tiny/phi4-mini/reference_long.safetensors";
+        let (worst, _, _) = gguf_parity(path, reference, true);
+        assert!(worst < TOL, "{path} long context: max |Δlogit| = {worst}");
+    }
+}
+
 /// Mixtures of experts (#60): Qwen3-MoE (8 experts, 2 per token, renormalised, q/k norms) and
 /// Mixtral (4 experts, 2 per token), from transformers' per-expert checkpoints and from GGUF
 /// files with llama.cpp's stacked expert tensors.

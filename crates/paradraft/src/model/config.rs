@@ -125,6 +125,9 @@ pub struct Extras {
     pub norm_plus_one: bool,
     /// Every layer's MLP is a mixture of experts.
     pub moe: Option<Moe>,
+    /// RoPE rotates only the first this many dimensions of each head (partial rotary
+    /// embeddings: Phi-4-mini's 96 of 128); `None`: all of them.
+    pub rotary_dim: Option<usize>,
 }
 
 impl Extras {
@@ -180,6 +183,14 @@ impl Config {
                 crate::kv::MAX_HEAD_DIM
             ));
         }
+        if let Some(r) = self.extras.rotary_dim {
+            if r == 0 || !r.is_multiple_of(2) || r > self.head_dim {
+                return bad(format!(
+                    "{r} rotated dimensions per head (partial rotary embeddings) must be even and within the head's {}",
+                    self.head_dim
+                ));
+            }
+        }
         if self.hidden_size == 0 || self.n_layers == 0 || self.vocab_size == 0 {
             return bad("model has an empty dimension".into());
         }
@@ -193,7 +204,7 @@ impl Config {
             attn_factor,
         } = &self.rope_scaling
         {
-            let half = self.head_dim / 2;
+            let half = self.rope_dims() / 2;
             let ok = |f: &Vec<f32>| f.len() == half && f.iter().all(|x| x.is_finite() && *x > 0.0);
             let usable = ok(short)
                 && ok(long)
@@ -249,7 +260,7 @@ impl Config {
     pub fn inv_freqs_local(&self) -> Option<Vec<f32>> {
         let theta = self.extras.sliding_window.as_ref()?.rope_theta?;
         Some(
-            base_freqs(theta, self.head_dim)
+            base_freqs(theta, self.rope_dims())
                 .into_iter()
                 .map(|x| x as f32)
                 .collect(),
@@ -262,9 +273,14 @@ impl Config {
         let RopeScaling::LongRope { long, original, .. } = &self.rope_scaling else {
             return None;
         };
-        let base = base_freqs(self.rope_theta, self.head_dim);
+        let base = base_freqs(self.rope_theta, self.rope_dims());
         let f = base.iter().zip(long).map(|(x, f)| (x / *f as f64) as f32);
         Some((*original, f.collect()))
+    }
+
+    /// The dimensions of each head RoPE rotates (the first ones; the rest pass unrotated).
+    pub fn rope_dims(&self) -> usize {
+        self.extras.rotary_dim.unwrap_or(self.head_dim)
     }
 
     /// What cos and sin are multiplied by (LongRoPE's attention factor; else 1).
@@ -277,7 +293,7 @@ impl Config {
 
     /// RoPE inverse frequencies, one per pair, with scaling applied.
     pub fn inv_freqs(&self) -> Vec<f32> {
-        let d = self.head_dim;
+        let d = self.rope_dims();
         let base = base_freqs(self.rope_theta, d);
         let scaled: Vec<f64> = match &self.rope_scaling {
             RopeScaling::None => base,

@@ -263,7 +263,7 @@ impl Layer {
         if let Some(kn) = &self.k_norm {
             ops::rms_norm_inplace(k, kn, c.rms_eps);
         }
-        let half = hd / 2;
+        let half = c.rope_dims() / 2;
         for t in 0..n {
             let cs = &s.rope[t * half..(t + 1) * half];
             ops::rope(&mut k[t * kvd..(t + 1) * kvd], hd, cs, c.rope_style);
@@ -332,7 +332,7 @@ impl Layer {
         let n: usize = seqs.iter().map(|q| q.shape.n_new).sum();
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let half = hd / 2;
+        let half = c.rope_dims() / 2;
         let xn: &[f32] = match input {
             Some(u) => u,
             None => {

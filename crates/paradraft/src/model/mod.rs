@@ -100,7 +100,12 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
     let embd = g
         .shape("token_embd.weight")
         .ok_or_else(|| g.missing("token_embd.weight"))?;
-    let rope_scaling = if let Some(ls) = phi3::gguf_longrope(&g, &arch_name, head_dim)? {
+    let rotary_dim = match arch {
+        Arch::Phi3 => phi3::gguf_rotary(&g, head_dim),
+        _ => None,
+    };
+    let rope_dims = rotary_dim.unwrap_or(head_dim);
+    let rope_scaling = if let Some(ls) = phi3::gguf_longrope(&g, &arch_name, rope_dims)? {
         ls
     } else if let Some(t) = g.tensors.get("rope_freqs.weight") {
         let mut v = vec![0f32; t.dims[0]];
@@ -116,9 +121,6 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         }
     };
     let n_layers = g.req_u64(&key("block_count"))? as usize;
-    if arch == Arch::Phi3 {
-        phi3::check_gguf(&g, head_dim)?;
-    }
     let extras = match arch {
         Arch::Gemma | Arch::Gemma2 | Arch::Gemma3 => {
             gemma::gguf_extras(&g, arch, (n_layers, hidden, n_heads, head_dim))?
@@ -129,7 +131,11 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         Some(m) => m.ff,
         None => g.req_u64(&key("feed_forward_length"))? as usize,
     };
-    let extras = Extras { moe, ..extras };
+    let extras = Extras {
+        moe,
+        rotary_dim,
+        ..extras
+    };
     let config = Config {
         arch,
         vocab_size: embd[0],
@@ -213,10 +219,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         "gemma" => Arch::Gemma,
         "gemma2" => Arch::Gemma2,
         "gemma3_text" => Arch::Gemma3,
-        "phi3" => {
-            phi3::check_hf(v)?;
-            Arch::Phi3
-        }
+        "phi3" => Arch::Phi3,
         "gemma3" => return Err(Error::Unsupported(
             "model_type \"gemma3\" (the image-text checkpoint): paradraft runs its text model, \
                  a gemma3_text directory or a GGUF"
@@ -299,7 +302,19 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         Some(m) => m.ff,
         None => req("intermediate_size")?,
     };
-    let extras = Extras { moe, ..extras };
+    let head_dim = v["head_dim"]
+        .as_u64()
+        .map(|x| x as usize)
+        .unwrap_or(hidden / n_heads.max(1));
+    let rotary_dim = match arch {
+        Arch::Phi3 => phi3::hf_rotary(v, head_dim),
+        _ => None,
+    };
+    let extras = Extras {
+        moe,
+        rotary_dim,
+        ..extras
+    };
     Ok(Config {
         arch,
         vocab_size: req("vocab_size")?,
@@ -311,10 +326,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
             .as_u64()
             .map(|x| x as usize)
             .unwrap_or(n_heads),
-        head_dim: v["head_dim"]
-            .as_u64()
-            .map(|x| x as usize)
-            .unwrap_or(hidden / n_heads.max(1)),
+        head_dim,
         rms_eps: v["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
         rope_theta: rope_theta as f32,
         rope_scaling,

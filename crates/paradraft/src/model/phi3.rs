@@ -106,7 +106,7 @@ impl TensorSource for Fused<'_> {
 pub(crate) fn gguf_longrope(
     g: &GgufFile,
     arch: &str,
-    head_dim: usize,
+    rope_dims: usize,
 ) -> Result<Option<RopeScaling>> {
     let (Some(s), Some(l)) = (
         g.tensors.get("rope_factors_short.weight"),
@@ -120,13 +120,13 @@ pub(crate) fn gguf_longrope(
         return Ok(None);
     };
     let read = |t: &super::gguf::TensorInfo| -> Result<Vec<f32>> {
-        if t.dims.iter().product::<usize>() != head_dim / 2 {
+        if t.dims.iter().product::<usize>() != rope_dims / 2 {
             return Err(Error::Unsupported(format!(
-                "LongRoPE factors of {:?} for heads of {head_dim} (partial rotary embeddings?)",
+                "LongRoPE factors of {:?} for {rope_dims} rotated dimensions per head",
                 t.dims
             )));
         }
-        let mut v = vec![0f32; head_dim / 2];
+        let mut v = vec![0f32; rope_dims / 2];
         crate::runtime::quant::dequantize(t.dtype, g.data(t), &mut v);
         Ok(v)
     };
@@ -177,27 +177,19 @@ pub(crate) fn hf_longrope(v: &serde_json::Value, rs: &serde_json::Value) -> Resu
     })
 }
 
-/// Refuses what this engine does not run of a Phi-3 GGUF: partial rotary embeddings.
-pub(crate) fn check_gguf(g: &GgufFile, head_dim: usize) -> Result<()> {
-    if let Some(n) = g.u64("phi3.rope.dimension_count") {
-        if n as usize != head_dim {
-            return Err(Error::Unsupported(format!(
-                "partial rotary embeddings ({n} of {head_dim} dimensions per head)"
-            )));
-        }
-    }
-    Ok(())
+/// The rotated dimensions per head of a Phi-3 GGUF (`phi3.rope.dimension_count`; Phi-4-mini
+/// rotates 96 of 128), `None` when it rotates them all.
+pub(crate) fn gguf_rotary(g: &GgufFile, head_dim: usize) -> Option<usize> {
+    g.u64("phi3.rope.dimension_count")
+        .map(|n| n as usize)
+        .filter(|&n| n != head_dim)
 }
 
-/// The same for an HF `phi3` config.
-pub(crate) fn check_hf(v: &serde_json::Value) -> Result<()> {
-    let partial = v["partial_rotary_factor"]
+/// The same for an HF `phi3` config (`partial_rotary_factor`, the fraction of each head).
+pub(crate) fn hf_rotary(v: &serde_json::Value, head_dim: usize) -> Option<usize> {
+    let f = v["partial_rotary_factor"]
         .as_f64()
-        .or(v["rope_parameters"]["partial_rotary_factor"].as_f64());
-    if let Some(f) = partial.filter(|&f| f != 1.0) {
-        return Err(Error::Unsupported(format!(
-            "partial rotary embeddings (partial_rotary_factor {f})"
-        )));
-    }
-    Ok(())
+        .or(v["rope_parameters"]["partial_rotary_factor"].as_f64())?;
+    let n = (head_dim as f64 * f) as usize;
+    (n != head_dim).then_some(n)
 }

@@ -40,9 +40,11 @@ pub enum RopeStyle {
 }
 
 /// Rotates every head of one token in place. `cs` holds `(cos, sin)` for the token's
-/// position, one pair per frequency (`head_dim / 2`).
+/// position, one pair per frequency: `head_dim / 2` of them, or fewer for partial rotary
+/// embeddings, which rotate the first `2 · cs.len()` dimensions of each head (pairs within
+/// them) and leave the rest.
 pub fn rope(x: &mut [f32], head_dim: usize, cs: &[(f32, f32)], style: RopeStyle) {
-    let half = head_dim / 2;
+    let half = cs.len().min(head_dim / 2);
     for h in x.chunks_exact_mut(head_dim) {
         for (i, &(c, s)) in cs.iter().enumerate().take(half) {
             let (a, b) = match style {

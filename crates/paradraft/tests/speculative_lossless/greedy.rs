@@ -114,6 +114,7 @@ fn greedy_is_token_identical_on_tiny_models() {
         "tiny/gemma2.gguf",
         "tiny/phi3.gguf",
         "tiny/phi3-longrope.gguf",
+        "tiny/phi4-mini",
         // Mixtures of experts: a token's experts do not depend on its batch or tree.
         "tiny/qwen3moe",
         "tiny/mixtral.gguf",
