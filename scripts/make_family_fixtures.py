@@ -308,6 +308,19 @@ def phi3_longrope():
     phi3_gguf("phi3-longrope", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))))
 
 
+def qwen2_window():
+    """Qwen2 with use_sliding_window: a window of 8 on the layers from max_window_layers (1) on,
+    over the 42-token reference."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=2, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                      use_sliding_window=True, sliding_window=8, max_window_layers=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    hf_model("qwen2-window", Qwen2ForCausalLM, cfg, 9, False)
+
+
 def phi4_mini():
     """Phi-4-mini's scheme at a tiny size: partial rotary embeddings (half of each 16-wide head
     rotated), LongRoPE over the rotated half (original context 64 of 256), tied embeddings; the
@@ -415,6 +428,6 @@ def mixtral():
 
 if __name__ == "__main__":
     which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "phi3_longrope",
-                             "phi4_mini"]
+                             "phi4_mini", "qwen2_window"]
     for name in which:
         globals()[name]()

@@ -186,6 +186,13 @@ fn tiny_phi3_longrope_short_and_long_contexts() {
     }
 }
 
+/// Qwen2 with `use_sliding_window` (#60): a window of 8 on layers 1 and 2 (from
+/// `max_window_layers`), over 42 tokens.
+#[test]
+fn tiny_qwen2_sliding_window() {
+    check_model("qwen2-window");
+}
+
 /// Phi-4-mini's scheme (#60): partial rotary embeddings (half of each head rotated, the rest
 /// passed through), LongRoPE over the rotated half, tied embeddings; HF and GGUF
 /// (`phi3.rope.dimension_count`), short and long contexts.

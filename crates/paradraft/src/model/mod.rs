@@ -241,8 +241,11 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
     if v["mlp_bias"].as_bool() == Some(true) {
         return Err(Error::Unsupported("MLP biases (mlp_bias: true)".into()));
     }
-    if v["use_sliding_window"].as_bool() == Some(true) {
-        return Err(Error::Unsupported("sliding-window attention".into()));
+    let qwen_window = ["qwen2", "qwen3", "qwen3_moe"].contains(&model_type.as_str());
+    if v["use_sliding_window"].as_bool() == Some(true) && !qwen_window {
+        return Err(Error::Unsupported(format!(
+            "use_sliding_window in a {model_type} config"
+        )));
     }
     // transformers 5 writes `rope_parameters` (theta inside; per layer type for Gemma 3);
     // older files `rope_theta` + `rope_scaling`.
@@ -295,6 +298,31 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
             }),
             ..Extras::default()
         },
+        // Qwen2 / Qwen3 with `use_sliding_window`: a window on the layers `layer_types` marks
+        // sliding, else on those from `max_window_layers` on (transformers' rule).
+        _ if qwen_window && v["use_sliding_window"].as_bool() == Some(true) => {
+            let size = v["sliding_window"]
+                .as_u64()
+                .ok_or_else(|| bad("use_sliding_window without a sliding_window size".into()))?;
+            let layers: Vec<bool> = match v["layer_types"].as_array() {
+                Some(t) => t
+                    .iter()
+                    .map(|x| x.as_str() == Some("sliding_attention"))
+                    .collect(),
+                None => {
+                    let from = v["max_window_layers"].as_u64().unwrap_or(28) as usize;
+                    (0..n_layers).map(|i| i >= from).collect()
+                }
+            };
+            Extras {
+                sliding_window: layers.contains(&true).then_some(SlidingWindow {
+                    size: size as usize,
+                    layers,
+                    rope_theta: None,
+                }),
+                ..Extras::default()
+            }
+        }
         _ => Extras::default(),
     };
     let moe = moe::hf_moe(v, &model_type)?;

@@ -272,9 +272,11 @@ impl Tokenizer {
                 ])
                 .into()
             }
-            other => return Err(Error::Unsupported(format!(
+            other => {
+                return Err(Error::Unsupported(format!(
                 "GGUF pre-tokenizer {other:?} (supported: gpt2, smollm, llama-bpe, qwen2, gpt-4o)"
-            ))),
+            )))
+            }
         };
         inner.with_pre_tokenizer(Some(pre_tok));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
