@@ -281,6 +281,16 @@ def phi3_gguf(name, ref, cfg, longrope=None, rotary=None):
     print(f"tiny {name}.gguf written", file=sys.stderr)
 
 
+def long_reference(name, ref, ids):
+    """fixtures/tiny/NAME/reference_long.safetensors: `ref`'s logits over 130 tokens (the reference
+    ids repeated), past a LongRoPE original context of 64."""
+    long_ids = (ids * 4)[:130]
+    with torch.no_grad():
+        o = ref(torch.tensor([long_ids]))
+    save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
+            os.path.join(FIX, "tiny", name, "reference_long.safetensors"))
+
+
 def phi3_longrope():
     """A Phi-3 with LongRoPE (Phi-3.5-mini's scheme): original context 64 of 256, so the 42-token
     reference takes the short factors and reference_long.safetensors (130 tokens) the long ones,
@@ -299,12 +309,7 @@ def phi3_longrope():
                      original_max_position_embeddings=64, bos_token_id=0, eos_token_id=2, pad_token_id=1,
                      rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False, rope_parameters=rope)
     ref, ids = hf_model("phi3-longrope", Phi3ForCausalLM, cfg, 7, False)
-    out = os.path.join(FIX, "tiny", "phi3-longrope")
-    long_ids = (ids * 4)[:130]
-    with torch.no_grad():
-        o = ref(torch.tensor([long_ids]))
-    save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
-            os.path.join(out, "reference_long.safetensors"))
+    long_reference("phi3-longrope", ref, ids)
     phi3_gguf("phi3-longrope", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))))
 
 
@@ -341,12 +346,7 @@ def phi4_mini():
                      rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=True, rope_parameters=rope,
                      partial_rotary_factor=0.5)
     ref, ids = hf_model("phi4-mini", Phi3ForCausalLM, cfg, 8, False)
-    out = os.path.join(FIX, "tiny", "phi4-mini")
-    long_ids = (ids * 4)[:130]
-    with torch.no_grad():
-        o = ref(torch.tensor([long_ids]))
-    save_np({"input_ids": np.array(long_ids, dtype=np.int64), "logits": o.logits[0].numpy().astype(np.float32)},
-            os.path.join(out, "reference_long.safetensors"))
+    long_reference("phi4-mini", ref, ids)
     phi3_gguf("phi4-mini", ref, cfg, (short, long, 64, math.sqrt(1 + math.log(4) / math.log(64))), rotary=8)
 
 
