@@ -16,6 +16,7 @@ import os
 
 import gguf
 import numpy as np
+from tokenizer import write
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 S = dict(layers=26, hidden=1152, ffn=6912, heads=4, kv_heads=1, head_dim=256, vocab=262144, ctx=32768,
@@ -86,10 +87,7 @@ def main():
         w.add_tensor(p + "ffn_gate.weight", rand(ffn, h))
         w.add_tensor(p + "ffn_up.weight", rand(ffn, h))
         w.add_tensor(p + "ffn_down.weight", rand(h, ffn))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import math
 
 import gguf
 import numpy as np
-from tokenizer import copy_tokenizer
+from tokenizer import copy_tokenizer, write
 
 S = dict(layers=32, hidden=3072, ffn=8192, heads=24, kv_heads=8, head_dim=128, rotary=96, vocab=200064,
          ctx=131072, original=4096)
@@ -76,10 +76,7 @@ def main():
         w.add_tensor(p + "attn_output.weight", rand(h, S["heads"] * hd))
         w.add_tensor(p + "ffn_up.weight", rand(2 * ffn, h))
         w.add_tensor(p + "ffn_down.weight", rand(h, ffn))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":

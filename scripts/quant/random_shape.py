@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 import gguf
-from tokenizer import copy_tokenizer
+from tokenizer import copy_tokenizer, write
 
 SHAPE = dict(layers=24, hidden=2048, ffn=8192, heads=32, kv_heads=32, vocab=49152, ctx=8192, rope=130000.0)
 
@@ -60,10 +60,7 @@ def main():
         w.add_tensor(p + "ffn_gate.weight", rand(ffn, h))
         w.add_tensor(p + "ffn_up.weight", rand(ffn, h))
         w.add_tensor(p + "ffn_down.weight", rand(h, ffn))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(w)
 
 
 if __name__ == "__main__":

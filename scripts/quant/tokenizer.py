@@ -1,6 +1,6 @@
 """The tokenizer and chat template of a real GGUF, copied into a `gguf.GGUFWriter`: the
-random-weight files (scripts/quant/random_shape.py, scripts/make_quant_fixtures.py) take a
-real model's so that the engine loads and chats with them."""
+random-weight files (scripts/quant/random_*.py, scripts/make_quant_fixtures.py) take a
+real model's so that the engine loads and chats with them; and the writer's write-out."""
 
 
 def copy_tokenizer(w, fields, pre=None, extra_tokens=0):
@@ -17,3 +17,11 @@ def copy_tokenizer(w, fields, pre=None, extra_tokens=0):
     w.add_eos_token_id(c("tokenizer.ggml.eos_token_id"))
     w.add_add_bos_token(False)
     w.add_chat_template(c("tokenizer.chat_template"))
+
+
+def write(w):
+    """Writes `w`'s header, keys and tensors, and closes it."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
