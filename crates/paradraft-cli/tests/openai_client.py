@@ -323,6 +323,13 @@ r = client.chat.completions.create(
     max_tokens=10, extra_body={"guided_choice": ["yes", "no"]},
 )
 assert r.choices[0].message.content in ("yes", "no"), r
+# vLLM's continue_final_message: the reply continues the assistant's started turn.
+r = client.chat.completions.create(
+    model=model, temperature=0, max_tokens=8,
+    messages=[{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "My favourite color is"}],
+    extra_body={"continue_final_message": True, "add_generation_prompt": False},
+)
+assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length"), r
 
 # Errors surface as the client's exception types.
 try:

@@ -211,6 +211,18 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
         (chat, user, r#""samplers": ["top_k"]"#, "samplers"),
         (cmpl, hi, r#""guided_regex": "(""#, "guided_regex"),
         (cmpl, hi, r#""bogus": 1"#, "bogus"),
+        (
+            chat,
+            user,
+            r#""continue_final_message": true, "add_generation_prompt": false"#,
+            "continue_final_message",
+        ),
+        (
+            cmpl,
+            hi,
+            r#""add_generation_prompt": false"#,
+            "add_generation_prompt",
+        ),
     ] {
         let body = format!("{{{head}, {rest}}}");
         let (st, v) = call(path, &body, &auth);

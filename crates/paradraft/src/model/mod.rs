@@ -20,7 +20,7 @@ pub use config::{Arch, Config};
 pub use forward::{Batch, Logits, Output, OutputSpec, Rows, TreeMask};
 pub use llama::{Model, Scratch};
 pub use options::ModelOptions;
-pub use tokenizer::{Message, StreamDecoder, Tokenizer};
+pub use tokenizer::{ChatEnd, Message, StreamDecoder, Tokenizer};
 
 use crate::error::{Error, Result};
 use crate::runtime::ops::RopeStyle;

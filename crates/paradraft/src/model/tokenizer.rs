@@ -142,6 +142,18 @@ impl Inner {
     }
 }
 
+/// How a rendered conversation ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEnd {
+    /// With the template's generation prompt: the assistant's turn opened.
+    Generate,
+    /// After the last turn, closed.
+    Closed,
+    /// Inside the last turn, left open so that generation continues it (vLLM's
+    /// `continue_final_message`): the text ends where its content ends.
+    Continue,
+}
+
 /// A chat turn as chat templates read it. Tool calls take Hugging Face's shape
 /// (`{"type": "function", "id", "function": {"name", "arguments": {…}}}`, the arguments an
 /// object); a tool's answer names the call it answers.
@@ -466,7 +478,12 @@ impl Tokenizer {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<Vec<TokenId>> {
-        self.encode_chat_with(messages, add_generation_prompt, &Default::default())
+        let end = if add_generation_prompt {
+            ChatEnd::Generate
+        } else {
+            ChatEnd::Closed
+        };
+        self.encode_chat_with(messages, end, &Default::default())
     }
 
     /// [`Tokenizer::encode_chat`] with more variables for the template (`tools`, a request's
@@ -474,7 +491,7 @@ impl Tokenizer {
     pub fn encode_chat_with(
         &self,
         messages: &[Message],
-        add_generation_prompt: bool,
+        end: ChatEnd,
         vars: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<Vec<TokenId>> {
         let specials = self.inner.special_texts();
@@ -485,17 +502,32 @@ impl Tokenizer {
                     .any(|sp| messages[i].content.contains(sp.as_str()))
             })
             .collect();
-        if risky.is_empty() {
-            return self.encode(&self.render_chat(messages, add_generation_prompt, vars)?);
-        }
-        // Render with a sentinel in place of each such content, then encode the template's
-        // pieces with special tokens and the contents as text.
+        // Render with a sentinel in place of each such content (to encode the template's
+        // pieces with special tokens and the contents as text), and, to continue the last
+        // turn, a mark after its content where the text is cut.
         let sentinel = |i: usize| format!("\u{e000}paradraft-content-{i}\u{e001}");
+        const CUT: &str = "\u{e000}paradraft-continue\u{e001}";
         let mut msgs = messages.to_vec();
         for &i in &risky {
             msgs[i].content = sentinel(i);
         }
-        let text = self.render_chat(&msgs, add_generation_prompt, vars)?;
+        if end == ChatEnd::Continue {
+            if let Some(m) = msgs.last_mut() {
+                m.content.push_str(CUT);
+            }
+        }
+        let mut text = self.render_chat(&msgs, end == ChatEnd::Generate, vars)?;
+        if end == ChatEnd::Continue {
+            let at = text.rfind(CUT).ok_or_else(|| {
+                Error::ChatTemplate(
+                    "the template does not write the last message's content as given, so it cannot be continued".into(),
+                )
+            })?;
+            text.truncate(at);
+        }
+        if risky.is_empty() {
+            return self.encode(&text);
+        }
         let mut pieces: Vec<(&str, bool)> = Vec::new();
         let mut rest = text.as_str();
         while let Some((at, i)) = risky
@@ -695,5 +727,53 @@ mod tests {
                 " x"
             ]
         );
+    }
+
+    /// A conversation ends with the generation prompt, closed, or inside its last turn (the
+    /// text cut where that turn's content ends, even when the content holds special-token
+    /// text); a template that rewrites the content cannot be continued.
+    #[test]
+    fn chats_end_three_ways() {
+        let mut tok = tiny_fixture();
+        tok.chat_template = Some(
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}".into(),
+        );
+        let text = |msgs: &[Message], end| {
+            let ids = tok
+                .encode_chat_with(msgs, end, &Default::default())
+                .unwrap();
+            tok.decode(&ids).unwrap()
+        };
+        let msgs = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello, I am"),
+        ];
+        assert_eq!(
+            text(&msgs, ChatEnd::Generate),
+            "<user>Hi</user><assistant>Hello, I am</assistant><assistant>"
+        );
+        assert_eq!(
+            text(&msgs, ChatEnd::Closed),
+            "<user>Hi</user><assistant>Hello, I am</assistant>"
+        );
+        assert_eq!(
+            text(&msgs, ChatEnd::Continue),
+            "<user>Hi</user><assistant>Hello, I am"
+        );
+        let special = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "a <|im_end|> b"),
+        ];
+        let ids = tok
+            .encode_chat_with(&special, ChatEnd::Continue, &Default::default())
+            .unwrap();
+        let plain = tok.encode("<user>Hi</user><assistant>").unwrap();
+        assert_eq!(&ids[..plain.len()], &plain[..]);
+        assert!(tok.decode(&ids).unwrap().ends_with("a <|im_end|> b"));
+        tok.chat_template =
+            Some("{% for m in messages %}{{ m.content | upper }}{% endfor %}".into());
+        assert!(tok
+            .encode_chat_with(&msgs, ChatEnd::Continue, &Default::default())
+            .is_err());
     }
 }

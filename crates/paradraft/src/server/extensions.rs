@@ -7,6 +7,7 @@
 
 use super::openai::ApiError;
 use crate::grammar::Grammar;
+use crate::model::ChatEnd;
 use serde_json::{Map, Value};
 
 /// What the extension fields ask for that this server serves.
@@ -16,6 +17,9 @@ pub struct Served {
     pub n_predict: Option<Option<i64>>,
     /// Grammars from vLLM's `guided_*` fields, with the field that asked.
     pub grammars: Vec<(Grammar, &'static str)>,
+    /// vLLM's `add_generation_prompt: false` (the conversation closed) or
+    /// `continue_final_message: true` (its last turn continued); `None`: the generation prompt.
+    pub end: Option<ChatEnd>,
 }
 
 /// Whether `v` is absent-like or equal to one of `values` (numbers compared as numbers).
@@ -71,16 +75,14 @@ fn neutral(k: &str, v: &Value) -> Option<bool> {
         | "verbose"
         | "post_sampling_probs"
         | "ignore_eos"
-        | "continue_final_message"
         | "grammar_lazy"
         | "use_beam_search"
         | "include_stop_str_in_output"
         | "return_tokens_as_token_ids"
         | "add_special_tokens" => is_bool(v, false),
-        "parse_tool_calls"
-        | "skip_special_tokens"
-        | "spaces_between_special_tokens"
-        | "add_generation_prompt" => is_bool(v, true),
+        "parse_tool_calls" | "skip_special_tokens" | "spaces_between_special_tokens" => {
+            is_bool(v, true)
+        }
         "response_fields" | "lora" | "stop_token_ids" | "bad_words" | "preserved_tokens"
         | "grammar_triggers" | "documents" => is_empty(v),
         "reasoning_format" => v.is_null() || v.as_str() == Some("none"),
@@ -119,6 +121,7 @@ fn literal(s: &str) -> String {
 /// Checks the fields no OpenAI struct field took; returns what they ask to be served.
 pub fn check(extra: &Map<String, Value>) -> Result<Served, ApiError> {
     let mut out = Served::default();
+    let (mut generation_prompt, mut continue_last) = (None, None);
     for (k, v) in extra {
         let bad = |m: String| ApiError::invalid(m, None).param_named(k.clone());
         match k.as_str() {
@@ -160,6 +163,11 @@ pub fn check(extra: &Map<String, Value>) -> Result<Served, ApiError> {
                     ))
                 }
             },
+            "add_generation_prompt" | "continue_final_message" => match v.as_bool() {
+                Some(b) if k == "add_generation_prompt" => generation_prompt = Some(b),
+                Some(b) => continue_last = Some(b),
+                None => return Err(bad(format!("{k} must be a boolean, got {v}"))),
+            },
             _ => match neutral(k, v) {
                 Some(true) => {}
                 Some(false) => {
@@ -172,6 +180,17 @@ pub fn check(extra: &Map<String, Value>) -> Result<Served, ApiError> {
             },
         }
     }
+    out.end = match (generation_prompt, continue_last) {
+        (Some(true), Some(true)) => {
+            return Err(ApiError::invalid(
+                "continue_final_message needs add_generation_prompt: false",
+                Some("continue_final_message"),
+            ))
+        }
+        (_, Some(true)) => Some(ChatEnd::Continue),
+        (Some(false), _) => Some(ChatEnd::Closed),
+        _ => None,
+    };
     Ok(out)
 }
 
@@ -217,6 +236,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.n_predict, Some(None));
+        assert_eq!(s.end, None);
+        let end = |b: Value| check(b.as_object().unwrap()).map(|s| s.end);
+        assert_eq!(
+            end(json!({"add_generation_prompt": false})).unwrap(),
+            Some(ChatEnd::Closed)
+        );
+        assert_eq!(
+            end(json!({"add_generation_prompt": false, "continue_final_message": true})).unwrap(),
+            Some(ChatEnd::Continue)
+        );
+        assert!(
+            end(json!({"add_generation_prompt": true, "continue_final_message": true})).is_err()
+        );
+        assert!(end(json!({"continue_final_message": "yes"})).is_err());
         assert_eq!(
             s.grammars,
             vec![(Grammar::Regex("(a\\.b|c)".into()), "guided_choice")]

@@ -14,7 +14,7 @@ use super::extensions;
 use super::messages::ChatMessage;
 use super::structured::{compile, ConstrainFields};
 use super::tools::{self, Format, Tools};
-use crate::model::Tokenizer;
+use crate::model::{ChatEnd, Tokenizer};
 use crate::process::{Processing, MAX_TOP_LOGPROBS};
 use crate::request::GenerateParams;
 use crate::sample::SamplingParams;
@@ -532,7 +532,14 @@ impl ChatRequest {
             msgs.push(m.to_message(i)?);
         }
         let vars = self.chat_template_kwargs.clone().unwrap_or_default();
-        let prompt = tools::encode(tok, msgs, tools.as_ref(), format, vars)
+        let end = served.end.unwrap_or(ChatEnd::Generate);
+        if end == ChatEnd::Continue && msgs.last().is_none_or(|m| m.role != "assistant") {
+            return Err(ApiError::invalid(
+                "continue_final_message needs an assistant message last",
+                Some("continue_final_message"),
+            ));
+        }
+        let prompt = tools::encode(tok, msgs, tools.as_ref(), format, vars, end)
             .map_err(|e| ApiError::invalid(e.to_string(), Some("messages")))?;
         let mut knobs = Knobs {
             logprobs,
@@ -611,6 +618,12 @@ impl CompletionRequest {
         draw_seed: impl FnOnce() -> u64,
     ) -> Result<Validated, ApiError> {
         let served = extensions::check(&self.extra)?;
+        if served.end.is_some() {
+            return Err(unsupported(
+                "add_generation_prompt / continue_final_message on completions (no chat template)",
+                "add_generation_prompt",
+            ));
+        }
         if self.echo == Some(true) {
             return Err(unsupported("echo", "echo"));
         }

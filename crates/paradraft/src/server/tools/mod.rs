@@ -16,7 +16,7 @@
 
 use super::openai::ApiError;
 use crate::grammar::{compact, Grammar};
-use crate::model::{Message, Tokenizer};
+use crate::model::{ChatEnd, Message, Tokenizer};
 use crate::types::TokenId;
 use serde_json::{json, Map, Value};
 
@@ -297,12 +297,13 @@ pub fn encode(
     tools: Option<&Tools>,
     format: Format,
     mut vars: Map<String, Value>,
+    end: ChatEnd,
 ) -> crate::error::Result<Vec<TokenId>> {
     if format != Format::Generic {
         if let Some(t) = tools {
             vars.insert("tools".into(), Value::Array(t.defs.clone()));
         }
-        return tok.encode_chat_with(&msgs, true, &vars);
+        return tok.encode_chat_with(&msgs, end, &vars);
     }
     for m in &mut msgs {
         if let Some(calls) = m.tool_calls.take() {
@@ -323,7 +324,7 @@ pub fn encode(
             _ => msgs.insert(0, Message::new("system", &text)),
         }
     }
-    let first = tok.encode_chat_with(&msgs, true, &vars);
+    let first = tok.encode_chat_with(&msgs, end, &vars);
     if first.is_ok() || !msgs.iter().any(|m| m.role == "tool" || m.role == "system") {
         return first;
     }
@@ -338,7 +339,7 @@ pub fn encode(
         let sys = msgs.remove(0);
         msgs[0].content = format!("{}\n\n{}", sys.content, msgs[0].content);
     }
-    tok.encode_chat_with(&msgs, true, &vars)
+    tok.encode_chat_with(&msgs, end, &vars)
 }
 
 /// A call read from the model's text: its name and its arguments as JSON text.

@@ -1,6 +1,7 @@
 use super::*;
 use crate::grammar::{Constraint, GrammarEnv};
 use crate::model::tokenizer::tiny_fixture;
+use crate::model::ChatEnd;
 
 fn weather() -> Value {
     json!([{"type": "function", "function": {
@@ -279,7 +280,7 @@ fn prompts_tell_the_model_of_tools() {
     let msgs = vec![Message::new("user", "Time?"), call, result];
     let t = tools(Format::Generic, json!("auto"), None);
     let text = |tok: &Tokenizer, f: Format, t: Option<&Tools>| {
-        tok.decode(&encode(tok, msgs.clone(), t, f, Map::new()).unwrap())
+        tok.decode(&encode(tok, msgs.clone(), t, f, Map::new(), ChatEnd::Generate).unwrap())
             .unwrap()
     };
     let generic = text(&tok, Format::Generic, Some(&t));
