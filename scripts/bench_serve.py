@@ -252,6 +252,18 @@ def svg(results, levels, path):
         f.write("\n".join(out))
 
 
+def portable(args):
+    """The arguments as a report records them: paths inside the repository relative to it,
+    others by file name (a report names no machine's directories)."""
+    out = dict(args)
+    for k in ("bin", "out", "llama_server", "model"):
+        v = out.get(k)
+        if v:
+            v = os.path.abspath(v)
+            out[k] = os.path.relpath(v, ROOT) if v.startswith(ROOT + os.sep) else os.path.basename(v)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "paradraft"))
@@ -263,8 +275,8 @@ def main():
     ap.add_argument("--datasets", default="mt_bench,gsm8k_test,humaneval")
     ap.add_argument("--server-args", default="", help="extra `serve` flags, space-separated")
     ap.add_argument("--llama-server", default="", help="llama-server binary (for the `llama-server` method)")
-    ap.add_argument("--model", default=os.path.expanduser(
-        "~/.cache/paradraft/models/SmolLM2-135M-Instruct.Q4_1.gguf"), help="the model llama-server loads")
+    ap.add_argument("--model", default="", help="the model llama-server loads (default: the one "
+                    "`paradraft fetch-model` gives, which the servers under test serve)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server's threads")
     ap.add_argument("--llama-ctx", type=int, default=2048, help="llama-server's context per slot")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out", "serve"))
@@ -278,13 +290,15 @@ def main():
     if len(ps) < need:
         sys.exit(f"{need} distinct prompts needed, the sets {a.datasets} have {len(ps)}")
     os.makedirs(a.out, exist_ok=True)
-    report = {"args": vars(a), "results": {}}
+    report = {"args": portable(vars(a)), "results": {}}
     if a.temperature == 0:
         report["cli_decode_tok_s"] = cli_decode(a.bin, ps, a.max_tokens, 8)
         print(f"CLI decode (median of 8 prompts): {report['cli_decode_tok_s']:.1f} tok/s", flush=True)
     for method in a.methods.split(","):
         if method == "llama-server":
-            srv = LlamaServer(a.llama_server, a.model, a.threads, max(levels), a.llama_ctx)
+            model = a.model or subprocess.run([a.bin, "fetch-model"], capture_output=True, text=True,
+                                              check=True).stdout.strip().splitlines()[-1]
+            srv = LlamaServer(a.llama_server, model, a.threads, max(levels), a.llama_ctx)
         else:
             srv = Server(a.bin, ["--drafter", method, *a.server_args.split()])
         try:
