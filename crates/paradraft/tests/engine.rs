@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use paradraft::drafters::speculative_config::{DrafterConfig, Method};
 use paradraft::engine::{Engine, EngineConfig, Event, Finished, Rejected, Request};
-use paradraft::generate::{generate, GenerateParams};
+use paradraft::generate::{generate, GenerateParams, Generation};
+use paradraft::model::Loaded;
 use paradraft::sample::SamplingParams;
 use paradraft::types::TokenId;
 use std::sync::Arc;
@@ -41,6 +42,12 @@ fn params(i: usize) -> GenerateParams {
         stop_strings: vec![],
         ..Default::default()
     }
+}
+
+/// What AR generation alone gives for `prompt` with `p` (a cache of `ctx` slots).
+fn ar(lm: &Loaded, prompt: &[TokenId], p: &GenerateParams, ctx: usize) -> Generation {
+    let mut kv = lm.model.new_kv(ctx);
+    generate(&lm.model, &lm.tokenizer, &mut kv, prompt, p, |_| {}).unwrap()
 }
 
 /// Waits for the request's end: its streamed text and summary.
@@ -98,16 +105,7 @@ fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
         let rxs = submit_all(&e, &prompts);
         for (i, rx) in rxs.into_iter().enumerate() {
             let (text, f) = collect(rx);
-            let mut kv = lm.model.new_kv(64);
-            let ar = generate(
-                &lm.model,
-                &lm.tokenizer,
-                &mut kv,
-                &prompts[i],
-                &params(i),
-                |_| {},
-            )
-            .unwrap();
+            let ar = ar(lm, &prompts[i], &params(i), 64);
             assert_eq!(f.token_ids, ar.token_ids, "{method:?} request {i}");
             assert_eq!(text, ar.text, "{method:?} request {i}");
             assert_eq!(f.prompt_tokens, prompts[i].len());
@@ -250,8 +248,7 @@ fn drafter_caches_are_counted_in_the_pool() {
         })
         .unwrap();
         let (_, fin) = collect(rx);
-        let mut kv = lm.model.new_kv(64);
-        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &p, |_| {}).unwrap();
+        let ar = ar(&lm, &prompt, &p, 64);
         assert_eq!(fin.token_ids, ar.token_ids, "request {i}");
         assert!(fin.rounds > 0 && fin.accepted <= fin.drafted, "request {i}");
         let most = cap.unwrap_or(3);
@@ -385,16 +382,7 @@ fn a_burst_with_one_prompt_beginning_prefills_it_once() {
     let rxs = submit_all(&e, &prompts);
     for (i, rx) in rxs.into_iter().enumerate() {
         let (_, f) = collect(rx);
-        let mut kv = lm.model.new_kv(96);
-        let ar = generate(
-            &lm.model,
-            &lm.tokenizer,
-            &mut kv,
-            &prompts[i],
-            &params(i),
-            |_| {},
-        )
-        .unwrap();
+        let ar = ar(lm, &prompts[i], &params(i), 96);
         assert_eq!(f.token_ids, ar.token_ids, "request {i}");
     }
     let m = e.metrics().render();

@@ -507,12 +507,12 @@ impl Tokenizer {
         // turn, a mark after its content where the text is cut.
         let sentinel = |i: usize| format!("\u{e000}paradraft-content-{i}\u{e001}");
         const CUT: &str = "\u{e000}paradraft-continue\u{e001}";
-        let mut msgs = messages.to_vec();
+        let mut msgs = std::borrow::Cow::Borrowed(messages);
         for &i in &risky {
-            msgs[i].content = sentinel(i);
+            msgs.to_mut()[i].content = sentinel(i);
         }
         if end == ChatEnd::Continue {
-            if let Some(m) = msgs.last_mut() {
+            if let Some(m) = msgs.to_mut().last_mut() {
                 m.content.push_str(CUT);
             }
         }

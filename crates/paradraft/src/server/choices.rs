@@ -80,13 +80,24 @@ fn data(v: &Value) -> SseEvent {
 
 impl Streaming {
     fn chunk(&mut self, i: usize, text: Option<&str>, finish: Option<&str>, lp: Value) -> SseEvent {
+        data(&self.chunk_value(i, text, finish, lp))
+    }
+
+    /// A chunk of choice `i` as JSON (the first carries the role).
+    fn chunk_value(
+        &mut self,
+        i: usize,
+        text: Option<&str>,
+        finish: Option<&str>,
+        lp: Value,
+    ) -> Value {
         let choice = self.meta.choice(i, true, text, finish, self.first[i], lp);
         self.first[i] = false;
         let mut v = self.meta.envelope(true, json!([choice]));
         if self.include_usage {
             v["usage"] = Value::Null;
         }
-        data(&v)
+        v
     }
 
     /// Takes one choice's event; queues what it sends.
@@ -133,16 +144,8 @@ impl Streaming {
         }
         let mut reason = finish_reason(f.stop_reason);
         if let Some(p) = read.filter(|p| !p.calls.is_empty()) {
-            let calls = self.meta.tool_calls(i, &p.calls, true);
-            let mut c = self
-                .meta
-                .choice(i, true, None, None, self.first[i], Value::Null);
-            c["delta"]["tool_calls"] = calls;
-            self.first[i] = false;
-            let mut v = self.meta.envelope(true, json!([c]));
-            if self.include_usage {
-                v["usage"] = Value::Null;
-            }
+            let mut v = self.chunk_value(i, None, None, Value::Null);
+            v["choices"][0]["delta"]["tool_calls"] = self.meta.tool_calls(i, &p.calls, true);
             self.queue.push_back(data(&v));
             reason = "tool_calls";
         }

@@ -383,17 +383,15 @@ fn partial_tag(s: &str, tag: &str) -> usize {
 /// The start of the generic format's answer (the grammar's compact layout).
 const ANSWER: &str = "{\"response\": \"";
 
-/// The text of a JSON string body `s` (after its opening quote) so far: complete escapes
-/// only, up to its closing quote if there is one.
-fn string_so_far(s: &str) -> String {
+/// How far the body `s` of a JSON string (after its opening quote) can be decoded, from
+/// `from` (the end of a complete escape): to its closing quote (`true`) or to the end of its
+/// last complete escape.
+fn scan_string(s: &str, from: usize) -> (usize, bool) {
     let b = s.as_bytes();
-    let (mut i, mut safe) = (0, 0);
+    let mut i = from;
     while i < b.len() {
         match b[i] {
-            b'"' => {
-                safe = i;
-                break;
-            }
+            b'"' => return (i, true),
             b'\\' => {
                 let need = match b.get(i + 1) {
                     Some(b'u') => {
@@ -415,9 +413,19 @@ fn string_so_far(s: &str) -> String {
             }
             _ => i += 1,
         }
-        safe = i;
     }
-    serde_json::from_str(&format!("\"{}\"", &s[..safe])).unwrap_or_default()
+    (i, false)
+}
+
+/// The text of JSON string-body bytes holding complete escapes only.
+fn unescape(raw: &str) -> String {
+    serde_json::from_str(&format!("\"{raw}\"")).unwrap_or_default()
+}
+
+/// The text of a JSON string body `s` (after its opening quote) so far: complete escapes
+/// only, up to its closing quote if there is one.
+fn string_so_far(s: &str) -> String {
+    unescape(&s[..scan_string(s, 0).0])
 }
 
 /// Reads a reply in `format`: whole ([`read`]) or as it streams ([`Reader::push`]); what a
@@ -492,12 +500,20 @@ pub fn read(format: Format, text: &str) -> Parsed {
     }
 }
 
-/// A streamed reply: content sent as soon as it cannot be the start of a call.
+/// A streamed reply: content sent as soon as it cannot be the start of a call. Each push
+/// looks only at the text not yet decided.
 pub struct Reader {
     format: Format,
     text: String,
-    /// Content sent so far (bytes of the content).
+    /// Bytes of content sent so far.
     sent: usize,
+    /// Generic format: bytes of the answer's string body decoded so far.
+    scanned: usize,
+    /// Whether the text is decided: no more content will be sent before the end (a call
+    /// began, the answer's string closed, or the reply is not an answer).
+    settled: bool,
+    /// Llama 3: the reply is not a call (its first character is not `{`): all content.
+    plain: bool,
 }
 
 impl Reader {
@@ -506,37 +522,57 @@ impl Reader {
             format,
             text: String::new(),
             sent: 0,
-        }
-    }
-
-    /// The content the text read so far lets through.
-    fn content_so_far(&self) -> String {
-        let t = &self.text;
-        match self.format {
-            Format::Hermes => match t.find(OPEN) {
-                Some(_) => String::new(),
-                None => t[..t.len() - partial_tag(t, OPEN)].to_string(),
-            },
-            Format::Llama3 => match t.trim_start().chars().next() {
-                Some('{') | None => String::new(),
-                Some(_) => t.clone(),
-            },
-            Format::Generic => t
-                .strip_prefix(ANSWER)
-                .map(string_so_far)
-                .unwrap_or_default(),
+            scanned: 0,
+            settled: false,
+            plain: false,
         }
     }
 
     /// Adds generated text; returns the content to send now (possibly empty).
     pub fn push(&mut self, piece: &str) -> String {
         self.text.push_str(piece);
-        let c = self.content_so_far();
-        if c.len() <= self.sent {
+        if self.settled {
             return String::new();
         }
-        let out = c[self.sent..].to_string();
-        self.sent = c.len();
+        let t = &self.text;
+        let out = match self.format {
+            // Sent text never ends in what may begin a call, so a call begins after it.
+            Format::Hermes => match t[self.sent..].find(OPEN) {
+                Some(k) => {
+                    self.settled = true;
+                    t[self.sent..self.sent + k].to_string()
+                }
+                None => t[self.sent..t.len() - partial_tag(t, OPEN)].to_string(),
+            },
+            Format::Llama3 => {
+                if !self.plain {
+                    match t.trim_start().chars().next() {
+                        Some('{') => self.settled = true,
+                        Some(_) => self.plain = true,
+                        None => {}
+                    }
+                }
+                if self.plain {
+                    t[self.sent..].to_string()
+                } else {
+                    String::new()
+                }
+            }
+            Format::Generic => match t.strip_prefix(ANSWER) {
+                Some(body) => {
+                    let (end, closed) = scan_string(body, self.scanned);
+                    let out = unescape(&body[self.scanned..end]);
+                    self.scanned = end;
+                    self.settled = closed;
+                    out
+                }
+                None => {
+                    self.settled = !ANSWER.starts_with(t.as_str());
+                    String::new()
+                }
+            },
+        };
+        self.sent += out.len();
         out
     }
 
