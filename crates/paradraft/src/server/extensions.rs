@@ -5,7 +5,7 @@
 //! hint), and otherwise refused with a 400 naming it — never silently ignored. A field no
 //! server knows is a 400 naming it too.
 
-use super::openai::ApiError;
+use super::error::ApiError;
 use crate::grammar::Grammar;
 use crate::model::ChatEnd;
 use serde_json::{Map, Value};

@@ -2,7 +2,7 @@
 //! participant's `name` (accepted, unused), an assistant's `tool_calls` and a tool's answer
 //! (`role: "tool"` with its `tool_call_id`).
 
-use super::openai::ApiError;
+use super::error::ApiError;
 use crate::model::Message;
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -8,6 +8,7 @@
 //! any HTTP load balancer scale it out.
 
 mod choices;
+mod error;
 mod extensions;
 pub mod flags;
 mod messages;

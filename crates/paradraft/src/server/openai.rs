@@ -10,6 +10,7 @@
 //! (vLLM's) repetition penalties, `logprobs` ([`crate::process`]), structured output
 //! ([`crate::grammar`]), `n` and tools ([`super::tools`]) are served with every drafter.
 
+pub use super::error::ApiError;
 use super::extensions;
 use super::messages::ChatMessage;
 use super::structured::{compile, ConstrainFields};
@@ -21,59 +22,6 @@ use crate::sample::SamplingParams;
 use crate::types::TokenId;
 use serde::Deserialize;
 use serde_json::Value;
-
-/// An error in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}` with its
-/// HTTP status.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub kind: &'static str,
-    pub param: Option<std::borrow::Cow<'static, str>>,
-    pub code: Option<&'static str>,
-}
-
-impl ApiError {
-    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
-        ApiError {
-            status: 400,
-            message: message.into(),
-            kind: "invalid_request_error",
-            param: param.map(Into::into),
-            code: None,
-        }
-    }
-
-    /// The field the error names, when it is only known at run time.
-    pub fn param_named(mut self, field: String) -> Self {
-        self.param = Some(field.into());
-        self
-    }
-
-    pub fn with_code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-
-    pub fn status(mut self, status: u16) -> Self {
-        self.status = status;
-        self
-    }
-
-    pub fn kind(mut self, kind: &'static str) -> Self {
-        self.kind = kind;
-        self
-    }
-
-    pub fn body(&self) -> Value {
-        serde_json::json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
-    }
-}
 
 /// `stop`: one string or up to four.
 #[derive(Clone, Debug, Deserialize)]

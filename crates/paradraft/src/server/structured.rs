@@ -2,7 +2,7 @@
 //! `grammar` (Lark) and `regex`, each compiled against the model's vocabulary before the
 //! request is queued.
 
-use super::openai::ApiError;
+use super::error::ApiError;
 use crate::grammar::Grammar;
 use crate::model::Tokenizer;
 use serde_json::Value;

@@ -14,7 +14,7 @@
 //! tools whose arguments satisfy their schemas. Grammars are lossless with every drafter
 //! ([`crate::grammar`]), so speculation changes none of this.
 
-use super::openai::ApiError;
+use super::error::ApiError;
 use crate::grammar::{compact, Grammar};
 use crate::model::{ChatEnd, Message, Tokenizer};
 use crate::types::TokenId;
