@@ -29,6 +29,11 @@ Outputs (under fixtures/tiny/):
                      a Qwen3-MoE model (Qwen3MoeForCausalLM, float32: 3 layers of 8 experts, 2 per
                      token, renormalised; q/k norms), and the same as llama.cpp writes it
                      (qwen3moe.* keys, stacked ffn_*_exps tensors, the router as ffn_gate_inp)
+  qwen2moe/, qwen2moe.gguf
+                     a Qwen2-MoE model (Qwen2MoeForCausalLM, float32: 3 layers of 8 experts, 2 per
+                     token, not renormalised; q/k/v biases; a shared expert of width 96 behind its
+                     sigmoid gate), and the same as llama.cpp writes it (qwen2moe.* keys,
+                     ffn_*_shexp and ffn_gate_inp_shexp)
   phi3-longrope/, phi3-longrope.gguf
                      a Phi-3 with LongRoPE (original context 64 of 256; reference_long.safetensors
                      holds 130 tokens, past it), as HF and as llama.cpp writes it
@@ -92,8 +97,9 @@ def gguf_header(w, cfg, head_dim=True):
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     if head_dim:
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
 
 
@@ -365,8 +371,10 @@ def moe_gguf(name, arch, ref, cfg, n_experts, expert_names, permute_qk):
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_expert_count(n_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen2moe"):
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     gguf_spm(w, cfg.vocab_size, None)
     sd = {k: v.numpy() for k, v in ref.state_dict().items()}
     # transformers 5 keeps the experts fused in memory; the saved checkpoint has one tensor each.
@@ -382,18 +390,25 @@ def moe_gguf(name, arch, ref, cfg, n_experts, expert_names, permute_qk):
              "self_attn.k_norm": "attn_k_norm"}
     for i in range(cfg.num_hidden_layers):
         for hf, gg in names.items():
-            key = f"model.layers.{i}.{hf}.weight"
-            if key not in saved:
-                continue
-            a = saved[key]
-            if permute_qk and gg in heads:
-                a = permute(a, heads[gg])
-            w.add_tensor(f"blk.{i}.{gg}.weight", a)
+            for kind in ("weight", "bias"):
+                key = f"model.layers.{i}.{hf}.{kind}"
+                if key not in saved:
+                    continue
+                a = saved[key]
+                if permute_qk and gg in heads:
+                    a = permute(a, heads[gg])
+                w.add_tensor(f"blk.{i}.{gg}.{kind}", a)
         router, experts = expert_names
         w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", saved[f"model.layers.{i}.{router}.weight"])
         for gg, proj in [("ffn_gate_exps", "gate"), ("ffn_up_exps", "up"), ("ffn_down_exps", "down")]:
             stack = np.stack([saved[f"model.layers.{i}.{experts(e, proj)}.weight"] for e in range(n_experts)])
             w.add_tensor(f"blk.{i}.{gg}.weight", stack)
+        shared = {"ffn_gate_shexp": "shared_expert.gate_proj", "ffn_up_shexp": "shared_expert.up_proj",
+                  "ffn_down_shexp": "shared_expert.down_proj", "ffn_gate_inp_shexp": "shared_expert_gate"}
+        for gg, hf in shared.items():
+            key = f"model.layers.{i}.mlp.{hf}.weight"
+            if key in saved:
+                w.add_tensor(f"blk.{i}.{gg}.weight", saved[key])
     gguf_close(w)
     print(f"tiny {name}.gguf written", file=sys.stderr)
 
@@ -409,6 +424,20 @@ def qwen3moe():
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     ref, _ = hf_model("qwen3moe", Qwen3MoeForCausalLM, cfg, 5, False)
     moe_gguf("qwen3moe", "qwen3moe", ref, cfg, 8,
+             ("mlp.gate", lambda e, p: f"mlp.experts.{e}.{p}_proj"), False)
+
+
+def qwen2moe():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+                         shared_expert_intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                         qkv_bias=True, max_position_embeddings=256, bos_token_id=0, eos_token_id=2,
+                         rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    ref, _ = hf_model("qwen2moe", Qwen2MoeForCausalLM, cfg, 9, False)
+    moe_gguf("qwen2moe", "qwen2moe", ref, cfg, 8,
              ("mlp.gate", lambda e, p: f"mlp.experts.{e}.{p}_proj"), False)
 
 
@@ -428,6 +457,6 @@ def mixtral():
 
 if __name__ == "__main__":
     which = sys.argv[1:] or ["gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral", "phi3_longrope",
-                             "phi4_mini", "qwen2_window"]
+                             "phi4_mini", "qwen2_window", "qwen2moe"]
     for name in which:
         globals()[name]()

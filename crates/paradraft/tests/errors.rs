@@ -130,6 +130,10 @@ fn unsupported_architecture() {
         matches!(e, Error::Unsupported(_)) && e.to_string().contains("falcon"),
         "{e}"
     );
+    // A mixture-of-experts architecture without its expert keys.
+    write_gguf(&p, &[("general.architecture", "qwen2moe")], &[]);
+    let e = load_err(&p);
+    assert!(e.to_string().contains("qwen2moe.expert_count"), "{e}");
     // A Mixtral-style file: Llama architecture, routed experts.
     write_gguf(
         &p,
@@ -146,6 +150,17 @@ fn unsupported_architecture() {
     let e = load_err(&dir);
     assert!(
         matches!(e, Error::Unsupported(_)) && e.to_string().contains("mlp_only_layers"),
+        "{e}"
+    );
+    // Qwen2-MoE without its shared expert's width.
+    let (_td, dir) = edited_tiny("qwen2moe", |v| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("shared_expert_intermediate_size");
+    });
+    let e = load_err(&dir);
+    assert!(
+        e.to_string().contains("shared_expert_intermediate_size"),
         "{e}"
     );
     // More experts per token than there are.

@@ -63,6 +63,7 @@ fn batched_forward_equals_token_by_token() {
         "llama-quant",
         "qwen3moe",
         "mixtral",
+        "qwen2moe",
         "moe-kquant",
     ] {
         let lm = load(name);
@@ -161,6 +162,7 @@ fn tree_forward_matches_each_root_path() {
         "llama-quant",
         "qwen3moe",
         "mixtral",
+        "qwen2moe",
         "moe-kquant",
     ] {
         let lm = load(name);

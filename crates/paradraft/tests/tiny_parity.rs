@@ -207,23 +207,26 @@ fn tiny_phi4_mini_partial_rotary() {
     }
 }
 
-/// Mixtures of experts (#60): Qwen3-MoE (8 experts, 2 per token, renormalised, q/k norms) and
-/// Mixtral (4 experts, 2 per token), from transformers' per-expert checkpoints and from GGUF
-/// files with llama.cpp's stacked expert tensors.
+/// Mixtures of experts (#60): Qwen3-MoE (8 experts, 2 per token, renormalised, q/k norms),
+/// Mixtral (4 experts, 2 per token) and Qwen2-MoE (8 experts, 2 per token, not renormalised,
+/// q/k/v biases, a gated shared expert), from transformers' per-expert checkpoints and from
+/// GGUF files with llama.cpp's stacked expert tensors.
 ///
 /// With an f32 KV cache only: an f16 cache moves router logits by ~1e-3, enough to flip a
 /// near-tie between a token's second and third expert on random weights (measured: |Δlogit|
 /// 0.79 at one position of the tiny Qwen3-MoE), which is a different computation, not an error.
 #[test]
-fn tiny_qwen3moe_and_mixtral_f32() {
+fn tiny_moe_f32() {
     check_model_kv("qwen3moe", KvDtype::F32, TOL);
     check_model_kv("mixtral", KvDtype::F32, TOL);
+    check_model_kv("qwen2moe", KvDtype::F32, TOL);
 }
 
 #[test]
-fn tiny_qwen3moe_and_mixtral_gguf_match_transformers() {
+fn tiny_moe_gguf_match_transformers() {
     gguf_matches_transformers("qwen3moe");
     gguf_matches_transformers("mixtral");
+    gguf_matches_transformers("qwen2moe");
 }
 
 /// The tiny GGUF `name` on the exact path: its logits within [`TOL`] of transformers'.

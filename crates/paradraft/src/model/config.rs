@@ -93,9 +93,10 @@ pub struct SlidingWindow {
     pub rope_theta: Option<f32>,
 }
 
-/// A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router picks `n_used` of `n_experts`
-/// SwiGLU experts per token by the softmax of its logits, and their outputs are summed weighted
-/// by those probabilities (renormalised over the chosen ones when `norm_topk`).
+/// A mixture-of-experts MLP (Mixtral, Qwen3-MoE, Qwen2-MoE): a router picks `n_used` of
+/// `n_experts` SwiGLU experts per token by the softmax of its logits, and their outputs are
+/// summed weighted by those probabilities (renormalised over the chosen ones when `norm_topk`);
+/// a shared expert, when there is one, runs on every token and is added too.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Moe {
     pub n_experts: usize,
@@ -103,6 +104,16 @@ pub struct Moe {
     /// Each expert's hidden width.
     pub ff: usize,
     pub norm_topk: bool,
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every token uses (Qwen2-MoE's), beside the routed ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedExpert {
+    /// Its hidden width.
+    pub ff: usize,
+    /// Its output is scaled by sigmoid(g · x) of its own gate vector g (Qwen2-MoE).
+    pub gated: bool,
 }
 
 /// What a family's decoder does beyond the Llama layer (all off for Llama and Qwen).
@@ -233,10 +244,20 @@ impl Config {
             }
         }
         if let Some(m) = &self.extras.moe {
-            if m.n_experts == 0 || m.n_used == 0 || m.n_used > m.n_experts || m.ff == 0 {
+            let shared_ff = m.shared.map_or(1, |s| s.ff);
+            if m.n_experts == 0
+                || m.n_used == 0
+                || m.n_used > m.n_experts
+                || m.ff == 0
+                || shared_ff == 0
+            {
                 return bad(format!(
-                    "mixture of experts: {} of {} experts per token, expert width {}",
-                    m.n_used, m.n_experts, m.ff
+                    "mixture of experts: {} of {} experts per token, expert width {}, shared \
+                     expert width {:?}",
+                    m.n_used,
+                    m.n_experts,
+                    m.ff,
+                    m.shared.map(|s| s.ff)
                 ));
             }
         }

@@ -78,18 +78,20 @@ fn load_gguf(path: &Path) -> Result<Loaded> {
         "gemma3" => Arch::Gemma3,
         "phi3" => Arch::Phi3,
         "qwen3moe" => Arch::Qwen3Moe,
+        // Qwen2's attention; its mixture of experts comes with the file's expert keys.
+        "qwen2moe" => Arch::Qwen2,
         other => {
             return Err(Error::Unsupported(format!(
-                "architecture {other:?} (supported: llama (and Mixtral), qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, dream)"
+                "architecture {other:?} (supported: llama (and Mixtral), qwen2, qwen2moe, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, dream)"
             )))
         }
     };
     let key = |k: &str| format!("{arch_name}.{k}");
     let moe = moe::gguf_moe(&g, &arch_name)?;
-    if moe.is_none() && arch == Arch::Qwen3Moe {
-        return Err(Error::Unsupported(
-            "a qwen3moe file without qwen3moe.expert_count".into(),
-        ));
+    if moe.is_none() && arch_name.ends_with("moe") {
+        return Err(Error::Unsupported(format!(
+            "a {arch_name} file without {arch_name}.expert_count"
+        )));
     }
     let hidden = g.req_u64(&key("embedding_length"))? as usize;
     let n_heads = g.req_u64(&key("attention.head_count"))? as usize;
@@ -215,6 +217,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         "qwen2" | "dream" => Arch::Qwen2,
         "qwen3" => Arch::Qwen3,
         "qwen3_moe" => Arch::Qwen3Moe,
+        "qwen2_moe" => Arch::Qwen2,
         "mixtral" => Arch::Llama,
         "gemma" => Arch::Gemma,
         "gemma2" => Arch::Gemma2,
@@ -227,7 +230,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
         )),
         other => {
             return Err(Error::Unsupported(format!(
-                "model_type {other:?} (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, dream)"
+                "model_type {other:?} (supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, dream)"
             )))
         }
     };
@@ -241,7 +244,7 @@ pub fn hf_config(v: &serde_json::Value, path: &Path) -> Result<Config> {
     if v["mlp_bias"].as_bool() == Some(true) {
         return Err(Error::Unsupported("MLP biases (mlp_bias: true)".into()));
     }
-    let qwen_window = ["qwen2", "qwen3", "qwen3_moe"].contains(&model_type.as_str());
+    let qwen_window = ["qwen2", "qwen2_moe", "qwen3", "qwen3_moe"].contains(&model_type.as_str());
     if v["use_sliding_window"].as_bool() == Some(true) && !qwen_window {
         return Err(Error::Unsupported(format!(
             "use_sliding_window in a {model_type} config"

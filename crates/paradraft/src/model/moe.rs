@@ -1,7 +1,9 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE): a router scores every expert per token, the
-//! `n_used` most probable SwiGLU experts run on that token, and their outputs are summed,
-//! weighted by the router's softmax probabilities (renormalised over the chosen experts when the
-//! model says so: Mixtral always, Qwen3-MoE by `norm_topk_prob`, llama.cpp for both).
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, Qwen2-MoE): a router scores every expert per
+//! token, the `n_used` most probable SwiGLU experts run on that token, and their outputs are
+//! summed, weighted by the router's softmax probabilities (renormalised over the chosen experts
+//! when the model says so: Mixtral always, Qwen3-MoE by `norm_topk_prob`, llama.cpp for both;
+//! Qwen2-MoE never in llama.cpp). Qwen2-MoE adds a shared expert every token runs, its output
+//! scaled by a sigmoid gate of the token (`ffn_*_shexp`, `ffn_gate_inp_shexp`).
 //!
 //! Expert weights come stacked, as llama.cpp writes them (`blk.N.ffn_gate_exps.weight`,
 //! `[experts, rows, cols]`; each expert is a contiguous run of whole rows, so it is used in
@@ -13,12 +15,12 @@
 //! expert index) depend on that row alone, and the matrix kernels compute each row of a product
 //! independently of the others, so a token's output is the same in any batch or tree.
 
-use super::config::{Activation, Config, Moe};
+use super::config::{Activation, Config, Moe, SharedExpert};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
 use crate::runtime::ops;
 use crate::runtime::qmatmul::QActs;
-use crate::runtime::quant::{par_rows, prep_acts as prep, sized, Matrix};
+use crate::runtime::quant::{dot, par_rows, prep_acts as prep, sized, Matrix};
 
 /// One layer's experts and router.
 pub(crate) struct Experts {
@@ -28,6 +30,13 @@ pub(crate) struct Experts {
     gate: Vec<Matrix>,
     up: Vec<Matrix>,
     down: Vec<Matrix>,
+    shared: Option<Shared>,
+}
+
+/// The shared expert's gate, up and down matrices and, when gated, its gate vector.
+struct Shared {
+    mats: [Matrix; 3],
+    gate: Option<Vec<f32>>,
 }
 
 /// Buffers of an MoE forward, reused.
@@ -57,6 +66,10 @@ impl Experts {
             gate: stacked(src, &name("ffn_gate_exps"), e, ff, h)?,
             up: stacked(src, &name("ffn_up_exps"), e, ff, h)?,
             down: stacked(src, &name("ffn_down_exps"), e, h, ff)?,
+            shared: moe
+                .shared
+                .map(|s| Shared::load(src, h, s, &name))
+                .transpose()?,
         })
     }
 
@@ -66,6 +79,9 @@ impl Experts {
         v.extend(self.gate.iter_mut());
         v.extend(self.up.iter_mut());
         v.extend(self.down.iter_mut());
+        if let Some(s) = &mut self.shared {
+            v.extend(s.mats.iter_mut());
+        }
         v
     }
 
@@ -74,7 +90,10 @@ impl Experts {
         let experts: usize = (self.gate.iter().chain(&self.up).chain(&self.down))
             .map(|m| m.nbytes())
             .sum();
-        self.router.nbytes() + experts * self.moe.n_used / self.moe.n_experts
+        let shared: usize = (self.shared.iter().flat_map(|s| &s.mats))
+            .map(|m| m.nbytes())
+            .sum();
+        self.router.nbytes() + shared + experts * self.moe.n_used / self.moe.n_experts
     }
 
     /// The MLP of the rows `xn` (`n × hidden`, already normed) into `out` (`n × hidden`).
@@ -119,6 +138,53 @@ impl Experts {
                 }
             }
         }
+        if let Some(sh) = &self.shared {
+            let ye = sized(&mut s.ye, n * h);
+            let [g, u, d] = &sh.mats;
+            glu(act, (g, u, d), xn, qa, (&mut s.gate, &mut s.up), ye, exact);
+            for ((o, y), x) in out
+                .chunks_exact_mut(h)
+                .zip(ye.chunks_exact(h))
+                .zip(xn.chunks_exact(h))
+            {
+                let w = sh.gate.as_ref().map_or(1.0, |g| sigmoid(dot(g, x)));
+                for (o, y) in o.iter_mut().zip(y) {
+                    *o += w * y;
+                }
+            }
+        }
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Shared {
+    fn load(
+        src: &dyn TensorSource,
+        h: usize,
+        s: SharedExpert,
+        name: &impl Fn(&str) -> String,
+    ) -> Result<Shared> {
+        let gate = match s.gated {
+            // One value per token: llama.cpp's files hold it as `[hidden]`, HF's as `[1, hidden]`.
+            true => {
+                let n = name("ffn_gate_inp_shexp.weight");
+                let shape = src.shape(&n).ok_or_else(|| src.missing(&n))?;
+                let shape = if shape == [1, h] { shape } else { vec![h] };
+                Some(src.f32_tensor(&n, &shape)?)
+            }
+            false => None,
+        };
+        Ok(Shared {
+            mats: [
+                src.matrix(&name("ffn_gate_shexp.weight"), s.ff, h)?,
+                src.matrix(&name("ffn_up_shexp.weight"), s.ff, h)?,
+                src.matrix(&name("ffn_down_shexp.weight"), h, s.ff)?,
+            ],
+            gate,
+        })
     }
 }
 
@@ -212,7 +278,8 @@ fn stacked(
 }
 
 /// The MoE settings of a GGUF file of architecture `arch` (`None`: dense). llama.cpp
-/// renormalises the chosen experts' weights for both Mixtral (`llama`) and `qwen3moe`.
+/// renormalises the chosen experts' weights for Mixtral (`llama`) and `qwen3moe`, not for
+/// `qwen2moe`.
 pub(crate) fn gguf_moe(g: &super::gguf::GgufFile, arch: &str) -> Result<Option<Moe>> {
     let key = |k: &str| format!("{arch}.{k}");
     let n_experts = g.u64(&key("expert_count")).unwrap_or(0) as usize;
@@ -225,48 +292,57 @@ pub(crate) fn gguf_moe(g: &super::gguf::GgufFile, arch: &str) -> Result<Option<M
         }
         return Ok(None);
     }
-    if g.has("blk.0.ffn_gate_shexp.weight") || g.has("blk.0.ffn_up_shexp.weight") {
-        return Err(Error::Unsupported(
-            "mixture of experts with shared experts (Qwen2-MoE, DeepSeek style)".into(),
-        ));
+    let qwen2 = arch == "qwen2moe";
+    let shared = g.has("blk.0.ffn_gate_shexp.weight") || g.has("blk.0.ffn_up_shexp.weight");
+    if shared != qwen2 {
+        return Err(Error::Unsupported(format!(
+            "a {arch} file {} shared experts (supported: Qwen2-MoE's gated shared expert)",
+            if shared { "with" } else { "without" }
+        )));
     }
     let n_used = g.req_u64(&key("expert_used_count"))? as usize;
-    // Without its own key, llama.cpp takes Mixtral's expert width as the MLP's and a
-    // qwen3moe file's as the MLP's over the experts a token uses.
+    // Without its own key, llama.cpp takes Mixtral's expert width as the MLP's and a Qwen MoE
+    // file's as the MLP's over the experts a token uses.
+    let mlp = || g.req_u64(&key("feed_forward_length")).map(|v| v as usize);
     let ff = match g.u64(&key("expert_feed_forward_length")) {
         Some(ff) => ff as usize,
-        None => {
-            let ff = g.req_u64(&key("feed_forward_length"))? as usize;
-            if arch == "qwen3moe" {
-                ff / n_used.max(1)
-            } else {
-                ff
-            }
-        }
+        None if arch == "llama" => mlp()?,
+        None => mlp()? / n_used.max(1),
+    };
+    let shared = match qwen2 {
+        true => Some(SharedExpert {
+            ff: match g.u64(&key("expert_shared_feed_forward_length")) {
+                Some(ff) => ff as usize,
+                None => mlp()?,
+            },
+            gated: true,
+        }),
+        false => None,
     };
     Ok(Some(Moe {
         n_experts,
         n_used,
         ff,
-        norm_topk: true,
+        norm_topk: !qwen2,
+        shared,
     }))
 }
 
-/// The MoE settings of an HF config of `model_type` `mixtral` or `qwen3_moe` (`None`: others).
+/// The MoE settings of an HF config of `model_type` `mixtral`, `qwen3_moe` or `qwen2_moe`
+/// (`None`: others).
 pub(crate) fn hf_moe(v: &serde_json::Value, model_type: &str) -> Result<Option<Moe>> {
     let num = |k: &str| v[k].as_u64().map(|x| x as usize);
     let (ff, norm_topk) = match model_type {
         "mixtral" => (num("intermediate_size"), true),
-        "qwen3_moe" => {
+        "qwen3_moe" | "qwen2_moe" => {
             if num("decoder_sparse_step").unwrap_or(1) != 1
                 || v["mlp_only_layers"]
                     .as_array()
                     .is_some_and(|a| !a.is_empty())
             {
-                return Err(Error::Unsupported(
-                    "Qwen3-MoE with dense layers (decoder_sparse_step ≠ 1 or mlp_only_layers)"
-                        .into(),
-                ));
+                return Err(Error::Unsupported(format!(
+                    "{model_type} with dense layers (decoder_sparse_step ≠ 1 or mlp_only_layers)"
+                )));
             }
             let norm = v["norm_topk_prob"].as_bool().unwrap_or(false);
             (num("moe_intermediate_size"), norm)
@@ -285,6 +361,14 @@ pub(crate) fn hf_moe(v: &serde_json::Value, model_type: &str) -> Result<Option<M
         n_used: num("num_experts_per_tok").ok_or_else(|| missing("num_experts_per_tok"))?,
         ff: ff.ok_or_else(|| missing("moe_intermediate_size"))?,
         norm_topk,
+        shared: match model_type {
+            "qwen2_moe" => Some(SharedExpert {
+                ff: num("shared_expert_intermediate_size")
+                    .ok_or_else(|| missing("shared_expert_intermediate_size"))?,
+                gated: true,
+            }),
+            _ => None,
+        },
     }))
 }
 

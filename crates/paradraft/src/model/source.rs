@@ -288,6 +288,10 @@ impl SafetensorsSource {
             "ffn_up" => "mlp.up_proj",
             "ffn_down" => "mlp.down_proj",
             "ffn_gate_inp" => "mlp.gate",
+            "ffn_gate_shexp" => "mlp.shared_expert.gate_proj",
+            "ffn_up_shexp" => "mlp.shared_expert.up_proj",
+            "ffn_down_shexp" => "mlp.shared_expert.down_proj",
+            "ffn_gate_inp_shexp" => "mlp.shared_expert_gate",
             other => other,
         };
         format!("model.layers.{layer}.{hf}.{suffix}")

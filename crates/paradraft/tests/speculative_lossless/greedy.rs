@@ -119,6 +119,7 @@ fn greedy_is_token_identical_on_tiny_models() {
         // Mixtures of experts: a token's experts do not depend on its batch or tree.
         "tiny/qwen3moe",
         "tiny/mixtral.gguf",
+        "tiny/qwen2moe.gguf",
         "quants/tiny-moe-kquant.gguf",
     ]
     .map(|p| fixtures().join(p));
