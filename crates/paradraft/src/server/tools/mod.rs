@@ -191,9 +191,19 @@ impl Tools {
         }))
     }
 
-    /// The schema of one call of an allowed tool (`{"name", <arguments key>}`).
+    /// The schema of one call of an allowed tool (`{"name", <arguments key>}`), rooted: a
+    /// tool's parameters that refer into themselves (`$ref: "#/$defs/…"`) are moved under the
+    /// root's `$defs`, their references rewritten to point there, as the call schema is
+    /// embedded in others.
     fn call_schema(&self) -> Value {
+        let (call, defs) = self.call_parts();
+        rooted(call, defs)
+    }
+
+    /// [`Tools::call_schema`] before rooting: the call's schema and the `$defs` its root needs.
+    fn call_parts(&self) -> (Value, Map<String, Value>) {
         let key = self.format.arguments_key();
+        let mut defs = Map::new();
         let allowed: Vec<Value> = self
             .defs
             .iter()
@@ -203,26 +213,34 @@ impl Tools {
                 _ => true,
             })
             .map(|f| {
+                let mut params = f["parameters"].clone();
+                if has_local_ref(&params) {
+                    let at = format!("tool_{}", f["name"].as_str().unwrap_or_default());
+                    rebase_refs(&mut params, &format!("#/$defs/{at}"));
+                    defs.insert(at.clone(), params);
+                    params = json!({"$ref": format!("#/$defs/{at}")});
+                }
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
+                    "properties": {"name": {"const": f["name"]}, key: params},
                     "required": ["name", key],
                     "additionalProperties": false,
                 })
             })
             .collect();
-        match <[Value; 1]>::try_from(allowed) {
+        let call = match <[Value; 1]>::try_from(allowed) {
             Ok([one]) => one,
             Err(all) => json!({"anyOf": all}),
-        }
+        };
+        (call, defs)
     }
 
     /// The grammar the reply is held to, if any.
     pub fn grammar(&self) -> Option<Grammar> {
         match (self.format, &self.choice) {
             (Format::Generic, choice) => {
-                let mut calls =
-                    json!({"type": "array", "items": self.call_schema(), "minItems": 1});
+                let (call, defs) = self.call_parts();
+                let mut calls = json!({"type": "array", "items": call, "minItems": 1});
                 if !self.parallel {
                     calls["maxItems"] = json!(1);
                 }
@@ -238,10 +256,13 @@ impl Tools {
                     "required": ["response"],
                     "additionalProperties": false,
                 });
-                Some(Grammar::JsonSchema(match choice {
-                    Choice::Auto => json!({"anyOf": [call, answer]}),
-                    _ => call,
-                }))
+                Some(Grammar::JsonSchema(rooted(
+                    match choice {
+                        Choice::Auto => json!({"anyOf": [call, answer]}),
+                        _ => call,
+                    },
+                    defs,
+                )))
             }
             (_, Choice::Auto) => None,
             (Format::Hermes, _) => {
@@ -354,6 +375,44 @@ pub struct Call {
 pub struct Parsed {
     pub content: Option<String>,
     pub calls: Vec<Call>,
+}
+
+/// `schema` with `defs` as its root's `$defs` (unchanged when there are none).
+fn rooted(mut schema: Value, defs: Map<String, Value>) -> Value {
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    schema
+}
+
+/// Whether a schema refers into itself (`$ref` `#` or `#/…`) anywhere.
+fn has_local_ref(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.iter().any(|(k, x)| {
+            (k == "$ref" && x.as_str().is_some_and(|s| s.starts_with('#'))) || has_local_ref(x)
+        }),
+        Value::Array(a) => a.iter().any(has_local_ref),
+        _ => false,
+    }
+}
+
+/// Rewrites a schema's references into itself to the same places under `base` (a JSON pointer
+/// fragment such as `#/$defs/tool_x`), where the schema is moved to.
+fn rebase_refs(v: &mut Value, base: &str) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m.iter_mut() {
+                match x {
+                    Value::String(s) if k == "$ref" && s.starts_with('#') => {
+                        *s = format!("{base}{}", &s[1..]);
+                    }
+                    _ => rebase_refs(x, base),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| rebase_refs(x, base)),
+        _ => {}
+    }
 }
 
 /// A call object (`{"name", "arguments" | "parameters"}`) as a [`Call`].

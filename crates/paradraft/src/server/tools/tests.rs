@@ -175,6 +175,48 @@ fn grammars_hold_replies_to_valid_calls() {
     );
 }
 
+/// A tool whose parameters refer into themselves (`$defs` and `#` pointers, as pydantic
+/// writes them) keeps its meaning once embedded in the call schema, in every format.
+#[test]
+fn parameters_with_local_refs_stay_valid() {
+    let tok = tiny_fixture();
+    let env = GrammarEnv::new(&tok, tok.vocab_size()).unwrap();
+    let defs = json!([{"type": "function", "function": {
+        "name": "convert",
+        "parameters": {
+            "$defs": {"Unit": {"enum": ["c", "f"]}},
+            "type": "object",
+            "properties": {
+                "unit": {"$ref": "#/$defs/Unit"},
+                "also": {"$ref": "#/properties/unit"}
+            },
+            "required": ["unit", "also"],
+            "additionalProperties": false
+        }
+    }}]);
+    let good = r#"{"name": "convert", "ARGS": {"unit": "c", "also": "f"}}"#;
+    let bad = r#"{"name": "convert", "ARGS": {"unit": "c", "also": "k"}}"#;
+    for (format, wrap) in [
+        (Format::Generic, "{\"tool_calls\": [CALL]}"),
+        (Format::Hermes, "<tool_call>\nCALL\n</tool_call>"),
+        (Format::Llama3, "CALL"),
+    ] {
+        let t = Tools::of_request(&Some(defs.clone()), &Some(json!("required")), None, format)
+            .unwrap()
+            .unwrap();
+        let g = t.grammar().unwrap();
+        let text = |call: &str| wrap.replace("CALL", &call.replace("ARGS", format.arguments_key()));
+        assert!(
+            accepts(&tok, &mut env.constraint(&g).unwrap(), &text(good)),
+            "{format:?}"
+        );
+        assert!(
+            !accepts(&tok, &mut env.constraint(&g).unwrap(), &text(bad)),
+            "{format:?}"
+        );
+    }
+}
+
 #[test]
 fn replies_read_in_each_format() {
     let call = |n: &str, a: &str| Call {
