@@ -419,6 +419,11 @@ impl Tokenizer {
         })
     }
 
+    /// The id of a token by its text (special tokens included), if the vocabulary has it.
+    pub fn token_id(&self, text: &str) -> Option<TokenId> {
+        self.inner.token_to_id(text).map(TokenId)
+    }
+
     /// The end-of-sequence token (`eos_text`'s id), if the vocabulary has it.
     pub fn eos(&self) -> Option<TokenId> {
         self.inner.token_to_id(&self.eos_text).map(TokenId)

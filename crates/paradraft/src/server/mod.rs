@@ -395,7 +395,10 @@ impl Meta {
             .enumerate()
             .map(|(k, c)| {
                 let mut v = json!({
-                    "id": format!("call_{tail}{index:02x}{k:02x}"),
+                    "id": self.tool_format.map_or_else(
+                        || tools::Format::Generic.call_id(tail, index, k),
+                        |f| f.call_id(tail, index, k),
+                    ),
                     "type": "function",
                     "function": {"name": c.name, "arguments": c.arguments},
                 });

@@ -454,7 +454,7 @@ impl ChatRequest {
         {
             return Err(unsupported("function_call", "function_call"));
         }
-        let format = Format::of(tok.chat_template.as_deref());
+        let format = Format::for_tokenizer(tok);
         let tools = Tools::of_request(
             &self.tools,
             &self.tool_choice,

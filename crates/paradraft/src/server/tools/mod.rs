@@ -5,6 +5,10 @@
 //! - **Hermes** (`<tool_call>{"name", "arguments"}</tool_call>`; the templates of Qwen 2.5 / 3,
 //!   Hermes, SmolLM3 and others), which render the tools and tool turns themselves;
 //! - **Llama 3** (`{"name", "parameters"}` as the whole reply), likewise;
+//! - **Mistral** (`[TOOL_CALLS]` then a JSON array of `{"name", "arguments"}`; Mistral 7B v0.3,
+//!   Nemo, Small): the control token is dropped from the text like every other, so a reply that
+//!   is a JSON array of calls reads as calls, and a grammar that asks for a call writes the
+//!   token first; call ids are 9 letters and digits, as its templates demand;
 //! - **generic**, for a template that knows no tools (SmolLM2's): the tools are described in
 //!   a system message and the reply is held by a grammar to `{"tool_calls": [{"name",
 //!   "arguments"}]}` or, with `tool_choice: auto`, `{"response": "…"}` (llama-server's generic
@@ -25,14 +29,28 @@ use serde_json::{json, Map, Value};
 pub enum Format {
     Hermes,
     Llama3,
+    /// With the id of its `[TOOL_CALLS]` token, when the vocabulary has one.
+    Mistral(Option<TokenId>),
     Generic,
 }
 
+/// The control token a Mistral reply's calls follow.
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+
 impl Format {
-    /// The format a chat template speaks.
+    /// The format `tok`'s chat template speaks.
+    pub fn for_tokenizer(tok: &Tokenizer) -> Format {
+        match Format::of(tok.chat_template.as_deref()) {
+            Format::Mistral(_) => Format::Mistral(tok.token_id(MISTRAL_CALLS)),
+            f => f,
+        }
+    }
+
+    /// The format a chat template speaks (Mistral's without its token's id).
     pub fn of(template: Option<&str>) -> Format {
         match template {
             Some(t) if t.contains("<tool_call>") => Format::Hermes,
+            Some(t) if t.contains(MISTRAL_CALLS) => Format::Mistral(None),
             Some(t)
                 if t.contains("tools")
                     && (t.contains("<|python_tag|>") || t.contains("\"parameters\"")) =>
@@ -47,7 +65,29 @@ impl Format {
     fn arguments_key(self) -> &'static str {
         match self {
             Format::Llama3 => "parameters",
-            Format::Hermes | Format::Generic => "arguments",
+            Format::Hermes | Format::Mistral(_) | Format::Generic => "arguments",
+        }
+    }
+
+    /// The id of call `k` of choice `index` of the response whose id ends in `tail`.
+    pub fn call_id(self, tail: &str, index: usize, k: usize) -> String {
+        match self {
+            // Mistral's templates refuse ids other than 9 letters and digits.
+            Format::Mistral(_) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (tail, index, k).hash(&mut h);
+                let mut x = h.finish();
+                (0..9)
+                    .map(|_| {
+                        let c = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                            [(x % 62) as usize];
+                        x /= 62;
+                        c as char
+                    })
+                    .collect()
+            }
+            _ => format!("call_{tail}{index:02x}{k:02x}"),
         }
     }
 }
@@ -277,6 +317,22 @@ impl Tools {
                 )))
             }
             (Format::Llama3, _) => Some(Grammar::JsonSchema(self.call_schema())),
+            (Format::Mistral(token), _) => {
+                let (call, defs) = self.call_parts();
+                let mut calls = json!({"type": "array", "items": call, "minItems": 1});
+                if !self.parallel {
+                    calls["maxItems"] = json!(1);
+                }
+                let calls = rooted(calls, defs);
+                Some(match token {
+                    Some(t) => Grammar::Lark(format!(
+                        "start: <[{}]> \" \"? %json {}\n",
+                        t.0,
+                        compact(calls)
+                    )),
+                    None => Grammar::JsonSchema(calls),
+                })
+            }
         }
     }
 
@@ -517,6 +573,18 @@ pub fn read(format: Format, text: &str) -> Parsed {
                 calls,
             }
         }
+        Format::Mistral(_) => match serde_json::from_str::<Value>(text.trim()) {
+            Ok(Value::Array(a)) if !a.is_empty() => {
+                match a.iter().map(call_of).collect::<Option<Vec<Call>>>() {
+                    Some(calls) => Parsed {
+                        content: None,
+                        calls,
+                    },
+                    None => plain(),
+                }
+            }
+            _ => plain(),
+        },
         Format::Llama3 => match serde_json::from_str::<Value>(text.trim()) {
             Ok(v) => match call_of(&v) {
                 Some(c) => Parsed {
@@ -571,7 +639,8 @@ pub struct Reader {
     /// Whether the text is decided: no more content will be sent before the end (a call
     /// began, the answer's string closed, or the reply is not an answer).
     settled: bool,
-    /// Llama 3: the reply is not a call (its first character is not `{`): all content.
+    /// Llama 3 / Mistral: the reply is not a call (its first character is not `{` / `[`):
+    /// all content.
     plain: bool,
 }
 
@@ -603,10 +672,15 @@ impl Reader {
                 }
                 None => t[self.sent..t.len() - partial_tag(t, OPEN)].to_string(),
             },
-            Format::Llama3 => {
+            Format::Llama3 | Format::Mistral(_) => {
+                let opener = if self.format == Format::Llama3 {
+                    '{'
+                } else {
+                    '['
+                };
                 if !self.plain {
                     match t.trim_start().chars().next() {
-                        Some('{') => self.settled = true,
+                        Some(c) if c == opener => self.settled = true,
                         Some(_) => self.plain = true,
                         None => {}
                     }

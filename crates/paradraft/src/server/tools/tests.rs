@@ -49,6 +49,61 @@ fn formats_follow_the_template() {
         )),
         Format::Llama3
     );
+    assert_eq!(
+        Format::of(Some(
+            "{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"
+        )),
+        Format::Mistral(None)
+    );
+    // Mistral's templates take only 9-letter-and-digit ids; others keep OpenAI's shape.
+    let id = Format::Mistral(None).call_id("abc", 0, 1);
+    assert!(
+        id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+        "{id}"
+    );
+    assert_ne!(id, Format::Mistral(None).call_id("abc", 0, 2));
+    assert_eq!(Format::Hermes.call_id("abc", 1, 2), "call_abc0102");
+}
+
+/// Mistral: a required call is its control token, then a JSON array of calls of the offered
+/// tools (one unless more are allowed); a reply that is such an array reads as calls (the
+/// token itself is not in the text), anything else as content.
+#[test]
+fn mistral_calls_follow_their_token() {
+    let tok = tiny_fixture();
+    let env = GrammarEnv::new(&tok, tok.vocab_size()).unwrap();
+    // The tiny vocabulary has no [TOOL_CALLS]: another control token stands in for it.
+    let token = tok.token_id("<|im_start|>").unwrap();
+    let t = tools(Format::Mistral(Some(token)), json!("required"), None);
+    let g = t.grammar().unwrap();
+    let paris = r#"{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}"#;
+    let now = r#"{"name": "now", "arguments": {}}"#;
+    for (text, ok) in [
+        (format!("<|im_start|>[{paris}]"), true),
+        (format!("<|im_start|> [{now}]"), true),
+        (format!("[{paris}]"), false),
+        (format!("<|im_start|>[{paris}, {now}]"), false),
+        ("<|im_start|>[]".to_string(), false),
+    ] {
+        assert_eq!(
+            accepts(&tok, &mut env.constraint(&g).unwrap(), &text),
+            ok,
+            "{text}"
+        );
+    }
+    let f = Format::Mistral(None);
+    let p = read(f, &format!(" [{paris}, {now}]"));
+    assert_eq!((p.content, p.calls.len()), (None, 2));
+    assert_eq!(p.calls[1].name, "now");
+    let p = read(f, "[1, 2] are numbers");
+    assert_eq!(p.content.as_deref(), Some("[1, 2] are numbers"));
+    let mut r = Reader::new(f);
+    assert_eq!(r.push("Sunny"), "Sunny");
+    assert_eq!(r.push(" today"), " today");
+    let mut r = Reader::new(f);
+    assert_eq!(r.push(" [{\"name\""), "");
+    r.push(": \"now\", \"arguments\": {}}]");
+    assert_eq!(r.finish().calls.len(), 1);
 }
 
 #[test]
@@ -275,6 +330,9 @@ fn streamed_replies_equal_whole_ones() {
         (Format::Hermes, "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>"),
         (Format::Llama3, "  {\"name\": \"now\", \"parameters\": {}}"),
         (Format::Llama3, "Text {not json}"),
+        (Format::Mistral(None), " [{\"name\": \"now\", \"arguments\": {}}]"),
+        (Format::Mistral(None), "Not [a call]"),
+        (Format::Mistral(None), "[not json"),
         (Format::Generic, r#"{"response": "caf\u00e9 \ud83d\ude00 \"q\" \\ done"}"#),
         (Format::Generic, r#"{"response": "cut \ud83d"#),
         (Format::Generic, r#"{"tool_calls": [{"name": "now", "arguments": {}}]}"#),
