@@ -100,6 +100,7 @@ fn one_thread() {
     paradraft::runtime::init_threads(1);
 }
 
+mod conformance;
 mod greedy;
 mod sampling;
 mod state;
