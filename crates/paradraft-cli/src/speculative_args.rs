@@ -62,14 +62,14 @@ pub struct SpecArgs {
     #[arg(long)]
     pub(crate) draft_layers: Option<usize>,
     /// Most draft tokens per round (DFlash: block size − 1 unless --block-size is given).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = DrafterConfig::default().num_speculative_tokens)]
     pub(crate) num_speculative_tokens: usize,
     /// DFlash block size at run time (default: the size it was trained with).
     #[arg(long)]
     pub(crate) block_size: Option<usize>,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DrafterConfig::default().prompt_lookup_min)]
     pub(crate) prompt_lookup_min: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = DrafterConfig::default().prompt_lookup_max)]
     pub(crate) prompt_lookup_max: usize,
     /// Always draft --num-speculative-tokens; by default each round's draft size is chosen
     /// from the target's measured verify costs and the acceptance so far (none when drafting
@@ -77,7 +77,7 @@ pub struct SpecArgs {
     #[arg(long)]
     pub(crate) fixed_draft: bool,
     /// Most nodes of a searched draft tree (dflash-tree, dart).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = DrafterConfig::default().tree_budget)]
     pub(crate) tree_budget: usize,
     /// N-gram trie scoring tree continuity (default: data/ngram/smollm2-135m.trie).
     #[arg(long)]
@@ -111,7 +111,7 @@ pub struct SpecArgs {
     #[arg(long, default_value = "auto")]
     pub(crate) dlm_mode: String,
     /// DiffuSpec refinement steps S (1: one pass; S > 1 fixes the most confident slots first).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DrafterConfig::default().dlm_steps)]
     pub(crate) dlm_steps: usize,
     /// What --drafter auto drafts from, comma-separated: pld (the request's own text), suffix
     /// (earlier requests' text), trie (the n-gram trie), recycle (the target's own earlier
@@ -120,7 +120,7 @@ pub struct SpecArgs {
     pub(crate) sources: Option<Vec<String>>,
     /// Most tokens of earlier requests' text --drafter auto's suffix cache holds (fixed
     /// memory: about 52 bytes per token; 0: no cache).
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = DrafterConfig::default().suffix_cache_tokens)]
     pub(crate) suffix_cache_tokens: usize,
     /// vLLM-style JSON, e.g. '{"method": "pld", "num_speculative_tokens": 8}'; its keys
     /// override the flags above. Keys: method, num_speculative_tokens, model, draft_layers,
