@@ -5,7 +5,7 @@ use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use paradraft::fetch::resource_path;
-use paradraft::train::campaign::{self, Method, Params, Setup, Sources, Stamp};
+use paradraft::train::campaign::{self, CampaignMethod, Params, Setup, Sources, Stamp};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -108,18 +108,18 @@ pub enum MethodArg {
     Pard,
 }
 
-impl From<MethodArg> for Method {
-    fn from(m: MethodArg) -> Method {
+impl From<MethodArg> for CampaignMethod {
+    fn from(m: MethodArg) -> CampaignMethod {
         match m {
-            MethodArg::Dart => Method::Dart,
-            MethodArg::Dflash => Method::Dflash,
-            MethodArg::Pard => Method::Pard,
+            MethodArg::Dart => CampaignMethod::Dart,
+            MethodArg::Dflash => CampaignMethod::Dflash,
+            MethodArg::Pard => CampaignMethod::Pard,
         }
     }
 }
 
 pub fn run(a: CampaignArgs) -> Result<()> {
-    let method = Method::from(a.method);
+    let method = CampaignMethod::from(a.method);
     let d = method.params();
     let p = Params {
         lr: a.lr.unwrap_or(d.lr),

@@ -15,7 +15,7 @@ use serde::Serialize;
 /// One method under test: a loaded drafter (each run gets its own, with the run's sampling;
 /// costs measured for adaptive sizing). The AR baseline is the method `none` through the same
 /// loop.
-pub struct Method<'a> {
+pub struct Contender<'a> {
     pub name: String,
     pub drafters: DrafterSet<'a>,
 }
@@ -57,7 +57,7 @@ pub struct Run {
 pub fn run_bench(
     lm: &Loaded,
     datasets: &[PromptSet],
-    methods: &mut [Method<'_>],
+    methods: &mut [Contender<'_>],
     p: &BenchParams,
     mut on_run: impl FnMut(&Run),
 ) -> Result<Vec<Run>> {

@@ -99,7 +99,7 @@ impl Suite<'_> {
             method,
             ..self.base.clone()
         };
-        let mut methods = vec![harness::Method {
+        let mut methods = vec![harness::Contender {
             name: "ar".into(),
             drafters: with(Method::none()).load(self.target_path, lm, ctx)?,
         }];
@@ -109,7 +109,7 @@ impl Suite<'_> {
             if let Some(c) = &curve {
                 drafters.measure_costs(&lm.model, c, !self.sampling.is_greedy())?;
             }
-            methods.push(harness::Method {
+            methods.push(harness::Contender {
                 name: cfg.label(),
                 drafters,
             });

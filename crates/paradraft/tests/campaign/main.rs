@@ -13,7 +13,7 @@ use common::{load_tiny, tiny_dart_dir, tiny_dflash_config, tiny_dflash_dir};
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{Loaded, Message};
 use paradraft::sample::SamplingParams;
-use paradraft::train::campaign::{self, Event, Method, Params, Setup, Sources, Stamp};
+use paradraft::train::campaign::{self, CampaignMethod, Event, Params, Setup, Sources, Stamp};
 use paradraft::train::dart::{self, net::Net};
 use paradraft::train::data::{read_samples, Sample, SampleWriter};
 use paradraft::train::features::{self, OnlineTaps, TapSource};

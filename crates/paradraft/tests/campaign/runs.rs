@@ -3,7 +3,7 @@
 use super::*;
 
 struct Fixture {
-    method: Method,
+    method: CampaignMethod,
     dir: tempfile::TempDir,
     drafter: tempfile::TempDir,
     seed: std::path::PathBuf,
@@ -12,14 +12,15 @@ struct Fixture {
 }
 
 /// A campaign directory, its data and a start drafter of `method`.
-fn fixture(lm: &Loaded, method: Method) -> Fixture {
+fn fixture(lm: &Loaded, method: CampaignMethod) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let seed = data.path().join("seed.bin");
     let (mut w, _) = SampleWriter::open(&seed).unwrap();
     // PARD's held-out chains need K + 1 answer tokens: its fixture leaves out answers the tiny
     // target ended sooner (it still has 20 samples, the last held out).
-    let long = |s: &Sample| method != Method::Pard || s.tokens.len() >= s.prompt_len as usize + 8;
+    let long =
+        |s: &Sample| method != CampaignMethod::Pard || s.tokens.len() >= s.prompt_len as usize + 8;
     let samples: Vec<Sample> = greedy_samples(lm, 24, 10)
         .into_iter()
         .filter(long)
@@ -54,9 +55,9 @@ fn fixture(lm: &Loaded, method: Method) -> Fixture {
         writeln!(f, "{}", serde_json::json!({"id": id, "text": text})).unwrap();
     }
     let drafter = match method {
-        Method::Dart => tiny_dart_dir(lm, 3, 9),
-        Method::Dflash => tiny_dflash_dir(lm, &tiny_dflash_config(lm, 1, &[0, 1], 4), true),
-        Method::Pard => {
+        CampaignMethod::Dart => tiny_dart_dir(lm, 3, 9),
+        CampaignMethod::Dflash => tiny_dflash_dir(lm, &tiny_dflash_config(lm, 1, &[0, 1], 4), true),
+        CampaignMethod::Pard => {
             let n = lm.model.config.vocab_size;
             let vocab = paradraft::drafters::vocab::DraftVocab::full(n);
             common::tiny_pard_dir(lm, 1, &vocab, n as u32 - 1).0
@@ -165,7 +166,7 @@ fn steps_logged(dir: &Path, file: &str) -> Vec<u64> {
 #[test]
 fn a_campaign_resumes_from_its_last_good_checkpoint() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let p = params();
     let (pr, notes) = run_until(&lm, &fx, &p, 3);
     assert_eq!(pr.step, 3);
@@ -243,14 +244,14 @@ fn a_campaign_resumes_from_its_last_good_checkpoint() {
 #[test]
 fn a_dflash_campaign_trains_evaluates_exports_and_resumes() {
     let lm = load_tiny("llama");
-    let d = Method::Dflash.params();
+    let d = CampaignMethod::Dflash.params();
     let p = Params {
         lr: d.lr,
         gamma: d.gamma,
         sample_temp: d.sample_temp,
         ..params()
     };
-    trains_evaluates_exports_and_resumes(&lm, Method::Dflash, &p, "tiny/llama", 4);
+    trains_evaluates_exports_and_resumes(&lm, CampaignMethod::Dflash, &p, "tiny/llama", 4);
 }
 
 /// PARD on the same pipeline (#57): a campaign from a PARD drafter trains COD layouts on
@@ -261,10 +262,10 @@ fn a_pard_campaign_trains_evaluates_exports_and_resumes() {
     // PARD trains targets without RoPE scaling (the tiny Llama has Llama 3's).
     let lm = load_tiny("qwen3");
     let p = Params {
-        lr: Method::Pard.params().lr,
+        lr: CampaignMethod::Pard.params().lr,
         ..params()
     };
-    trains_evaluates_exports_and_resumes(&lm, Method::Pard, &p, "tiny/qwen3", 4);
+    trains_evaluates_exports_and_resumes(&lm, CampaignMethod::Pard, &p, "tiny/qwen3", 4);
 }
 
 /// Three steps of a `method` campaign on half corpus text: every step logged with a finite
@@ -272,7 +273,7 @@ fn a_pard_campaign_trains_evaluates_exports_and_resumes() {
 /// drafter the engine loads for the target at `target` (under fixtures/), then a resumed step.
 fn trains_evaluates_exports_and_resumes(
     lm: &Loaded,
-    method: Method,
+    method: CampaignMethod,
     p: &Params,
     target: &str,
     k: usize,
@@ -314,7 +315,7 @@ fn trains_evaluates_exports_and_resumes(
 #[test]
 fn a_campaign_grows_its_data_by_self_distillation() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let p = distilling_params();
     // A round per step: the first answers 8 prompts, the next one each (the measured rate
     // times a round of 0 s), until all 40 are answered; then the rounds sample.
@@ -365,7 +366,7 @@ fn a_campaign_grows_its_data_by_self_distillation() {
 #[test]
 fn a_stop_during_self_distillation_checkpoints_after_the_answers_under_way() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let p = Params {
         gen_seqs: 1,
         ..distilling_params()
@@ -399,7 +400,7 @@ fn a_stop_during_self_distillation_checkpoints_after_the_answers_under_way() {
 #[test]
 fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let (net, vocab) = dart::load_exported(fx.drafter.path()).unwrap();
     let p = params();
     let stamp = Stamp::new(&lm, &campaign::Shape::Dart(net.config), &vocab);
@@ -443,7 +444,7 @@ fn a_directory_of_another_drafter_or_a_bad_corpus_is_refused() {
 #[test]
 fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let sample = |i: u32| Sample {
         prompt_index: i,
         prompt_len: 2,
@@ -499,7 +500,7 @@ fn committed_samples_join_a_new_campaign_but_never_held_out_ones() {
 #[test]
 fn committed_sampled_answers_seed_a_new_campaign_but_never_held_out_ones() {
     let lm = load_tiny("llama");
-    let fx = fixture(&lm, Method::Dart);
+    let fx = fixture(&lm, CampaignMethod::Dart);
     let sample = |i: u32, t: u32| Sample {
         prompt_index: i,
         prompt_len: 2,

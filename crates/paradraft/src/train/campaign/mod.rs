@@ -1,5 +1,5 @@
 //! A drafter training campaign that accrues across sessions (DART, then DFlash and PARD on the
-//! same pipeline: [`Method`]): one directory (by default `$HOME/.cache/paradraft/campaign/<method>`)
+//! same pipeline: [`CampaignMethod`]): one directory (by default `$HOME/.cache/paradraft/campaign/<method>`)
 //! holds THE run: its stamp, its growing self-distilled data, rotating checkpoints (weights +
 //! AdamW moments + progress), the step log and the held-out curve. Every start resumes from
 //! the newest checkpoint that loads, or from a published drafter when there is none; the
@@ -21,7 +21,7 @@ use data::{Pools, Snapshot};
 pub use store::{
     check_stamp, process_cpu_s, read_curve, resume, save, CurvePoint, Progress, Stamp, StepLog,
 };
-pub use student::{Method, Shape, Student};
+pub use student::{CampaignMethod, Shape, Student};
 
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};

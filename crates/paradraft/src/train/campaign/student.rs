@@ -26,7 +26,7 @@ const PARD_MAX_SEQ: usize = 384;
 
 /// Which drafter a campaign trains.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
+pub enum CampaignMethod {
     /// DART: one layer, mask slots after the last real slot (the campaign of issue #23).
     Dart,
     /// DFlash: block diffusion over the target's features (its block drafts are what
@@ -36,22 +36,22 @@ pub enum Method {
     Pard,
 }
 
-impl Method {
+impl CampaignMethod {
     /// Lower-case name: the campaign's default directory and the published drafter's suffix.
     pub fn name(self) -> &'static str {
         match self {
-            Method::Dart => "dart",
-            Method::Dflash => "dflash",
-            Method::Pard => "pard",
+            CampaignMethod::Dart => "dart",
+            CampaignMethod::Dflash => "dflash",
+            CampaignMethod::Pard => "pard",
         }
     }
 
     /// The paper's spelling.
     pub fn label(self) -> &'static str {
         match self {
-            Method::Dart => "DART",
-            Method::Dflash => "DFlash",
-            Method::Pard => "PARD",
+            CampaignMethod::Dart => "DART",
+            CampaignMethod::Dflash => "DFlash",
+            CampaignMethod::Pard => "PARD",
         }
     }
 
@@ -67,9 +67,9 @@ impl Method {
     /// The committed drafter a campaign without a checkpoint starts from.
     pub fn published(self) -> &'static str {
         match self {
-            Method::Dart => "drafters/smollm2-135m-dart",
-            Method::Dflash => "drafters/smollm2-135m-dflash",
-            Method::Pard => "drafters/smollm2-135m-pard",
+            CampaignMethod::Dart => "drafters/smollm2-135m-dart",
+            CampaignMethod::Dflash => "drafters/smollm2-135m-dflash",
+            CampaignMethod::Pard => "drafters/smollm2-135m-pard",
         }
     }
 
@@ -84,13 +84,13 @@ impl Method {
     /// distilling.
     pub fn params(self) -> Params {
         match self {
-            Method::Dart => Params::default(),
-            Method::Pard => Params {
+            CampaignMethod::Dart => Params::default(),
+            CampaignMethod::Pard => Params {
                 lr: 2e-4,
                 distill_share: 0.0,
                 ..Params::default()
             },
-            Method::Dflash => Params {
+            CampaignMethod::Dflash => Params {
                 gamma: 7.0,
                 ..Params::default()
             },
@@ -101,7 +101,7 @@ impl Method {
     pub fn check(self, p: &Params) -> Result<()> {
         match self {
             // DART's γ is the chain decay per depth (a probability), DFlash's a decay length.
-            Method::Dart if p.gamma > 1.0 => Err(Error::BadRequest(
+            CampaignMethod::Dart if p.gamma > 1.0 => Err(Error::BadRequest(
                 "campaign settings: DART's gamma must be in (0, 1]".into(),
             )),
             _ => Ok(()),
@@ -112,15 +112,15 @@ impl Method {
     /// vocabulary.
     pub fn load(self, dir: &Path, target: &Model) -> Result<(Student, DraftVocab)> {
         Ok(match self {
-            Method::Dart => {
+            CampaignMethod::Dart => {
                 let (n, v) = dart::load_exported(dir)?;
                 (Student::Dart(n), v)
             }
-            Method::Dflash => {
+            CampaignMethod::Dflash => {
                 let (n, v) = dflash::load_exported(dir, target.config.vocab_size)?;
                 (Student::Dflash(n), v)
             }
-            Method::Pard => {
+            CampaignMethod::Pard => {
                 let (net, mask, v) = pard::load_exported(dir, target)?;
                 let (cfg, path) = crate::model::read_config_json(dir, "PARD drafter config.json")?;
                 let k = match cfg.get("pard_k").map(|k| k.as_u64()) {
@@ -156,11 +156,11 @@ pub enum Shape {
 }
 
 impl Shape {
-    pub fn method(&self) -> Method {
+    pub fn method(&self) -> CampaignMethod {
         match self {
-            Shape::Dart(_) => Method::Dart,
-            Shape::Dflash(_) => Method::Dflash,
-            Shape::Pard { .. } => Method::Pard,
+            Shape::Dart(_) => CampaignMethod::Dart,
+            Shape::Dflash(_) => CampaignMethod::Dflash,
+            Shape::Pard { .. } => CampaignMethod::Pard,
         }
     }
 
