@@ -3,10 +3,17 @@
 //! This crate holds the engine: model loading (GGUF, HF safetensors), the Llama-family forward
 //! shaped for draft verification (explicit positions, tree masks, hidden-state taps), the KV
 //! cache, the tokenizer and chat template, the sampler and autoregressive generation.
+//!
+//! Layers on top of that core are features (all on by default): `server` (the OpenAI server and
+//! its serving engine), `train` (drafter training), `bench` (the benchmark suite) and `cli`
+//! (clap argument structs). `cargo build -p paradraft --no-default-features` builds the core
+//! alone, without axum, tokio, prometheus, candle, plotters or clap.
 
 pub mod batch;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod drafters;
+#[cfg(feature = "server")]
 pub mod engine;
 pub mod error;
 pub mod fetch;
@@ -19,8 +26,10 @@ pub mod process;
 pub mod request;
 pub mod runtime;
 pub mod sample;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod speculative;
+#[cfg(feature = "train")]
 pub mod train;
 pub mod types;
 

@@ -160,7 +160,7 @@ impl Suite<'_> {
             },
             &self.sampling,
         );
-        crate::train::pipeline::write_json(
+        write_json(
             &out.join("summary.json"),
             &serde_json::json!({
                 "header": header,
@@ -197,4 +197,11 @@ impl Suite<'_> {
         });
         Ok((md, lossy))
     }
+}
+
+/// `v` as pretty JSON into `path`.
+fn write_json(path: &std::path::Path, v: &impl serde::Serialize) -> Result<()> {
+    let s = serde_json::to_string_pretty(v)
+        .map_err(|e| crate::error::Error::BadRequest(format!("{}: {e}", path.display())))?;
+    std::fs::write(path, s).map_err(|e| crate::error::Error::io(path, e))
 }

@@ -8,23 +8,24 @@ use std::path::PathBuf;
 /// The most worker threads a run may ask for.
 const MAX_THREADS: usize = 1024;
 
-#[derive(Clone, Debug, clap::Args)]
+#[derive(Clone, Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct ModelOptions {
     /// A .gguf file or an HF model directory; defaults to the fetched SmolLM2.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub model: Option<PathBuf>,
     /// Worker threads (default: all available cores).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub threads: Option<usize>,
     /// KV-cache capacity in tokens (default: the model's context length, at most 8192). Above
     /// the model's trained context only with --force-ctx-size; never beyond available memory.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub ctx_size: Option<usize>,
     /// Allow --ctx-size above the model's trained context length.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub force_ctx_size: bool,
     /// KV-cache element type: f16 (half the attention traffic) or f32.
-    #[arg(long, default_value = "f16")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "f16"))]
     pub kv_dtype: crate::kv::KvDtype,
 }
 
