@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Import loops between the files of a Rust crate (issue #24's goal: none).
+"""Import loops between the files of a Rust crate (issue #24's goal: none), and between its
+top-level modules (issue #62's: dependencies point down only).
 
 Usage: scripts/import_cycles.py crates/paradraft/src [crates/paradraft-cli/src ...]
 
 Each file is a module; an edge A -> B is a `crate::`/`super::`/`self::` path in A's non-test
 code (comments ignored) that names B or an item of B. A module's own ancestors (its parent
 facade, e.g. `dflash/mod.rs` for `dflash/model.rs`) do not count. Prints every strongly
-connected set of two or more files and exits 1 when there is one.
+connected set of two or more files, then of two or more top-level modules (a file's edges
+counted for the module it is in; test-only files, `tests.rs`, left out), and exits 1 when there
+is one.
 """
 import collections
 import os
@@ -94,12 +97,30 @@ def cycles(e, nodes):
     return out
 
 
+def top_level(e):
+    """The edges between top-level modules (`a::b` counts for `a`), tests left out."""
+    top = collections.defaultdict(set)
+    for a, bs in e.items():
+        if a.split("::")[-1] == "tests":
+            continue
+        for b in bs:
+            ta, tb = a.split("::")[0], b.split("::")[0]
+            if ta != tb and ta and tb:
+                top[ta].add(tb)
+    return top
+
+
 def main():
     found = 0
     for root in sys.argv[1:]:
         files = modules(root)
-        for c in cycles(edges(files), list(files)):
+        e = edges(files)
+        for c in cycles(e, list(files)):
             print(f"{root}: import loop between {', '.join(c)}")
+            found += 1
+        top = top_level(e)
+        for c in cycles(top, sorted({m.split("::")[0] for m in files if m})):
+            print(f"{root}: module loop between {', '.join(c)}")
             found += 1
     print(f"{found} import loop(s)")
     sys.exit(1 if found else 0)

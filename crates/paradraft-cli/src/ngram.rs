@@ -111,9 +111,10 @@ pub fn run(cmd: NgramCmd) -> Result<()> {
 fn suffix_bench(a: SuffixBenchArgs) -> Result<()> {
     let (lm, _) = a.m.load()?;
     let text = std::fs::read_to_string(&a.text)?;
-    let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
+    let toks =
+        paradraft::bench::ngram::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
     let threads = paradraft::runtime::default_threads();
-    let line = ngram::bench::suffix(
+    let line = paradraft::bench::ngram::suffix(
         &lm.tokenizer,
         &a.corpus,
         a.tokens,
@@ -169,9 +170,11 @@ fn convert(a: ConvertArgs) -> Result<()> {
 fn bench(a: BenchArgs) -> Result<()> {
     let (lm, _) = a.m.load()?;
     let text = std::fs::read_to_string(&a.text)?;
-    let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
+    let toks =
+        paradraft::bench::ngram::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
     let vocab = lm.model.config.vocab_size;
-    let report = ngram::bench::trie_file(&a.trie, &lm.tokenizer, vocab, &toks, a.queries)?;
+    let report =
+        paradraft::bench::ngram::trie_file(&a.trie, &lm.tokenizer, vocab, &toks, a.queries)?;
     println!("{report}");
     Ok(())
 }
@@ -190,8 +193,12 @@ fn arpa(a: ArpaArgs) -> Result<()> {
     let built = t0.elapsed().as_secs_f64();
     model.write(&a.out)?;
     let text = std::fs::read_to_string(&a.text)?;
-    let toks = ngram::bench::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
-    println!("{}", ngram::bench::arpa_file(&a.out, &toks, built)?);
+    let toks =
+        paradraft::bench::ngram::tokens(&lm.tokenizer, &text, &a.text.display().to_string())?;
+    println!(
+        "{}",
+        paradraft::bench::ngram::arpa_file(&a.out, &toks, built)?
+    );
     Ok(())
 }
 

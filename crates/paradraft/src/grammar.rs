@@ -64,7 +64,7 @@ impl Grammar {
 }
 
 /// A vocabulary as llguidance sees it (each id's bytes, special ids marked), and its parser
-/// factory: built once per model ([`Tokenizer::grammar_env`]).
+/// factory: built once per tokenizer ([`GrammarEnv::of`]).
 pub struct GrammarEnv {
     factory: ParserFactory,
     stop: Vec<TokenId>,
@@ -101,6 +101,34 @@ impl GrammarEnv {
             stop,
             vocab,
         })
+    }
+
+    /// The vocabulary of `tok` compiled for grammars over `vocab` logits, built on first use
+    /// and kept for the few tokenizers used last (a server's one, a test's several).
+    pub fn of(tok: &Tokenizer, vocab: usize) -> Result<Arc<GrammarEnv>> {
+        type Kept = Vec<(u64, Arc<GrammarEnv>)>;
+        static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Vec::new());
+        let found = |k: &Kept| {
+            k.iter()
+                .position(|(id, e)| *id == tok.id() && e.vocab == vocab)
+        };
+        {
+            let mut k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = found(&k) {
+                let e = k.remove(i);
+                k.push(e.clone());
+                return Ok(e.1);
+            }
+        }
+        let env = Arc::new(GrammarEnv::new(tok, vocab)?);
+        let mut k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        if found(&k).is_none() {
+            if k.len() >= 4 {
+                k.remove(0);
+            }
+            k.push((tok.id(), env.clone()));
+        }
+        Ok(env)
     }
 
     /// Logits per row this vocabulary masks.

@@ -12,6 +12,7 @@
 pub mod batch;
 #[cfg(feature = "bench")]
 pub mod bench;
+pub mod draft;
 pub mod drafters;
 #[cfg(feature = "server")]
 pub mod engine;
@@ -19,7 +20,7 @@ pub mod error;
 pub mod fetch;
 pub mod generate;
 pub mod grammar;
-pub mod kv;
+pub use runtime::kv;
 pub mod model;
 pub mod ngram;
 pub mod process;

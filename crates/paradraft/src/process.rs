@@ -14,12 +14,11 @@
 //! temperature and truncation (vLLM's `processed_logprobs`; without bias or penalties, the
 //! model's own log-probabilities).
 
+use crate::draft::{DraftTree, NodeId};
 use crate::error::{Error, Result};
 use crate::grammar::{Constraint, Grammar};
 use crate::model::Tokenizer;
 use crate::runtime::ops;
-use crate::speculative::tree::{DraftTree, NodeId};
-use crate::speculative::Outcome;
 use crate::types::TokenId;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -153,7 +152,7 @@ impl Processor {
             return Ok(None);
         }
         let grammar = match &p.grammar {
-            Some(g) => Some(tok.grammar_env(vocab)?.constraint(g)?),
+            Some(g) => Some(crate::grammar::GrammarEnv::of(tok, vocab)?.constraint(g)?),
             None => None,
         };
         Ok(Some(Processor {
@@ -297,11 +296,11 @@ impl Processor {
         self.buf = buf;
     }
 
-    /// The rows `o` was decided on (the root's and the accepted nodes') that were not
-    /// processed: empty when `o` stands.
-    pub fn missing(&self, o: &Outcome) -> Vec<usize> {
+    /// The rows a verification outcome was decided on (the root's and those of its `accepted`
+    /// nodes) that were not processed: empty when the outcome stands.
+    pub fn missing(&self, accepted: &[NodeId]) -> Vec<usize> {
         std::iter::once(0)
-            .chain(o.accepted.iter().map(|&n| n.idx() + 1))
+            .chain(accepted.iter().map(|&n| n.idx() + 1))
             .filter(|&r| !self.done[r])
             .collect()
     }

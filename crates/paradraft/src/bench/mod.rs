@@ -5,6 +5,7 @@ pub mod datasets;
 pub mod harness;
 pub mod header;
 pub mod kernels;
+pub mod ngram;
 pub mod prompt_file;
 pub mod report;
 pub mod suite;

@@ -42,8 +42,15 @@ pub struct Tokenizer {
     pub chat_template: Option<String>,
     pub bos_text: String,
     pub eos_text: String,
-    /// The vocabulary compiled for constrained decoding, made on first use.
-    grammar: std::sync::OnceLock<std::sync::Arc<crate::grammar::GrammarEnv>>,
+    /// This tokenizer's identity (its clones share it): what is built from its vocabulary
+    /// once (the grammars' compiled vocabulary) is kept under it.
+    id: u64,
+}
+
+/// A fresh tokenizer identity.
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The tokenizer model: HF `tokenizers` (tokenizer.json, or GPT-2-style BPE built from GGUF
@@ -217,7 +224,7 @@ impl Tokenizer {
             add_bos,
             stop_tokens,
             chat_template: g.str("tokenizer.chat_template").map(String::from),
-            grammar: Default::default(),
+            id: next_id(),
         };
         tk.add_end_of_turn_tokens();
         Ok(tk)
@@ -380,7 +387,7 @@ impl Tokenizer {
             chat_template,
             bos_text,
             eos_text,
-            grammar: Default::default(),
+            id: next_id(),
         };
         tk.add_end_of_turn_tokens();
         Ok(tk)
@@ -403,20 +410,9 @@ impl Tokenizer {
         self.inner.token_bytes()
     }
 
-    /// The vocabulary compiled for grammars over `vocab` logits (the model's, at least the
-    /// tokenizer's), built on first use and kept.
-    pub fn grammar_env(&self, vocab: usize) -> Result<std::sync::Arc<crate::grammar::GrammarEnv>> {
-        if let Some(g) = self.grammar.get().filter(|g| g.vocab() == vocab) {
-            return Ok(g.clone());
-        }
-        let g = std::sync::Arc::new(crate::grammar::GrammarEnv::new(self, vocab)?);
-        Ok(self.grammar.get_or_init(|| g.clone()).clone()).map(|kept| {
-            if kept.vocab() == vocab {
-                kept
-            } else {
-                g
-            }
-        })
+    /// This tokenizer's identity (shared by its clones, never by another tokenizer).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The id of a token by its text (special tokens included), if the vocabulary has it.

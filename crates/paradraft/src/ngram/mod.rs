@@ -7,7 +7,6 @@
 //!   from ARPA files or estimated (interpolated modified Kneser–Ney) from a corpus.
 
 pub mod arpa;
-pub mod bench;
 pub mod dart;
 pub mod defaults;
 pub mod grams;

@@ -91,8 +91,7 @@ pub fn compile(
     vocab: usize,
     field: &'static str,
 ) -> Result<(), ApiError> {
-    let compiled = tok
-        .grammar_env(vocab)
-        .and_then(|env| env.constraint(g).map(|_| ()));
+    let compiled =
+        crate::grammar::GrammarEnv::of(tok, vocab).and_then(|env| env.constraint(g).map(|_| ()));
     compiled.map_err(|e| ApiError::invalid(e.to_string(), Some(field)))
 }

@@ -596,7 +596,7 @@ impl<'a> Session<'a> {
             let (Some(p), Some(raw)) = (&mut self.process, raw) else {
                 break out;
             };
-            let missing = p.missing(&out);
+            let missing = p.missing(&out.accepted);
             if missing.is_empty() {
                 break out;
             }

@@ -7,7 +7,7 @@ pub mod forced;
 pub mod sizing;
 pub mod step;
 mod summary;
-pub mod tree;
+pub use crate::draft as tree;
 pub mod tree_search;
 pub mod verify;
 

@@ -9,7 +9,7 @@
 //! ranges (split-K) give every thread work even in decode. Each range yields an unnormalised
 //! partial softmax, merged in slot order afterwards.
 //!
-//! Scores: K is stored transposed in tiles of 16 slots ([`crate::kv::KV_TILE`]), so one vector
+//! Scores: K is stored transposed in tiles of 16 slots ([`crate::runtime::kv::KV_TILE`]), so one vector
 //! FMA per head dimension scores 16 slots of one query head; a score is a dot product summed in
 //! a fixed order (even and odd dimensions in two chains, then added) whatever the tile's other
 //! slots are. Softmax and the V sum then run over the token's *visible* slots in slot order.
@@ -20,7 +20,7 @@
 use super::isa::{isa, Isa};
 use super::ops::{fast_exp, softcap};
 use super::quant::{par_ranges, SendPtr};
-use crate::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
+use crate::runtime::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
 use crate::types::Pos;
 use half::f16;
 use std::cell::RefCell;

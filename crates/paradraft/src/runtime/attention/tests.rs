@@ -1,7 +1,7 @@
 //! The attention kernels against an f64 reference, bit for bit against each other, and timed.
 
 use super::*;
-use crate::kv::{KvCache, KvDtype};
+use crate::runtime::kv::{KvCache, KvDtype};
 use crate::types::Pos;
 
 use crate::runtime::qmatmul::tests::{runnable, Lcg};

@@ -1,10 +1,10 @@
 //! What `paradraft ngram bench` and `ngram arpa` measure: trie queries and whole tree searches
 //! per drafting round, 3-gram ARPA queries, on the tokens of a text.
 
-use super::arpa::ArpaLm;
-use super::NgramTrie;
 use crate::error::{Error, Result};
 use crate::model::Tokenizer;
+use crate::ngram::arpa::ArpaLm;
+use crate::ngram::NgramTrie;
 use crate::types::TokenId;
 use std::sync::Arc;
 use std::time::Instant;
@@ -112,7 +112,7 @@ pub fn arpa(model: &ArpaLm, toks: &[TokenId]) -> (f64, usize, f64) {
 }
 
 /// `paradraft ngram suffix-bench`: a suffix cache of `capacity` tokens filled with the texts of
-/// `corpus` (tokenized on `threads` threads), then [`super::suffix::bench_lookups`] after
+/// `corpus` (tokenized on `threads` threads), then [`crate::ngram::suffix::bench_lookups`] after
 /// 64-token contexts from `contexts`; one line.
 pub fn suffix(
     tok: &Tokenizer,
@@ -122,10 +122,10 @@ pub fn suffix(
     queries: usize,
     threads: usize,
 ) -> Result<String> {
-    let mut ix = super::suffix::SuffixIndex::new(capacity, &[1, 2, 4]);
+    let mut ix = crate::ngram::suffix::SuffixIndex::new(capacity, &[1, 2, 4]);
     let t0 = Instant::now();
     let mut filled = 0usize;
-    super::for_each_document(
+    crate::ngram::for_each_document(
         corpus,
         tok,
         threads,
@@ -139,7 +139,7 @@ pub fn suffix(
         },
     )?;
     let fill_s = t0.elapsed().as_secs_f64();
-    let (us, hit) = super::suffix::bench_lookups(&ix, contexts, 64, queries);
+    let (us, hit) = crate::ngram::suffix::bench_lookups(&ix, contexts, 64, queries);
     Ok(format!(
         "{} tokens cached ({:.1} MB, filled and tokenized in {fill_s:.1} s); {us:.2} µs per lookup ({queries} lookups of 64-token contexts); {:.1} % found a match",
         ix.len(),
@@ -159,7 +159,7 @@ pub fn trie_file(
 ) -> Result<String> {
     let t0 = Instant::now();
     let t = NgramTrie::open(path)?;
-    t.check_stamp(super::stamp_of(tok), path)?;
+    t.check_stamp(crate::ngram::stamp_of(tok), path)?;
     let open_ms = t0.elapsed().as_secs_f64() * 1e3;
     let (len, order) = (t.len(), t.order());
     let stop = tok.stop_tokens.iter().copied().collect();
