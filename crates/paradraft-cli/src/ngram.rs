@@ -1,5 +1,5 @@
 //! `paradraft ngram`: build, convert and measure the n-gram tries that DART's tree search
-//! scores drafts with (spec §2.6), and build DiffuSpec's 3-gram back-off model (spec §4.4).
+//! scores drafts with (docs/dart.md), and build DiffuSpec's 3-gram back-off model (docs/diffuspec.md).
 
 use crate::ModelArgs;
 use anyhow::Result;

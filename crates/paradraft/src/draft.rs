@@ -1,5 +1,5 @@
 //! Draft trees. A chain is a tree with one branch. Nodes are stored parents-first; siblings
-//! carry distinct tokens (so at most one child can match a target choice, spec §1.1.2).
+//! carry distinct tokens (so at most one child can match a target choice, docs/sampling.md).
 
 use crate::error::{Error, Result};
 use crate::model::TreeMask;

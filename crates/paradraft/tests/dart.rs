@@ -1,4 +1,4 @@
-//! DART (spec §2): a drafter in the published layout (BOOL `t2d` included) loads; the
+//! DART (docs/dart.md): a drafter in the published layout (BOOL `t2d` included) loads; the
 //! inference runtime and the training graph compute the same logits (shifted slots, mask slots,
 //! double norm), also across calls that reuse the drafter's cache; every trainable tensor gets a
 //! gradient; speculative decoding with DART is token-identical to AR greedy; drafters that do

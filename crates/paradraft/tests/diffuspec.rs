@@ -1,4 +1,4 @@
-//! DiffuSpec (spec §4): the fast-mode runtime (cached causal prefix, bidirectional block) and
+//! DiffuSpec (docs/diffuspec.md): the fast-mode runtime (cached causal prefix, bidirectional block) and
 //! the masked-diffusion training graph give the same block logits across rounds; every
 //! trainable tensor gets a gradient from eq. 3's loss; speculative decoding with DiffuSpec
 //! (fast and faithful, S = 1 and S > 1, with and without CPS) is token-identical to AR greedy;

@@ -1,4 +1,4 @@
-//! PARD (spec §5): the runtime (one pass over [committed, MASK × (K − 1)], mask entries
+//! PARD (docs/pard.md): the runtime (one pass over [committed, MASK × (K − 1)], mask entries
 //! dropped from its cache) and the training graph give the same logits, also across rounds
 //! that reuse the cache; every trainable tensor gets a gradient; speculative decoding with PARD
 //! chains and trees is token-identical to AR greedy; bad drafters are refused with the reason

@@ -3,7 +3,7 @@
 //! causal-consistency path search (CPS) picks the chain the verifier is likeliest to accept,
 //! and adaptive draft length (ADL) sizes each round.
 //!
-//! - §4.1 / spec §4.1 drafter → [`DiffuSpec`] over a [`MaskLm`]: the mask-token LM shared with
+//! - §4.1 / docs/diffuspec.md drafter → [`DiffuSpec`] over a [`MaskLm`]: the mask-token LM shared with
 //!   PARD (the engine's own `Model`), Dream's shifted logits (the output at position p − 1
 //!   predicts slot p: the root predicts slot 1, block row j slot j + 2). S refinement steps,
 //!   each fixing the most confident ⌈|Ω|/(S − s + 1)⌉ open slots to their argmax (eq. 4; S = 1

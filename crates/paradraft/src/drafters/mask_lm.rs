@@ -1,5 +1,5 @@
-//! The mask-token draft LM shared by PARD (§3.1, spec §5.1) and DiffuSpec's diffusion-LM
-//! drafter (§4.1, spec §4.1): a decoder of the target's family run by the engine's own
+//! The mask-token draft LM shared by PARD (§3.1, docs/pard.md) and DiffuSpec's diffusion-LM
+//! drafter (§4.1, docs/diffuspec.md): a decoder of the target's family run by the engine's own
 //! [`Model`], a mask token, and a draft vocabulary. Published HF directories load unchanged
 //! (PARD's `pard_token`, Dream's `model_type: "Dream"` with the mask id in
 //! `generation_config.json`); the compact layout of ours keeps only the decoder layers and the

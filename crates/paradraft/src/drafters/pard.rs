@@ -2,7 +2,7 @@
 //! Adaptation"): a small causal LM of the target's family that drafts K tokens in ONE pass by
 //! appending K − 1 mask tokens to the committed text.
 //!
-//! - §3.1 / spec §5.1, §5.6 → [`MaskLm`] (shared with DiffuSpec's drafter): the drafter is an
+//! - §3.1 / docs/pard.md → [`MaskLm`] (shared with DiffuSpec's drafter): the drafter is an
 //!   ordinary causal LM run by the engine's own `Model` (the same forward code as every target,
 //!   so it batches alike). The published `amd/PARD-*` directories (a plain HF causal LM plus
 //!   `pard_token`) load unchanged; the mask id is resolved in the engine-wide order
@@ -12,7 +12,7 @@
 //!   layers are the target's first N fine-tuned, ships in tens of MB instead of the 56 MB
 //!   embedding. Its mask token is a rare special token whose embedding row stays the target's
 //!   (the vocabulary both share is untouched; the layers learn to read it as a mask).
-//! - spec §5.2 one round → [`Pard::propose`]: input `[committed tokens not yet in the drafter's
+//! - docs/pard.md one round → [`Pard::propose`]: input `[committed tokens not yet in the drafter's
 //!   cache, MASK × (K − 1)]`, AR-shifted outputs (the last real slot predicts the next token,
 //!   mask k the k-th after it), the mask entries dropped from the cache afterwards; K at run
 //!   time is free (the paper's best is K 12 from K 8 in training).

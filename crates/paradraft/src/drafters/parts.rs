@@ -1,4 +1,4 @@
-//! What the feature-conditioned parallel drafters share (DFlash §3.1, DART §3.1 / spec §2.1):
+//! What the feature-conditioned parallel drafters share (DFlash §3.1, DART §3.1 / docs/dart.md):
 //! the fusion of tapped target layers into one hidden-width feature, and the draft head that
 //! scores final hidden rows over a draft vocabulary and names their target tokens.
 

@@ -1,4 +1,4 @@
-//! DART's published `.trie` files (spec §2.6), converted to [`NgramTrie`]'s layout.
+//! DART's published `.trie` files (docs/dart.md), converted to [`NgramTrie`]'s layout.
 //!
 //! Their layout, little-endian and packed: `order: u64`, `node_count: u64`, then per node in
 //! id order `token: i32`, `parent: u64`, `count: i32`, `children: u64` and that many

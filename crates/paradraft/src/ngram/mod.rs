@@ -1,9 +1,9 @@
 //! N-gram models shared by the drafters.
 //!
-//! - [`trie`]: DART's n-gram trie (DART §3.3, spec §2.6): windows counted per start position,
+//! - [`trie`]: DART's n-gram trie (DART §3.3, docs/dart.md): windows counted per start position,
 //!   the unsmoothed longest-match MLE query, in a memory-mapped CSR file of our own.
 //! - [`dart`]: a reader of DART's published `.trie` files, converted to that layout.
-//! - [`arpa`]: DiffuSpec's causal proxy (spec §4.4): a token-level 3-gram back-off model, read
+//! - [`arpa`]: DiffuSpec's causal proxy (docs/diffuspec.md): a token-level 3-gram back-off model, read
 //!   from ARPA files or estimated (interpolated modified Kneser–Ney) from a corpus.
 
 pub mod arpa;
@@ -45,7 +45,7 @@ impl<R: Read> Read for Counted<R> {
 
 /// Builds a trie of `order` from JSON Lines corpora (`{"text": ...}` per line, `.gz` read
 /// compressed) with the target's tokenizer: each text is encoded as the model encodes a prompt
-/// and one EOS is appended (spec §2.6). Documents are tokenized on `threads` threads;
+/// and one EOS is appended (docs/dart.md). Documents are tokenized on `threads` threads;
 /// `on_progress(bytes read, total bytes)` follows the input files.
 pub fn build_from_jsonl(
     paths: &[PathBuf],

@@ -1,4 +1,4 @@
-//! DART's n-gram trie (DART §3.3 "continuity-aware tree pruning"; spec §2.6), exact semantics:
+//! DART's n-gram trie (DART §3.3 "continuity-aware tree pruning"; docs/dart.md), exact semantics:
 //!
 //! - **Counting.** Each document (its tokens, then one EOS) contributes, for every start
 //!   position `s`, the window `tokens[s .. min(len, s + order)]`; inserting a window adds one

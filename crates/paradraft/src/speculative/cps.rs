@@ -1,4 +1,4 @@
-//! DiffuSpec's draft selection (DiffuSpec §3.2–3.3, spec §4.2–4.5), for any drafter that
+//! DiffuSpec's draft selection (DiffuSpec §3.2–3.3, docs/diffuspec.md), for any drafter that
 //! scores a block of slots in one pass (a diffusion LM, DFlash, PARD):
 //!
 //! - [`Lattice`] (§4.2): per slot the full-vocabulary log-softmax, the top `M_max` tokens,

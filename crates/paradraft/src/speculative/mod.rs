@@ -1,4 +1,4 @@
-//! The speculative-decoding core shared by every drafter (spec §1, §8): draft trees and their
+//! The speculative-decoding core shared by every drafter (docs/architecture.md): draft trees and their
 //! linearisation, verification rules, the decode loop and its telemetry.
 
 pub mod cps;

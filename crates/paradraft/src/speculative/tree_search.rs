@@ -1,4 +1,4 @@
-//! Continuity-aware tree search (DART §3.3, spec §2.3, the code's semantics), for any drafter
+//! Continuity-aware tree search (DART §3.3, docs/dart.md, the code's semantics), for any drafter
 //! that yields a distribution per depth in one pass (DART's shifted slots, DFlash's block).
 //!
 //! Each depth offers its top-k tokens with probabilities renormalised within the top-k. A beam

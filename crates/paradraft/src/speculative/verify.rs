@@ -1,4 +1,4 @@
-//! Verification rules (spec §1.1). All are lossless for the drafts they are given:
+//! Verification rules (docs/sampling.md). All are lossless for the drafts they are given:
 //!
 //! - **Greedy** (chain or tree): walk from the root; at each node the target's argmax there
 //!   must equal one child's token (siblings are distinct, so at most one can), which is then

@@ -1,4 +1,4 @@
-//! Self-distillation data (DFlash §4.1 / spec §3.3): the target answers the training prompts
+//! Self-distillation data (DFlash §4.1 / docs/dflash.md): the target answers the training prompts
 //! greedily, many at once through continuous batching (`crate::batch`: one multi-sequence
 //! forward per step, token-identical to single-stream greedy generation), and each
 //! chat-templated sample is stored as compact token records. Loss applies to the response only.

@@ -1,4 +1,4 @@
-//! DiffuSpec's diffusion-LM drafter training (DiffuSpec §4.1 eq. 3, spec §4.1/§4.7): the
+//! DiffuSpec's diffusion-LM drafter training (DiffuSpec §4.1 eq. 3, docs/diffuspec.md): the
 //! target's first layers adapted into a masked-diffusion denoiser the way Dream and DiffuLLaMA
 //! adapt AR models — a mask token, Dream's shifted logits (the output at position p − 1
 //! predicts slot p), attention bidirectional inside the denoised block — trained with eq. 3:

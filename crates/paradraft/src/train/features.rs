@@ -1,4 +1,4 @@
-//! Cached target features (spec §3.3: "target hidden features for the whole clean sequence,
+//! Cached target features (docs/dflash.md: "target hidden features for the whole clean sequence,
 //! online or cached"): the outputs of the tapped target layers at every position of every
 //! sample, as f16, in sample order. The cache is resumable and memory-mapped for training.
 //!

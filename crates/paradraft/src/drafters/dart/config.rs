@@ -1,4 +1,4 @@
-//! The DART checkpoint format (spec §2.9, the published `fvliang/*-dart` layout): a LLaMA-style
+//! The DART checkpoint format (docs/dart.md, the published `fvliang/*-dart` layout): a LLaMA-style
 //! `config.json` with `draft_length` (mask slots per call), `draft_vocab_size` and optionally
 //! `target_hidden_size`, next to a `model.safetensors` with `fc.weight`, `midlayer.*`,
 //! `norm.weight`, `lm_head.weight`, `d2t` (I64 offsets) and `t2d` (BOOL). The embedding is the
@@ -28,7 +28,7 @@ pub struct DartConfig {
 }
 
 /// DART's taps for an `l`-layer target: the outputs of layers 1, L/2 − 1 and L − 4 (the inputs
-/// of layers 2, L/2 and L − 3), in that order (spec §2.1). Targets of fewer than 6 layers (test
+/// of layers 2, L/2 and L − 3), in that order (docs/dart.md). Targets of fewer than 6 layers (test
 /// models) clamp each index into `0..L`.
 pub fn dart_taps(l: usize) -> Result<Vec<usize>> {
     if l == 0 {

@@ -3,13 +3,13 @@
 //! the target's hidden states, and a continuity-aware tree search turns its per-depth
 //! distributions into a draft tree.
 //!
-//! - §3.1 architecture (spec §2.1) → [`model`]: taps fused into the real slots, `mask_rep`
+//! - §3.1 architecture (docs/dart.md) → [`model`]: taps fused into the real slots, `mask_rep`
 //!   slots, shifted logits (each slot predicts two positions to its right), double final norm.
-//! - §3.2 one round (spec §2.2) → [`Dart`] (this file): pending target states are fed with the
+//! - §3.2 one round (docs/dart.md) → [`Dart`] (this file): pending target states are fed with the
 //!   next tokens' embeddings, the masks are appended and dropped again after the call.
-//! - §3.3 tree pruning (spec §2.3) → `crate::speculative::tree_search` (shared with DFlash-tree), with
-//!   the n-gram trie of `crate::ngram` (spec §2.6).
-//! - §3.4 training (spec §2.7) → `crate::train::dart`.
+//! - §3.3 tree pruning (docs/dart.md) → `crate::speculative::tree_search` (shared with DFlash-tree), with
+//!   the n-gram trie of `crate::ngram` (docs/dart.md).
+//! - §3.4 training (docs/dart.md) → `crate::train::dart`.
 //!
 //! Verification is the core's: the greedy tree rule, and at T > 0 the coupled rule (or
 //! recursive rejection over siblings with one-hot q). At T > 0 the search ranks each depth's

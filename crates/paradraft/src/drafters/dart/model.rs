@@ -1,4 +1,4 @@
-//! The DART draft network at inference (DART §3.1, spec §2.1): one LLaMA-style layer over
+//! The DART draft network at inference (DART §3.1, docs/dart.md): one LLaMA-style layer over
 //! `[input_norm(embedding of the next token) ; hidden_norm(fc(taps))]` (width 2H) for real
 //! slots and the learned `mask_rep` (bypassing both norms) for the mask slots, causal over
 //! [cached real slots, new real slots, masks]; its own KV cache keeps only real slots. Deeper
@@ -143,7 +143,7 @@ impl DartModel {
         KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
     }
 
-    /// One drafting call (spec §2.1 steps 1–7). Real slots: `features` (`m × width`) of the
+    /// One drafting call (docs/dart.md steps 1–7). Real slots: `features` (`m × width`) of the
     /// positions `kv.len()..` with `next[i]`, the token one to the right of slot i; then
     /// `masks` mask slots. Leaves in `out` the final hidden rows of the last `masks + 1` slots
     /// (depths 1..=masks + 1), normed twice as the reference code does before its LM head.

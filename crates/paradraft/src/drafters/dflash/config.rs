@@ -1,4 +1,4 @@
-//! The DFlash checkpoint format (spec §3.5): an HF-style Qwen3 `config.json` with
+//! The DFlash checkpoint format (docs/dflash.md): an HF-style Qwen3 `config.json` with
 //! `block_size`, `num_target_layers` and `dflash_config.{mask_token_id, target_layer_ids}`,
 //! next to a `model.safetensors` holding `fc`, `hidden_norm`, `layers.{i}.…` and `norm` (no
 //! embedding, no LM head). paradraft adds one optional key, `draft_vocab_size`, with an I64

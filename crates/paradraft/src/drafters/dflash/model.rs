@@ -1,4 +1,4 @@
-//! The DFlash draft network at inference (DFlash §3.2, spec §3.1): fused target features
+//! The DFlash draft network at inference (DFlash §3.2, docs/dflash.md): fused target features
 //! become per-layer context K/V (KV injection), and a block [bonus, MASK × (B − 1)] attends
 //! non-causally over [context ⧺ block]. Weights are dense (f32 in memory, f16/bf16/f32 on disk).
 

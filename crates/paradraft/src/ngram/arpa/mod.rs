@@ -1,4 +1,4 @@
-//! DiffuSpec's causal proxy (DiffuSpec §3.2, spec §4.4): a token-level 3-gram back-off language
+//! DiffuSpec's causal proxy (DiffuSpec §3.2, docs/diffuspec.md): a token-level 3-gram back-off language
 //! model in ARPA form.
 //!
 //! - [`ArpaLm::read`]: an ARPA reader (`\data\` counts, `\k-grams:` sections of `log10 p`, the

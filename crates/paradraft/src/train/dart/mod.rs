@@ -1,4 +1,4 @@
-//! DART drafter training (DART §3.4 and Appendix B, spec §2.7): self-distilled sequences with
+//! DART drafter training (DART §3.4 and Appendix B, docs/dart.md): self-distilled sequences with
 //! cached target taps, the prefix-shared layout (every clean slot of a sequence, then blocks
 //! of `d − 1` mask slots for sampled prefixes) with its three-part attention mask, and a
 //! distillation loss weighted `λ_t = γ^(t−1)` over the t-th future token; the shared loop

@@ -1,4 +1,4 @@
-//! The DART drafter as a differentiable candle graph (spec §2.1 and §2.7): the same network as
+//! The DART drafter as a differentiable candle graph (docs/dart.md): the same network as
 //! `drafters::dart::model`, evaluated over a prefix-shared layout — the clean slots of a whole
 //! sequence, then blocks of mask slots for sampled prefixes — in one pass. Every op records a
 //! backward (RMSNorm and the range-masked softmax are `train::fused`'s; RoPE is composed).

@@ -1,4 +1,4 @@
-//! Training batches (spec §3.3): random anchors per sequence, their blocks
+//! Training batches (docs/dflash.md): random anchors per sequence, their blocks
 //! [x_a, MASK × (B − 1)] at positions a..a+B−1, labels slot k → x_{a+k} on response tokens, and
 //! the context mask (a block sees its own sequence's features strictly before its anchor).
 //!

@@ -1,4 +1,4 @@
-//! DFlash drafter training (DFlash §4 "Training", spec §3.3): self-distilled sequences, cached
+//! DFlash drafter training (DFlash §4 "Training", docs/dflash.md): self-distilled sequences, cached
 //! target features, random anchor blocks with block-sparse attention, position-decayed
 //! cross-entropy, AdamW with cosine warm-up, gradient clipping, resumable checkpoints, a
 //! held-out acceptance evaluation and export in the published checkpoint format.

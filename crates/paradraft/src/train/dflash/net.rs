@@ -1,4 +1,4 @@
-//! The DFlash drafter as a differentiable candle graph (spec §3.1 and §3.3): the same network
+//! The DFlash drafter as a differentiable candle graph (docs/dflash.md): the same network
 //! as `drafters::dflash::model`, evaluated for many anchor blocks of a packed batch at once
 //! with the training attention pattern. Every op here records a backward: RMSNorm and the
 //! block-masked softmax are the fused ops of `train::fused` (candle's own fused `rms_norm` and

@@ -1,4 +1,4 @@
-//! PARD drafter training (PARD §3.2, spec §5.3): mask-token subtasks with conditional
+//! PARD drafter training (PARD §3.2, docs/pard.md): mask-token subtasks with conditional
 //! drop-token (COD), one cross-entropy mean over every kept label, on target-independent data
 //! (token sequences; no target features). The shared loop (`train::run`) optimises it.
 //!

@@ -1,4 +1,4 @@
-//! The PARD drafter as a differentiable candle graph (spec §5.1, §5.3): the target family's
+//! The PARD drafter as a differentiable candle graph (docs/pard.md): the target family's
 //! decoder layers over one sequence's prefix-shared layout — every real token, then the mask
 //! chains COD kept — with one range mask per slot. The same network as the runtime's
 //! (`drafters::pard`, an ordinary `Model`); RMSNorm and the range softmax are `train::fused`'s
