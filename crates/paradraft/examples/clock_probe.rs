@@ -1,5 +1,5 @@
 //! Is it the core's clock that makes a forward slower after a wider one or after idling
-//! (docs/performance_history.md, "A forward after a wider one, or after idling")? Times a dependent
+//! (docs/notebook.md, "A forward after a wider one, or after idling")? Times a dependent
 //! integer chain — a fixed number of cycles per step whatever the caches hold — in slices right
 //! after an event, on the calling thread; a slower step means a slower clock (this VM exposes no
 //! cycle counters). Events: `probe` (right after another probe: the steady clock), a 1-row and a

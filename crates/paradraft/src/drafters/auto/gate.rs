@@ -14,7 +14,7 @@
 //! to the first). Once both arms of a kind of round are measured the model runs there only
 //! while its rounds are as fast, and one round in [`PROBE_EVERY`] takes the other arm so both
 //! stay measured. At T = 1 on a 2-vCPU Xeon the model's rounds had committed 0.86 tokens per
-//! AR round's time, the lookups' 1.05 (docs/auto_history.md, "Model rounds on the clock"); on
+//! AR round's time, the lookups' 1.05 (docs/notebook.md, "Model rounds on the clock"); on
 //! a Zen 4 at T = 0 the model paid also where the lookups were strong (docs/auto.md, "Strong
 //! lookups timed apart").
 //!
@@ -22,7 +22,7 @@
 //! the model's tree is coupled to the target's noise; the two arms' rates differed by less
 //! than their noise, and the estimate, fed by few accepted tokens, kept falling below its bar
 //! (on a Zen 4 at T = 1, 29–79 % of `auto`'s rounds drafted nothing), while asking the model
-//! every round measured 5–7 % faster (docs/auto_history.md, "The model leads at T > 0"). In a
+//! every round measured 5–7 % faster (docs/notebook.md, "The model leads at T > 0"). In a
 //! batch the estimate's bar stands.
 
 use std::sync::{Arc, Mutex};

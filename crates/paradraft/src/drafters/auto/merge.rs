@@ -28,7 +28,7 @@
 //! agrees with the model or goes where it proposed nothing (deeper than its leaves, or where no
 //! model ran). On a Zen 4 at T = 1, with the model asked every round, this drafted fewer nodes
 //! per round on four of five bench sets for as many accepted tokens or more; its effect on the
-//! clock was within the noise (docs/auto_history.md, "The model leads at T > 0").
+//! clock was within the noise (docs/notebook.md, "The model leads at T > 0").
 
 use crate::error::Result;
 use crate::ngram::suffix::ContNode;
