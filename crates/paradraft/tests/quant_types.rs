@@ -255,3 +255,51 @@ fn fuzz(file: &std::path::Path, rounds: usize) {
         "loaded {loaded}, refused {refused}"
     );
 }
+
+/// `--quantize` (#59): a dense model's matrices converted at load to Q8_0, Q4_0 or Q4_1 run on
+/// the int8 kernels and stay near the unquantized model (Q8_0 closely, 4-bit less so); the
+/// embedding and LM head keep 8 bits under a 4-bit type.
+#[test]
+fn dense_models_quantized_at_load_track_the_unquantized_one() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
+    let lm = paradraft::model::load(&path).expect("tiny llama loads");
+    let ids = lm
+        .tokenizer
+        .encode("Once upon a time there was a little robot who wanted to see the sea.")
+        .unwrap();
+    let dense = top_logits(&lm.model, &ids, 1).unwrap();
+    // Random weights give thin margins: a 4-bit model's argmax moves at many positions, its
+    // logits stay near (the real model's figures are in docs/gguf.md).
+    for (ty, agree_at_least, tol) in [
+        (GgmlType::Q8_0, 0.9, 0.05),
+        (GgmlType::Q4_0, 0.3, 0.3),
+        (GgmlType::Q4_1, 0.3, 0.3),
+    ] {
+        let mut q = paradraft::model::load(&path).unwrap();
+        q.model.quantize_dense(ty);
+        let got = top_logits(&q.model, &ids, 1).unwrap();
+        let agree = got
+            .iter()
+            .zip(&dense)
+            .filter(|(a, b)| a[0].0 == b[0].0)
+            .count();
+        eprintln!("{ty:?}: top-1 {agree} of {}", ids.len());
+        assert!(
+            agree as f64 >= agree_at_least * ids.len() as f64,
+            "{ty:?}: {agree} of {} positions agree",
+            ids.len()
+        );
+        let worst = got
+            .iter()
+            .zip(&dense)
+            .map(|(a, b)| (a[0].1 - b[0].1).abs())
+            .fold(0f32, f32::max);
+        let scale = dense.iter().map(|d| d[0].1.abs()).fold(0f32, f32::max);
+        eprintln!("{ty:?}: worst |Δ| {worst} (scale {scale})");
+        assert!(
+            worst <= tol * scale.max(1.0),
+            "{ty:?}: |Δ| {worst} (scale {scale})"
+        );
+        assert!(got != dense, "{ty:?}: nothing was quantized");
+    }
+}

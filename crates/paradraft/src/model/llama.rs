@@ -114,12 +114,26 @@ impl Model {
     /// Every dense (f32/f16) matrix — layers, embedding, LM head — in Q8_0, so that a
     /// checkpoint stored in f16 runs on the int8 kernels; quantized matrices stay as they are.
     pub fn quantize_dense_q8_0(&mut self) {
+        self.quantize_dense(crate::runtime::quant::GgmlType::Q8_0);
+    }
+
+    /// Every dense matrix in `ty` (Q8_0, Q4_0 or Q4_1; see
+    /// [`crate::runtime::quant::Matrix::quantized`]):
+    /// `--quantize`, for HF checkpoints and f16 / bf16 / f32 GGUF files. The embedding and
+    /// the LM head stay at 8 bits under a 4-bit type (llama-quantize keeps them wider too:
+    /// they decide the logits directly).
+    pub fn quantize_dense(&mut self, ty: crate::runtime::quant::GgmlType) {
+        use crate::runtime::quant::GgmlType;
         for l in &mut self.layers {
-            l.matrices_mut().into_iter().for_each(|w| w.quantize_q8_0());
+            l.matrices_mut().into_iter().for_each(|w| w.quantize(ty));
         }
-        self.embed.quantize_q8_0();
+        let outer = match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 => GgmlType::Q8_0,
+            t => t,
+        };
+        self.embed.quantize(outer);
         if let Some(h) = &mut self.lm_head {
-            h.quantize_q8_0();
+            h.quantize(outer);
         }
     }
 

@@ -27,6 +27,35 @@ pub struct ModelOptions {
     /// KV-cache element type: f16 (half the attention traffic) or f32.
     #[cfg_attr(feature = "cli", arg(long, default_value = "f16"))]
     pub kv_dtype: crate::kv::KvDtype,
+    /// Quantize the model's dense (f32 / f16 / bf16) weights at load — an HF checkpoint or an
+    /// F16 GGUF — to run on the int8 kernels: q8_0 (near lossless), q4_0 or q4_1 (llama.cpp's
+    /// reference quantisers; docs/gguf.md gives their accuracy). Quantized weights stay as
+    /// they are.
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub quantize: Option<WeightQuant>,
+}
+
+/// A type `--quantize` converts dense weights to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+pub enum WeightQuant {
+    #[cfg_attr(feature = "cli", value(name = "q8_0"))]
+    Q8_0,
+    #[cfg_attr(feature = "cli", value(name = "q4_0"))]
+    Q4_0,
+    #[cfg_attr(feature = "cli", value(name = "q4_1"))]
+    Q4_1,
+}
+
+impl WeightQuant {
+    pub fn ggml(self) -> crate::runtime::quant::GgmlType {
+        use crate::runtime::quant::GgmlType;
+        match self {
+            WeightQuant::Q8_0 => GgmlType::Q8_0,
+            WeightQuant::Q4_0 => GgmlType::Q4_0,
+            WeightQuant::Q4_1 => GgmlType::Q4_1,
+        }
+    }
 }
 
 /// Bytes the machine can still give (`MemAvailable`), when known.
@@ -68,6 +97,9 @@ impl ModelOptions {
         let mut loaded =
             super::load(&path).map_err(|e| e.context(format!("loading {}", path.display())))?;
         loaded.model.set_kv_dtype(self.kv_dtype);
+        if let Some(q) = self.quantize {
+            loaded.model.quantize_dense(q.ggml());
+        }
         let c = &loaded.model.config;
         let ctx = self.ctx_size.unwrap_or(c.max_position_embeddings.min(8192));
         if ctx == 0 {

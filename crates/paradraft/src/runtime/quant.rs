@@ -27,6 +27,26 @@ pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Quantises f32 values (a multiple of 32) to GGML Q4_0 blocks as llama.cpp's reference
+/// quantiser does: per 32 values the one of largest magnitude m, an f16 scale d = m / −8, and
+/// min(15, trunc(x / d + 8.5)) as 4 bits (low nibbles hold inputs 0..16).
+pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK), "Q4_0 needs whole blocks of 32");
+    let mut out = Vec::with_capacity(x.len() / QK * 18);
+    for b in x.chunks_exact(QK) {
+        let m = b
+            .iter()
+            .copied()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let d = m / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+    }
+    out
+}
+
 /// Quantises f32 values (a multiple of 32) to GGML Q4_1 blocks: per 32 values f16 `d =
 /// (max − min) / 15` and `m = min`, and the nearest level `round((x − m) / d)` in 0..=15,
 /// computed with the stored (f16) `d` and `m` so that dequantisation lands within half a step
@@ -137,9 +157,21 @@ impl Matrix {
     /// This matrix in Q8_0 (for dense weights whose columns are a multiple of 32); already
     /// quantized matrices and other widths are returned unchanged.
     pub fn to_q8_0(self) -> Matrix {
+        self.quantized(GgmlType::Q8_0)
+    }
+
+    /// This matrix in `ty` (Q8_0, Q4_0 or Q4_1, by llama.cpp's reference quantisers) when it
+    /// is dense and its columns are a multiple of 32; otherwise unchanged.
+    pub fn quantized(self, ty: GgmlType) -> Matrix {
+        let quantize = match ty {
+            GgmlType::Q8_0 => quantize_q8_0,
+            GgmlType::Q4_0 => quantize_q4_0,
+            GgmlType::Q4_1 => quantize_q4_1,
+            _ => return self,
+        };
         match &self.data {
             MatrixData::F32(v) if self.cols.is_multiple_of(QK) => {
-                Matrix::from_bytes(GgmlType::Q8_0, self.rows, self.cols, &quantize_q8_0(v))
+                Matrix::from_bytes(ty, self.rows, self.cols, &quantize(v))
             }
             _ => self,
         }
@@ -147,7 +179,12 @@ impl Matrix {
 
     /// [`Matrix::to_q8_0`] in place.
     pub fn quantize_q8_0(&mut self) {
-        *self = std::mem::replace(self, Matrix::from_f32(0, 0, vec![])).to_q8_0();
+        self.quantize(GgmlType::Q8_0);
+    }
+
+    /// [`Matrix::quantized`] in place.
+    pub fn quantize(&mut self, ty: GgmlType) {
+        *self = std::mem::replace(self, Matrix::from_f32(0, 0, vec![])).quantized(ty);
     }
 
     /// The given rows, in that order, in the same type (bit-exact).
@@ -489,6 +526,37 @@ mod tests {
                     "block {b}: {a} vs {c} (tolerance {tol})"
                 );
             }
+        }
+    }
+
+    /// Q4_0 bytes equal llama.cpp's reference quantiser's (the `gguf` Python package's
+    /// `quants.quantize`, run once for these values; the second block's largest magnitude is
+    /// negative).
+    #[test]
+    fn q4_0_quantiser_writes_the_reference_bytes() {
+        let mut x: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 29) as f32 - 9.0) * 0.021 + (i / 32) as f32 * 0.3)
+            .collect();
+        x[40] = -1.3;
+        let want: [u8; 36] = [
+            98, 170, 124, 56, 5, 146, 91, 39, 180, 128, 73, 22, 163, 107, 56, 197, 129, 90, 51, 49,
+            172, 185, 202, 155, 172, 185, 202, 156, 160, 186, 155, 172, 185, 202, 155, 172,
+        ];
+        assert_eq!(quantize_q4_0(&x), want);
+        // A dense matrix quantized to each type holds what that type's bytes hold.
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
+            let m = Matrix::from_f32(2, 32, x.clone()).quantized(ty);
+            assert!(m.wants_qacts(), "{ty:?}");
+            let mut row = vec![0f32; 32];
+            m.row_into(1, &mut row);
+            let mut want = vec![0f32; 32];
+            let bytes = match ty {
+                GgmlType::Q8_0 => quantize_q8_0(&x[32..]),
+                GgmlType::Q4_0 => quantize_q4_0(&x[32..]),
+                _ => quantize_q4_1(&x[32..]),
+            };
+            dequantize(ty, &bytes, &mut want);
+            assert_eq!(row, want, "{ty:?}");
         }
     }
 
