@@ -205,6 +205,16 @@ fn mutated_gemma3_files_error_or_run_never_panic() {
     );
 }
 
+/// The same over Qwen2-MoE's file: its `qwen2moe.expert_*` keys (experts, experts per token,
+/// expert and shared-expert widths) and the stacked and shared expert tensors.
+#[test]
+fn mutated_qwen2moe_files_error_or_run_never_panic() {
+    fuzz(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen2moe.gguf"),
+        200,
+    );
+}
+
 fn fuzz(file: &std::path::Path, rounds: usize) {
     let src = std::fs::read(file).unwrap();
     let td = tempfile::tempdir().unwrap();
