@@ -376,7 +376,6 @@ fn stepped_sessions(
     use common::replay::{random_tree, Lcg, Replay};
     use paradraft::drafters::pld::PromptLookup;
     use paradraft::drafters::NoDraft;
-    use paradraft::speculative::step::{Member, Stepper};
     use paradraft::speculative::{Drafter, Session, Speculation, VerifyRule};
     let vocab = lm.model.config.vocab_size as u32;
     let mut kvs: Vec<_> = prompts.iter().map(|_| lm.model.new_kv(256)).collect();
@@ -405,35 +404,8 @@ fn stepped_sessions(
             Session::new(&lm.tokenizer, kv, p, params, sp, &lm.model.config).unwrap()
         })
         .collect();
-    let mut stepper = Stepper::default();
-    let mut done = vec![false; prompts.len()];
-    let mut steps = 0;
-    while done.iter().any(|d| !d) {
-        // Request i joins at step 2·i.
-        let live: Vec<usize> = (0..prompts.len())
-            .filter(|&i| !done[i] && steps >= 2 * i)
-            .collect();
-        let mut sinks: Vec<_> = live.iter().map(|_| |_: &str| {}).collect();
-        let mut members: Vec<Member> = kvs
-            .iter_mut()
-            .zip(sessions.iter_mut())
-            .enumerate()
-            .filter(|(i, _)| live.contains(i))
-            .zip(sinks.iter_mut())
-            .map(|((_, (kv, session)), on_text)| Member {
-                kv,
-                session,
-                on_text,
-            })
-            .collect();
-        let rep = stepper.step(&lm.model, &mut members, prefill).unwrap();
-        assert!(rep.prefill_rows <= prefill);
-        for (k, &i) in live.iter().enumerate() {
-            done[i] |= rep.finished[k];
-        }
-        steps += 1;
-        assert!(steps < 10_000);
-    }
+    // Request i joins at step 2·i.
+    common::stepping::step_all(&lm.model, &mut kvs, &mut sessions, prefill, |i| 2 * i);
     sessions
         .into_iter()
         .map(|s| s.finish(&mut |_| {}).out.token_ids)

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod replay;
+pub mod stepping;
 
 use paradraft::model::{self, Batch, Loaded, Logits, Output, OutputSpec, Rows, Scratch};
 use paradraft::types::{Pos, TokenId};

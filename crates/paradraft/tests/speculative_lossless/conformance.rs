@@ -10,7 +10,6 @@ use super::*;
 use paradraft::drafters::methods::METHODS;
 use paradraft::drafters::registry::{LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use paradraft::error::Result;
-use paradraft::speculative::step::{Member, Stepper};
 use paradraft::speculative::{Outcome, Session};
 
 /// Greedy, sampled and greedy requests (different prompts), each drafted by its own drafter
@@ -33,32 +32,7 @@ fn stepped(
             Session::new(&lm.tokenizer, kv, p, params, sp, &lm.model.config).unwrap()
         })
         .collect();
-    let mut stepper = Stepper::default();
-    let mut done = vec![false; prompts.len()];
-    for _ in 0..10_000 {
-        let live: Vec<usize> = (0..prompts.len()).filter(|&i| !done[i]).collect();
-        if live.is_empty() {
-            break;
-        }
-        let mut sinks: Vec<_> = live.iter().map(|_| |_: &str| {}).collect();
-        let mut members: Vec<Member> = kvs
-            .iter_mut()
-            .zip(sessions.iter_mut())
-            .enumerate()
-            .filter(|(i, _)| live.contains(i))
-            .zip(sinks.iter_mut())
-            .map(|((_, (kv, session)), on_text)| Member {
-                kv,
-                session,
-                on_text,
-            })
-            .collect();
-        let rep = stepper.step(&lm.model, &mut members, 64).unwrap();
-        for (k, &i) in live.iter().enumerate() {
-            done[i] |= rep.finished[k];
-        }
-    }
-    assert!(done.iter().all(|&d| d), "sessions did not finish");
+    common::stepping::step_all(&lm.model, &mut kvs, &mut sessions, 64, |_| 0);
     sessions
         .into_iter()
         .map(|s| s.finish(&mut |_| {}).out.token_ids)
