@@ -4,7 +4,6 @@
 use crate::ModelArgs;
 use anyhow::{bail, Result};
 use clap::Args;
-use paradraft::fetch::resource_path;
 use paradraft::train::campaign::{self, CampaignMethod, Params, Setup, Sources, Stamp};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -149,10 +148,7 @@ pub fn run(a: CampaignArgs) -> Result<()> {
         eprintln!("curve written to {}", out.display());
         return Ok(());
     }
-    let from = a
-        .from
-        .clone()
-        .unwrap_or_else(|| resource_path(method.published()));
+    let from = a.from.clone().unwrap_or_else(|| method.published());
     let (lm, _) = a.m.load()?;
     let (net, vocab) = method.load(&from, &lm.model)?;
     let shape = net.shape();

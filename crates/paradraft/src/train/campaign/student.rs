@@ -5,6 +5,7 @@
 use super::Params;
 use crate::drafters::dart::DartConfig;
 use crate::drafters::dflash::DflashConfig;
+use crate::drafters::registry::MethodEntry;
 use crate::drafters::vocab::DraftVocab;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -37,13 +38,9 @@ pub enum CampaignMethod {
 }
 
 impl CampaignMethod {
-    /// Lower-case name: the campaign's default directory and the published drafter's suffix.
+    /// The method's name in the table: the campaign's default directory's too.
     pub fn name(self) -> &'static str {
-        match self {
-            CampaignMethod::Dart => "dart",
-            CampaignMethod::Dflash => "dflash",
-            CampaignMethod::Pard => "pard",
-        }
+        self.entry().name
     }
 
     /// The paper's spelling.
@@ -64,13 +61,21 @@ impl CampaignMethod {
             .join(self.name())
     }
 
-    /// The committed drafter a campaign without a checkpoint starts from.
-    pub fn published(self) -> &'static str {
+    /// The method-table entry of the drafter it trains (its name, its committed drafter).
+    pub fn entry(self) -> &'static MethodEntry {
         match self {
-            CampaignMethod::Dart => "drafters/smollm2-135m-dart",
-            CampaignMethod::Dflash => "drafters/smollm2-135m-dflash",
-            CampaignMethod::Pard => "drafters/smollm2-135m-pard",
+            CampaignMethod::Dart => &crate::drafters::dart::METHOD,
+            CampaignMethod::Dflash => &crate::drafters::dflash::METHOD,
+            CampaignMethod::Pard => &crate::drafters::pard::METHOD,
         }
+    }
+
+    /// The committed drafter a campaign without a checkpoint starts from (and its weights
+    /// replace): the table's directory for the method.
+    pub fn published(self) -> PathBuf {
+        self.entry()
+            .default_drafter_dir()
+            .unwrap_or_else(|| PathBuf::from("drafters").join(self.name()))
     }
 
     /// The campaign's settings for this drafter. DFlash's loss decays over the block as in its
@@ -351,6 +356,33 @@ impl Student {
             Student::Pard { net, mask, cod } => {
                 pard::export(net, *mask, cod, vocab, dir, DType::F16)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A campaign trains a method of the table, starts from that method's committed drafter
+    /// and writes where `generate` loads it from.
+    #[test]
+    fn campaigns_train_methods_of_the_table() {
+        for m in [
+            CampaignMethod::Dart,
+            CampaignMethod::Dflash,
+            CampaignMethod::Pard,
+        ] {
+            let e = m.entry();
+            assert!(
+                crate::drafters::methods::METHODS
+                    .iter()
+                    .any(|t| std::ptr::eq(*t, e)),
+                "{}",
+                m.name()
+            );
+            assert_eq!(Some(m.published()), e.default_drafter_dir());
+            assert!(m.published().join("config.json").is_file(), "{}", m.name());
         }
     }
 }
