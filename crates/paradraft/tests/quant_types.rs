@@ -312,4 +312,18 @@ fn dense_models_quantized_at_load_track_the_unquantized_one() {
         );
         assert!(got != dense, "{ty:?}: nothing was quantized");
     }
+    // A mixture of experts: its experts quantized, its router kept as stored.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/qwen3moe");
+    let lm = paradraft::model::load(&path).unwrap();
+    let dense = top_logits(&lm.model, &ids, 1).unwrap();
+    let mut q = paradraft::model::load(&path).unwrap();
+    q.model.quantize_dense(GgmlType::Q8_0);
+    let got = top_logits(&q.model, &ids, 1).unwrap();
+    let agree = got
+        .iter()
+        .zip(&dense)
+        .filter(|(a, b)| a[0].0 == b[0].0)
+        .count();
+    eprintln!("qwen3moe Q8_0: top-1 {agree} of {}", ids.len());
+    assert!(agree * 10 >= ids.len() * 8, "{agree} of {}", ids.len());
 }

@@ -73,9 +73,10 @@ impl Experts {
         })
     }
 
-    /// Every matrix (to convert their storage).
+    /// Every expert matrix (to convert their storage); the router stays as stored (llama.cpp
+    /// keeps it f32 too: it decides which experts run).
     pub(crate) fn matrices_mut(&mut self) -> Vec<&mut Matrix> {
-        let mut v = vec![&mut self.router];
+        let mut v: Vec<&mut Matrix> = vec![];
         v.extend(self.gate.iter_mut());
         v.extend(self.up.iter_mut());
         v.extend(self.down.iter_mut());
