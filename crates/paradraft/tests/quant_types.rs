@@ -9,6 +9,7 @@ use paradraft::model::gguf::GgufFile;
 use paradraft::runtime::ggml::GgmlType;
 use paradraft::runtime::qmatmul::QActs;
 use paradraft::runtime::quant::{dequantize, Matrix};
+use paradraft::types::TokenId;
 use std::path::Path;
 
 fn fixture() -> GgufFile {
@@ -146,6 +147,11 @@ fn int8_matmuls_stay_within_the_activation_bound() {
 }
 
 /// The tiny Llama whose tensors mix every K-quant and the other block types.
+/// Positions where two runs' top-1 tokens agree.
+fn top1_agreement(a: &[Vec<(TokenId, f32)>], b: &[Vec<(TokenId, f32)>]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x[0].0 == y[0].0).count()
+}
+
 fn tiny_kquant() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/quants/tiny-kquant.gguf")
 }
@@ -160,11 +166,7 @@ fn a_model_mixing_every_type_runs_and_its_fast_path_tracks_the_exact_one() {
     let fast = top_logits(&lm.model, &ids, 1).unwrap();
     lm.model.set_exact(true);
     let exact = top_logits(&lm.model, &ids, 1).unwrap();
-    let agree = fast
-        .iter()
-        .zip(&exact)
-        .filter(|(a, b)| a[0].0 == b[0].0)
-        .count();
+    let agree = top1_agreement(&fast, &exact);
     // Int8 activations move logits a little: the argmax holds at nearly every position.
     assert!(
         agree * 10 >= ids.len() * 8,
@@ -288,11 +290,7 @@ fn dense_models_quantized_at_load_track_the_unquantized_one() {
         let mut q = paradraft::model::load(&path).unwrap();
         q.model.quantize_dense(ty);
         let got = top_logits(&q.model, &ids, 1).unwrap();
-        let agree = got
-            .iter()
-            .zip(&dense)
-            .filter(|(a, b)| a[0].0 == b[0].0)
-            .count();
+        let agree = top1_agreement(&got, &dense);
         eprintln!("{ty:?}: top-1 {agree} of {}", ids.len());
         assert!(
             agree as f64 >= agree_at_least * ids.len() as f64,
@@ -319,11 +317,7 @@ fn dense_models_quantized_at_load_track_the_unquantized_one() {
     let mut q = paradraft::model::load(&path).unwrap();
     q.model.quantize_dense(GgmlType::Q8_0);
     let got = top_logits(&q.model, &ids, 1).unwrap();
-    let agree = got
-        .iter()
-        .zip(&dense)
-        .filter(|(a, b)| a[0].0 == b[0].0)
-        .count();
+    let agree = top1_agreement(&got, &dense);
     eprintln!("qwen3moe Q8_0: top-1 {agree} of {}", ids.len());
     assert!(agree * 10 >= ids.len() * 8, "{agree} of {}", ids.len());
 }
