@@ -100,6 +100,18 @@ impl DraftTree {
         self.depths[n.idx()]
     }
 
+    /// The tokens from the first level down to `to` (none for `None`, the root's place).
+    pub fn path(&self, to: Option<NodeId>) -> Vec<TokenId> {
+        let mut path = Vec::with_capacity(to.map_or(0, |n| self.depth(n) as usize));
+        let mut at = to;
+        while let Some(v) = at {
+            path.push(self.token(v));
+            at = self.parent(v);
+        }
+        path.reverse();
+        path
+    }
+
     pub fn q(&self, n: NodeId) -> Option<&Dist> {
         self.q[n.idx()].as_ref()
     }

@@ -269,13 +269,7 @@ impl Processor {
             self.argmax[r] = ops::argmax(src);
             return;
         }
-        let mut path = Vec::new();
-        let mut n = (r > 0).then(|| NodeId(r as u32 - 1));
-        while let Some(x) = n {
-            path.push(tree.token(x));
-            n = tree.parent(x);
-        }
-        path.reverse();
+        let path = tree.path((r > 0).then(|| NodeId(r as u32 - 1)));
         let mut buf = std::mem::take(&mut self.buf);
         let row = &mut buf[r * v..(r + 1) * v];
         row.copy_from_slice(src);

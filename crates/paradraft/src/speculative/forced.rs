@@ -69,13 +69,8 @@ pub fn graft(
 
 /// The tokens from the root to `parent` in `tree`, then `last`.
 fn path_to(tree: &DraftTree, parent: Option<NodeId>, last: TokenId) -> Vec<TokenId> {
-    let mut path = vec![last];
-    let mut at = parent;
-    while let Some(v) = at {
-        path.push(tree.token(v));
-        at = tree.parent(v);
-    }
-    path.reverse();
+    let mut path = tree.path(parent);
+    path.push(last);
     path
 }
 
