@@ -106,28 +106,21 @@ impl GrammarEnv {
     /// The vocabulary of `tok` compiled for grammars over `vocab` logits, built on first use
     /// and kept for the few tokenizers used last (a server's one, a test's several).
     pub fn of(tok: &Tokenizer, vocab: usize) -> Result<Arc<GrammarEnv>> {
-        type Kept = Vec<(u64, Arc<GrammarEnv>)>;
-        static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Vec::new());
-        let found = |k: &Kept| {
-            k.iter()
-                .position(|(id, e)| *id == tok.id() && e.vocab == vocab)
-        };
+        // Most recently used last; built under the lock, so never twice.
+        static KEPT: std::sync::Mutex<Vec<(u64, Arc<GrammarEnv>)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let env = match kept
+            .iter()
+            .position(|(id, e)| *id == tok.id() && e.vocab == vocab)
         {
-            let mut k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = found(&k) {
-                let e = k.remove(i);
-                k.push(e.clone());
-                return Ok(e.1);
-            }
+            Some(i) => kept.remove(i).1,
+            None => Arc::new(GrammarEnv::new(tok, vocab)?),
+        };
+        if kept.len() >= 4 {
+            kept.remove(0);
         }
-        let env = Arc::new(GrammarEnv::new(tok, vocab)?);
-        let mut k = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-        if found(&k).is_none() {
-            if k.len() >= 4 {
-                k.remove(0);
-            }
-            k.push((tok.id(), env.clone()));
-        }
+        kept.push((tok.id(), env.clone()));
         Ok(env)
     }
 
