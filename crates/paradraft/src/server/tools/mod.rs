@@ -275,15 +275,21 @@ impl Tools {
         (call, defs)
     }
 
+    /// An array of `call`s: at least one, at most one unless parallel calls are allowed.
+    fn calls(&self, call: Value) -> Value {
+        let mut calls = json!({"type": "array", "items": call, "minItems": 1});
+        if !self.parallel {
+            calls["maxItems"] = json!(1);
+        }
+        calls
+    }
+
     /// The grammar the reply is held to, if any.
     pub fn grammar(&self) -> Option<Grammar> {
         match (self.format, &self.choice) {
             (Format::Generic, choice) => {
                 let (call, defs) = self.call_parts();
-                let mut calls = json!({"type": "array", "items": call, "minItems": 1});
-                if !self.parallel {
-                    calls["maxItems"] = json!(1);
-                }
+                let calls = self.calls(call);
                 let call = json!({
                     "type": "object",
                     "properties": {"tool_calls": calls},
@@ -319,11 +325,7 @@ impl Tools {
             (Format::Llama3, _) => Some(Grammar::JsonSchema(self.call_schema())),
             (Format::Mistral(token), _) => {
                 let (call, defs) = self.call_parts();
-                let mut calls = json!({"type": "array", "items": call, "minItems": 1});
-                if !self.parallel {
-                    calls["maxItems"] = json!(1);
-                }
-                let calls = rooted(calls, defs);
+                let calls = rooted(self.calls(call), defs);
                 Some(match token {
                     Some(t) => Grammar::Lark(format!(
                         "start: <[{}]> \" \"? %json {}\n",
