@@ -107,13 +107,12 @@ pub struct Moe {
     pub shared: Option<SharedExpert>,
 }
 
-/// An expert every token uses (Qwen2-MoE's), beside the routed ones.
+/// An expert every token uses beside the routed ones (Qwen2-MoE's), its output scaled by
+/// sigmoid(g · x) of its own gate vector g.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SharedExpert {
     /// Its hidden width.
     pub ff: usize,
-    /// Its output is scaled by sigmoid(g · x) of its own gate vector g (Qwen2-MoE).
-    pub gated: bool,
 }
 
 /// What a family's decoder does beyond the Llama layer (all off for Llama and Qwen).

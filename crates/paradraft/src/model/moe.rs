@@ -33,10 +33,10 @@ pub(crate) struct Experts {
     shared: Option<Shared>,
 }
 
-/// The shared expert's gate, up and down matrices and, when gated, its gate vector.
+/// The shared expert's gate, up and down matrices and its gate vector.
 struct Shared {
     mats: [Matrix; 3],
-    gate: Option<Vec<f32>>,
+    gate: Vec<f32>,
 }
 
 /// Buffers of an MoE forward, reused.
@@ -148,7 +148,7 @@ impl Experts {
                 .zip(ye.chunks_exact(h))
                 .zip(xn.chunks_exact(h))
             {
-                let w = sh.gate.as_ref().map_or(1.0, |g| sigmoid(dot(g, x)));
+                let w = sigmoid(dot(&sh.gate, x));
                 for (o, y) in o.iter_mut().zip(y) {
                     *o += w * y;
                 }
@@ -168,16 +168,11 @@ impl Shared {
         s: SharedExpert,
         name: &impl Fn(&str) -> String,
     ) -> Result<Shared> {
-        let gate = match s.gated {
-            // One value per token: llama.cpp's files hold it as `[hidden]`, HF's as `[1, hidden]`.
-            true => {
-                let n = name("ffn_gate_inp_shexp.weight");
-                let shape = src.shape(&n).ok_or_else(|| src.missing(&n))?;
-                let shape = if shape == [1, h] { shape } else { vec![h] };
-                Some(src.f32_tensor(&n, &shape)?)
-            }
-            false => None,
-        };
+        // One value per token: llama.cpp's files hold it as `[hidden]`, HF's as `[1, hidden]`.
+        let n = name("ffn_gate_inp_shexp.weight");
+        let shape = src.shape(&n).ok_or_else(|| src.missing(&n))?;
+        let shape = if shape == [1, h] { shape } else { vec![h] };
+        let gate = src.f32_tensor(&n, &shape)?;
         Ok(Shared {
             mats: [
                 src.matrix(&name("ffn_gate_shexp.weight"), s.ff, h)?,
@@ -316,7 +311,6 @@ pub(crate) fn gguf_moe(g: &super::gguf::GgufFile, arch: &str) -> Result<Option<M
                 Some(ff) => ff as usize,
                 None => mlp()?,
             },
-            gated: true,
         }),
         false => None,
     };
@@ -366,7 +360,6 @@ pub(crate) fn hf_moe(v: &serde_json::Value, model_type: &str) -> Result<Option<M
             "qwen2_moe" => Some(SharedExpert {
                 ff: num("shared_expert_intermediate_size")
                     .ok_or_else(|| missing("shared_expert_intermediate_size"))?,
-                gated: true,
             }),
             _ => None,
         },
