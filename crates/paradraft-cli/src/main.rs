@@ -295,7 +295,10 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
     let (mut lm, _) = a.m.load()?;
-    lm.model.set_exact(a.exact);
+    if a.exact {
+        // f32 activations and an f32 cache; otherwise --kv-dtype's cache stands.
+        lm.model.set_exact(true);
+    }
     let tok = &lm.tokenizer;
     let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {
         (Some(p), None) => {

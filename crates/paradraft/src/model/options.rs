@@ -24,7 +24,9 @@ pub struct ModelOptions {
     /// Allow --ctx-size above the model's trained context length.
     #[cfg_attr(feature = "cli", arg(long))]
     pub force_ctx_size: bool,
-    /// KV-cache element type: f16 (half the attention traffic) or f32.
+    /// KV-cache element type: f16 (half the attention traffic of f32), f32, or q8_0 (about half
+    /// of f16's bytes: int8 in blocks of 32 values with an f16 scale, as llama.cpp's
+    /// `-ctk q8_0 -ctv q8_0`; docs/performance.md gives its accuracy and speed).
     #[cfg_attr(feature = "cli", arg(long, default_value = "f16"))]
     pub kv_dtype: crate::kv::KvDtype,
     /// Quantize the model's dense (f32 / f16 / bf16) weights at load — an HF checkpoint or an

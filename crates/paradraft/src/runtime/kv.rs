@@ -2,6 +2,7 @@
 //! (chain verification) or gather-compacted (tree verification) afterwards.
 
 use crate::error::{Error, Result};
+use crate::runtime::ggml::QK;
 use crate::types::SlotId;
 use half::f16;
 
@@ -13,12 +14,14 @@ pub const KV_TILE: usize = 16;
 pub const MAX_HEAD_DIM: usize = 512;
 
 /// Element type of the cache. f16 halves the bytes attention reads (llama.cpp's default);
-/// f32 is the reference.
+/// f32 is the reference; q8_0 (llama.cpp's `-ctk q8_0 -ctv q8_0`) stores each KV head's row in
+/// blocks of 32 values as int8 with an f16 scale per block, about half of f16's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvDtype {
     #[default]
     F16,
     F32,
+    Q8_0,
 }
 
 impl std::str::FromStr for KvDtype {
@@ -27,17 +30,30 @@ impl std::str::FromStr for KvDtype {
         match s {
             "f16" => Ok(KvDtype::F16),
             "f32" => Ok(KvDtype::F32),
-            _ => Err(format!("KV cache type `{s}`: expected f16 or f32")),
+            "q8_0" => Ok(KvDtype::Q8_0),
+            _ => Err(format!("KV cache type `{s}`: expected f16, f32 or q8_0")),
         }
     }
 }
 
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvDtype::F16 => "f16",
+            KvDtype::F32 => "f32",
+            KvDtype::Q8_0 => "q8_0",
+        })
+    }
+}
+
 impl KvDtype {
-    /// Bytes per stored value.
-    pub fn bytes(self) -> usize {
+    /// Bytes one KV head's K (or V) row of `head_dim` values takes: a Q8_0 block is 32 int8
+    /// values and an f16 scale (a head size that is not a multiple of 32 ends in a shorter block).
+    pub fn row_bytes(self, head_dim: usize) -> usize {
         match self {
-            KvDtype::F16 => 2,
-            KvDtype::F32 => 4,
+            KvDtype::F16 => 2 * head_dim,
+            KvDtype::F32 => 4 * head_dim,
+            KvDtype::Q8_0 => head_dim + 2 * head_dim.div_ceil(QK),
         }
     }
 }
@@ -49,40 +65,71 @@ pub fn bytes_per_slot(
     head_dim: usize,
     dtype: KvDtype,
 ) -> usize {
-    2 * n_layers * n_kv_heads * head_dim * dtype.bytes()
+    2 * n_layers * n_kv_heads * dtype.row_bytes(head_dim)
 }
 
 /// A value the cache can store.
 pub(crate) trait KvElem: Copy + Default + Send + Sync + 'static {
-    fn of(x: f32) -> Self;
+    /// Whether stored values are integers scaled per block of [`QK`] values of a row (the
+    /// value is `get() · scale`); otherwise `get()` is the value and there are no scales.
+    const SCALED: bool = false;
+    /// The stored value as f32 (for a scaled type, before its block's scale).
     fn get(self) -> f32;
-    /// `dst[i] = of(src[i])`, vectorised where the type allows.
-    fn convert(src: &[f32], dst: &mut [Self]) {
-        for (d, &x) in dst.iter_mut().zip(src) {
-            *d = Self::of(x);
+    /// Stores a row: `dst[i]` holds `src[i]`, with the scale of each block of [`QK`] values in
+    /// `scales` for a scaled type (`scales` is empty for the others).
+    fn store(src: &[f32], dst: &mut [Self], scales: &mut [f16]);
+    /// Scale blocks per row of `n` values.
+    fn blocks(n: usize) -> usize {
+        if Self::SCALED {
+            n.div_ceil(QK)
+        } else {
+            0
         }
     }
 }
 impl KvElem for f32 {
     #[inline(always)]
-    fn of(x: f32) -> Self {
-        x
-    }
-    #[inline(always)]
     fn get(self) -> f32 {
         self
     }
-}
-impl KvElem for f16 {
-    #[inline(always)]
-    fn of(x: f32) -> Self {
-        f16::from_f32(x)
+    fn store(src: &[f32], dst: &mut [f32], _: &mut [f16]) {
+        dst.copy_from_slice(src);
     }
+}
+
+/// A Q8_0 cache value: an int8 of a block of [`QK`] values sharing an f16 scale.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct Q8(pub i8);
+
+impl KvElem for Q8 {
+    const SCALED: bool = true;
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self.0 as f32
+    }
+    /// llama.cpp's reference Q8_0 quantiser (`quantize_q8_0` in `runtime::quant`): per block
+    /// d = max|x| / 127 stored as f16, and round(x / d) with x / d computed as x · (1 / d).
+    fn store(src: &[f32], dst: &mut [Q8], scales: &mut [f16]) {
+        for ((x, q), s) in src.chunks(QK).zip(dst.chunks_mut(QK)).zip(scales) {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            *s = f16::from_f32(d);
+            for (q, &v) in q.iter_mut().zip(x) {
+                *q = Q8((v * id).round() as i8);
+            }
+        }
+    }
+}
+
+impl KvElem for f16 {
     #[inline(always)]
     fn get(self) -> f32 {
         self.to_f32()
     }
-    fn convert(src: &[f32], dst: &mut [f16]) {
+    /// f32 → f16 (round to nearest even), vectorised.
+    fn store(src: &[f32], dst: &mut [f16], _: &mut [f16]) {
         #[cfg(target_arch = "x86_64")]
         {
             use crate::runtime::isa::{isa, Isa};
@@ -136,11 +183,33 @@ unsafe fn f16_avx2(src: &[f32], dst: &mut [f16]) {
 
 /// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]` (slot `s`, dimension `d` of KV head
 /// `g` at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`) and V as
-/// `[n_kv_heads, capacity, head_dim]`.
+/// `[n_kv_heads, capacity, head_dim]`; for a scaled type (Q8_0) the scales of block `b` of K as
+/// `[n_kv_heads, tiles, blocks, KV_TILE]` (a tile's 16 slots side by side, as its values) and of V
+/// as `[n_kv_heads, capacity, blocks]`. Unscaled types have no scale buffers.
+#[derive(Clone)]
+struct Bufs<E> {
+    k: Vec<Vec<E>>,
+    v: Vec<Vec<E>>,
+    ks: Vec<Vec<f16>>,
+    vs: Vec<Vec<f16>>,
+}
+
 #[derive(Clone)]
 enum Store {
-    F32(Vec<Vec<f32>>, Vec<Vec<f32>>),
-    F16(Vec<Vec<f16>>, Vec<Vec<f16>>),
+    F32(Bufs<f32>),
+    F16(Bufs<f16>),
+    Q8(Bufs<Q8>),
+}
+
+/// `$body` with `$b` bound to the store's buffers, whatever their element type.
+macro_rules! each {
+    ($store:expr, $b:ident => $body:expr) => {
+        match $store {
+            Store::F32($b) => $body,
+            Store::F16($b) => $body,
+            Store::Q8($b) => $body,
+        }
+    };
 }
 
 #[derive(Clone)]
@@ -155,17 +224,21 @@ pub struct KvCache {
 pub(crate) struct KvLayer<'a, E> {
     pub k: &'a [E],
     pub v: &'a [E],
+    /// A scaled type's K and V scales (empty otherwise).
+    pub ks: &'a [f16],
+    pub vs: &'a [f16],
     /// K tiles per KV head.
     pub tiles: usize,
     /// V rows per KV head.
     pub capacity: usize,
 }
 
-/// A layer of either element type.
+/// A layer of any element type.
 #[derive(Clone, Copy)]
 pub(crate) enum KvLayerRef<'a> {
     F32(KvLayer<'a, f32>),
     F16(KvLayer<'a, f16>),
+    Q8(KvLayer<'a, Q8>),
 }
 
 /// Geometry shared by the typed helpers.
@@ -176,9 +249,58 @@ struct Geom {
     capacity: usize,
 }
 
+/// One layer's buffers, writable.
+struct LayerMut<'a, E> {
+    k: &'a mut [E],
+    v: &'a mut [E],
+    ks: &'a mut [f16],
+    vs: &'a mut [f16],
+}
+
+impl<E: KvElem> Bufs<E> {
+    fn new(layers: usize, g: Geom) -> Self {
+        let nb = E::blocks(g.head_dim);
+        let bufs = |n: usize| (0..layers).map(|_| vec![E::default(); n]).collect();
+        let scales = |n: usize| (0..layers).map(|_| vec![f16::ZERO; n]).collect();
+        let (kn, vn) = (g.k_len(), g.n_kv_heads * g.capacity * g.head_dim);
+        let (ksn, vsn) = (kn / g.head_dim * nb, vn / g.head_dim * nb);
+        Bufs {
+            k: bufs(kn),
+            v: bufs(vn),
+            ks: if nb > 0 { scales(ksn) } else { vec![] },
+            vs: if nb > 0 { scales(vsn) } else { vec![] },
+        }
+    }
+
+    fn layer_mut(&mut self, li: usize) -> LayerMut<'_, E> {
+        LayerMut {
+            k: &mut self.k[li],
+            v: &mut self.v[li],
+            ks: self.ks.get_mut(li).map_or(&mut [], |s| s.as_mut_slice()),
+            vs: self.vs.get_mut(li).map_or(&mut [], |s| s.as_mut_slice()),
+        }
+    }
+
+    fn layer(&self, li: usize, g: Geom) -> KvLayer<'_, E> {
+        KvLayer {
+            k: &self.k[li],
+            v: &self.v[li],
+            ks: self.ks.get(li).map_or(&[], |s| s.as_slice()),
+            vs: self.vs.get(li).map_or(&[], |s| s.as_slice()),
+            tiles: g.tiles(),
+            capacity: g.capacity,
+        }
+    }
+}
+
 impl Geom {
     fn tiles(self) -> usize {
         self.capacity.div_ceil(KV_TILE)
+    }
+
+    /// K values per layer.
+    fn k_len(self) -> usize {
+        self.n_kv_heads * self.tiles() * KV_TILE * self.head_dim
     }
 
     #[inline]
@@ -186,45 +308,89 @@ impl Geom {
         (g * self.tiles() + slot / KV_TILE) * self.head_dim * KV_TILE + slot % KV_TILE
     }
 
-    fn write<E: KvElem>(self, kl: &mut [E], vl: &mut [E], slot0: usize, k: &[f32], v: &[f32]) {
+    /// The first K scale (block 0) of slot `slot` of KV head `g`; block `b`'s is `16 · b` on.
+    #[inline]
+    fn ks_at(self, nb: usize, g: usize, slot: usize) -> usize {
+        (g * self.tiles() + slot / KV_TILE) * nb * KV_TILE + slot % KV_TILE
+    }
+
+    fn write<E: KvElem>(self, l: LayerMut<E>, slot0: usize, k: &[f32], v: &[f32]) {
         let (hd, row) = (self.head_dim, self.n_kv_heads * self.head_dim);
+        let nb = E::blocks(hd);
         // One head's K row converted at a time, on the stack (no allocation per step).
         let mut kc = [E::default(); MAX_HEAD_DIM];
+        let mut sc = [f16::ZERO; MAX_HEAD_DIM / QK];
         for t in 0..k.len() / row {
             let slot = slot0 + t;
             for g in 0..self.n_kv_heads {
-                E::convert(&k[t * row + g * hd..][..hd], &mut kc[..hd]);
+                E::store(&k[t * row + g * hd..][..hd], &mut kc[..hd], &mut sc[..nb]);
                 let base = self.k_at(g, slot);
                 for (d, &x) in kc[..hd].iter().enumerate() {
-                    kl[base + d * KV_TILE] = x;
+                    l.k[base + d * KV_TILE] = x;
+                }
+                let sb = self.ks_at(nb, g, slot);
+                for (b, &s) in sc[..nb].iter().enumerate() {
+                    l.ks[sb + b * KV_TILE] = s;
                 }
                 let vo = (g * self.capacity + slot) * hd;
-                E::convert(&v[t * row + g * hd..][..hd], &mut vl[vo..vo + hd]);
+                let vso = (g * self.capacity + slot) * nb;
+                E::store(
+                    &v[t * row + g * hd..][..hd],
+                    &mut l.v[vo..vo + hd],
+                    &mut l.vs[vso..vso + nb],
+                );
             }
         }
     }
 
-    fn move_slot<E: KvElem>(self, kl: &mut [E], vl: &mut [E], src: usize, dst: usize) {
-        let hd = self.head_dim;
+    /// Copies slot `src` of `from` (of geometry `fg`) to slot `dst` of `to` (of this geometry);
+    /// `from` None: within `to`.
+    fn copy_slot<E: KvElem>(
+        self,
+        to: &mut LayerMut<E>,
+        from: Option<(Geom, &Bufs<E>, usize)>,
+        src: usize,
+        dst: usize,
+    ) {
+        let (hd, nb) = (self.head_dim, E::blocks(self.head_dim));
         for g in 0..self.n_kv_heads {
-            let (a, b) = (self.k_at(g, src), self.k_at(g, dst));
-            for d in 0..hd {
-                kl[b + d * KV_TILE] = kl[a + d * KV_TILE];
-            }
-            let (a, b) = (
-                (g * self.capacity + src) * hd,
+            let (b, bs) = (self.k_at(g, dst), self.ks_at(nb, g, dst));
+            let (vb, vsb) = (
                 (g * self.capacity + dst) * hd,
+                (g * self.capacity + dst) * nb,
             );
-            vl.copy_within(a..a + hd, b);
-        }
-    }
-
-    fn layer<'a, E>(self, k: &'a [E], v: &'a [E]) -> KvLayer<'a, E> {
-        KvLayer {
-            k,
-            v,
-            tiles: self.tiles(),
-            capacity: self.capacity,
+            match from {
+                None => {
+                    let (a, s) = (self.k_at(g, src), self.ks_at(nb, g, src));
+                    for d in 0..hd {
+                        to.k[b + d * KV_TILE] = to.k[a + d * KV_TILE];
+                    }
+                    for j in 0..nb {
+                        to.ks[bs + j * KV_TILE] = to.ks[s + j * KV_TILE];
+                    }
+                    let (va, vsa) = (
+                        (g * self.capacity + src) * hd,
+                        (g * self.capacity + src) * nb,
+                    );
+                    to.v.copy_within(va..va + hd, vb);
+                    to.vs.copy_within(vsa..vsa + nb, vsb);
+                }
+                Some((fg, bufs, li)) => {
+                    let (a, s) = (fg.k_at(g, src), fg.ks_at(nb, g, src));
+                    let (k, ks) = (&bufs.k[li], bufs.ks.get(li).map_or(&[][..], |x| x));
+                    for d in 0..hd {
+                        to.k[b + d * KV_TILE] = k[a + d * KV_TILE];
+                    }
+                    for j in 0..nb {
+                        to.ks[bs + j * KV_TILE] = ks[s + j * KV_TILE];
+                    }
+                    let (va, vsa) = ((g * fg.capacity + src) * hd, (g * fg.capacity + src) * nb);
+                    to.v[vb..vb + hd].copy_from_slice(&bufs.v[li][va..va + hd]);
+                    if nb > 0 {
+                        to.vs[vsb..vsb + nb].copy_from_slice(&bufs.vs[li][vsa..vsa + nb]);
+                    }
+                }
+            }
         }
     }
 }
@@ -246,22 +412,19 @@ impl KvCache {
             head_dim <= MAX_HEAD_DIM,
             "head_dim {head_dim} > {MAX_HEAD_DIM}"
         );
-        let kn = n_kv_heads * capacity.div_ceil(KV_TILE) * KV_TILE * head_dim;
-        let vn = n_kv_heads * capacity * head_dim;
-        fn bufs<E: KvElem>(layers: usize, n: usize) -> Vec<Vec<E>> {
-            (0..layers).map(|_| vec![E::default(); n]).collect()
-        }
+        let geom = Geom {
+            n_kv_heads,
+            head_dim,
+            capacity,
+        };
         let store = match dtype {
-            KvDtype::F32 => Store::F32(bufs(n_layers, kn), bufs(n_layers, vn)),
-            KvDtype::F16 => Store::F16(bufs(n_layers, kn), bufs(n_layers, vn)),
+            KvDtype::F32 => Store::F32(Bufs::new(n_layers, geom)),
+            KvDtype::F16 => Store::F16(Bufs::new(n_layers, geom)),
+            KvDtype::Q8_0 => Store::Q8(Bufs::new(n_layers, geom)),
         };
         KvCache {
             store,
-            geom: Geom {
-                n_kv_heads,
-                head_dim,
-                capacity,
-            },
+            geom,
             len: 0,
         }
     }
@@ -273,10 +436,7 @@ impl KvCache {
     }
 
     fn n_layers(&self) -> usize {
-        match &self.store {
-            Store::F32(k, _) => k.len(),
-            Store::F16(k, _) => k.len(),
-        }
+        each!(&self.store, b => b.k.len())
     }
 
     /// Bytes of K and V per slot ([`bytes_per_slot`] of this cache's geometry).
@@ -289,6 +449,7 @@ impl KvCache {
         match self.store {
             Store::F32(..) => KvDtype::F32,
             Store::F16(..) => KvDtype::F16,
+            Store::Q8(..) => KvDtype::Q8_0,
         }
     }
 
@@ -298,34 +459,27 @@ impl KvCache {
         let g = self.geom;
         debug_assert!(v.len() == k.len());
         debug_assert!(slot0 + k.len() / (g.n_kv_heads * g.head_dim) <= g.capacity);
-        match &mut self.store {
-            Store::F32(kb, vb) => g.write(&mut kb[li], &mut vb[li], slot0, k, v),
-            Store::F16(kb, vb) => g.write(&mut kb[li], &mut vb[li], slot0, k, v),
-        }
+        each!(&mut self.store, b => g.write(b.layer_mut(li), slot0, k, v))
     }
 
     /// Layer `li`, for attention.
     pub(crate) fn layer(&self, li: usize) -> KvLayerRef<'_> {
         let g = self.geom;
         match &self.store {
-            Store::F32(kb, vb) => KvLayerRef::F32(g.layer(&kb[li], &vb[li])),
-            Store::F16(kb, vb) => KvLayerRef::F16(g.layer(&kb[li], &vb[li])),
+            Store::F32(b) => KvLayerRef::F32(b.layer(li, g)),
+            Store::F16(b) => KvLayerRef::F16(b.layer(li, g)),
+            Store::Q8(b) => KvLayerRef::Q8(b.layer(li, g)),
         }
     }
 
     /// Moves slot `src` to slot `dst` in every layer.
     fn move_slot(&mut self, src: usize, dst: usize) {
         let g = self.geom;
-        match &mut self.store {
-            Store::F32(kb, vb) => kb
-                .iter_mut()
-                .zip(vb)
-                .for_each(|(k, v)| g.move_slot(k, v, src, dst)),
-            Store::F16(kb, vb) => kb
-                .iter_mut()
-                .zip(vb)
-                .for_each(|(k, v)| g.move_slot(k, v, src, dst)),
-        }
+        each!(&mut self.store, b => {
+            for li in 0..b.k.len() {
+                g.copy_slot(&mut b.layer_mut(li), None, src, dst);
+            }
+        })
     }
 
     /// Slots in use (the committed sequence plus any uncommitted new tokens).
@@ -387,38 +541,18 @@ impl KvCache {
                 capacity: a.capacity.min(src.len),
             });
         }
-        fn copy<E: Copy>(
-            a: Geom,
-            b: Geom,
-            dk: &mut [E],
-            dv: &mut [E],
-            sk: &[E],
-            sv: &[E],
-            n: usize,
-        ) {
-            let hd = a.head_dim;
-            for g in 0..a.n_kv_heads {
+        fn copy<E: KvElem>(a: Geom, b: Geom, to: &mut Bufs<E>, from: &Bufs<E>, n: usize) {
+            for li in 0..to.k.len() {
+                let mut l = to.layer_mut(li);
                 for s in 0..n {
-                    let (x, y) = (a.k_at(g, s), b.k_at(g, s));
-                    for d in 0..hd {
-                        dk[x + d * KV_TILE] = sk[y + d * KV_TILE];
-                    }
-                    let (x, y) = ((g * a.capacity + s) * hd, (g * b.capacity + s) * hd);
-                    dv[x..x + hd].copy_from_slice(&sv[y..y + hd]);
+                    a.copy_slot(&mut l, Some((b, from, li)), s, s);
                 }
             }
         }
         match (&mut self.store, &src.store) {
-            (Store::F32(dk, dv), Store::F32(sk, sv)) => {
-                for l in 0..dk.len() {
-                    copy(a, b, &mut dk[l], &mut dv[l], &sk[l], &sv[l], n);
-                }
-            }
-            (Store::F16(dk, dv), Store::F16(sk, sv)) => {
-                for l in 0..dk.len() {
-                    copy(a, b, &mut dk[l], &mut dv[l], &sk[l], &sv[l], n);
-                }
-            }
+            (Store::F32(to), Store::F32(from)) => copy(a, b, to, from, n),
+            (Store::F16(to), Store::F16(from)) => copy(a, b, to, from, n),
+            (Store::Q8(to), Store::Q8(from)) => copy(a, b, to, from, n),
             _ => return Err(Error::BadRequest("K/V element types differ".into())),
         }
         self.len = n;
@@ -451,15 +585,125 @@ impl KvCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    use crate::runtime::quant::{dequantize, quantize_q8_0, GgmlType};
 
     #[test]
     fn bytes_per_slot_counts_k_and_v_of_every_layer() {
-        for (dtype, elem) in [(KvDtype::F16, 2), (KvDtype::F32, 4)] {
-            let kv = KvCache::with_dtype(3, 2, 8, 40, dtype);
-            assert_eq!(kv.bytes_per_slot(), 2 * 3 * 2 * 8 * elem);
-            assert_eq!(kv.bytes_per_slot(), bytes_per_slot(3, 2, 8, dtype));
+        // 2 · layers · KV heads · a row of 64: f16 128 bytes, f32 256, q8_0 two blocks of 34.
+        for (dtype, row) in [
+            (KvDtype::F16, 128),
+            (KvDtype::F32, 256),
+            (KvDtype::Q8_0, 68),
+        ] {
+            let kv = KvCache::with_dtype(3, 2, 64, 40, dtype);
+            assert_eq!(kv.bytes_per_slot(), 2 * 3 * 2 * row);
+            assert_eq!(kv.bytes_per_slot(), bytes_per_slot(3, 2, 64, dtype));
+        }
+        // A head size of 80 ends in a block of 16: 80 + 3 scales.
+        assert_eq!(KvDtype::Q8_0.row_bytes(80), 86);
+        assert_eq!("q8_0".parse::<KvDtype>(), Ok(KvDtype::Q8_0));
+        assert!("q4_0".parse::<KvDtype>().unwrap_err().contains("q8_0"));
+    }
+
+    /// What the cache holds for KV head `g` of slot `slot` of layer `li`, as f32 values.
+    pub(crate) fn read(kv: &KvCache, li: usize, g: usize, slot: usize) -> (Vec<f32>, Vec<f32>) {
+        fn typed<E: KvElem>(
+            l: KvLayer<E>,
+            geom: Geom,
+            g: usize,
+            slot: usize,
+        ) -> (Vec<f32>, Vec<f32>) {
+            let (hd, nb) = (geom.head_dim, E::blocks(geom.head_dim));
+            let (kb, sb) = (geom.k_at(g, slot), geom.ks_at(nb, g, slot));
+            let (vb, vsb) = (
+                (g * geom.capacity + slot) * hd,
+                (g * geom.capacity + slot) * nb,
+            );
+            let scaled = |x: E, s: Option<&f16>| x.get() * s.map_or(1.0, |s| s.to_f32());
+            let k = (0..hd)
+                .map(|d| scaled(l.k[kb + d * KV_TILE], l.ks.get(sb + d / QK * KV_TILE)))
+                .collect();
+            let v = (0..hd)
+                .map(|d| scaled(l.v[vb + d], l.vs.get(vsb + d / QK)))
+                .collect();
+            (k, v)
+        }
+        match kv.layer(li) {
+            KvLayerRef::F32(l) => typed(l, kv.geom, g, slot),
+            KvLayerRef::F16(l) => typed(l, kv.geom, g, slot),
+            KvLayerRef::Q8(l) => typed(l, kv.geom, g, slot),
+        }
+    }
+
+    /// A row through llama.cpp's reference Q8_0 quantiser and back (`quantize_q8_0`,
+    /// `dequantize`), padded with zeros to whole blocks.
+    pub(crate) fn q8_roundtrip(x: &[f32]) -> Vec<f32> {
+        let mut padded = x.to_vec();
+        padded.resize(x.len().div_ceil(QK) * QK, 0.0);
+        let mut out = vec![0f32; padded.len()];
+        dequantize(GgmlType::Q8_0, &quantize_q8_0(&padded), &mut out);
+        out.truncate(x.len());
+        out
+    }
+
+    /// A Q8_0 cache holds what llama.cpp's Q8_0 quantiser makes of each KV head's row (head
+    /// sizes that are and are not multiples of 32); after a tree compaction and a copy into a
+    /// cache of another capacity every slot still holds its row, scales included.
+    #[test]
+    fn q8_0_rows_are_ggml_blocks_and_survive_moves() {
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 6.0
+        };
+        for hd in [64, 80, 20, 8] {
+            let (layers, heads, n) = (2, 3, 37);
+            let k: Vec<f32> = (0..n * heads * hd).map(|_| next()).collect();
+            let mut v: Vec<f32> = (0..n * heads * hd).map(|_| next()).collect();
+            v[..hd].fill(0.0); // an all-zero block: scale 0, values 0
+            let mut kv = KvCache::with_dtype(layers, heads, hd, 50, KvDtype::Q8_0);
+            kv.reserve(n).unwrap();
+            for li in 0..layers {
+                kv.write(li, 0, &k, &v);
+            }
+            let row = |x: &[f32], s: usize, g: usize| x[(s * heads + g) * hd..][..hd].to_vec();
+            for li in 0..layers {
+                for s in 0..n {
+                    for g in 0..heads {
+                        let (gk, gv) = read(&kv, li, g, s);
+                        assert_eq!(
+                            gk,
+                            q8_roundtrip(&row(&k, s, g)),
+                            "hd {hd} K slot {s} head {g}"
+                        );
+                        assert_eq!(
+                            gv,
+                            q8_roundtrip(&row(&v, s, g)),
+                            "hd {hd} V slot {s} head {g}"
+                        );
+                    }
+                }
+            }
+            let kept: Vec<usize> = vec![3, 17, 18, 30, 36];
+            let slots: Vec<SlotId> = kept.iter().map(|&s| SlotId(s as u32)).collect();
+            kv.compact(2, &slots).unwrap();
+            let mut copy = KvCache::with_dtype(layers, heads, hd, 9, KvDtype::Q8_0);
+            copy.copy_from(&kv, 7).unwrap();
+            for (dst, src) in [0, 1].into_iter().zip([0, 1]).chain((2..).zip(kept)) {
+                for g in 0..heads {
+                    let want = (
+                        q8_roundtrip(&row(&k, src, g)),
+                        q8_roundtrip(&row(&v, src, g)),
+                    );
+                    assert_eq!(read(&kv, 1, g, dst), want, "hd {hd} compacted slot {dst}");
+                    assert_eq!(read(&copy, 1, g, dst), want, "hd {hd} copied slot {dst}");
+                }
+            }
         }
     }
 

@@ -172,6 +172,28 @@ fn greedy_is_token_identical_on_smollm2() {
     assert!(taus.iter().all(|&t| t > 2.0), "{taus:?}");
 }
 
+/// With a q8_0 KV cache (#64) every drafter still commits AR's tokens (AR on the same cache
+/// type): a slot's int8 blocks and scales depend on its own K/V row alone, so chains, trees and
+/// compaction read what token-by-token decoding reads. Tiny Llama (head size 16, one short
+/// block) and SmolLM2 (64, two blocks).
+#[test]
+fn greedy_with_a_q8_0_kv_cache_is_token_identical() {
+    one_thread();
+    let ps = prompts();
+    let tiny = fixtures().join("tiny/llama");
+    let smollm2 = paradraft::fetch::ensure_default_model().unwrap();
+    for (path, layers, stride, len) in [(tiny, 1, 9, 96), (smollm2, 8, 29, 256)] {
+        let mut lm = model::load(&path).unwrap();
+        lm.model.set_kv_dtype(paradraft::kv::KvDtype::Q8_0);
+        let mut sd = self_draft(&path, &lm, layers, SamplingParams::default());
+        let auto = auto(&path, &lm, &["pld", "suffix", "recycle"], 340, |_| {});
+        for (i, p) in ps.iter().enumerate().step_by(stride) {
+            let ids = encode(&lm, p, len);
+            check_greedy(&lm, &ids, &greedy(24), i as u64, &mut sd, &auto);
+        }
+    }
+}
+
 /// Greedy decoding with a bias, the three penalties and log-probabilities (#61): each row of a
 /// verify forward processed over its own path, so every drafter still commits AR's tokens, and
 /// reports AR's log-probabilities, on the tiny models and on SmolLM2.

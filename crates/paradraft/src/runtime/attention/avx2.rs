@@ -1,6 +1,7 @@
 //! AVX2 + FMA inner loops of attention: 8 lanes, a K tile in two registers per dimension.
 
-use super::{AttnElem, Inner, Probs, Records, KV_TILE};
+use super::{AttnElem, Inner, Probs, Records, KV_TILE, QK};
+use half::f16;
 use std::arch::x86_64::*;
 
 pub struct K;
@@ -10,22 +11,36 @@ pub struct K;
 #[inline(always)]
 unsafe fn scores<const H: usize, E: AttnElem>(
     kt: *const E,
+    ks: *const f16,
     q: *const f32,
     hd: usize,
     out: *mut f32,
 ) {
     let mut even = [[_mm256_setzero_ps(); 2]; H];
     let mut odd = [[_mm256_setzero_ps(); 2]; H];
+    let mut scale = [_mm256_setzero_ps(); 2];
     let mut d = 0;
     while d < hd {
-        let k0 = [
+        let mut k0 = [
             E::load8(kt.add(d * KV_TILE)),
             E::load8(kt.add(d * KV_TILE + 8)),
         ];
-        let k1 = [
+        let mut k1 = [
             E::load8(kt.add((d + 1) * KV_TILE)),
             E::load8(kt.add((d + 1) * KV_TILE + 8)),
         ];
+        if E::SCALED {
+            if d % QK == 0 {
+                for (x, s) in scale.iter_mut().enumerate() {
+                    let p = ks.add(d / QK * KV_TILE + 8 * x);
+                    *s = _mm256_cvtph_ps(_mm_loadu_si128(p as *const _));
+                }
+            }
+            for x in 0..2 {
+                k0[x] = _mm256_mul_ps(k0[x], scale[x]);
+                k1[x] = _mm256_mul_ps(k1[x], scale[x]);
+            }
+        }
         for h in 0..H {
             let q0 = _mm256_set1_ps(*q.add(h * hd + d));
             let q1 = _mm256_set1_ps(*q.add(h * hd + d + 1));
@@ -52,11 +67,13 @@ unsafe fn scores<const H: usize, E: AttnElem>(
 unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
     p: Probs,
     slots: &[u32],
-    v: *const E,
+    (v, vs, d0): (*const E, *const f16, usize),
     hd: usize,
     out: *mut f32,
     pw: usize,
 ) {
+    let nb = E::blocks(hd);
+    debug_assert!(d0.is_multiple_of(QK));
     let mut acc = [[_mm256_setzero_ps(); R]; H];
     if p.cont {
         for (h, ah) in acc.iter_mut().enumerate() {
@@ -68,8 +85,17 @@ unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
     for (i, &slot) in slots.iter().enumerate() {
         let vr = v.add(slot as usize * hd);
         let mut vv = [_mm256_setzero_ps(); R];
+        let mut scale = _mm256_setzero_ps();
         for (r, x) in vv.iter_mut().enumerate() {
             *x = E::load8(vr.add(8 * r));
+            if E::SCALED {
+                // d0 is a multiple of 32: vectors 4j to 4j + 3 share block d0 / 32 + j.
+                if r % 4 == 0 {
+                    let s = *vs.add(slot as usize * nb + d0 / QK + r / 4);
+                    scale = _mm256_cvtph_ps(_mm_set1_epi16(s.to_bits() as i16));
+                }
+                *x = _mm256_mul_ps(*x, scale);
+            }
         }
         for (h, ah) in acc.iter_mut().enumerate() {
             let w = _mm256_set1_ps(*p.p.add(h * p.stride + i));
@@ -87,18 +113,24 @@ unsafe fn vsum<const H: usize, const R: usize, E: AttnElem>(
 
 impl Inner for K {
     #[inline(always)]
-    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+    unsafe fn tile_scores<E: AttnElem>(
+        kt: &[E],
+        ks: &[f16],
+        q: &[f32],
+        hd: usize,
+        out: &mut [f32],
+    ) {
         let group = q.len() / hd;
         debug_assert!(kt.len() >= hd * KV_TILE && out.len() >= group * KV_TILE);
-        debug_assert!(hd.is_multiple_of(8));
-        let (kt, q, o) = (kt.as_ptr(), q.as_ptr(), out.as_mut_ptr());
+        debug_assert!(hd.is_multiple_of(8) && ks.len() == E::blocks(hd) * KV_TILE);
+        let (kt, ks, q, o) = (kt.as_ptr(), ks.as_ptr(), q.as_ptr(), out.as_mut_ptr());
         let mut j = 0;
         while j < group {
             let (qj, oj) = (q.add(j * hd), o.add(j * KV_TILE));
             if group - j == 1 {
-                scores::<1, E>(kt, qj, hd, oj);
+                scores::<1, E>(kt, ks, qj, hd, oj);
             } else {
-                scores::<2, E>(kt, qj, hd, oj);
+                scores::<2, E>(kt, ks, qj, hd, oj);
             }
             j += 2;
         }
@@ -106,7 +138,13 @@ impl Inner for K {
 
     /// Heads in pairs (8 accumulators and 4 V registers of 16).
     #[inline(always)]
-    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records) {
+    unsafe fn weighted_v<E: AttnElem>(
+        p: Probs,
+        slots: &[u32],
+        (v, vs): (&[E], &[f16]),
+        hd: usize,
+        r: Records,
+    ) {
         let mut j = 0;
         while j < p.heads {
             let two = p.heads - j >= 2;
@@ -116,7 +154,8 @@ impl Inner for K {
             };
             let mut d = 0;
             while d < hd {
-                let (o, vd) = (r.out.add(j * r.pw + 2 + d), v.as_ptr().add(d));
+                let o = r.out.add(j * r.pw + 2 + d);
+                let vd = (v.as_ptr().add(d), vs.as_ptr(), d);
                 macro_rules! rs {
                     ($h:literal) => {
                         match (hd - d) / 8 {

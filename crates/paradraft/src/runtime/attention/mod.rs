@@ -20,7 +20,8 @@
 use super::isa::{isa, Isa};
 use super::ops::{fast_exp, softcap};
 use super::quant::{par_ranges, SendPtr};
-use crate::runtime::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE};
+use crate::runtime::ggml::QK;
+use crate::runtime::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE, Q8};
 use crate::types::Pos;
 use half::f16;
 use std::cell::RefCell;
@@ -116,25 +117,29 @@ fn kernel_of(isa: Isa, head_dim: usize) -> Kernel {
 pub(crate) fn attention_many(jobs: &mut [AttnJob]) {
     let Some(first) = jobs.first() else { return };
     let kern = kernel_for(first.s);
-    let wrong = "the caches of one multi-sequence forward share an element type";
-    if matches!(first.kv, KvLayerRef::F32(_)) {
-        let typed = jobs
-            .iter_mut()
-            .map(|j| match j.kv {
-                KvLayerRef::F32(l) => (j.q, l, j.s, j.vis, j.rule, &mut *j.out),
-                KvLayerRef::F16(_) => panic!("{wrong}"),
-            })
-            .collect();
-        attention_with(kern, TOKEN_BLOCK, typed)
-    } else {
-        let typed = jobs
-            .iter_mut()
-            .map(|j| match j.kv {
-                KvLayerRef::F16(l) => (j.q, l, j.s, j.vis, j.rule, &mut *j.out),
-                KvLayerRef::F32(_) => panic!("{wrong}"),
-            })
-            .collect();
-        attention_with(kern, TOKEN_BLOCK, typed)
+    let kind = std::mem::discriminant(&first.kv);
+    assert!(
+        jobs.iter().all(|j| std::mem::discriminant(&j.kv) == kind),
+        "the caches of one multi-sequence forward share an element type"
+    );
+    macro_rules! typed {
+        ($ty:ident) => {
+            attention_with(
+                kern,
+                TOKEN_BLOCK,
+                jobs.iter_mut()
+                    .filter_map(|j| match j.kv {
+                        KvLayerRef::$ty(l) => Some((j.q, l, j.s, j.vis, j.rule, &mut *j.out)),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        };
+    }
+    match jobs[0].kv {
+        KvLayerRef::F32(_) => typed!(F32),
+        KvLayerRef::F16(_) => typed!(F16),
+        KvLayerRef::Q8(_) => typed!(Q8),
     }
 }
 
@@ -154,12 +159,16 @@ pub(crate) fn attention_kern(
     match kv {
         KvLayerRef::F32(l) => attention_with(kern, tb, vec![(q, l, s, vis, rule, out)]),
         KvLayerRef::F16(l) => attention_with(kern, tb, vec![(q, l, s, vis, rule, out)]),
+        KvLayerRef::Q8(l) => attention_with(kern, tb, vec![(q, l, s, vis, rule, out)]),
     }
 }
 
-/// An element type attention reads from the cache.
+/// An element type attention reads from the cache. A scaled type's values are widened here
+/// and multiplied by their block's scale in the kernels (an int8 by an f16 scale: the product
+/// is exact in f32, so a score or a V sum has the bits of an f32 cache holding the dequantized
+/// values).
 pub(crate) trait AttnElem: KvElem {
-    /// 16 consecutive values widened to f32.
+    /// 16 consecutive values widened to f32 (before any scale).
     #[cfg(target_arch = "x86_64")]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
     /// 8 consecutive values widened to f32 (AVX2 + F16C).
@@ -192,6 +201,21 @@ impl AttnElem for f16 {
     unsafe fn load8(p: *const f16) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::*;
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
+impl AttnElem for Q8 {
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Q8) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(p: *const Q8) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
     }
 }
 
@@ -384,12 +408,20 @@ struct Records {
 /// The two inner loops, per instruction set.
 trait Inner {
     /// `out[j·16 + l] = Σ_d q[j·hd + d] · kt[d·16 + l]` for the `group` heads of `q`, summed as
-    /// even dimensions plus odd dimensions, each in dimension order.
-    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]);
+    /// even dimensions plus odd dimensions, each in dimension order (a scaled type's values
+    /// times `ks[(d / 32)·16 + l]`).
+    unsafe fn tile_scores<E: AttnElem>(kt: &[E], ks: &[f16], q: &[f32], hd: usize, out: &mut [f32]);
     /// Head `j`'s output `Σ_i p[j·stride + i] · v[slots[i]·hd + d]` for `heads` heads, summed
-    /// in slot order, into its record; `cont`: added to the sum the record holds (so a sum
-    /// split over two calls has the bits of one call over all its slots).
-    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records);
+    /// in slot order, into its record (a scaled type's values times `vs[slots[i]·blocks + d / 32]`);
+    /// `cont`: added to the sum the record holds (so a sum split over two calls has the bits of
+    /// one call over all its slots).
+    unsafe fn weighted_v<E: AttnElem>(
+        p: Probs,
+        slots: &[u32],
+        v: (&[E], &[f16]),
+        hd: usize,
+        r: Records,
+    );
 }
 
 /// The probabilities [`Inner::weighted_v`] weighs V rows with: `heads` rows of `stride`
@@ -405,17 +437,31 @@ struct Probs {
 struct Portable;
 impl Inner for Portable {
     #[inline(always)]
-    unsafe fn tile_scores<E: AttnElem>(kt: &[E], q: &[f32], hd: usize, out: &mut [f32]) {
+    unsafe fn tile_scores<E: AttnElem>(
+        kt: &[E],
+        ks: &[f16],
+        q: &[f32],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        let k = |d: usize, l: usize| {
+            let x = kt[d * KV_TILE + l].get();
+            if E::SCALED {
+                x * ks[d / QK * KV_TILE + l].to_f32()
+            } else {
+                x
+            }
+        };
         for (qh, o) in q.chunks_exact(hd).zip(out.chunks_exact_mut(KV_TILE)) {
             let mut even = [0f32; KV_TILE];
             let mut odd = [0f32; KV_TILE];
             for d in (0..hd).step_by(2) {
-                for l in 0..KV_TILE {
-                    even[l] += qh[d] * kt[d * KV_TILE + l].get();
+                for (l, e) in even.iter_mut().enumerate() {
+                    *e += qh[d] * k(d, l);
                 }
                 if d + 1 < hd {
-                    for l in 0..KV_TILE {
-                        odd[l] += qh[d + 1] * kt[(d + 1) * KV_TILE + l].get();
+                    for (l, o) in odd.iter_mut().enumerate() {
+                        *o += qh[d + 1] * k(d + 1, l);
                     }
                 }
             }
@@ -426,7 +472,14 @@ impl Inner for Portable {
     }
 
     #[inline(always)]
-    unsafe fn weighted_v<E: AttnElem>(p: Probs, slots: &[u32], v: &[E], hd: usize, r: Records) {
+    unsafe fn weighted_v<E: AttnElem>(
+        p: Probs,
+        slots: &[u32],
+        (v, vs): (&[E], &[f16]),
+        hd: usize,
+        r: Records,
+    ) {
+        let nb = E::blocks(hd);
         for j in 0..p.heads {
             let o = std::slice::from_raw_parts_mut(r.out.add(j * r.pw + 2), hd);
             if !p.cont {
@@ -435,8 +488,13 @@ impl Inner for Portable {
             for (i, &slot) in slots.iter().enumerate() {
                 let w = *p.p.add(j * p.stride + i);
                 let vr = &v[slot as usize * hd..][..hd];
-                for (a, &b) in o.iter_mut().zip(vr) {
-                    *a += w * b.get();
+                for (d, (a, &b)) in o.iter_mut().zip(vr).enumerate() {
+                    let x = if E::SCALED {
+                        b.get() * vs[slot as usize * nb + d / QK].to_f32()
+                    } else {
+                        b.get()
+                    };
+                    *a += w * x;
                 }
             }
         }
@@ -505,7 +563,7 @@ fn visible_slots(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn score_slots<I: Inner, E: AttnElem>(
-    kh: &[E],
+    (kh, ksh): (&[E], &[f16]),
     slots: &[u32],
     q: &[f32],
     hd: usize,
@@ -515,11 +573,13 @@ unsafe fn score_slots<I: Inner, E: AttnElem>(
     (stride, col): (usize, usize),
 ) {
     let heads = q.len() / hd;
+    let nb = E::blocks(hd);
     let len = slots.len();
     let mut i = 0;
     while i < len {
         let t = slots[i] as usize / KV_TILE;
-        I::tile_scores(&kh[t * hd * KV_TILE..][..hd * KV_TILE], q, hd, tile);
+        let kt = &kh[t * hd * KV_TILE..][..hd * KV_TILE];
+        I::tile_scores(kt, &ksh[t * nb * KV_TILE..][..nb * KV_TILE], q, hd, tile);
         // A whole tile of consecutive slots (most of the cached prefix): its scores in one
         // vector pass per head; the same products as the slot-by-slot loop below.
         let t0 = t * KV_TILE;
@@ -609,7 +669,10 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     scores.clear();
     scores.resize(heads * stride, f32::NEG_INFINITY);
     tile.resize(heads * KV_TILE, 0.0);
+    let nb = E::blocks(hd);
     let kh = &kv.k[g * kv.tiles * hd * KV_TILE..][..kv.tiles * hd * KV_TILE];
+    let ksh = &kv.ks[g * kv.tiles * nb * KV_TILE..][..kv.tiles * nb * KV_TILE];
+    let kh = (kh, ksh);
     let sh = &slots[..shared];
     score_slots::<I, E>(kh, sh, qb, hd, scale, tile, scores, (stride, 0));
     for i in 0..nt {
@@ -633,7 +696,10 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
         *base.add(j * pw) = max;
         *base.add(j * pw + 1) = sum;
     }
-    let vh = &kv.v[g * kv.capacity * hd..][..kv.capacity * hd];
+    let vh = (
+        &kv.v[g * kv.capacity * hd..][..kv.capacity * hd],
+        &kv.vs[g * kv.capacity * nb..][..kv.capacity * nb],
+    );
     let probs = |at: usize, heads: usize, cont: bool| Probs {
         p: scores.as_ptr().add(at),
         stride,

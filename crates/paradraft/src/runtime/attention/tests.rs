@@ -1,6 +1,7 @@
 //! The attention kernels against an f64 reference, bit for bit against each other, and timed.
 
 use super::*;
+use crate::runtime::kv::tests::q8_roundtrip;
 use crate::runtime::kv::{KvCache, KvDtype};
 use crate::types::Pos;
 
@@ -158,20 +159,21 @@ fn kernels_match_reference() {
                 let mut kerns: Vec<Kernel> =
                     runnable().into_iter().map(|i| kernel_of(i, hd)).collect();
                 kerns.dedup();
-                for (kern, dtype) in kerns
-                    .into_iter()
-                    .flat_map(|k| [(k, KvDtype::F32), (k, KvDtype::F16)])
-                {
+                let dtypes = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0];
+                for (kern, dtype) in kerns.into_iter().flat_map(|k| dtypes.map(|d| (k, d))) {
                     let mut kv = KvCache::with_dtype(1, n_kv, hd, total + 3, dtype);
                     kv.write(0, 0, &k, &v);
-                    // The reference sees what the cache holds (f16-rounded K/V for f16).
+                    // The reference sees what the cache holds (f16-rounded K/V for f16, each
+                    // head's row through llama.cpp's Q8_0 quantiser and back for q8_0).
                     let round = |x: &Vec<f32>| -> Vec<f32> {
                         match dtype {
                             KvDtype::F32 => x.clone(),
                             KvDtype::F16 => x.iter().map(|&y| f16::from_f32(y).to_f32()).collect(),
+                            KvDtype::Q8_0 => x.chunks(hd).flat_map(q8_roundtrip).collect(),
                         }
                     };
-                    let want = reference(&q, &round(&k), &round(&v), &s, &mask);
+                    let (rk, rv) = (round(&k), round(&v));
+                    let want = reference(&q, &rk, &rv, &s, &mask);
                     let mut out = vec![0f32; q.len()];
                     attention_kern(
                         kern,
@@ -189,6 +191,21 @@ fn kernels_match_reference() {
                         .map(|(a, b)| (a - b).abs())
                         .fold(0f32, f32::max);
                     assert!(err < 2e-5, "{kern:?} {dtype:?} heads {n_heads}/{n_kv} hd {hd} prefix {prefix} new {n_new} tree {tree}: {err}");
+                    // A scaled cache computes with exactly its dequantized values: the bits of
+                    // an f32 cache holding them.
+                    if dtype == KvDtype::Q8_0 {
+                        let mut f = KvCache::with_dtype(1, n_kv, hd, total + 3, KvDtype::F32);
+                        f.write(0, 0, &rk, &rv);
+                        let mut same = vec![0f32; q.len()];
+                        let r = Rule::plain(hd);
+                        attention_kern(kern, TOKEN_BLOCK, &q, f.layer(0), &s, vis, r, &mut same);
+                        assert!(
+                            same.iter()
+                                .zip(&out)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{kern:?} q8_0 hd {hd} prefix {prefix} new {n_new}: not the f32 bits"
+                        );
+                    }
                     if !tree {
                         let mut causal = vec![0f32; q.len()];
                         attention_kern(
@@ -230,7 +247,7 @@ fn kernels_match_reference() {
 }
 
 /// Time of attention over 30 layers' caches in SmolLM2-135M's geometry (9 heads, 3 KV
-/// heads, head size 64, f16 cache) for cached prefixes and new-token counts, and the K/V
+/// heads, head size 64; an f16 cache, or `KV_DTYPE`'s) for cached prefixes and new-token counts, and the K/V
 /// bytes it reads per second (run with `--ignored --nocapture`; 2 threads).
 #[test]
 #[ignore]
@@ -238,12 +255,13 @@ fn attention_timing() {
     crate::runtime::init_threads(2);
     let mut rng = Lcg(9);
     let (n_heads, n_kv, hd) = (9, 3, 64);
-    for prefix in [64, 320, 640] {
+    let dtype: KvDtype = std::env::var("KV_DTYPE").map_or(KvDtype::F16, |s| s.parse().unwrap());
+    for prefix in [64, 640, 4000] {
         for n_new in [1, 4, 16] {
             let (s, k, v, q) = case(&mut rng, (n_heads, n_kv, hd), prefix, n_new, 1.0);
             let total = prefix + n_new;
             // 30 layers' caches, as a forward reads them one after the other.
-            let mut kv = KvCache::with_dtype(30, n_kv, hd, total, KvDtype::F16);
+            let mut kv = KvCache::with_dtype(30, n_kv, hd, total, dtype);
             for l in 0..30 {
                 kv.write(l, 0, &k, &v);
             }
@@ -268,9 +286,9 @@ fn attention_timing() {
                     t.elapsed().as_secs_f64() / reps as f64
                 })
                 .fold(f64::INFINITY, f64::min);
-            let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * n_kv * hd * 2) as f64;
+            let bytes = 30.0 * (n_new * (prefix + n_new) * 2 * n_kv * dtype.row_bytes(hd)) as f64;
             eprintln!(
-                "prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
+                "{dtype} prefix {prefix} new {n_new}: {:.3} ms for 30 layers, {:.1} GB/s of K/V per row",
                 dt * 1e3,
                 bytes / dt / 1e9
             );
