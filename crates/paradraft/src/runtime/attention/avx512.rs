@@ -120,7 +120,8 @@ impl Inner for K {
         }
     }
 
-    /// Heads in fours (16 accumulators and 4 V registers of 32).
+    /// Heads in sixes (24 accumulators and 4 V registers of 32): a block of 4 tokens with
+    /// SmolLM2's group of 3 widens each V vector twice instead of three times.
     #[inline(always)]
     unsafe fn weighted_v<E: AttnElem>(
         p: Probs,
@@ -131,7 +132,7 @@ impl Inner for K {
     ) {
         let mut j = 0;
         while j < p.heads {
-            let h = (p.heads - j).min(4);
+            let h = (p.heads - j).min(6);
             let pj = Probs {
                 p: p.p.add(j * p.stride),
                 ..p
@@ -154,7 +155,9 @@ impl Inner for K {
                     1 => rs!(1),
                     2 => rs!(2),
                     3 => rs!(3),
-                    _ => rs!(4),
+                    4 => rs!(4),
+                    5 => rs!(5),
+                    _ => rs!(6),
                 }
                 d += 64;
             }
