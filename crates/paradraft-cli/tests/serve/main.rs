@@ -152,6 +152,17 @@ fn post_stream(port: u16, path: &str, body: &Value) -> Vec<Value> {
 
 /// `paradraft generate` at T = 0: the reference text and token count.
 fn generate(prompt: &str, raw: bool, max: usize, stop: Option<&str>) -> (String, usize) {
+    generate_with(prompt, raw, max, stop, &[])
+}
+
+/// [`generate`] with more flags.
+fn generate_with(
+    prompt: &str,
+    raw: bool,
+    max: usize,
+    stop: Option<&str>,
+    extra: &[&str],
+) -> (String, usize) {
     let m = max.to_string();
     let mut args = vec![
         "generate",
@@ -167,6 +178,7 @@ fn generate(prompt: &str, raw: bool, max: usize, stop: Option<&str>) -> (String,
     if let Some(s) = stop {
         args.extend(["--stop", s]);
     }
+    args.extend(extra);
     let out = Command::new(bin()).args(&args).output().unwrap();
     assert!(
         out.status.success(),

@@ -36,6 +36,41 @@ fn answers_equal_generate_under_16_concurrent_mixed_requests_for_every_drafter()
     }
 }
 
+/// A server with a q8_0 KV cache (#64) answers concurrent requests as `generate` with one does:
+/// the cache type changes the answers (a little) but not their batch invariance.
+#[test]
+fn a_q8_0_kv_server_answers_as_generate_with_one_does() {
+    let q8 = ["--kv-dtype", "q8_0"];
+    let base: Vec<Case> = cases().into_iter().take(8).collect();
+    let f16: Vec<_> = base.iter().map(|c| c.want.clone()).collect();
+    let cases: Vec<Case> = base
+        .into_iter()
+        .map(|c| Case {
+            want: generate_with(&c.prompt, !c.chat, c.max, c.stop, &q8),
+            ..c
+        })
+        .collect();
+    // The cache type reaches `generate`: some answers differ from the f16 cache's.
+    assert!(cases.iter().zip(&f16).any(|(c, w)| &c.want != w));
+    let server = Server::start(&["--drafter", "auto", "--kv-dtype", "q8_0"]);
+    let port = server.port;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = cases
+            .iter()
+            .map(|c| s.spawn(move || ask(port, c)))
+            .collect();
+        for (c, h) in cases.iter().zip(hs) {
+            assert_eq!(
+                h.join().unwrap(),
+                c.want,
+                "q8_0: chat={} prompt {:?}",
+                c.chat,
+                c.prompt
+            );
+        }
+    });
+}
+
 #[test]
 fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     let server = Server::start(&[
