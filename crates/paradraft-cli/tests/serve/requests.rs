@@ -18,20 +18,13 @@ fn answers_equal_generate_under_16_concurrent_mixed_requests_for_every_drafter()
         // auto a second time: its suffix cache then holds every answer (shared by requests).
         let rounds = if d[1] == "auto" { 2 } else { 1 };
         for _ in 0..rounds {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = cases
-                    .iter()
-                    .map(|c| s.spawn(move || ask(port, c)))
-                    .collect();
-                for (c, h) in cases.iter().zip(hs) {
-                    let got = h.join().unwrap();
-                    assert_eq!(
-                        got, c.want,
-                        "{d:?}: chat={} stream={} prompt {:?}",
-                        c.chat, c.stream, c.prompt
-                    );
-                }
-            });
+            for (c, got) in cases.iter().zip(ask_all(port, &cases)) {
+                assert_eq!(
+                    got, c.want,
+                    "{d:?}: chat={} stream={} prompt {:?}",
+                    c.chat, c.stream, c.prompt
+                );
+            }
         }
     }
 }
@@ -54,21 +47,20 @@ fn a_q8_0_kv_server_answers_as_generate_with_one_does() {
     assert!(cases.iter().zip(&f16).any(|(c, w)| &c.want != w));
     let server = Server::start(&["--drafter", "auto", "--kv-dtype", "q8_0"]);
     let port = server.port;
+    for (c, got) in cases.iter().zip(ask_all(port, &cases)) {
+        assert_eq!(got, c.want, "q8_0: chat={} prompt {:?}", c.chat, c.prompt);
+    }
+}
+
+/// Every case sent at once, one thread each; the answers in the cases' order.
+fn ask_all(port: u16, cases: &[Case]) -> Vec<(String, usize)> {
     std::thread::scope(|s| {
         let hs: Vec<_> = cases
             .iter()
             .map(|c| s.spawn(move || ask(port, c)))
             .collect();
-        for (c, h) in cases.iter().zip(hs) {
-            assert_eq!(
-                h.join().unwrap(),
-                c.want,
-                "q8_0: chat={} prompt {:?}",
-                c.chat,
-                c.prompt
-            );
-        }
-    });
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 #[test]
