@@ -108,16 +108,13 @@ impl KvElem for Q8 {
     fn get(self) -> f32 {
         self.0 as f32
     }
-    /// llama.cpp's reference Q8_0 quantiser (`quantize_q8_0` in `runtime::quant`): per block
-    /// d = max|x| / 127 stored as f16, and round(x / d) with x / d computed as x · (1 / d).
+    /// llama.cpp's reference Q8_0 quantiser, block by block (`runtime::quant::q8_0_block`).
     fn store(src: &[f32], dst: &mut [Q8], scales: &mut [f16]) {
-        for ((x, q), s) in src.chunks(QK).zip(dst.chunks_mut(QK)).zip(scales) {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            *s = f16::from_f32(d);
-            for (q, &v) in q.iter_mut().zip(x) {
-                *q = Q8((v * id).round() as i8);
+        let mut q = [0i8; QK];
+        for ((x, out), s) in src.chunks(QK).zip(dst.chunks_mut(QK)).zip(scales) {
+            *s = crate::runtime::quant::q8_0_block(x, &mut q[..x.len()]);
+            for (o, &v) in out.iter_mut().zip(&q) {
+                *o = Q8(v);
             }
         }
     }

@@ -17,14 +17,24 @@ use half::{bf16, f16};
 pub fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(QK), "Q8_0 needs whole blocks of 32");
     let mut out = Vec::with_capacity(x.len() / QK * 34);
+    let mut q = [0i8; QK];
     for b in x.chunks_exact(QK) {
-        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        out.extend(b.iter().map(|v| (v * id).round() as i8 as u8));
+        out.extend_from_slice(&q8_0_block(b, &mut q).to_le_bytes());
+        out.extend(q.iter().map(|&v| v as u8));
     }
     out
+}
+
+/// One Q8_0 block of up to 32 values (llama.cpp's reference rule): returns the scale
+/// d = max|x| / 127 as f16 and writes round(x · (1 / d)) into `q`.
+pub(crate) fn q8_0_block(x: &[f32], q: &mut [i8]) -> f16 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+    }
+    f16::from_f32(d)
 }
 
 /// Quantises f32 values (a multiple of 32) to GGML Q4_0 blocks as llama.cpp's reference
