@@ -118,8 +118,10 @@ enum Phase {
 /// for `hold` rounds, twice as long after each hold in a row, and then drafted for
 /// `probe_draft` rounds to be measured afresh. A drafting phase that pays runs `draft_phase`
 /// rounds, twice as long after each in a row, and is followed by an AR probe of `probe_ar`
-/// rounds; it ends early when its rounds clearly lose to AR's rate (a hold), or when at a
-/// check every [`RECHECK`] rounds they fall behind it (a probe, then the comparison afresh).
+/// rounds (skipped while drafting is clearly `skip_margin` ahead of AR's last rate, at most
+/// [`MAX_SKIPPED`] times in a row); it ends early when its rounds clearly lose to AR's rate (a
+/// hold), or when at a check every [`RECHECK`] rounds they fall behind it (a probe, then the
+/// comparison afresh).
 ///
 /// AR is measured in stretches, not single rounds, and the first `wake` rounds of a stretch
 /// are not timed: on a 2-vCPU Intel Xeon, in T = 1 bench runs of `auto` and `dart`, the 1st to
@@ -140,6 +142,8 @@ pub struct SpeedGuard {
     stretch: u64,
     /// Rounds of the current drafting phase observed so far.
     in_phase: u64,
+    /// AR probes skipped in a row (drafting far ahead of AR's rate).
+    skipped: u32,
     ar: Rate,
     /// The recent drafting phases' rounds: (tokens, ms).
     drafted: std::collections::VecDeque<(f64, f64)>,
@@ -151,6 +155,10 @@ pub struct SpeedGuard {
     pub margin: f64,
     pub z: f64,
     pub cut_z: f64,
+    /// A drafting phase whose rounds commit this much more than AR's last rate would have
+    /// (clearly, by `cut_z` standard errors) goes on without an AR probe, at most
+    /// [`MAX_SKIPPED`] times in a row.
+    pub skip_margin: f64,
 }
 
 /// Drafting rounds the guard weighs (the latest).
@@ -162,6 +170,8 @@ const MAX_PHASE: u64 = 4096;
 const RECHECK: u64 = 24;
 /// Doublings of a phase's length in a row, at most.
 const MAX_DOUBLINGS: u32 = 6;
+/// AR probes skipped in a row, at most: AR's rate is timed afresh at least this often.
+const MAX_SKIPPED: u32 = 3;
 
 impl Default for SpeedGuard {
     fn default() -> Self {
@@ -173,6 +183,7 @@ impl Default for SpeedGuard {
             holds: 0,
             stretch: 0,
             in_phase: 0,
+            skipped: 0,
             ar: Rate::default(),
             drafted: Default::default(),
             draft_phase: 48,
@@ -183,6 +194,7 @@ impl Default for SpeedGuard {
             margin: 0.02,
             z: 0.0,
             cut_z: 1.5,
+            skip_margin: 0.25,
         }
     }
 }
@@ -233,6 +245,7 @@ impl SpeedGuard {
             {
                 // A long phase whose drafting fell behind AR's last rate: AR is timed afresh
                 // (the rate may be old) and the two compared again.
+                self.skipped = 0;
                 self.phase = Phase::Probe;
                 self.left = self.probe_ar;
             }
@@ -263,11 +276,16 @@ impl SpeedGuard {
     /// what AR, `margin` faster, would have in the round's ms) and its standard error; `None`
     /// while either side is unmeasured.
     fn excess(&self) -> Option<(f64, f64)> {
+        self.excess_at(self.margin)
+    }
+
+    /// [`SpeedGuard::excess`] against AR `margin` faster.
+    fn excess_at(&self, margin: f64) -> Option<(f64, f64)> {
         let n = self.drafted.len() as f64;
         if self.ar.n == 0 || n < 2.0 {
             return None;
         }
-        let ar = self.ar.per_ms() * (1.0 + self.margin);
+        let ar = self.ar.per_ms() * (1.0 + margin);
         let ex = |&(t, ms): &(f64, f64)| t - ms * ar;
         let mean = self.drafted.iter().map(ex).sum::<f64>() / n;
         let var = self
@@ -284,11 +302,31 @@ impl SpeedGuard {
         self.excess().map(|(m, se)| m > self.z * se)
     }
 
+    /// Whether the recent drafting rounds (8 at least) committed `skip_margin` more than AR's
+    /// measured rate would have in their time, by more than `cut_z` standard errors: an AR
+    /// probe could not change the verdict, and would cost its rounds and their wake (at a τ of
+    /// 3–5, as second turns that repeat the first answer reach, 12 AR rounds lose 25–50 tokens).
+    fn clearly_paying(&self) -> bool {
+        self.drafted.len() >= 8
+            && self
+                .excess_at(self.skip_margin)
+                .is_some_and(|(m, se)| m - self.cut_z * se > 0.0)
+    }
+
     /// Draft → AR probe → (drafting pays: a drafting phase, longer after each that paid; it
     /// does not: a hold, longer after each in a row) → … ; a hold ends in a drafting probe.
     fn next_phase(&mut self) {
         let (phase, len) = match self.phase {
-            Phase::Draft => (Phase::Probe, self.probe_ar),
+            Phase::Draft if self.skipped < MAX_SKIPPED && self.clearly_paying() => {
+                self.skipped += 1;
+                let len = self.draft_phase << self.wins.min(MAX_DOUBLINGS);
+                self.wins += 1;
+                (Phase::Draft, len)
+            }
+            Phase::Draft => {
+                self.skipped = 0;
+                (Phase::Probe, self.probe_ar)
+            }
             Phase::Hold => {
                 // Drafting is measured afresh: the rounds it drafted before the hold are old.
                 self.drafted.clear();
@@ -317,6 +355,12 @@ impl SpeedGuard {
         self.left = u64::MAX;
     }
 
+    /// Observed rounds left in the phase (tests).
+    #[cfg(test)]
+    pub(super) fn left(&self) -> u64 {
+        self.left
+    }
+
     /// Drafting held off for `rounds` observed rounds (tests).
     #[cfg(test)]
     pub(super) fn hold_for(&mut self, rounds: u64) {
@@ -330,28 +374,28 @@ impl SpeedGuard {
     }
 
     /// This guard as the next session of the process starts from it: the phases and rates go
-    /// on, but a hold ends within `hold` rounds and the next one starts short again (a request
-    /// on other text may draft better: at T = 0.7 on a 2-vCPU Xeon a hold begun on MT-Bench,
-    /// doubled from request to request, kept GSM8K and MBPP, where drafting had paid 1.25–1.29×,
-    /// from drafting at all); nothing of this session's last AR stretch is in the wake of the
-    /// next one's prefill.
+    /// on, but a hold ends where the session starts, in a drafting probe (a request on other
+    /// text may draft better); should the probe lose, the hold after it is the third of a
+    /// row (192 rounds: one probe per request of a few hundred tokens, where a carried hold
+    /// used to end within 48 rounds and the 96-round one after it ended the request). At T = 0.7 on a 2-vCPU
+    /// Xeon a hold begun on MT-Bench, doubled from request to request, kept GSM8K and MBPP,
+    /// where drafting had paid 1.25–1.29×, from drafting at all; on a Zen 4 at T = 0, holds
+    /// carried into MT-Bench's second turns (which repeat the first answer: `auto` went on at
+    /// τ 3–5 once they ended) held off their first 52 rounds of 128. A drafter that loses is
+    /// cut within the probe's first 4 rounds when it clearly does. Nothing of this session's
+    /// last AR stretch is in the wake of the next one's prefill.
     fn resumed(&self) -> SpeedGuard {
-        let holding = self.phase == Phase::Hold;
-        SpeedGuard {
+        let mut g = SpeedGuard {
             stretch: 0,
             in_phase: 0,
-            left: if holding {
-                self.left.min(self.hold)
-            } else {
-                self.left
-            },
-            holds: if holding {
-                self.holds.min(1)
-            } else {
-                self.holds
-            },
             ..self.clone()
+        };
+        if g.phase == Phase::Hold {
+            g.holds = g.holds.min(2);
+            g.left = 1;
+            g.next_phase();
         }
+        g
     }
 }
 
