@@ -145,21 +145,32 @@ def pct(xs, p):
 
 
 def metric_sums(port):
-    """(accepted-per-round sum, count, server ITL sum, count) from /metrics."""
+    """(accepted-per-round sum, count, server ITL sum, count, drafted rounds, undrafted
+    rounds by reason: speed guard, AR probe, cost model, forward rows, forwards) from
+    /metrics."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
-    v = [0.0] * 4
+    v = [0.0] * 9
     keys = [
         "paradraft_accepted_tokens_per_round_sum",
         "paradraft_accepted_tokens_per_round_count",
         "paradraft_inter_token_latency_seconds_sum",
         "paradraft_inter_token_latency_seconds_count",
     ]
+    steps = ["paradraft_step_rows_sum", "paradraft_step_rows_count"]
+    reasons = ["speed_guard", "probe", "cost_model"]
     for line in text.splitlines():
         for i, k in enumerate(keys):
             if line.startswith(k):
                 v[i] += float(line.rsplit(" ", 1)[1])
+        if line.startswith("paradraft_undrafted_rounds_total{"):
+            for i, r in enumerate(reasons):
+                if f'reason="{r}"' in line:
+                    v[4 + i] += float(line.rsplit(" ", 1)[1])
+        for i, k in enumerate(steps):
+            if line.startswith(k):
+                v[7 + i] += float(line.rsplit(" ", 1)[1])
     return v
 
 
@@ -179,7 +190,7 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
             ttft, tlast, toks, _ = stream_chat(port, ps[first + i], max_tokens, temperature, i)
             results[i] = (t, ttft, tlast, toks)
 
-    a0, n0, i0, m0 = metric_sums(port)
+    a0, n0, i0, m0, *u0 = metric_sums(port)
     t0 = time.perf_counter()
     th = [threading.Thread(target=worker) for _ in range(conc)]
     for x in th:
@@ -187,7 +198,7 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
     for x in th:
         x.join()
     wall = time.perf_counter() - t0
-    a1, n1, i1, m1 = metric_sums(port)
+    a1, n1, i1, m1, *u1 = metric_sums(port)
     toks = sum(r[3] for r in results)
     ttft = [r[1] for r in results]
     itl = [(r[2] - r[1]) / (r[3] - 1) for r in results if r[3] > 1]
@@ -195,6 +206,12 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
     return {
         "concurrency": conc,
         "requests": n_req,
+        # Speculative rounds that drafted nothing, by reason (speed guard, AR probe, cost
+        # model); beside `draft_rounds`, those that drafted.
+        "rounds_undrafted": [b - a for a, b in zip(u0[:3], u1[:3])],
+        # Forwards the engine ran and their rows (prompt chunks and verify rows).
+        "forwards": u1[4] - u0[4],
+        "forward_rows": u1[3] - u0[3],
         "tokens": toks,
         "wall_s": wall,
         "tok_s": toks / wall,
@@ -325,19 +342,21 @@ def main():
     lines = [
         f"max_tokens {a.max_tokens}, temperature {a.temperature}, prompts: {a.datasets}",
         "",
-        "| method | streams | tok/s | × c=1 | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | τ |",
-        "|---|---|---|---|---|---|---|",
+        "| method | streams | tok/s | × c=1 | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | τ of drafted rounds | rounds drafted / held / probed / cut |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method, res in report["results"].items():
         base = res[0]["tok_s"]
         for r in res:
             t, i = r["ttft_ms"], r["itl_ms"]
+            u = r.get("rounds_undrafted") or [0, 0, 0]
+            rounds = f" {r.get('draft_rounds', 0):.0f} / {u[0]:.0f} / {u[1]:.0f} / {u[2]:.0f} |"
             lines.append(
                 f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
                 f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | "
-                f"{r['tau']:.2f} |" if r["tau"] else
+                f"{r['tau']:.2f} |" + rounds if r["tau"] else
                 f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
-                f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | – |"
+                f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | – |" + rounds
             )
     if "cli_decode_tok_s" in report:
         r0 = report["results"].get("none", [{}])[0]

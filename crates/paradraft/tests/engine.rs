@@ -115,6 +115,15 @@ fn requests_equal_ar_alone_under_a_small_batch_and_pool() {
             m.contains("paradraft_requests_total{outcome=\"finished\"} 16"),
             "{m}"
         );
+        if !method.is_none() {
+            // Undrafted rounds are counted by reason: a speed guard starts with an AR probe.
+            let probe = "paradraft_undrafted_rounds_total{drafter=";
+            assert!(
+                m.lines()
+                    .any(|l| l.starts_with(probe) && l.contains("reason=\"probe\"")),
+                "{m}"
+            );
+        }
         e.shutdown();
     }
 }

@@ -27,6 +27,10 @@ pub struct Metrics {
     pub step_rows: Histogram,
     /// Draft tokens accepted per speculative round, per drafter.
     pub accepted: HistogramVec,
+    /// Speculative rounds that drafted nothing, per drafter and reason (`speed_guard`: drafting
+    /// measured slower than AR here, alone or in the batch's size class; `probe`: AR timed;
+    /// `cost_model`: no draft worth its verify rows).
+    pub undrafted: IntCounterVec,
     /// Requests that reused a cached prompt prefix, the tokens they did not prefill, entries
     /// evicted, and the bytes the cache holds.
     pub prefix_hits: IntCounter,
@@ -81,8 +85,20 @@ impl Metrics {
         registry
             .register(Box::new(accepted.clone()))
             .expect("unique name");
+        let undrafted = IntCounterVec::new(
+            Opts::new(
+                "paradraft_undrafted_rounds_total",
+                "Speculative rounds that drafted nothing, by reason",
+            ),
+            &["drafter", "reason"],
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(undrafted.clone()))
+            .expect("unique name");
         Metrics {
             requests,
+            undrafted,
             prompt_tokens: c("paradraft_prompt_tokens_total", "Prompt tokens prefilled"),
             generation_tokens: c("paradraft_generation_tokens_total", "Tokens generated"),
             ttft: h(

@@ -392,6 +392,12 @@ impl<'e> Scheduler<'e> {
                     .with_label_values(&[r.session.drafter_name()])
                     .observe(round.accepted as f64);
             }
+            if let Some(why) = round.undrafted {
+                self.metrics
+                    .undrafted
+                    .with_label_values(&[r.session.drafter_name(), why.name()])
+                    .inc();
+            }
         }
         r.meta.rounds = rounds.len();
         let lps = r.session.logprobs();

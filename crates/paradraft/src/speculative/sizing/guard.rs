@@ -16,6 +16,17 @@ pub enum Undrafted {
     CostModel,
 }
 
+impl Undrafted {
+    /// Its name in reports and metrics (as serialized).
+    pub fn name(self) -> &'static str {
+        match self {
+            Undrafted::SpeedGuard => "speed_guard",
+            Undrafted::Probe => "probe",
+            Undrafted::CostModel => "cost_model",
+        }
+    }
+}
+
 /// How many rounds of a run drafted nothing, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UndraftedCounts {
