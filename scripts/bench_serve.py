@@ -145,9 +145,8 @@ def pct(xs, p):
 
 
 def metric_sums(port):
-    """(accepted-per-round sum, count, server ITL sum, count, drafted rounds, undrafted
-    rounds by reason: speed guard, AR probe, cost model, forward rows, forwards) from
-    /metrics."""
+    """(accepted-per-round sum, count, server ITL sum, count, undrafted rounds by reason —
+    speed guard, AR probe, cost model —, forward rows, forwards) from /metrics."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
@@ -350,13 +349,11 @@ def main():
         for r in res:
             t, i = r["ttft_ms"], r["itl_ms"]
             u = r.get("rounds_undrafted") or [0, 0, 0]
-            rounds = f" {r.get('draft_rounds', 0):.0f} / {u[0]:.0f} / {u[1]:.0f} / {u[2]:.0f} |"
+            tau = f"{r['tau']:.2f}" if r["tau"] else "–"
             lines.append(
                 f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
                 f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | "
-                f"{r['tau']:.2f} |" + rounds if r["tau"] else
-                f"| {method} | {r['concurrency']} | {r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | "
-                f"{t[50]:.0f} / {t[90]:.0f} / {t[99]:.0f} | {i[50]:.1f} / {i[90]:.1f} / {i[99]:.1f} | – |" + rounds
+                f"{tau} | {r.get('draft_rounds', 0):.0f} / {u[0]:.0f} / {u[1]:.0f} / {u[2]:.0f} |"
             )
     if "cli_decode_tok_s" in report:
         r0 = report["results"].get("none", [{}])[0]

@@ -28,8 +28,8 @@ pub struct Metrics {
     /// Draft tokens accepted per speculative round, per drafter.
     pub accepted: HistogramVec,
     /// Speculative rounds that drafted nothing, per drafter and reason (`speed_guard`: drafting
-    /// measured slower than AR here, alone or in the batch's size class; `probe`: AR timed;
-    /// `cost_model`: no draft worth its verify rows).
+    /// measured slower than AR here; `probe`: AR timed; `cost_model`: no draft worth its
+    /// verify rows).
     pub undrafted: IntCounterVec,
     /// Requests that reused a cached prompt prefix, the tokens they did not prefill, entries
     /// evicted, and the bytes the cache holds.

@@ -324,15 +324,21 @@ impl SpeedGuard {
                 .is_some_and(|(m, se)| m - self.cut_z * se > 0.0)
     }
 
+    /// The length of a drafting phase after one more that paid: twice the last, up to
+    /// [`MAX_DOUBLINGS`] doublings.
+    fn won_phase(&mut self) -> u64 {
+        let len = self.draft_phase << self.wins.min(MAX_DOUBLINGS);
+        self.wins += 1;
+        len
+    }
+
     /// Draft → AR probe → (drafting pays: a drafting phase, longer after each that paid; it
     /// does not: a hold, longer after each in a row) → … ; a hold ends in a drafting probe.
     fn next_phase(&mut self) {
         let (phase, len) = match self.phase {
             Phase::Draft if self.skipped < MAX_SKIPPED && self.clearly_paying() => {
                 self.skipped += 1;
-                let len = self.draft_phase << self.wins.min(MAX_DOUBLINGS);
-                self.wins += 1;
-                (Phase::Draft, len)
+                (Phase::Draft, self.won_phase())
             }
             Phase::Draft => {
                 self.skipped = 0;
@@ -348,9 +354,7 @@ impl SpeedGuard {
                 None => (Phase::Draft, self.probe_draft),
                 Some(true) => {
                     self.holds = 0;
-                    let len = self.draft_phase << self.wins.min(MAX_DOUBLINGS);
-                    self.wins += 1;
-                    (Phase::Draft, len)
+                    (Phase::Draft, self.won_phase())
                 }
                 Some(false) => return self.ar_known_hold(),
             },
@@ -386,10 +390,11 @@ impl SpeedGuard {
 
     /// This guard as the next session of the process starts from it: the phases and rates go
     /// on, but a hold ends where the session starts, in a drafting probe (a request on other
-    /// text may draft better); should the probe lose, the hold after it is the third of a
-    /// row (192 rounds: one probe per request of a few hundred tokens, where a carried hold
-    /// used to end within 48 rounds and the 96-round one after it ended the request). At T = 0.7 on a 2-vCPU
-    /// Xeon a hold begun on MT-Bench, doubled from request to request, kept GSM8K and MBPP,
+    /// text may draft better); should the probe lose, the hold after it is the third of a row
+    /// (192 rounds: one probe per request of a few hundred tokens, where a carried hold used
+    /// to end within 48 rounds and the 96-round one after it ended the request). At T = 0.7
+    /// on a 2-vCPU Xeon a hold begun on MT-Bench, doubled from request to request, kept GSM8K
+    /// and MBPP,
     /// where drafting had paid 1.25–1.29×, from drafting at all; on a Zen 4 at T = 0, holds
     /// carried into MT-Bench's second turns (which repeat the first answer: `auto` went on at
     /// τ 3–5 once they ended) held off their first 52 rounds of 128. A drafter that loses is
@@ -402,8 +407,8 @@ impl SpeedGuard {
             ..self.clone()
         };
         if g.phase == Phase::Hold {
+            // The hold's end (`next_phase`): a drafting probe, measured afresh.
             g.holds = g.holds.min(2);
-            g.left = 1;
             g.next_phase();
         }
         g

@@ -205,10 +205,10 @@ fn run_guard(g: &mut SpeedGuard, speed: f64, rounds: usize, seed: u64) -> (usize
 }
 
 /// Requests of 128 rounds, each starting from the guard the last one left: a drafter at 0.7×
-/// AR is probed about once a request (4–10 drafted rounds in each after the first two, at
-/// most 16) and the run ends at 0.947× AR — the price of a probe and its wake per request,
-/// the same as when a carried hold ran 48 rounds before its probe (0.943×) — and one at 1.3×
-/// drafts nearly throughout.
+/// AR is probed about once a request (at most 16 drafted rounds in each after the first two;
+/// seed 0: 4–10) and the run ends near AR (seed 0: 0.947× — the price of a probe and its
+/// wake per request, the same as when a carried hold ran 48 rounds before its probe, 0.943×),
+/// and one at 1.3× drafts nearly throughout.
 #[test]
 fn each_request_probes_a_held_drafter_once() {
     for seed in 0..4 {
@@ -647,9 +647,22 @@ fn the_next_session_starts_from_the_last_ones_guard() {
     assert_eq!(third.guard.left(), SpeedGuard::default().probe_draft);
 }
 
+/// The reasons' names in metrics are their names in reports (serialized).
+#[test]
+fn undrafted_names_are_their_serialized_names() {
+    for why in [
+        Undrafted::SpeedGuard,
+        Undrafted::Probe,
+        Undrafted::CostModel,
+    ] {
+        assert_eq!(serde_json::to_value(why).unwrap(), why.name());
+    }
+}
+
 /// Drafting far ahead of AR's measured rate skips its AR probes (at most three in a row):
-/// at 1.5× AR a 2,000-round run spends about 50 rounds in AR probes, not one in seven; at
-/// 1.1× (not clearly ahead by 25 %) every drafting phase still ends in a probe.
+/// at 1.5× AR a 2,000-round run leaves 24–36 rounds undrafted (seeds 0–3; 84 for seed 0
+/// without the skip); at 1.1× (not clearly ahead by 25 %) every drafting phase still ends in
+/// a probe, and 1,208–1,488 rounds draft.
 #[test]
 fn drafting_far_ahead_of_ar_skips_its_probes() {
     for seed in 0..4 {
@@ -657,7 +670,7 @@ fn drafting_far_ahead_of_ar_skips_its_probes() {
         assert!(drafted > 1930, "{drafted} of 2000 rounds drafted");
         assert!(vs_ar > 0.97 * 1.5, "{vs_ar:.3} of AR");
         let (drafted, _) = guard_on(1.1, 2000, seed);
-        assert!(drafted < 1930, "{drafted} of 2000 rounds drafted at 1.1×");
+        assert!(drafted < 1600, "{drafted} of 2000 rounds drafted at 1.1×");
     }
 }
 
