@@ -196,11 +196,6 @@ impl Packed {
         ld: usize,
     ) {
         debug_assert_eq!(a.k, self.cols);
-        #[cfg(target_arch = "aarch64")]
-        if !self.fmt.legacy() {
-            // The NEON kernels know the Q4_0/Q4_1/Q8_0 formats only.
-            return self.matmul_groups_portable(a, g0, g1, out, ld);
-        }
         match kern {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
@@ -454,6 +449,9 @@ mod timing {
             (GgmlType::Q8_0, 1536, 576),
             (GgmlType::Q4_1, 65536, 576),
             (GgmlType::Q8_0, 49152, 576),
+            (GgmlType::Q4_K, 1536, 1536),
+            (GgmlType::Q5_K, 1536, 1536),
+            (GgmlType::Q6_K, 1536, 1536),
         ] {
             let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
                 .map(|i| (i * 37 % 251) as u8 & 0x3F)
@@ -461,13 +459,13 @@ mod timing {
             let p = Packed::new(ty, rows, cols, &src);
             for n in [1, 2, 3, 4, 5, 6, 8, 12, 16]
                 .into_iter()
-                .filter(|&n| rows < 10_000 || [1, 2, 4, 8, 16].contains(&n))
+                .filter(|&n| (rows < 10_000 && cols < 1536) || [1, 4, 16].contains(&n))
             {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
                 let mut qa = QActs::default();
                 qa.quantize(&x, cols);
                 let mut out = vec![0f32; n * rows];
-                let reps = 2000 / n * 1536 / rows + 3;
+                let reps = 2000 / n * 1536 / rows * 576 / cols + 3;
                 // Best of five timings: this VM's neighbours make single timings noisy.
                 let dt = (0..5)
                     .map(|_| {

@@ -6,12 +6,14 @@
 //! group of an activation register and adds each row's 4 products into its 32-bit lane, the
 //! same per-row integer sums the x86 kernels form with `dpbusd`. `sdot` is signed × signed, so
 //! Q8 weights need no unsigned shift (and no weight-sum correction), and Q4 nibbles (0..15)
-//! are already valid signed bytes.
+//! are already valid signed bytes. Every packed format runs here: the sub-scaled ones (K-quants,
+//! Q5_0 / Q5_1, IQ4) scale each row's integer sums by `d · sc` (and add `dmin · m` times the
+//! activation sums), the products ggml forms.
 //!
 //! `sdot` and the f16 → f32 widening (`fcvtl`) go through inline assembly: their intrinsics
 //! are not stable Rust.
 
-use super::{BlockOut, GgmlType, Packed, QActs, GROUP, QK};
+use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -45,6 +47,17 @@ unsafe fn dot_block(mut s: int32x4_t, w: &[int8x16_t; 8], y: &[int8x16_t; 2]) ->
     sdot!(s, w[5], y[1], 1);
     sdot!(s, w[6], y[1], 2);
     sdot!(s, w[7], y[1], 3);
+    s
+}
+
+/// Half a block: `w[i]` holds the 4 rows' weights of inputs 4i.. of one 16-input half, `y`
+/// that half's inputs.
+#[inline(always)]
+unsafe fn dot_half(mut s: int32x4_t, w: &[int8x16_t], y: int8x16_t) -> int32x4_t {
+    sdot!(s, w[0], y, 0);
+    sdot!(s, w[1], y, 1);
+    sdot!(s, w[2], y, 2);
+    sdot!(s, w[3], y, 3);
     s
 }
 
@@ -110,15 +123,28 @@ pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *m
         while t0 < a.n {
             let tn = (a.n - t0).min(TILE);
             let mut acc = [[vdupq_n_f32(0.0); 4]; TILE];
-            match (p.ty == GgmlType::Q8_0, tn) {
-                (false, 1) => q4_tile::<1>(p, a, g, t0, &mut acc),
-                (false, 2) => q4_tile::<2>(p, a, g, t0, &mut acc),
-                (false, 3) => q4_tile::<3>(p, a, g, t0, &mut acc),
-                (false, _) => q4_tile::<4>(p, a, g, t0, &mut acc),
-                (true, 1) => q8_tile::<1>(p, a, g, t0, &mut acc),
-                (true, 2) => q8_tile::<2>(p, a, g, t0, &mut acc),
-                (true, 3) => q8_tile::<3>(p, a, g, t0, &mut acc),
-                (true, _) => q8_tile::<4>(p, a, g, t0, &mut acc),
+            // Monomorphised per tile height and format, as on x86.
+            macro_rules! heights {
+                ($f:ident $(, $c:expr)*) => {
+                    match tn {
+                        1 => $f::<1 $(, $c)*>(p, a, g, t0, &mut acc),
+                        2 => $f::<2 $(, $c)*>(p, a, g, t0, &mut acc),
+                        3 => $f::<3 $(, $c)*>(p, a, g, t0, &mut acc),
+                        _ => $f::<4 $(, $c)*>(p, a, g, t0, &mut acc),
+                    }
+                };
+            }
+            match p.fmt {
+                Fmt::Q4 => heights!(q4_tile, false, false),
+                Fmt::Q4S => heights!(q4_tile, true, false),
+                Fmt::Q5S => heights!(q4_tile, true, true),
+                Fmt::Q8 => heights!(q8_tile, false, false, false),
+                Fmt::Q8S { halves, min } => match (halves, min) {
+                    (false, false) => heights!(q8_tile, true, false, false),
+                    (false, true) => heights!(q8_tile, true, false, true),
+                    (true, false) => heights!(q8_tile, true, true, false),
+                    (true, true) => heights!(q8_tile, true, true, true),
+                },
             }
             let r0 = g * GROUP;
             let valid = (p.rows - r0).min(GROUP);
@@ -144,11 +170,39 @@ unsafe fn acts<const N: usize>(a: &QActs, t0: usize, b: usize) -> [[int8x16_t; 2
     })
 }
 
-/// Q4 (Q4_0, Q4_1): per block, for each 4-row quarter q of the group, the low nibbles of
-/// `chunk[i]` meet inputs 4i.. and the high ones inputs 16 + 4i..; then
-/// `acc += f32(Σ) · d_w · d_x + m_w · s_x`, in that order for every tile height.
+/// 16 rows' `d · sc`: f16 GGML-block scales at `d` times i8 sub-scales at `sc` (exact
+/// products), as four 4-row vectors.
 #[inline(always)]
-unsafe fn q4_tile<const N: usize>(
+unsafe fn sub_scaled(d: *const half::f16, sc: *const i8) -> [float32x4_t; 4] {
+    let dv = load_f16x16(d);
+    let s = vld1q_s8(sc);
+    let (lo, hi) = (vmovl_s8(vget_low_s8(s)), vmovl_s8(vget_high_s8(s)));
+    let sv = [
+        vmovl_s16(vget_low_s16(lo)),
+        vmovl_s16(vget_high_s16(lo)),
+        vmovl_s16(vget_low_s16(hi)),
+        vmovl_s16(vget_high_s16(hi)),
+    ];
+    std::array::from_fn(|q| vmulq_f32(dv[q], vcvtq_f32_s32(sv[q])))
+}
+
+/// `Q5S`: 16 where the fifth bit of a byte of quarter `q` is set (bit `16q + k` of `mask` for
+/// byte `k`: row `4q + k / 4`, input `k % 4` of the chunk), else 0.
+#[inline(always)]
+unsafe fn fifth_bits(mask: u64, q: usize) -> uint8x16_t {
+    const SEL: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let bits = (mask >> (16 * q)) as u16;
+    let v = vcombine_u8(vdup_n_u8(bits as u8), vdup_n_u8((bits >> 8) as u8));
+    vandq_u8(vtstq_u8(v, vld1q_u8(SEL.as_ptr())), vdupq_n_u8(16))
+}
+
+/// Nibble formats: Q4 (Q4_0, Q4_1; an f16 scale and min per 32 inputs), or sub-scaled levels
+/// (`S`: Q4_K; `FIVE`: Q5_0, Q5_1, Q5_K with a fifth bit per weight). Per block, for each
+/// 4-row quarter q of the group, the low nibbles of `chunk[i]` meet inputs 4i.. and the high
+/// ones inputs 16 + 4i..; then `acc += f32(Σ) · d_w · d_x + m_w · s_x`, in that order for every
+/// tile height.
+#[inline(always)]
+unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -161,16 +215,32 @@ unsafe fn q4_tile<const N: usize>(
         let gb = g * nb + b;
         let base = p.q.as_ptr().add(gb * 256);
         let y = acts::<N>(a, t0, b);
-        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
-        let mw = load_f16x16(p.m.as_ptr().add(gb * GROUP));
+        let (dw, mw) = if S {
+            let sup = p.sup_at(g, b);
+            (
+                sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(gb * GROUP)),
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(gb * GROUP)),
+            )
+        } else {
+            (
+                load_f16x16(p.d.as_ptr().add(gb * GROUP)),
+                load_f16x16(p.m.as_ptr().add(gb * GROUP)),
+            )
+        };
         for q in 0..4 {
             let mut s = [vdupq_n_s32(0); N];
             let w: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
-            let lo: [int8x16_t; 4] =
-                std::array::from_fn(|i| vreinterpretq_s8_u8(vandq_u8(w[i], mask)));
-            let hi: [int8x16_t; 4] =
-                std::array::from_fn(|i| vreinterpretq_s8_u8(vshrq_n_u8::<4>(w[i])));
-            let w = [lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]];
+            let mut lo: [uint8x16_t; 4] = std::array::from_fn(|i| vandq_u8(w[i], mask));
+            let mut hi: [uint8x16_t; 4] = std::array::from_fn(|i| vshrq_n_u8::<4>(w[i]));
+            if FIVE {
+                let qh = p.qh.as_ptr().add(gb * 8);
+                for i in 0..4 {
+                    lo[i] = vorrq_u8(lo[i], fifth_bits(*qh.add(2 * i), q));
+                    hi[i] = vorrq_u8(hi[i], fifth_bits(*qh.add(2 * i + 1), q));
+                }
+            }
+            let w: [int8x16_t; 8] =
+                std::array::from_fn(|i| vreinterpretq_s8_u8(if i < 4 { lo[i] } else { hi[i - 4] }));
             for t in 0..N {
                 s[t] = dot_block(s[t], &w, &y[t]);
             }
@@ -185,10 +255,13 @@ unsafe fn q4_tile<const N: usize>(
     }
 }
 
-/// Q8_0: `chunk[i]` meets inputs 4i.. (i < 4) and 16 + 4(i − 4).. (i ≥ 4), signed × signed;
-/// `acc += f32(Σ) · d_w · d_x`.
+/// Int8 weights: Q8_0 (an f16 scale per 32 inputs), or levels with sub-scales (`S`) per 32
+/// inputs or per 16 (`HALVES`: each half of the block its own integer sum and scale) and a min
+/// term (`MIN`). `chunk[i]` meets inputs 4i.. (i < 4) and 16 + 4(i − 4).. (i ≥ 4), signed ×
+/// signed (no weight sums needed); `acc += f32(Σ) · d_w · d_x` (per half), then the min term,
+/// in that order for every tile height.
 #[inline(always)]
-unsafe fn q8_tile<const N: usize>(
+unsafe fn q8_tile<const N: usize, const S: bool, const HALVES: bool, const MIN: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -196,21 +269,64 @@ unsafe fn q8_tile<const N: usize>(
     acc: &mut [[float32x4_t; 4]; TILE],
 ) {
     let nb = p.cols / QK;
+    let per = if HALVES { 2 } else { 1 };
+    let zero = [vdupq_n_f32(0.0); 4];
     for b in 0..nb {
         let gb = g * nb + b;
         let base = p.q.as_ptr().add(gb * 512);
         let y = acts::<N>(a, t0, b);
-        let dw = load_f16x16(p.d.as_ptr().add(gb * GROUP));
+        let at = gb * per * GROUP;
+        let sup = p.sup_at(g, b);
+        let dw0 = if S {
+            sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at))
+        } else {
+            load_f16x16(p.d.as_ptr().add(gb * GROUP))
+        };
+        let dw1 = if HALVES {
+            sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP))
+        } else {
+            zero
+        };
+        let (m0, m1) = if MIN {
+            (
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at)),
+                if HALVES {
+                    sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP))
+                } else {
+                    zero
+                },
+            )
+        } else {
+            (zero, zero)
+        };
         for q in 0..4 {
-            let mut s = [vdupq_n_s32(0); N];
             let w: [int8x16_t; 8] =
                 std::array::from_fn(|i| vld1q_s8(base.add(i * 64 + q * 16) as _));
+            let mut s0 = [vdupq_n_s32(0); N];
+            let mut s1 = [vdupq_n_s32(0); N];
             for t in 0..N {
-                s[t] = dot_block(s[t], &w, &y[t]);
+                if HALVES {
+                    s0[t] = dot_half(s0[t], &w[..4], y[t][0]);
+                    s1[t] = dot_half(s1[t], &w[4..], y[t][1]);
+                } else {
+                    s0[t] = dot_block(s0[t], &w, &y[t]);
+                }
             }
             for t in 0..N {
-                let dx = *a.d.get_unchecked((t0 + t) * nb + b);
-                acc[t][q] = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s[t]), vmulq_n_f32(dw[q], dx));
+                let row = t0 + t;
+                let dx = *a.d.get_unchecked(row * nb + b);
+                let mut v = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s0[t]), vmulq_n_f32(dw0[q], dx));
+                if HALVES {
+                    v = vfmaq_f32(v, vcvtq_f32_s32(s1[t]), vmulq_n_f32(dw1[q], dx));
+                    if MIN {
+                        let h = (row * nb + b) * 2;
+                        v = vfmaq_n_f32(v, m0[q], *a.h.get_unchecked(h));
+                        v = vfmaq_n_f32(v, m1[q], *a.h.get_unchecked(h + 1));
+                    }
+                } else if MIN {
+                    v = vfmaq_n_f32(v, m0[q], *a.s.get_unchecked(row * nb + b));
+                }
+                acc[t][q] = v;
             }
         }
     }

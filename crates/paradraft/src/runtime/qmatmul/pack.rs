@@ -67,7 +67,7 @@ impl Fmt {
         )
     }
 
-    /// The formats the original kernels of every ISA run; NEON runs the others portably.
+    /// The formats with one f16 scale (and min) per 32 inputs and no sub-scales.
     pub fn legacy(self) -> bool {
         matches!(self, Fmt::Q4 | Fmt::Q8)
     }
