@@ -268,7 +268,8 @@ fn fuzz(file: &std::path::Path, rounds: usize) {
     );
 }
 
-/// `--quantize` (#59): a dense model's matrices converted at load to Q8_0, Q4_0 or Q4_1 run on
+/// `--quantize` (#59): a dense model's matrices converted at load to Q8_0, Q4_0, Q4_1, Q4_K or
+/// Q6_K run on
 /// the int8 kernels and stay near the unquantized model (Q8_0 closely, 4-bit less so); the
 /// embedding and LM head keep 8 bits under a 4-bit type.
 #[test]
@@ -286,6 +287,10 @@ fn dense_models_quantized_at_load_track_the_unquantized_one() {
         (GgmlType::Q8_0, 0.9, 0.05),
         (GgmlType::Q4_0, 0.3, 0.3),
         (GgmlType::Q4_1, 0.3, 0.3),
+        // 64-wide rows: Q4_K falls back to Q5_0 and its Q6_K embedding to Q8_0, as
+        // llama-quantize's do (the K-quant blocks themselves: `runtime::kquantize`).
+        (GgmlType::Q4_K, 0.3, 0.3),
+        (GgmlType::Q6_K, 0.9, 0.05),
     ] {
         let mut q = paradraft::model::load(&path).unwrap();
         q.model.quantize_dense(ty);

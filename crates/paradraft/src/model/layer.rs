@@ -286,6 +286,16 @@ impl Layer {
         v
     }
 
+    /// The value projection and a dense MLP's down projection: the matrices a `_M` quant mix
+    /// keeps wider in some layers.
+    pub(crate) fn v_and_down_mut(&mut self) -> Vec<&mut Matrix> {
+        let mut v = vec![&mut self.wv];
+        if let Ffn::Dense { down, .. } = &mut self.ffn {
+            v.push(down);
+        }
+        v
+    }
+
     /// Bytes of weight matrices one token's forward streams (a mixture of experts: the router
     /// and, on average, the share of the experts a token uses).
     pub(crate) fn weight_bytes(&self) -> usize {

@@ -39,6 +39,7 @@ pub mod attention;
 pub mod blocks;
 pub mod ggml;
 pub mod isa;
+pub mod kquantize;
 pub mod kv;
 pub mod ops;
 pub mod pool;

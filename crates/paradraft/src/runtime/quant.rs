@@ -170,13 +170,23 @@ impl Matrix {
         self.quantized(GgmlType::Q8_0)
     }
 
-    /// This matrix in `ty` (Q8_0, Q4_0 or Q4_1, by llama.cpp's reference quantisers) when it
-    /// is dense and its columns are a multiple of 32; otherwise unchanged.
+    /// This matrix in `ty` (Q8_0, Q4_0, Q4_1 or Q5_0 by llama.cpp's reference quantisers,
+    /// Q4_K or Q6_K by [`super::kquantize`]) when it is dense and its columns are a multiple of
+    /// 32; otherwise unchanged. A K-quant whose rows are not whole 256-blocks falls back as
+    /// llama-quantize's does: Q4_K to Q5_0, Q6_K to Q8_0.
     pub fn quantized(self, ty: GgmlType) -> Matrix {
-        let quantize = match ty {
-            GgmlType::Q8_0 => quantize_q8_0,
-            GgmlType::Q4_0 => quantize_q4_0,
-            GgmlType::Q4_1 => quantize_q4_1,
+        use super::kquantize::{quantize_q4_k, quantize_q5_0, quantize_q6_k, QK_K};
+        let whole = self.cols.is_multiple_of(QK_K);
+        type Quantiser = fn(&[f32]) -> Vec<u8>;
+        let (ty, quantize): (GgmlType, Quantiser) = match ty {
+            GgmlType::Q8_0 => (ty, quantize_q8_0),
+            GgmlType::Q4_0 => (ty, quantize_q4_0),
+            GgmlType::Q4_1 => (ty, quantize_q4_1),
+            GgmlType::Q5_0 => (ty, quantize_q5_0),
+            GgmlType::Q4_K if whole => (ty, quantize_q4_k),
+            GgmlType::Q4_K => (GgmlType::Q5_0, quantize_q5_0),
+            GgmlType::Q6_K if whole => (ty, quantize_q6_k),
+            GgmlType::Q6_K => (GgmlType::Q8_0, quantize_q8_0),
             _ => return self,
         };
         match &self.data {
@@ -553,19 +563,38 @@ mod tests {
             172, 185, 202, 155, 172, 185, 202, 156, 160, 186, 155, 172, 185, 202, 155, 172,
         ];
         assert_eq!(quantize_q4_0(&x), want);
-        // A dense matrix quantized to each type holds what that type's bytes hold.
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-            let m = Matrix::from_f32(2, 32, x.clone()).quantized(ty);
+        // A dense matrix quantized to each type holds what that type's bytes hold; a K-quant
+        // of rows that are not whole 256-blocks falls back as llama-quantize's does.
+        use super::super::kquantize::{quantize_q4_k, quantize_q5_0, quantize_q6_k};
+        let wide: Vec<f32> = (0..512)
+            .map(|i| x[i % 64] * (1.0 + i as f32 / 512.0))
+            .collect();
+        for (ty, cols, stored) in [
+            (GgmlType::Q8_0, 32, GgmlType::Q8_0),
+            (GgmlType::Q4_0, 32, GgmlType::Q4_0),
+            (GgmlType::Q4_1, 32, GgmlType::Q4_1),
+            (GgmlType::Q5_0, 32, GgmlType::Q5_0),
+            (GgmlType::Q4_K, 256, GgmlType::Q4_K),
+            (GgmlType::Q6_K, 256, GgmlType::Q6_K),
+            (GgmlType::Q4_K, 32, GgmlType::Q5_0),
+            (GgmlType::Q6_K, 32, GgmlType::Q8_0),
+        ] {
+            let v = if cols == 32 { x.clone() } else { wide.clone() };
+            let m = Matrix::from_f32(2, cols, v.clone()).quantized(ty);
             assert!(m.wants_qacts(), "{ty:?}");
-            let mut row = vec![0f32; 32];
+            assert_eq!(m.ty(), stored, "{ty:?} of {cols} columns");
+            let mut row = vec![0f32; cols];
             m.row_into(1, &mut row);
-            let mut want = vec![0f32; 32];
-            let bytes = match ty {
-                GgmlType::Q8_0 => quantize_q8_0(&x[32..]),
-                GgmlType::Q4_0 => quantize_q4_0(&x[32..]),
-                _ => quantize_q4_1(&x[32..]),
+            let mut want = vec![0f32; cols];
+            let quantize = match stored {
+                GgmlType::Q8_0 => quantize_q8_0,
+                GgmlType::Q4_0 => quantize_q4_0,
+                GgmlType::Q4_1 => quantize_q4_1,
+                GgmlType::Q5_0 => quantize_q5_0,
+                GgmlType::Q4_K => quantize_q4_k,
+                _ => quantize_q6_k,
             };
-            dequantize(ty, &bytes, &mut want);
+            dequantize(stored, &quantize(&v[cols..]), &mut want);
             assert_eq!(row, want, "{ty:?}");
         }
     }

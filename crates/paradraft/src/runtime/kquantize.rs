@@ -1,0 +1,374 @@
+//! Quantisers for `--quantize q4_k|q6_k`: GGML's Q4_K and Q6_K blocks (layouts in
+//! [`super::blocks`]) and the Q5_0 fallback llama-quantize uses where a row is not a whole
+//! number of 256-blocks.
+//!
+//! Q5_0 is llama.cpp's reference rule (bytes tested against the `gguf` package's). The K-quant
+//! scales are found the way llama.cpp's reference quantisers find them, written here from the
+//! method, not from its code: per sub-block a small search over candidate scales, each refit
+//! by weighted least squares on the levels it gives (weights grow with |x|, so large weights —
+//! the ones that move a dot product — are met more closely), then the sub-block scales (and
+//! mins) are themselves quantized against one f16 scale per 256 values and the levels
+//! recomputed with the stored scales, so every value lands within half a level of the grid it
+//! is read back on (up to clipping at the ends of the range). The bytes are not llama.cpp's
+//! (there is no reference to compare them with here); what they cost is measured in
+//! docs/gguf.md.
+
+use super::ggml::QK;
+use half::f16;
+
+/// Elements per K-quant block.
+pub const QK_K: usize = 256;
+
+/// Quantises `x` (a multiple of 32) to Q5_0 blocks by llama.cpp's reference rule: per 32 values
+/// the one of largest magnitude m, an f16 scale d = m / −16, levels min(31, trunc(x / d +
+/// 16.5)), the low four bits in nibbles (inputs 0..16 low) and the fifth bits in a u32.
+pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK), "Q5_0 needs whole blocks of 32");
+    let mut out = Vec::with_capacity(x.len() / QK * 22);
+    for b in x.chunks_exact(QK) {
+        let m = b
+            .iter()
+            .copied()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let d = m / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<u8> = b.iter().map(|&v| ((v * id + 16.5) as u8).min(31)).collect();
+        let qh = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |h, (j, &l)| h | (((l >> 4) as u32) << j));
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend((0..16).map(|j| (q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)));
+    }
+    out
+}
+
+/// The weighted least-squares fit of `x ≈ scale · l + off` over `w`: `(scale, off)`, or `None`
+/// when the levels are all equal.
+fn fit(x: &[f32], l: &[i32], w: &[f32]) -> Option<(f32, f32)> {
+    let (mut sw, mut sl, mut sx, mut sll, mut slx) = (0f32, 0f32, 0f32, 0f32, 0f32);
+    for ((&x, &l), &w) in x.iter().zip(l).zip(w) {
+        let l = l as f32;
+        sw += w;
+        sl += w * l;
+        sx += w * x;
+        sll += w * l * l;
+        slx += w * l * x;
+    }
+    let det = sw * sll - sl * sl;
+    (det > 0.0).then(|| ((sw * slx - sx * sl) / det, (sll * sx - sl * slx) / det))
+}
+
+/// Weighted squared error of `x` against `scale · l + off`.
+fn error(x: &[f32], l: &[i32], w: &[f32], scale: f32, off: f32) -> f32 {
+    x.iter()
+        .zip(l)
+        .zip(w)
+        .map(|((&x, &l), &w)| {
+            let e = scale * l as f32 + off - x;
+            w * e * e
+        })
+        .sum()
+}
+
+/// Scale and (non-positive) offset of `x ≈ scale · l + off`, `l` in 0..=`nmax`, by a search
+/// over candidate scales, each refit by least squares (an offset above zero is clamped to zero
+/// and the scale refit alone). Returns `(scale, −off)`, both ≥ 0.
+fn scale_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
+    let lo = x.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
+    let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if hi <= lo {
+        return (0.0, -lo);
+    }
+    let mut l = vec![0i32; x.len()];
+    let mut best = ((hi - lo) / nmax as f32, lo);
+    let mut best_err = {
+        let (s, o) = best;
+        x.iter()
+            .zip(l.iter_mut())
+            .for_each(|(&v, l)| *l = ((v - o) / s).round().clamp(0.0, nmax as f32) as i32);
+        error(x, &l, w, s, o)
+    };
+    for step in 0..=20 {
+        let iscale = (nmax as f32 - 1.0 + 0.1 * step as f32) / (hi - lo);
+        x.iter()
+            .zip(l.iter_mut())
+            .for_each(|(&v, l)| *l = (iscale * (v - lo)).round().clamp(0.0, nmax as f32) as i32);
+        let Some((mut s, mut o)) = fit(x, &l, w) else {
+            continue;
+        };
+        if o > 0.0 {
+            let (slx, sll) = x
+                .iter()
+                .zip(&l)
+                .zip(w)
+                .fold((0f32, 0f32), |(a, b), ((&x, &l), &w)| {
+                    (a + w * l as f32 * x, b + w * (l * l) as f32)
+                });
+            (s, o) = (if sll > 0.0 { slx / sll } else { 0.0 }, 0.0);
+        }
+        let e = error(x, &l, w, s, o);
+        if s > 0.0 && e < best_err {
+            (best, best_err) = ((s, o), e);
+        }
+    }
+    (best.0, -best.1)
+}
+
+/// Scale of `x ≈ scale · l`, `l` in −`n`..`n` − 1, by a search over candidate scales each refit
+/// by least squares; the sign is that of the largest-magnitude value's side.
+fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
+    let m = x
+        .iter()
+        .copied()
+        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    if m == 0.0 {
+        return 0.0;
+    }
+    let mut l = vec![0i32; x.len()];
+    let (mut best, mut best_err) = (0f32, f32::INFINITY);
+    for step in -9..=9 {
+        let iscale = -(n as f32 + 0.1 * step as f32) / m;
+        x.iter().zip(l.iter_mut()).for_each(|(&v, l)| {
+            *l = (iscale * v).round().clamp(-(n as f32), n as f32 - 1.0) as i32
+        });
+        let (slx, sll) = x
+            .iter()
+            .zip(&l)
+            .zip(w)
+            .fold((0f32, 0f32), |(a, b), ((&x, &l), &w)| {
+                (a + w * l as f32 * x, b + w * (l * l) as f32)
+            });
+        if sll <= 0.0 {
+            continue;
+        }
+        let s = slx / sll;
+        let e = error(x, &l, w, s, 0.0);
+        if e < best_err {
+            (best, best_err) = (s, e);
+        }
+    }
+    best
+}
+
+/// Rounds `v / max · 63` to 0..=63 (0 when `max` is 0).
+fn six_bits(v: f32, max: f32) -> u8 {
+    if max > 0.0 {
+        (v * (63.0 / max)).round().clamp(0.0, 63.0) as u8
+    } else {
+        0
+    }
+}
+
+/// Quantises `x` (a multiple of 256) to Q4_K blocks: per 32 values a 6-bit scale and min, per
+/// 256 an f16 `d` and `dmin`, 4-bit levels with x ≈ l · (d · sc) − dmin · m.
+pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
+    assert!(
+        x.len().is_multiple_of(QK_K),
+        "Q4_K needs whole blocks of 256"
+    );
+    let mut out = Vec::with_capacity(x.len() / QK_K * 144);
+    for blk in x.chunks_exact(QK_K) {
+        let mut sub = [(0f32, 0f32); 8];
+        for (j, xs) in blk.chunks_exact(32).enumerate() {
+            let rms = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+            let w: Vec<f32> = xs.iter().map(|v| rms + v.abs()).collect();
+            sub[j] = scale_min(xs, &w, 15);
+        }
+        let max_s = sub.iter().fold(0f32, |m, s| m.max(s.0));
+        let max_m = sub.iter().fold(0f32, |m, s| m.max(s.1));
+        let ls: Vec<u8> = sub.iter().map(|s| six_bits(s.0, max_s)).collect();
+        let lm: Vec<u8> = sub.iter().map(|s| six_bits(s.1, max_m)).collect();
+        let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
+        let mut scales = [0u8; 12];
+        for j in 0..8 {
+            if j < 4 {
+                scales[j] |= ls[j];
+                scales[j + 4] |= lm[j];
+            } else {
+                scales[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
+                scales[j - 4] |= (ls[j] >> 4) << 6;
+                scales[j] |= (lm[j] >> 4) << 6;
+            }
+        }
+        let mut l = [0u8; QK_K];
+        for (j, (xs, ls)) in blk.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
+            let [s, m] = ls_lm(&scales, j);
+            let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
+            for (l, &v) in ls.iter_mut().zip(xs) {
+                *l = if step > 0.0 {
+                    ((v + off) / step).round().clamp(0.0, 15.0) as u8
+                } else {
+                    0
+                };
+            }
+        }
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&dmin.to_le_bytes());
+        out.extend_from_slice(&scales);
+        for c in 0..4 {
+            out.extend((0..32).map(|i| l[c * 64 + i] | (l[c * 64 + 32 + i] << 4)));
+        }
+    }
+    out
+}
+
+/// Sub-block `j`'s packed 6-bit scale and min, read back as the dequantiser reads them.
+fn ls_lm(s: &[u8; 12], j: usize) -> [u8; 2] {
+    if j < 4 {
+        [s[j] & 63, s[j + 4] & 63]
+    } else {
+        [
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        ]
+    }
+}
+
+/// Quantises `x` (a multiple of 256) to Q6_K blocks: per 16 values an i8 scale, per 256 an f16
+/// `d`, 6-bit levels −32..31 with x ≈ l · (d · sc).
+pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
+    assert!(
+        x.len().is_multiple_of(QK_K),
+        "Q6_K needs whole blocks of 256"
+    );
+    let mut out = Vec::with_capacity(x.len() / QK_K * 210);
+    for blk in x.chunks_exact(QK_K) {
+        let mut sub = [0f32; 16];
+        for (j, xs) in blk.chunks_exact(16).enumerate() {
+            let w: Vec<f32> = xs.iter().map(|v| v * v).collect();
+            sub[j] = scale_signed(xs, &w, 32);
+        }
+        let m = sub
+            .iter()
+            .copied()
+            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
+            (f16::ZERO, [0; 16])
+        } else {
+            let iscale = -128.0 / m;
+            let sc = sub.map(|s| (iscale * s).round().clamp(-128.0, 127.0) as i8);
+            (f16::from_f32(1.0 / iscale), sc)
+        };
+        let mut l = [0u8; QK_K];
+        for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            let step = d.to_f32() * sc[j] as f32;
+            for (l, &v) in ls.iter_mut().zip(xs) {
+                let q = if step != 0.0 {
+                    (v / step).round().clamp(-32.0, 31.0) as i32
+                } else {
+                    0
+                };
+                *l = (q + 32) as u8;
+            }
+        }
+        let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+        for n in 0..2 {
+            let y = &l[n * 128..];
+            for i in 0..32 {
+                ql[n * 64 + i] = (y[i] & 0xF) | ((y[i + 64] & 0xF) << 4);
+                ql[n * 64 + i + 32] = (y[i + 32] & 0xF) | ((y[i + 96] & 0xF) << 4);
+                qh[n * 32 + i] = (y[i] >> 4)
+                    | ((y[i + 32] >> 4) << 2)
+                    | ((y[i + 64] >> 4) << 4)
+                    | ((y[i + 96] >> 4) << 6);
+            }
+        }
+        out.extend_from_slice(&ql);
+        out.extend_from_slice(&qh);
+        out.extend(sc.iter().map(|&s| s as u8));
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::quant::{dequantize, GgmlType};
+
+    /// Q5_0 bytes equal llama.cpp's reference quantiser's (the `gguf` package's
+    /// `quants.quantize`, run once for these values: the second block's largest magnitude is
+    /// negative, the first's positive).
+    #[test]
+    fn q5_0_quantiser_writes_the_reference_bytes() {
+        let mut x: Vec<f32> = (0..64)
+            .map(|i| (((i * 37 % 29) as f64 - 9.0) * 0.021 + (i / 32) as f64 * 0.3) as f32)
+            .collect();
+        x[40] = -1.3;
+        x[7] = 0.9;
+        let want: [u8; 44] = [
+            51, 171, 19, 153, 200, 100, 243, 192, 157, 26, 226, 191, 60, 0, 209, 174, 27, 243, 192,
+            61, 10, 210, 51, 45, 255, 254, 255, 255, 56, 82, 116, 38, 72, 99, 133, 55, 80, 116, 22,
+            56, 98, 132, 39, 73,
+        ];
+        assert_eq!(quantize_q5_0(&x), want);
+    }
+
+    /// Deterministic values of a weight-like spread: mostly small, some rows scaled up, a few
+    /// outliers.
+    fn weights(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        let mut unif = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 + 0.5) / (1u64 << 24) as f32
+        };
+        (0..n)
+            .map(|i| {
+                // A sum of uniforms: roughly normal, scaled per 256-block, with outliers.
+                let g: f32 = (0..4).map(|_| unif() - 0.5).sum::<f32>() * 1.7;
+                let scale = 0.02 * (1 + (i / 256) % 5) as f32;
+                let out = if unif() < 0.01 { 6.0 } else { 1.0 };
+                g * scale * out
+            })
+            .collect()
+    }
+
+    fn rel_rmse(ty: GgmlType, x: &[f32], bytes: &[u8]) -> f64 {
+        assert_eq!(bytes.len(), x.len() / ty.block_len() * ty.block_bytes());
+        let mut y = vec![0f32; x.len()];
+        dequantize(ty, bytes, &mut y);
+        let err: f64 = x
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let mag: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
+        (err / mag).sqrt()
+    }
+
+    /// Read back by the dequantiser (ggml's layout), the K-quants land where their bit widths
+    /// put them (measured: relative RMS error Q4_0 0.119, Q4_1 0.089, Q5_0 0.058, Q4_K 0.082,
+    /// Q6_K 0.023): Q4_K below Q4_0 and Q4_1, Q6_K under 0.3 of Q4_K and half of Q5_0. A byte
+    /// in the wrong place (a scale, a nibble, a high bit) moves values by whole steps and
+    /// fails these bounds.
+    #[test]
+    fn k_quantisers_round_trip_through_ggml_layout() {
+        use crate::runtime::quant::{quantize_q4_0, quantize_q4_1};
+        let x = weights(256 * 40, 7);
+        let q4_0 = rel_rmse(GgmlType::Q4_0, &x, &quantize_q4_0(&x));
+        let q4_1 = rel_rmse(GgmlType::Q4_1, &x, &quantize_q4_1(&x));
+        let q5_0 = rel_rmse(GgmlType::Q5_0, &x, &quantize_q5_0(&x));
+        let q4_k = rel_rmse(GgmlType::Q4_K, &x, &quantize_q4_k(&x));
+        let q6_k = rel_rmse(GgmlType::Q6_K, &x, &quantize_q6_k(&x));
+        eprintln!(
+            "rel rmse q4_0 {q4_0:.4} q4_1 {q4_1:.4} q5_0 {q5_0:.4} q4_k {q4_k:.4} q6_k {q6_k:.4}"
+        );
+        assert!(q4_k < q4_0 && q4_k < q4_1, "q4_k {q4_k}");
+        assert!(q5_0 < 0.6 * q4_0, "q5_0 {q5_0}");
+        assert!(q6_k < 0.3 * q4_k && q6_k < 0.5 * q5_0, "q6_k {q6_k}");
+        // Zeros read back as zeros.
+        let z = vec![0f32; 512];
+        for (ty, bytes) in [
+            (GgmlType::Q4_K, quantize_q4_k(&z)),
+            (GgmlType::Q6_K, quantize_q6_k(&z)),
+        ] {
+            let mut y = vec![1f32; 512];
+            dequantize(ty, &bytes, &mut y);
+            assert!(y.iter().all(|&v| v == 0.0), "{ty:?}");
+        }
+    }
+}
