@@ -44,71 +44,84 @@ pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// The weighted least-squares fit of `x ≈ scale · l + off` over `w`: `(scale, off)`, or `None`
-/// when the levels are all equal.
-fn fit(x: &[f32], l: &[i32], w: &[f32]) -> Option<(f32, f32)> {
-    let (mut sw, mut sl, mut sx, mut sll, mut slx) = (0f32, 0f32, 0f32, 0f32, 0f32);
-    for ((&x, &l), &w) in x.iter().zip(l).zip(w) {
-        let l = l as f32;
-        sw += w;
-        sl += w * l;
-        sx += w * x;
-        sll += w * l * l;
-        slx += w * l * x;
-    }
-    let det = sw * sll - sl * sl;
-    (det > 0.0).then(|| ((sw * slx - sx * sl) / det, (sll * sx - sl * slx) / det))
+/// The nearest integer (ties to even) of `v`, |v| < 2²²: the f32 magic-number rounding, which
+/// vectorises where `f32::round` is a library call.
+#[inline(always)]
+fn nearest(v: f32) -> i32 {
+    ((v + 12_582_912.0).to_bits() & 0x7F_FFFF) as i32 - 0x40_0000
 }
 
-/// Weighted squared error of `x` against `scale · l + off`.
-fn error(x: &[f32], l: &[i32], w: &[f32], scale: f32, off: f32) -> f32 {
+/// `v` rounded to the nearest integer (ties to even), as an f32; |v| < 2²².
+#[inline(always)]
+fn nearest_f(v: f32) -> f32 {
+    (v + 12_582_912.0) - 12_582_912.0
+}
+
+/// `Σ w·l`, `Σ w·l²`, `Σ w·l·x` over a sub-block (a multiple of 8 values) with levels
+/// `l = nearest(clamp(iscale · (x − lo), l0, l1))`, in 8 independent lanes (the search's inner
+/// loop: one dependent chain of adds would leave it latency-bound).
+#[inline(always)]
+fn level_sums(x: &[f32], w: &[f32], iscale: f32, lo: f32, l0: f32, l1: f32) -> (f32, f32, f32) {
+    let mut acc = [[0f32; 8]; 3];
+    for (xc, wc) in x.chunks_exact(8).zip(w.chunks_exact(8)) {
+        for k in 0..8 {
+            let l = nearest_f((iscale * (xc[k] - lo)).clamp(l0, l1));
+            acc[0][k] += wc[k] * l;
+            acc[1][k] += wc[k] * l * l;
+            acc[2][k] += wc[k] * l * xc[k];
+        }
+    }
+    let sum = |a: [f32; 8]| a.iter().sum::<f32>();
+    (sum(acc[0]), sum(acc[1]), sum(acc[2]))
+}
+
+/// Weighted sums over a sub-block of `Σ w`, `Σ w·x`, `Σ w·x²`.
+fn moments(x: &[f32], w: &[f32]) -> (f32, f32, f32) {
     x.iter()
-        .zip(l)
         .zip(w)
-        .map(|((&x, &l), &w)| {
-            let e = scale * l as f32 + off - x;
-            w * e * e
+        .fold((0.0, 0.0, 0.0), |(a, b, c), (&x, &w)| {
+            (a + w, b + w * x, c + w * x * x)
         })
-        .sum()
 }
 
 /// Scale and (non-positive) offset of `x ≈ scale · l + off`, `l` in 0..=`nmax`, by a search
-/// over candidate scales, each refit by least squares (an offset above zero is clamped to zero
-/// and the scale refit alone). Returns `(scale, −off)`, both ≥ 0.
+/// over candidate scales, each refit by weighted least squares on the levels it gives (an
+/// offset above zero is clamped to zero and the scale refit alone); the error of each fit is
+/// read from the same sums. Returns `(scale, −off)`, both ≥ 0.
 fn scale_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
     let lo = x.iter().copied().fold(f32::INFINITY, f32::min).min(0.0);
     let hi = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if hi <= lo {
         return (0.0, -lo);
     }
-    let mut l = vec![0i32; x.len()];
-    let mut best = ((hi - lo) / nmax as f32, lo);
-    let mut best_err = {
-        let (s, o) = best;
-        x.iter()
-            .zip(l.iter_mut())
-            .for_each(|(&v, l)| *l = ((v - o) / s).round().clamp(0.0, nmax as f32) as i32);
-        error(x, &l, w, s, o)
+    let (sw, sx, sxx) = moments(x, w);
+    let err = |s: f32, o: f32, sl: f32, sll: f32, slx: f32| {
+        s * s * sll + 2.0 * s * o * sl + o * o * sw - 2.0 * s * slx - 2.0 * o * sx + sxx
     };
-    for step in 0..=20 {
-        let iscale = (nmax as f32 - 1.0 + 0.1 * step as f32) / (hi - lo);
-        x.iter()
-            .zip(l.iter_mut())
-            .for_each(|(&v, l)| *l = (iscale * (v - lo)).round().clamp(0.0, nmax as f32) as i32);
-        let Some((mut s, mut o)) = fit(x, &l, w) else {
-            continue;
+    let (mut best, mut best_err) = (((hi - lo) / nmax as f32, lo), f32::INFINITY);
+    for step in -1..=20 {
+        // Candidate −1: the plain (max − min) / nmax grid, unrefit.
+        let iscale = if step < 0 {
+            nmax as f32 / (hi - lo)
+        } else {
+            (nmax as f32 - 1.0 + 0.1 * step as f32) / (hi - lo)
         };
-        if o > 0.0 {
-            let (slx, sll) = x
-                .iter()
-                .zip(&l)
-                .zip(w)
-                .fold((0f32, 0f32), |(a, b), ((&x, &l), &w)| {
-                    (a + w * l as f32 * x, b + w * (l * l) as f32)
-                });
-            (s, o) = (if sll > 0.0 { slx / sll } else { 0.0 }, 0.0);
-        }
-        let e = error(x, &l, w, s, o);
+        let (sl, sll, slx) = level_sums(x, w, iscale, lo, 0.0, nmax as f32);
+        let (s, o) = if step < 0 {
+            best
+        } else {
+            let det = sw * sll - sl * sl;
+            if det <= 0.0 {
+                continue;
+            }
+            let (s, o) = ((sw * slx - sx * sl) / det, (sll * sx - sl * slx) / det);
+            if o > 0.0 {
+                (if sll > 0.0 { slx / sll } else { 0.0 }, 0.0)
+            } else {
+                (s, o)
+            }
+        };
+        let e = err(s, o, sl, sll, slx);
         if s > 0.0 && e < best_err {
             (best, best_err) = ((s, o), e);
         }
@@ -117,7 +130,8 @@ fn scale_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
 }
 
 /// Scale of `x ≈ scale · l`, `l` in −`n`..`n` − 1, by a search over candidate scales each refit
-/// by least squares; the sign is that of the largest-magnitude value's side.
+/// by weighted least squares (whose error is `Σ w·x² − (Σ w·l·x)² / Σ w·l²`: the best fit has
+/// the largest `(Σ w·l·x)² / Σ w·l²`); the sign is that of the largest-magnitude value's side.
 fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
     let m = x
         .iter()
@@ -126,27 +140,12 @@ fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
     if m == 0.0 {
         return 0.0;
     }
-    let mut l = vec![0i32; x.len()];
-    let (mut best, mut best_err) = (0f32, f32::INFINITY);
+    let (mut best, mut best_gain) = (0f32, f32::NEG_INFINITY);
     for step in -9..=9 {
         let iscale = -(n as f32 + 0.1 * step as f32) / m;
-        x.iter().zip(l.iter_mut()).for_each(|(&v, l)| {
-            *l = (iscale * v).round().clamp(-(n as f32), n as f32 - 1.0) as i32
-        });
-        let (slx, sll) = x
-            .iter()
-            .zip(&l)
-            .zip(w)
-            .fold((0f32, 0f32), |(a, b), ((&x, &l), &w)| {
-                (a + w * l as f32 * x, b + w * (l * l) as f32)
-            });
-        if sll <= 0.0 {
-            continue;
-        }
-        let s = slx / sll;
-        let e = error(x, &l, w, s, 0.0);
-        if e < best_err {
-            (best, best_err) = (s, e);
+        let (_, sll, slx) = level_sums(x, w, iscale, 0.0, -n as f32, n as f32 - 1.0);
+        if sll > 0.0 && slx * slx / sll > best_gain {
+            (best, best_gain) = (slx / sll, slx * slx / sll);
         }
     }
     best
@@ -155,7 +154,7 @@ fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
 /// Rounds `v / max · 63` to 0..=63 (0 when `max` is 0).
 fn six_bits(v: f32, max: f32) -> u8 {
     if max > 0.0 {
-        (v * (63.0 / max)).round().clamp(0.0, 63.0) as u8
+        nearest(v * (63.0 / max)).clamp(0, 63) as u8
     } else {
         0
     }
@@ -173,7 +172,7 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
         let mut sub = [(0f32, 0f32); 8];
         for (j, xs) in blk.chunks_exact(32).enumerate() {
             let rms = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            let w: Vec<f32> = xs.iter().map(|v| rms + v.abs()).collect();
+            let w: [f32; 32] = std::array::from_fn(|i| rms + xs[i].abs());
             sub[j] = scale_min(xs, &w, 15);
         }
         let max_s = sub.iter().fold(0f32, |m, s| m.max(s.0));
@@ -198,7 +197,7 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
             let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
             for (l, &v) in ls.iter_mut().zip(xs) {
                 *l = if step > 0.0 {
-                    ((v + off) / step).round().clamp(0.0, 15.0) as u8
+                    nearest((v + off) / step).clamp(0, 15) as u8
                 } else {
                     0
                 };
@@ -237,7 +236,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
     for blk in x.chunks_exact(QK_K) {
         let mut sub = [0f32; 16];
         for (j, xs) in blk.chunks_exact(16).enumerate() {
-            let w: Vec<f32> = xs.iter().map(|v| v * v).collect();
+            let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
             sub[j] = scale_signed(xs, &w, 32);
         }
         let m = sub
@@ -248,7 +247,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
             (f16::ZERO, [0; 16])
         } else {
             let iscale = -128.0 / m;
-            let sc = sub.map(|s| (iscale * s).round().clamp(-128.0, 127.0) as i8);
+            let sc = sub.map(|s| nearest(iscale * s).clamp(-128, 127) as i8);
             (f16::from_f32(1.0 / iscale), sc)
         };
         let mut l = [0u8; QK_K];
@@ -256,7 +255,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
             let step = d.to_f32() * sc[j] as f32;
             for (l, &v) in ls.iter_mut().zip(xs) {
                 let q = if step != 0.0 {
-                    (v / step).round().clamp(-32.0, 31.0) as i32
+                    nearest(v / step).clamp(-32, 31)
                 } else {
                     0
                 };

@@ -191,7 +191,20 @@ impl Matrix {
         };
         match &self.data {
             MatrixData::F32(v) if self.cols.is_multiple_of(QK) => {
-                Matrix::from_bytes(ty, self.rows, self.cols, &quantize(v))
+                // Rows are quantized independently, so in parallel (a 1.7 B model's K-quant
+                // search is minutes on one core).
+                let (cols, rb) = (self.cols, ty.row_bytes(self.cols));
+                let mut bytes = vec![0u8; self.rows * rb];
+                let out = SendPtr(bytes.as_mut_ptr());
+                par_ranges(self.rows, |r0, r1| {
+                    let q = quantize(&v[r0 * cols..r1 * cols]);
+                    debug_assert_eq!(q.len(), (r1 - r0) * rb);
+                    // SAFETY: the task of rows r0..r1 alone writes their bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(q.as_ptr(), out.get().add(r0 * rb), q.len())
+                    }
+                });
+                Matrix::from_bytes(ty, self.rows, self.cols, &bytes)
             }
             _ => self,
         }
