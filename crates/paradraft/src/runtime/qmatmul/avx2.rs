@@ -336,18 +336,12 @@ unsafe fn tile<D: Dot, const H: usize, const N: usize>(
     ld: usize,
 ) {
     let mut acc = [[_mm256_setzero_ps(); N]; H];
-    match p.fmt {
-        Fmt::Q4 => q4_tile::<D, H, N, false, false>(p, a, g, h0, t0, &mut acc),
-        Fmt::Q4S => q4_tile::<D, H, N, true, false>(p, a, g, h0, t0, &mut acc),
-        Fmt::Q5S => q4_tile::<D, H, N, true, true>(p, a, g, h0, t0, &mut acc),
-        Fmt::Q8 => q8_tile::<D, H, N, false, false, false>(p, a, g, h0, t0, &mut acc),
-        Fmt::Q8S { halves, min } => match (halves, min) {
-            (false, false) => q8_tile::<D, H, N, true, false, false>(p, a, g, h0, t0, &mut acc),
-            (false, true) => q8_tile::<D, H, N, true, false, true>(p, a, g, h0, t0, &mut acc),
-            (true, false) => q8_tile::<D, H, N, true, true, false>(p, a, g, h0, t0, &mut acc),
-            (true, true) => q8_tile::<D, H, N, true, true, true>(p, a, g, h0, t0, &mut acc),
-        },
+    macro_rules! tile {
+        ($f:ident $(, $c:expr)*) => {
+            $f::<D, H, N $(, $c)*>(p, a, g, h0, t0, &mut acc)
+        };
     }
+    by_format!(p.fmt, tile);
     for (h, rows) in acc.iter().enumerate() {
         for (t, v) in rows.iter().enumerate() {
             store(p, g * GROUP + 8 * (h0 + h), *v, out.add((t0 + t) * ld));

@@ -21,6 +21,26 @@ use super::ggml::{GgmlType, QK};
 use super::isa::{isa, Isa};
 
 mod pack;
+
+/// Calls `$tile!(name, consts…)` with the tile function and const parameters of `fmt`'s
+/// format — `q4_tile::<…, S, FIVE>` or `q8_tile::<…, S, HALVES, MIN>` — in every ISA's kernel
+/// (each defines its own `$tile` macro for its tile heights).
+macro_rules! by_format {
+    ($fmt:expr, $tile:ident) => {
+        match $fmt {
+            Fmt::Q4 => $tile!(q4_tile, false, false),
+            Fmt::Q4S => $tile!(q4_tile, true, false),
+            Fmt::Q5S => $tile!(q4_tile, true, true),
+            Fmt::Q8 => $tile!(q8_tile, false, false, false),
+            Fmt::Q8S { halves, min } => match (halves, min) {
+                (false, false) => $tile!(q8_tile, true, false, false),
+                (false, true) => $tile!(q8_tile, true, false, true),
+                (true, false) => $tile!(q8_tile, true, true, false),
+                (true, true) => $tile!(q8_tile, true, true, true),
+            },
+        }
+    };
+}
 pub use pack::{Fmt, Packed};
 
 pub const GROUP: usize = 16;

@@ -134,18 +134,7 @@ pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *m
                     }
                 };
             }
-            match p.fmt {
-                Fmt::Q4 => heights!(q4_tile, false, false),
-                Fmt::Q4S => heights!(q4_tile, true, false),
-                Fmt::Q5S => heights!(q4_tile, true, true),
-                Fmt::Q8 => heights!(q8_tile, false, false, false),
-                Fmt::Q8S { halves, min } => match (halves, min) {
-                    (false, false) => heights!(q8_tile, true, false, false),
-                    (false, true) => heights!(q8_tile, true, false, true),
-                    (true, false) => heights!(q8_tile, true, true, false),
-                    (true, true) => heights!(q8_tile, true, true, true),
-                },
-            }
+            by_format!(p.fmt, heights);
             let r0 = g * GROUP;
             let valid = (p.rows - r0).min(GROUP);
             for (t, v) in acc.iter().enumerate().take(tn) {
