@@ -44,17 +44,13 @@ pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// The nearest integer (ties to even) of `v`, |v| < 2²²: the f32 magic-number rounding, which
-/// vectorises where `f32::round` is a library call.
+/// `v` clamped to `lo..=hi` (|lo|, |hi| < 2²²) and rounded to the nearest integer, ties to
+/// even: the f32 magic-number rounding, which vectorises where `f32::round` is a library call
+/// (clamping first keeps it exact however far out `v` lies; NaN stays NaN, which `as` casts
+/// to 0).
 #[inline(always)]
-fn nearest(v: f32) -> i32 {
-    ((v + 12_582_912.0).to_bits() & 0x7F_FFFF) as i32 - 0x40_0000
-}
-
-/// `v` rounded to the nearest integer (ties to even), as an f32; |v| < 2²².
-#[inline(always)]
-fn nearest_f(v: f32) -> f32 {
-    (v + 12_582_912.0) - 12_582_912.0
+fn nearest(v: f32, lo: f32, hi: f32) -> f32 {
+    (v.clamp(lo, hi) + 12_582_912.0) - 12_582_912.0
 }
 
 /// `Σ w·l`, `Σ w·l²`, `Σ w·l·x` over a sub-block (a multiple of 8 values) with levels
@@ -65,7 +61,7 @@ fn level_sums(x: &[f32], w: &[f32], iscale: f32, lo: f32, l0: f32, l1: f32) -> (
     let mut acc = [[0f32; 8]; 3];
     for (xc, wc) in x.chunks_exact(8).zip(w.chunks_exact(8)) {
         for k in 0..8 {
-            let l = nearest_f((iscale * (xc[k] - lo)).clamp(l0, l1));
+            let l = nearest(iscale * (xc[k] - lo), l0, l1);
             acc[0][k] += wc[k] * l;
             acc[1][k] += wc[k] * l * l;
             acc[2][k] += wc[k] * l * xc[k];
@@ -154,7 +150,7 @@ fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
 /// Rounds `v / max · 63` to 0..=63 (0 when `max` is 0).
 fn six_bits(v: f32, max: f32) -> u8 {
     if max > 0.0 {
-        nearest(v * (63.0 / max)).clamp(0, 63) as u8
+        nearest(v * (63.0 / max), 0.0, 63.0) as u8
     } else {
         0
     }
@@ -197,7 +193,7 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
             let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
             for (l, &v) in ls.iter_mut().zip(xs) {
                 *l = if step > 0.0 {
-                    nearest((v + off) / step).clamp(0, 15) as u8
+                    nearest((v + off) / step, 0.0, 15.0) as u8
                 } else {
                     0
                 };
@@ -247,7 +243,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
             (f16::ZERO, [0; 16])
         } else {
             let iscale = -128.0 / m;
-            let sc = sub.map(|s| nearest(iscale * s).clamp(-128, 127) as i8);
+            let sc = sub.map(|s| nearest(iscale * s, -128.0, 127.0) as i8);
             (f16::from_f32(1.0 / iscale), sc)
         };
         let mut l = [0u8; QK_K];
@@ -255,7 +251,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
             let step = d.to_f32() * sc[j] as f32;
             for (l, &v) in ls.iter_mut().zip(xs) {
                 let q = if step != 0.0 {
-                    nearest(v / step).clamp(-32, 31)
+                    nearest(v / step, -32.0, 31.0) as i32
                 } else {
                     0
                 };
