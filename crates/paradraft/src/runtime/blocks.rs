@@ -51,7 +51,7 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 
 /// Q4_K's and Q5_K's 6-bit scale and min of sub-block `j` (of 8) from the 12 packed bytes.
 #[inline]
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -13,11 +13,20 @@
 //! (there is no reference to compare them with here); what they cost is measured in
 //! docs/gguf.md.
 
+use super::blocks::scale_min_k4;
 use super::ggml::QK;
 use half::f16;
 
 /// Elements per K-quant block.
 pub const QK_K: usize = 256;
+
+/// The value of largest magnitude, with its sign (the first of equals; 0 for none): the anchor
+/// of llama.cpp's symmetric quantisers.
+pub(crate) fn signed_amax(x: &[f32]) -> f32 {
+    x.iter()
+        .copied()
+        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+}
 
 /// Quantises `x` (a multiple of 32) to Q5_0 blocks by llama.cpp's reference rule: per 32 values
 /// the one of largest magnitude m, an f16 scale d = m / −16, levels min(31, trunc(x / d +
@@ -26,10 +35,7 @@ pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(QK), "Q5_0 needs whole blocks of 32");
     let mut out = Vec::with_capacity(x.len() / QK * 22);
     for b in x.chunks_exact(QK) {
-        let m = b
-            .iter()
-            .copied()
-            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let m = signed_amax(b);
         let d = m / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q: Vec<u8> = b.iter().map(|&v| ((v * id + 16.5) as u8).min(31)).collect();
@@ -129,10 +135,7 @@ fn scale_min(x: &[f32], w: &[f32], nmax: i32) -> (f32, f32) {
 /// by weighted least squares (whose error is `Σ w·x² − (Σ w·l·x)² / Σ w·l²`: the best fit has
 /// the largest `(Σ w·l·x)² / Σ w·l²`); the sign is that of the largest-magnitude value's side.
 fn scale_signed(x: &[f32], w: &[f32], n: i32) -> f32 {
-    let m = x
-        .iter()
-        .copied()
-        .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+    let m = signed_amax(x);
     if m == 0.0 {
         return 0.0;
     }
@@ -189,7 +192,8 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
         }
         let mut l = [0u8; QK_K];
         for (j, (xs, ls)) in blk.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
-            let [s, m] = ls_lm(&scales, j);
+            // The scale and min as the dequantiser reads them back.
+            let (s, m) = scale_min_k4(j, &scales);
             let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
             for (l, &v) in ls.iter_mut().zip(xs) {
                 *l = if step > 0.0 {
@@ -209,18 +213,6 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Sub-block `j`'s packed 6-bit scale and min, read back as the dequantiser reads them.
-fn ls_lm(s: &[u8; 12], j: usize) -> [u8; 2] {
-    if j < 4 {
-        [s[j] & 63, s[j + 4] & 63]
-    } else {
-        [
-            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        ]
-    }
-}
-
 /// Quantises `x` (a multiple of 256) to Q6_K blocks: per 16 values an i8 scale, per 256 an f16
 /// `d`, 6-bit levels −32..31 with x ≈ l · (d · sc).
 pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
@@ -235,10 +227,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
             let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
             sub[j] = scale_signed(xs, &w, 32);
         }
-        let m = sub
-            .iter()
-            .copied()
-            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let m = signed_amax(&sub);
         let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
             (f16::ZERO, [0; 16])
         } else {

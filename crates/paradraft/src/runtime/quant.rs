@@ -8,6 +8,7 @@
 //! - Q8_0: `d: f16, qs: [i8; 32]` — x[j] = qs[j]·d
 
 pub use super::ggml::{GgmlType, QK};
+use super::kquantize::signed_amax;
 pub use super::pool::{par_ranges, PAR_ROWS};
 use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
@@ -44,10 +45,7 @@ pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(QK), "Q4_0 needs whole blocks of 32");
     let mut out = Vec::with_capacity(x.len() / QK * 18);
     for b in x.chunks_exact(QK) {
-        let m = b
-            .iter()
-            .copied()
-            .fold(0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+        let m = signed_amax(b);
         let d = m / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
