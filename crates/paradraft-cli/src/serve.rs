@@ -33,7 +33,8 @@ pub(crate) struct ServeArgs {
     /// Most requests waiting for a place in the batch; beyond it requests get HTTP 429.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
-    /// Memory for the KV page pool in MiB (requests reserve prompt + max_tokens when admitted).
+    /// Memory for the KV page pool in MiB: requests take pages as they grow, cached prefixes
+    /// lend theirs, and a request is admitted when its whole run would fit.
     #[arg(long, default_value_t = 2048)]
     kv_memory_mib: usize,
     /// Most prompt tokens prefilled per step while other requests decode.

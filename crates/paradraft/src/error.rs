@@ -24,6 +24,9 @@ pub enum Error {
     BadSampling(String),
     #[error("context overflow: {needed} tokens needed but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
+    /// A paged KV cache's pool had no page left (the server's admission prevents it).
+    #[error("KV page pool exhausted: {needed} more pages needed, {free} free")]
+    KvPoolFull { needed: usize, free: usize },
     /// Bad input (a request, an option, a setting): the message says what and why; the server
     /// answers it with HTTP 400, the CLI prints it as it is.
     #[error("{0}")]

@@ -402,3 +402,49 @@ fn a_burst_with_one_prompt_beginning_prefills_it_once() {
     );
     e.shutdown();
 }
+
+/// A cached prefix lends its pages: in a pool of 12 pages, where a request of 75–78 slots
+/// alone takes 5, four requests that reuse a 63-token cached prefix (its 4 pages) are promised
+/// only the 2 pages each writes (the prefix's partial page, copied, and its own tokens'), so
+/// all four are admitted with the prefix still cached (without lending: two at a time, the
+/// entry evicted); each equals AR alone, and nothing stays reserved.
+#[test]
+fn a_cached_prefix_lends_its_pages() {
+    let cfg = EngineConfig {
+        ctx: 96,
+        max_running: 4,
+        kv_pages: 12,
+        ..Default::default()
+    };
+    let e = start(Method::none(), cfg);
+    let lm = e.loaded();
+    let v = lm.model.config.vocab_size;
+    let shared = toks(63, 7, v);
+    let prompts: Vec<Vec<TokenId>> = (0..4)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(toks(1, 60 + i as u32, v));
+            p
+        })
+        .collect();
+    let check = |i: usize, rx| {
+        let (_, f) = collect(rx);
+        let ar = ar(lm, &prompts[i], &params(i), 96);
+        assert_eq!(f.token_ids, ar.token_ids, "request {i}");
+    };
+    // The first fills the cache; the other three reuse 63 tokens of it.
+    let mut rxs = submit_all(&e, &prompts[..1]);
+    check(0, rxs.remove(0));
+    let rxs = submit_all(&e, &prompts);
+    for (i, rx) in rxs.into_iter().enumerate() {
+        check(i, rx);
+    }
+    let m = e.metrics().render();
+    assert!(m.contains("paradraft_prefix_cache_hits_total 4"), "{m}");
+    assert!(
+        m.contains("paradraft_prefix_cache_evictions_total 0"),
+        "{m}"
+    );
+    assert!(m.contains("paradraft_kv_pages_used 0"), "{m}");
+    e.shutdown();
+}

@@ -1,24 +1,27 @@
-//! The KV memory of all requests as one pool of fixed-size pages (16 slots: the attention's
-//! K tiles). A request reserves the pages of its whole run (prompt, `max_tokens`, one draft)
-//! when it is admitted and returns them when it ends, so a running request never waits for
-//! memory and admission control is exact: a request waits in the queue until its pages are
-//! free (TGI's block reservation, without preemption).
+//! The KV memory of all requests: one pool of pages of 16 slots (the attention's K tiles),
+//! `--kv-memory-mib` in all. A request's cache takes pages as it grows and gives them back as
+//! it truncates or ends; a cached prefix lends its pages to the requests that begin with it
+//! (copied before either writes into a shared page). Admission is exact without preemption:
+//! a request is admitted only when the free pages cover what every running request may still
+//! take (its whole run: prompt, `max_tokens`, one draft, less the whole pages it was lent) and
+//! its drafter's own cache, evicting cached prefixes first; otherwise it waits in the queue.
 
-use crate::kv::KV_TILE;
+use crate::kv::{KvCache, PagePool, KV_TILE};
+use std::sync::Arc;
 
 /// Slots per page.
 pub const PAGE_SLOTS: usize = KV_TILE;
 
-#[derive(Debug)]
 pub struct KvPool {
-    total: usize,
-    used: usize,
+    pages: Arc<PagePool>,
 }
 
 impl KvPool {
-    /// A pool of `total` pages.
-    pub fn new(total: usize) -> Self {
-        KvPool { total, used: 0 }
+    /// A pool of `total` pages for `model`'s K/V.
+    pub fn new(model: &crate::model::Model, total: usize) -> crate::error::Result<Self> {
+        Ok(KvPool {
+            pages: model.new_kv_pool(total)?,
+        })
     }
 
     /// The pages `mib` MiB of memory hold for `model`'s K/V, refused when they cannot hold one
@@ -43,45 +46,22 @@ impl KvPool {
         slots.div_ceil(PAGE_SLOTS)
     }
 
-    /// Reserves `pages` if they are free.
-    pub fn try_reserve(&mut self, pages: usize) -> bool {
-        if self.used + pages > self.total {
-            return false;
-        }
-        self.used += pages;
-        true
+    /// An empty cache of up to `capacity` slots in this pool.
+    pub fn cache(&self, capacity: usize) -> KvCache {
+        KvCache::paged(&self.pages, capacity)
     }
 
-    pub fn release(&mut self, pages: usize) {
-        debug_assert!(pages <= self.used);
-        self.used -= pages.min(self.used);
-    }
-
-    pub fn used(&self) -> usize {
-        self.used
+    /// Free pages beyond `promised` (what running requests may still take).
+    pub fn available(&self, promised: usize) -> usize {
+        self.pages.free_pages().saturating_sub(promised)
     }
 
     pub fn total(&self) -> usize {
-        self.total
+        self.pages.pages()
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reserves_until_full_and_releases() {
-        let mut p = KvPool::new(10);
-        assert_eq!(KvPool::pages_for(1), 1);
-        assert_eq!(KvPool::pages_for(16), 1);
-        assert_eq!(KvPool::pages_for(17), 2);
-        assert!(p.try_reserve(6));
-        assert!(!p.try_reserve(5));
-        assert!(p.try_reserve(4));
-        assert_eq!(p.used(), 10);
-        p.release(6);
-        assert!(p.try_reserve(5));
-        assert_eq!(p.used(), 9);
+    /// Gives the memory of free pages back to the operating system (an idle server's).
+    pub fn trim(&self) {
+        self.pages.trim();
     }
 }

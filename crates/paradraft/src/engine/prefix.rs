@@ -1,6 +1,7 @@
 //! Shared-prefix cache: the K/V (and the drafter's tapped states) of recent prompts, so a
 //! request that begins with the same tokens — a system prompt, a chat history, few-shot
-//! examples — copies them instead of prefilling them. Entries are whole prompts keyed by their
+//! examples — reuses them instead of prefilling them (in the server's page pool an entry
+//! shares the prompt's pages and a hit shares the entry's: copy-on-write, no copy up front). Entries are whole prompts keyed by their
 //! tokens (one engine serves one model and one drafter set, so tokens are the whole key); a
 //! request reuses the longest common prefix with any entry. Least recently used entries go
 //! first when the byte budget is exceeded.
@@ -76,6 +77,17 @@ impl PrefixCache {
         }
     }
 
+    /// Drops the least recently used entry (false: none is left). An entry of a paged cache
+    /// gives its pages back to the pool unless requests still share them.
+    pub fn evict_lru(&mut self) -> bool {
+        let Some(lru) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) else {
+            return false;
+        };
+        self.used -= self.entries.swap_remove(lru).bytes;
+        self.evictions += 1;
+        true
+    }
+
     /// Whether `budget` allows entries at all.
     pub fn enabled(&self) -> bool {
         self.budget > 0
@@ -122,13 +134,7 @@ impl PrefixCache {
         };
         self.entries.retain(|e| !prompt.starts_with(&e.tokens));
         self.used = self.entries.iter().map(|e| e.bytes).sum();
-        while self.used + bytes > self.budget {
-            let Some(lru) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) else {
-                break;
-            };
-            self.used -= self.entries.swap_remove(lru).bytes;
-            self.evictions += 1;
-        }
+        while self.used + bytes > self.budget && self.evict_lru() {}
         self.clock += 1;
         self.entries.push(Entry {
             tokens: prompt.to_vec(),

@@ -38,7 +38,10 @@ struct Meta {
     /// When the last token was committed (None: none yet).
     last: Option<Instant>,
     generated: usize,
-    pages: usize,
+    /// Pages of the pool its cache may still take over its run beyond those a cached prefix
+    /// lent it (what admission set aside), and pages counted for its drafter's own cache.
+    promise: usize,
+    drafter_pages: usize,
     /// Rounds already reported to the metrics.
     rounds: usize,
     /// Output tokens whose log-probabilities were sent.
@@ -77,7 +80,7 @@ impl Queue {
     }
 }
 
-/// The scheduler's state: the page pool, the queue, the running requests.
+/// The scheduler's state: the page pool, the queue, the running requests, the cached prefixes.
 struct Batch<'t> {
     pool: KvPool,
     queue: Queue,
@@ -86,6 +89,28 @@ struct Batch<'t> {
 }
 
 impl Batch<'_> {
+    /// Pages the running requests may still take (the pool must keep them free), with their
+    /// drafters' caches.
+    fn promised(&self) -> usize {
+        self.running
+            .iter()
+            .map(|r| r.meta.promise.saturating_sub(r.kv.own_pages()) + r.meta.drafter_pages)
+            .sum()
+    }
+
+    /// Whether `pages` more can be promised, evicting cached prefixes (least recently used
+    /// first) until they can or none is left.
+    fn make_room(&mut self, pages: usize) -> bool {
+        loop {
+            if self.pool.available(self.promised()) >= pages {
+                return true;
+            }
+            if !self.prefixes.evict_lru() {
+                return false;
+            }
+        }
+    }
+
     /// Takes new commands, blocking only when idle; `false` when the engine should stop
     /// (shut down with nothing left, or every handle gone).
     fn receive(&mut self, rx: &mpsc::Receiver<Command>) -> bool {
@@ -93,8 +118,10 @@ impl Batch<'_> {
             if self.queue.shutdown {
                 return false;
             }
-            // Idle: give back the batch's scratch (sized for the largest step so far).
+            // Idle: give back the batch's scratch (sized for the largest step so far) and the
+            // memory of the pool's free pages.
             self.running.shrink();
+            self.pool.trim();
             release_free_memory();
             match rx.recv() {
                 Ok(cmd) => self.queue.take(cmd),
@@ -118,7 +145,11 @@ impl<'e> Scheduler<'e> {
         rx: mpsc::Receiver<Command>,
         ready: mpsc::Sender<Result<()>>,
     ) {
-        let set = match self.load(target_path, drafter) {
+        let loaded = self.load(target_path, drafter).and_then(|s| {
+            let pool = KvPool::new(&self.lm.model, self.cfg.kv_pages)?;
+            Ok((s, pool))
+        });
+        let (set, pool) = match loaded {
             Ok(s) => {
                 let _ = ready.send(Ok(()));
                 s
@@ -129,7 +160,7 @@ impl<'e> Scheduler<'e> {
             }
         };
         let mut b = Batch {
-            pool: KvPool::new(self.cfg.kv_pages),
+            pool,
             queue: Queue::default(),
             running: Slots::default(),
             prefixes: PrefixCache::new(self.cfg.prefix_cache_bytes),
@@ -157,7 +188,7 @@ impl<'e> Scheduler<'e> {
     ) -> Result<DrafterSet<'e>> {
         let model = &self.lm.model;
         let mut set = drafter.load(target_path, self.lm, self.cfg.ctx)?;
-        let need = self.pages_for(&set, self.cfg.ctx);
+        let need = KvPool::pages_for(self.cfg.ctx) + self.drafter_pages(&set, self.cfg.ctx);
         if need > self.cfg.kv_pages {
             return Err(Error::BadRequest(format!(
                 "a KV pool of {} pages cannot hold one request of the full context with drafter {}'s own cache ({need} pages)",
@@ -173,13 +204,12 @@ impl<'e> Scheduler<'e> {
         Ok(set)
     }
 
-    /// Pages a request of `cap` tokens holds: the target's K/V and its drafter's cache.
-    fn pages_for(&self, set: &DrafterSet, cap: usize) -> usize {
+    /// Pages of the target's K/V a request of `cap` tokens' drafter cache is counted as.
+    fn drafter_pages(&self, set: &DrafterSet, cap: usize) -> usize {
         let c = &self.lm.model.config;
         let dtype = self.lm.model.kv_dtype();
         let target = crate::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, dtype);
-        let drafter = (cap * set.kv_bytes_per_slot()).div_ceil(super::pool::PAGE_SLOTS * target);
-        KvPool::pages_for(cap) + drafter
+        (cap * set.kv_bytes_per_slot()).div_ceil(super::pool::PAGE_SLOTS * target)
     }
 
     /// Cancelled requests (their client went away) leave and free their pages.
@@ -192,7 +222,7 @@ impl<'e> Scheduler<'e> {
             keep
         });
         for r in b.running.remove_where(|r| r.meta.events.is_closed()) {
-            b.pool.release(r.meta.pages);
+            drop(r); // its pages go back
             self.ended("cancelled");
         }
     }
@@ -201,7 +231,7 @@ impl<'e> Scheduler<'e> {
     fn admit(&self, set: &DrafterSet<'e>, b: &mut Batch<'e>) {
         let model = &self.lm.model;
         while b.running.len() < self.cfg.max_running {
-            let Some((r, arrival)) = b.queue.waiting.front() else {
+            let Some((r, arrival)) = b.queue.waiting.pop_front() else {
                 break;
             };
             // A prompt sharing more of its beginning with one being prefilled than the cache
@@ -218,18 +248,20 @@ impl<'e> Scheduler<'e> {
                     .unwrap_or(0)
                     .min(r.prompt.len().saturating_sub(1));
                 if shared >= super::prefix::MIN_HIT && shared > cached {
+                    b.queue.waiting.push_front((r, arrival));
                     break;
                 }
             }
             let cap =
                 (r.prompt.len() + r.params.max_new_tokens + set.max_draft + 1).min(self.cfg.ctx);
-            let pages = self.pages_for(set, cap);
-            if !b.pool.try_reserve(pages) {
+            // Its run's pages less the whole ones a cached prefix lends it, and its drafter's.
+            let target = |hit: usize| KvPool::pages_for(cap) - hit / super::pool::PAGE_SLOTS;
+            let drafter_pages = self.drafter_pages(set, cap);
+            if !b.make_room(target(b.prefixes.hit_len(&r.prompt)) + drafter_pages) {
+                b.queue.waiting.push_front((r, arrival));
                 break;
             }
-            let arrival = *arrival;
-            let (r, _) = b.queue.waiting.pop_front().expect("a front");
-            let mut kv = model.new_kv(cap);
+            let mut kv = b.pool.cache(cap);
             let started = set
                 .speculation_within(r.params.sampling, self.cfg.rule, cap)
                 .and_then(|mut sp| {
@@ -245,16 +277,27 @@ impl<'e> Scheduler<'e> {
                         &model.config,
                     )
                 });
-            // A cached prefix of the prompt: its K/V copied, its prefill skipped.
+            // A cached prefix of the prompt: its pages shared, its prefill skipped.
+            let mut hit_tokens = 0;
             let started = started.and_then(|mut session| {
                 if let Some(hit) = b.prefixes.lookup(&r.prompt, session.width()) {
                     kv.copy_from(hit.kv, hit.tokens)?;
                     session.skip_prefill(&kv, hit.tokens, hit.hidden)?;
-                    self.metrics.prefix_hits.inc();
-                    self.metrics.prefix_hit_tokens.inc_by(hit.tokens as u64);
+                    hit_tokens = hit.tokens;
                 }
                 Ok(session)
             });
+            let promise = target(hit_tokens);
+            // Room was made for the hit the cache promised; a shorter one needs more.
+            if started.is_ok() && !b.make_room(promise + drafter_pages) {
+                drop((started, kv));
+                b.queue.waiting.push_front((r, arrival));
+                break;
+            }
+            if hit_tokens > 0 {
+                self.metrics.prefix_hits.inc();
+                self.metrics.prefix_hit_tokens.inc_by(hit_tokens as u64);
+            }
             match started {
                 Ok(session) => {
                     self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
@@ -263,7 +306,8 @@ impl<'e> Scheduler<'e> {
                         arrival,
                         last: None,
                         generated: 0,
-                        pages,
+                        promise,
+                        drafter_pages,
                         rounds: 0,
                         logprobs: 0,
                         cached: false,
@@ -271,7 +315,6 @@ impl<'e> Scheduler<'e> {
                     b.running.push(kv, session, meta);
                 }
                 Err(e) => {
-                    b.pool.release(pages);
                     self.ended("error");
                     let _ = r.events.send(Event::Error(e.to_string()));
                 }
@@ -294,12 +337,15 @@ impl<'e> Scheduler<'e> {
                     self.metrics.step_rows.observe(r.rows as f64);
                 }
                 let now = Instant::now();
+                // A cached prefix takes at most one page of its own (its partial last one).
+                let mut spare = b.pool.available(b.promised());
                 for run in b.running.iter_mut() {
                     self.observe(run, now);
                     // A prompt just prefilled: its K/V and states for later requests.
                     if !run.meta.cached && !run.session.prefilling() {
                         run.meta.cached = true;
-                        if let Some(h) = run.session.prompt_states() {
+                        if let (Some(h), true) = (run.session.prompt_states(), spare > 0) {
+                            spare -= 1;
                             b.prefixes.insert(run.session.prompt(), &run.kv, h);
                         }
                     }
@@ -312,7 +358,6 @@ impl<'e> Scheduler<'e> {
             }
             Err(e) => {
                 for r in b.running.drain() {
-                    b.pool.release(r.meta.pages);
                     self.ended("error");
                     let _ = r.meta.events.send(Event::Error(e.to_string()));
                 }
@@ -325,9 +370,9 @@ impl<'e> Scheduler<'e> {
     /// gauges are updated before any client hears that its request ended, so what it reads
     /// next in /metrics no longer counts it.
     fn retire_finished(&self, report: &StepReport, b: &mut Batch) {
-        let done = b.running.take_finished(report);
-        for r in &done {
-            b.pool.release(r.meta.pages);
+        let mut done = b.running.take_finished(report);
+        for r in &mut done {
+            r.kv.clear(); // its pages go back
         }
         self.gauges(b);
         for r in done {
@@ -416,6 +461,11 @@ impl<'e> Scheduler<'e> {
     fn gauges(&self, b: &Batch) {
         self.metrics.queue_depth.set(b.queue.waiting.len() as i64);
         self.metrics.running.set(b.running.len() as i64);
-        self.metrics.kv_pages_used.set(b.pool.used() as i64);
+        let reserved: usize = b
+            .running
+            .iter()
+            .map(|r| r.meta.promise + r.meta.drafter_pages)
+            .sum();
+        self.metrics.kv_pages_used.set(reserved as i64);
     }
 }

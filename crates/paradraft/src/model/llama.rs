@@ -6,7 +6,7 @@ use super::forward::{Batch, Logits, Output, OutputSpec, Rows};
 use super::layer::{rope_rows, rope_table, Layer, LayerScratch, SeqAttn};
 use super::source::TensorSource;
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvDtype};
+use crate::kv::{KvCache, KvDtype, PagePool};
 use crate::runtime::attention::{AttnShape, Visibility};
 use crate::runtime::ops;
 use crate::runtime::pool;
@@ -183,6 +183,13 @@ impl Model {
     /// The element type of the K/V caches it makes.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
+    }
+
+    /// A pool of `pages` KV pages (16 slots each) for this model's paged caches
+    /// ([`KvCache::paged`]).
+    pub fn new_kv_pool(&self, pages: usize) -> Result<std::sync::Arc<PagePool>> {
+        let c = &self.config;
+        PagePool::new(c.n_layers, c.n_kv_heads, c.head_dim, pages, self.kv_dtype)
     }
 
     /// A KV cache for this model holding `capacity` slots.

@@ -254,10 +254,7 @@ fn attention_with<E: AttnElem>(kern: Kernel, tb: usize, jobs: Vec<TypedJob<E>>) 
         if let Some(w) = rule.window {
             assert_eq!(w.positions.len(), s.n_new, "a position per new token");
         }
-        assert!(
-            s.prefix + s.n_new <= kv.capacity,
-            "attention past the cache"
-        );
+        assert!(s.prefix + s.n_new <= kv.slots, "attention past the cache");
         assert_eq!(out.len(), s.n_new * s.n_heads * hd);
         assert_eq!(q.len(), out.len());
         first_unit.push(units);
@@ -584,7 +581,8 @@ unsafe fn score_slots<I: Inner, E: AttnElem>(
         // vector pass per head; the same products as the slot-by-slot loop below.
         let t0 = t * KV_TILE;
         if i + KV_TILE <= len && slots[i + KV_TILE - 1] as usize == t0 + KV_TILE - 1 {
-            // Slots rise strictly, so slots[i..i + 16] are t0..t0 + 16.
+            // Slots rise strictly within a tile (and never come back to one they left), so
+            // slots[i..i + 16] are t0..t0 + 16.
             for j in 0..heads {
                 let src = &tile[j * KV_TILE..][..KV_TILE];
                 let dst = &mut scores[j * stride + col + i..][..KV_TILE];
@@ -654,6 +652,15 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
         visible_slots(s, vis, rule.window, t, c, slots);
         ends.push(slots.len());
         qb.extend_from_slice(&q[(t * s.n_heads + g * group) * hd..][..group * hd]);
+    }
+    // A paged cache: its slots where they are in the buffers. A 16-slot tile maps to one
+    // page, and a token's slots leave a tile for good, so whole tiles stay runs of 16 (as
+    // `score_slots` takes them) and each token's slots keep their order.
+    if !kv.table.is_empty() {
+        for x in slots.iter_mut() {
+            let sl = *x as usize;
+            *x = (kv.table[sl / KV_TILE] as usize * KV_TILE + sl % KV_TILE) as u32;
+        }
     }
     let own = |i: usize| ends[i]..ends[i + 1];
     let first = &slots[own(0)];

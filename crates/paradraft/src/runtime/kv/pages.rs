@@ -1,0 +1,219 @@
+//! A pool of KV pages shared by many caches (`serve`'s `--kv-memory-mib`): one set of buffers
+//! laid out as one cache of `pages × 16` slots, handed out a page (16 slots of every layer and
+//! KV head: one K tile) at a time. A paged [`KvCache`](super::KvCache) maps its slots to pages
+//! through its page table, takes pages as it grows, gives them back as it truncates or drops,
+//! and shares pages with other caches (a cached prefix) by reference count, copying a shared
+//! page before it writes into it.
+//!
+//! Sharing rule (what makes the unsynchronised buffers sound): a cache writes only into pages
+//! it holds alone (it copies a shared page first, [`KvCache::reserve`](super::KvCache::reserve)),
+//! and every cache of a pool is used from one thread at a time (the engine's), writes and
+//! reads of one forward never overlapping (each layer writes every sequence's rows, then
+//! attends).
+
+use super::store::{Bufs, Geom, Store};
+use super::{KvDtype, KV_TILE, MAX_HEAD_DIM};
+use std::cell::UnsafeCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub struct PagePool {
+    store: UnsafeCell<Store>,
+    geom: Geom,
+    layers: usize,
+    dtype: KvDtype,
+    state: Mutex<State>,
+}
+
+/// Free pages (the last one is handed out next) and each page's holders.
+struct State {
+    free: Vec<u32>,
+    refs: Vec<u32>,
+}
+
+// SAFETY: the buffers are written only under the sharing rule above (one writer per page, no
+// reads of a page while it is written); the bookkeeping is behind a mutex.
+unsafe impl Sync for PagePool {}
+
+impl PagePool {
+    /// A pool of `pages` pages for caches of this geometry and element type (at most 2³²/16
+    /// pages; its memory is mapped as pages are first written).
+    pub fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        pages: usize,
+        dtype: KvDtype,
+    ) -> crate::error::Result<Arc<Self>> {
+        if head_dim > MAX_HEAD_DIM || pages == 0 || pages > (u32::MAX as usize) / KV_TILE {
+            return Err(crate::error::Error::BadRequest(format!(
+                "a KV page pool of {pages} pages (head size {head_dim}): expected 1 to {} pages, head size up to {MAX_HEAD_DIM}",
+                (u32::MAX as usize) / KV_TILE
+            )));
+        }
+        let geom = Geom {
+            n_kv_heads,
+            head_dim,
+            capacity: pages * KV_TILE,
+        };
+        let store = match dtype {
+            KvDtype::F32 => Store::F32(Bufs::new(n_layers, geom)),
+            KvDtype::F16 => Store::F16(Bufs::new(n_layers, geom)),
+            KvDtype::Q8_0 => Store::Q8(Bufs::new(n_layers, geom)),
+        };
+        Ok(Arc::new(PagePool {
+            store: UnsafeCell::new(store),
+            geom,
+            layers: n_layers,
+            dtype,
+            state: Mutex::new(State {
+                free: (0..pages as u32).rev().collect(),
+                refs: vec![0; pages],
+            }),
+        }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked (each change is one statement).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Pages in all.
+    pub fn pages(&self) -> usize {
+        self.geom.capacity / KV_TILE
+    }
+
+    /// Pages no cache holds.
+    pub fn free_pages(&self) -> usize {
+        self.state().free.len()
+    }
+
+    /// `(layers, KV heads, head dim)` of the caches it serves.
+    pub fn geometry(&self) -> (usize, usize, usize) {
+        (self.layers, self.geom.n_kv_heads, self.geom.head_dim)
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    pub(super) fn geom(&self) -> Geom {
+        self.geom
+    }
+
+    /// The buffers, to read.
+    ///
+    /// # Safety
+    /// No page read through it is written while the reference lives (the sharing rule).
+    pub(super) unsafe fn store(&self) -> &Store {
+        &*self.store.get()
+    }
+
+    /// The buffers, to write.
+    ///
+    /// # Safety
+    /// Only pages the caller holds alone are written, and nothing reads them meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    pub(super) unsafe fn store_mut(&self) -> &mut Store {
+        &mut *self.store.get()
+    }
+
+    /// A free page, now held once (None: none is free).
+    pub(super) fn take(&self) -> Option<u32> {
+        let mut s = self.state();
+        let p = s.free.pop()?;
+        s.refs[p as usize] = 1;
+        Some(p)
+    }
+
+    /// One more holder of page `p`.
+    pub(super) fn retain(&self, p: u32) {
+        self.state().refs[p as usize] += 1;
+    }
+
+    /// One holder fewer of page `p`; free when none is left.
+    pub(super) fn release(&self, p: u32) {
+        let mut s = self.state();
+        let r = &mut s.refs[p as usize];
+        debug_assert!(*r > 0, "page {p} released more often than held");
+        *r = r.saturating_sub(1);
+        if *r == 0 {
+            s.free.push(p);
+        }
+    }
+
+    /// Whether another cache holds page `p` too.
+    pub(super) fn shared(&self, p: u32) -> bool {
+        self.state().refs[p as usize] > 1
+    }
+}
+
+impl PagePool {
+    /// Gives the memory of free pages back to the operating system (read back as zeros, a
+    /// valid value of every element type, when next taken): each run of free pages is a
+    /// contiguous range in every K, V and scale buffer, of which the whole memory pages inside
+    /// are released. For an idle server, whose pool filled during a burst.
+    pub fn trim(&self) {
+        let s = self.state();
+        let mut free = vec![false; self.pages()];
+        for &p in &s.free {
+            free[p as usize] = true;
+        }
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < free.len() {
+            if !free[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < free.len() && free[i] {
+                i += 1;
+            }
+            runs.push((start, i));
+        }
+        let (g, tiles) = (self.geom, self.geom.tiles());
+        // SAFETY: only free pages' memory is released, under the state lock (no cache takes
+        // one meanwhile), and no cache reads or writes a free page.
+        let store = unsafe { self.store_mut() };
+        super::store::each!(store, b => {
+            let nb = if b.ks.is_empty() { 0 } else { b.ks[0].len() / (g.n_kv_heads * tiles * KV_TILE) };
+            for li in 0..b.k.len() {
+                for h in 0..g.n_kv_heads {
+                    for &(p0, p1) in &runs {
+                        // Per page: K is a tile of head_dim × 16 values, V 16 rows.
+                        let (k, v) = ((h * tiles) * g.head_dim * KV_TILE, h * g.capacity * g.head_dim);
+                        let per = g.head_dim * KV_TILE;
+                        release(&mut b.k[li][k + p0 * per..k + p1 * per]);
+                        release(&mut b.v[li][v + p0 * per..v + p1 * per]);
+                        if nb > 0 {
+                            let per = nb * KV_TILE;
+                            let (ks, vs) = (h * tiles * per, h * g.capacity * nb);
+                            release(&mut b.ks[li][ks + p0 * per..ks + p1 * per]);
+                            release(&mut b.vs[li][vs + p0 * per..vs + p1 * per]);
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Releases the whole memory pages inside `x` (anonymous memory: they read back as zeros).
+fn release<T>(x: &mut [T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const PAGE: usize = 4096;
+        let a = x.as_mut_ptr() as usize;
+        let b = a + std::mem::size_of_val(x);
+        let (a, b) = (a.next_multiple_of(PAGE), b / PAGE * PAGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside `x`, whose values nobody reads before writing them
+            // again (free pages), and zero bytes are a valid value of the cache's types.
+            unsafe {
+                libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = x.len();
+}
