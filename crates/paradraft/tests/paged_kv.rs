@@ -78,7 +78,14 @@ fn assert_rows(lm: &Loaded, name: &str, got: &[Vec<f32>], seq: &[TokenId]) {
 /// after a hole left by a dropped cache; then a tree round compacted to its accepted path.
 #[test]
 fn paged_caches_equal_a_cache_of_its_own() {
-    for name in ["llama", "qwen3", "llama-quant", "qwen3moe"] {
+    for name in [
+        "llama",
+        "qwen3",
+        "llama-quant",
+        "qwen3moe",
+        "gemma3",
+        "qwen2-window",
+    ] {
         let lm = load(name);
         let pool = lm.model.new_kv_pool(24).unwrap();
         let mut hole = KvCache::paged(&pool, 64);
@@ -209,4 +216,84 @@ fn an_exhausted_pool_is_an_error() {
     kv.clear();
     assert_eq!(pool.free_pages(), 2);
     assert!(lm.model.new_kv_pool(0).is_err());
+}
+
+/// Timing (ignored; run with `--ignored --nocapture`, nothing else on the cores): 16 decode
+/// rows of SmolLM2 over 16 sequences of `PAGED_CTX` (default 400) cached tokens, their caches
+/// of their own against pages of one pool filled round-robin (each sequence's tiles scattered
+/// among the others'), interleaved, median ms of 40 steps per round.
+#[test]
+#[ignore]
+fn paged_decode_timing() {
+    let path = paradraft::fetch::ensure_default_model().unwrap();
+    let lm = paradraft::model::load(&path).unwrap();
+    let ctx: usize = std::env::var("PAGED_CTX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let n = 16;
+    let pool = lm
+        .model
+        .new_kv_pool(n * (ctx + 64).div_ceil(16) + 8)
+        .unwrap();
+    let mut own: Vec<KvCache> = (0..n).map(|_| lm.model.new_kv(ctx + 64)).collect();
+    let mut paged: Vec<KvCache> = (0..n).map(|_| KvCache::paged(&pool, ctx + 64)).collect();
+    let prompts: Vec<Vec<TokenId>> = (0..n).map(|i| toks(ctx, i as u32)).collect();
+    let chunk: usize = std::env::var("PAGED_CHUNK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    for set in [&mut own, &mut paged] {
+        // Round-robin chunks of 16: each sequence takes a page, then the next one does.
+        for c in (0..ctx).step_by(chunk) {
+            let mut kvs: Vec<&mut KvCache> = set.iter_mut().collect();
+            let new: Vec<&[TokenId]> = prompts
+                .iter()
+                .map(|p| &p[c..(c + chunk).min(ctx)])
+                .collect();
+            step(&lm, &mut kvs, &new);
+        }
+    }
+    let spec = OutputSpec {
+        rows: paradraft::model::Rows::All,
+        logits: paradraft::model::Logits::Argmax,
+        taps: vec![],
+    };
+    let mut s = Scratch::default();
+    let mut time = |set: &mut Vec<KvCache>| {
+        let mut ms = vec![];
+        for _ in 0..40 {
+            let pos: Vec<Vec<Pos>> = set.iter().map(|kv| seq_positions(kv.len(), 1)).collect();
+            let tok = [TokenId(42)];
+            let mut seqs: Vec<(&mut KvCache, Batch)> = set
+                .iter_mut()
+                .zip(&pos)
+                .map(|(kv, p)| {
+                    (
+                        kv,
+                        Batch {
+                            tokens: &tok,
+                            positions: p,
+                            mask: None,
+                        },
+                    )
+                })
+                .collect();
+            let t = std::time::Instant::now();
+            lm.model.forward_multi(&mut seqs, &spec, &mut s).unwrap();
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            for kv in set.iter_mut() {
+                kv.truncate(kv.len() - 1);
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        ms[ms.len() / 2]
+    };
+    for round in 0..4 {
+        let (a, b) = (time(&mut own), time(&mut paged));
+        eprintln!(
+            "round {round}: own {a:.2} ms, paged {b:.2} ms ({:+.1} %)",
+            100.0 * (b / a - 1.0)
+        );
+    }
 }

@@ -21,7 +21,7 @@ use super::isa::{isa, Isa};
 use super::ops::{fast_exp, softcap};
 use super::quant::{par_ranges, SendPtr};
 use crate::runtime::ggml::QK;
-use crate::runtime::kv::{KvElem, KvLayer, KvLayerRef, KV_TILE, Q8};
+use crate::runtime::kv::{phys, KvElem, KvLayer, KvLayerRef, KV_TILE, Q8};
 use crate::types::Pos;
 use half::f16;
 use std::cell::RefCell;
@@ -508,9 +508,14 @@ mod avx2;
 /// `slots`: the cached prefix (from the window's start), then its visible new tokens (for a
 /// tree: its ancestors, by depth) within the window. A token sees the same sequence of K/V rows
 /// whether it runs alone, in a chain or in a tree.
+///
+/// A paged cache's slots go onto `slots` as its pages' slots (through `table`, the page of
+/// each 16-slot tile; empty: slots are themselves). A tile maps to one page and a token's slots
+/// leave a tile for good, so whole tiles stay runs of 16 (as `score_slots` takes them) and
+/// each token's slots keep their order.
 fn visible_slots(
     s: &AttnShape,
-    vis: Visibility,
+    (vis, table): (Visibility, &[u32]),
     win: Option<Window>,
     t: usize,
     c: usize,
@@ -526,7 +531,7 @@ fn visible_slots(
     };
     let seen = s.prefix - start;
     if lo < seen {
-        slots.extend((start + lo) as u32..(start + hi.min(seen)) as u32);
+        push_range(slots, start + lo, start + hi.min(seen), table);
     }
     if hi <= seen {
         return;
@@ -534,12 +539,12 @@ fn visible_slots(
     let (skip, take) = (lo.saturating_sub(seen), hi - lo.max(seen));
     let near =
         |j: usize| at.is_none_or(|(p, w)| p.saturating_sub(w.positions[j].0 as usize) < w.size);
-    let slot = |j: usize| (s.prefix + j) as u32;
+    let slot = |j: usize| phys(table, s.prefix + j) as u32;
     match vis {
         // New tokens 0..=t: one contiguous run of slots.
         Visibility::Causal if at.is_none() => {
             let end = hi.min(s.prefix + t + 1);
-            slots.extend(lo.max(s.prefix) as u32..end.max(lo.max(s.prefix)) as u32);
+            push_range(slots, lo.max(s.prefix), end.max(lo.max(s.prefix)), table);
         }
         Visibility::Causal => {
             slots.extend((0..=t).filter(|&j| near(j)).skip(skip).take(take).map(slot))
@@ -551,6 +556,23 @@ fn visible_slots(
                 .take(take)
                 .map(slot),
         ),
+    }
+}
+
+/// Logical slots `a..b` onto `slots`, through `table` a tile at a time.
+#[inline]
+fn push_range(slots: &mut Vec<u32>, a: usize, b: usize, table: &[u32]) {
+    if table.is_empty() {
+        slots.extend(a as u32..b as u32);
+        return;
+    }
+    let mut x = a;
+    while x < b {
+        let t = x / KV_TILE;
+        let end = ((t + 1) * KV_TILE).min(b);
+        let base = table[t] as usize * KV_TILE - t * KV_TILE;
+        slots.extend((base + x) as u32..(base + end) as u32);
+        x = end;
     }
 }
 
@@ -649,18 +671,9 @@ unsafe fn attend<I: Inner, E: AttnElem>(a: &Args<E>, unit: usize, us: &mut UnitS
     ends.push(0);
     qb.clear();
     for t in t0..t0 + nt {
-        visible_slots(s, vis, rule.window, t, c, slots);
+        visible_slots(s, (vis, kv.table), rule.window, t, c, slots);
         ends.push(slots.len());
         qb.extend_from_slice(&q[(t * s.n_heads + g * group) * hd..][..group * hd]);
-    }
-    // A paged cache: its slots where they are in the buffers. A 16-slot tile maps to one
-    // page, and a token's slots leave a tile for good, so whole tiles stay runs of 16 (as
-    // `score_slots` takes them) and each token's slots keep their order.
-    if !kv.table.is_empty() {
-        for x in slots.iter_mut() {
-            let sl = *x as usize;
-            *x = (kv.table[sl / KV_TILE] as usize * KV_TILE + sl % KV_TILE) as u32;
-        }
     }
     let own = |i: usize| ends[i]..ends[i + 1];
     let first = &slots[own(0)];

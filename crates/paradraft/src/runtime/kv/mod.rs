@@ -14,7 +14,8 @@ use crate::runtime::ggml::QK;
 use crate::types::SlotId;
 use half::f16;
 use std::sync::Arc;
-use store::{each, phys, Bufs, Geom, Store};
+pub(crate) use store::phys;
+use store::{each, Bufs, Geom, Store};
 
 /// Slots per K tile: K is stored transposed in tiles of this many slots, so attention
 /// scores 16 slots with one vector FMA per head dimension.
@@ -464,7 +465,8 @@ impl KvCache {
             if !pool.shared(old) {
                 continue;
             }
-            let new = pool.take().ok_or_else(|| exhausted(&pool, i))?;
+            let after = i.checked_sub(1).map(|j| self.table[j]);
+            let new = pool.take(after).ok_or_else(|| exhausted(&pool, i))?;
             let g = self.geom;
             // SAFETY: page `new` is this cache's alone; `old` is only read.
             each!(unsafe { pool.store_mut() }, b => {
@@ -478,7 +480,7 @@ impl KvCache {
         }
         while self.table.len() < need {
             let p = pool
-                .take()
+                .take(self.table.last().copied())
                 .ok_or_else(|| exhausted(&pool, self.table.len()))?;
             self.table.push(p);
         }
@@ -526,7 +528,7 @@ impl KvCache {
         out.shared = whole;
         if !n.is_multiple_of(KV_TILE) {
             let new = pool
-                .take()
+                .take(out.table.last().copied())
                 .ok_or(Error::KvPoolFull { needed: 1, free: 0 })?;
             let old = self.table[whole] as usize;
             // SAFETY: page `new` is `out`'s alone; `old` is only read.

@@ -14,7 +14,15 @@
 use super::store::{Bufs, Geom, Store};
 use super::{KvDtype, KV_TILE, MAX_HEAD_DIM};
 use std::cell::UnsafeCell;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Pages per allocation group: a cache that starts a new group of its tiles takes a group
+/// whose pages are all free, and its next tiles take the pages after its last one, so a
+/// sequence's K/V lies in runs of up to 8 pages (128 slots: 16 KiB of an f16 head's K) even
+/// when many sequences grow at once. Attention streams such runs; scattered 2 KiB tiles made
+/// 16 decode rows over 2,000 cached tokens 50 % slower (`paged_decode_timing`).
+const GROUP: usize = 8;
 
 pub struct PagePool {
     store: UnsafeCell<Store>,
@@ -24,10 +32,54 @@ pub struct PagePool {
     state: Mutex<State>,
 }
 
-/// Free pages (the last one is handed out next) and each page's holders.
+/// Each page's holders, the free pages, the groups of [`GROUP`] pages all free, and each
+/// group's free pages.
 struct State {
-    free: Vec<u32>,
     refs: Vec<u32>,
+    free: BTreeSet<u32>,
+    whole: BTreeSet<u32>,
+    group_free: Vec<u8>,
+}
+
+impl State {
+    fn new(pages: usize) -> Self {
+        let mut s = State {
+            refs: vec![0; pages],
+            free: BTreeSet::new(),
+            whole: BTreeSet::new(),
+            group_free: vec![0; pages.div_ceil(GROUP)],
+        };
+        for p in 0..pages as u32 {
+            s.put(p);
+        }
+        s
+    }
+
+    /// Pages in group `g` (the last one may be short).
+    fn group_len(&self, g: usize) -> u8 {
+        GROUP.min(self.refs.len() - g * GROUP) as u8
+    }
+
+    /// Page `p` (free) is taken, held once.
+    fn take(&mut self, p: u32) {
+        let g = p as usize / GROUP;
+        if self.group_free[g] == self.group_len(g) {
+            self.whole.remove(&(g as u32));
+        }
+        self.group_free[g] -= 1;
+        self.free.remove(&p);
+        self.refs[p as usize] = 1;
+    }
+
+    /// Page `p` is free.
+    fn put(&mut self, p: u32) {
+        let g = p as usize / GROUP;
+        self.free.insert(p);
+        self.group_free[g] += 1;
+        if self.group_free[g] == self.group_len(g) {
+            self.whole.insert(g as u32);
+        }
+    }
 }
 
 // SAFETY: the buffers are written only under the sharing rule above (one writer per page, no
@@ -65,10 +117,7 @@ impl PagePool {
             geom,
             layers: n_layers,
             dtype,
-            state: Mutex::new(State {
-                free: (0..pages as u32).rev().collect(),
-                refs: vec![0; pages],
-            }),
+            state: Mutex::new(State::new(pages)),
         }))
     }
 
@@ -117,11 +166,20 @@ impl PagePool {
         &mut *self.store.get()
     }
 
-    /// A free page, now held once (None: none is free).
-    pub(super) fn take(&self) -> Option<u32> {
+    /// A free page, now held once (None: none is free): `after`'s successor if it is free
+    /// (a sequence's next tile beside its last one), else the first page of a group all free,
+    /// else any.
+    pub(super) fn take(&self, after: Option<u32>) -> Option<u32> {
         let mut s = self.state();
-        let p = s.free.pop()?;
-        s.refs[p as usize] = 1;
+        let next = after.map(|p| p as usize + 1);
+        let p = match next {
+            Some(n) if n < s.refs.len() && s.refs[n] == 0 => n as u32,
+            _ => match s.whole.first() {
+                Some(&g) => g * GROUP as u32,
+                None => *s.free.first()?,
+            },
+        };
+        s.take(p);
         Some(p)
     }
 
@@ -135,9 +193,11 @@ impl PagePool {
         let mut s = self.state();
         let r = &mut s.refs[p as usize];
         debug_assert!(*r > 0, "page {p} released more often than held");
-        *r = r.saturating_sub(1);
-        if *r == 0 {
-            s.free.push(p);
+        if *r > 0 {
+            *r -= 1;
+            if *r == 0 {
+                s.put(p);
+            }
         }
     }
 
@@ -154,10 +214,7 @@ impl PagePool {
     /// are released. For an idle server, whose pool filled during a burst.
     pub fn trim(&self) {
         let s = self.state();
-        let mut free = vec![false; self.pages()];
-        for &p in &s.free {
-            free[p as usize] = true;
-        }
+        let free: Vec<bool> = s.refs.iter().map(|&r| r == 0).collect();
         let mut runs = Vec::new();
         let mut i = 0;
         while i < free.len() {

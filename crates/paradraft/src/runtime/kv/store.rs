@@ -237,7 +237,7 @@ impl Geom {
 /// The physical slot of logical slot `slot`: through `table` (the page of each 16-slot tile),
 /// itself when `table` is empty (a cache that owns its buffers).
 #[inline]
-pub(super) fn phys(table: &[u32], slot: usize) -> usize {
+pub(crate) fn phys(table: &[u32], slot: usize) -> usize {
     match table.get(slot / KV_TILE) {
         Some(&p) => p as usize * KV_TILE + slot % KV_TILE,
         None => slot,
