@@ -88,6 +88,12 @@ impl PrefixCache {
         true
     }
 
+    /// Pages of the pool that evicting every entry would give back (pages that running
+    /// requests or two entries share are not counted).
+    pub fn freeable_pages(&self) -> usize {
+        self.entries.iter().map(|e| e.kv.sole_pages()).sum()
+    }
+
     /// Whether `budget` allows entries at all.
     pub fn enabled(&self) -> bool {
         self.budget > 0

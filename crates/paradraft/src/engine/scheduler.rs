@@ -99,16 +99,18 @@ impl Batch<'_> {
     }
 
     /// Whether `pages` more can be promised, evicting cached prefixes (least recently used
-    /// first) until they can or none is left.
+    /// first) until they can; none is evicted when evicting them all would not make the room
+    /// (their pages lent to running requests: a burst waiting for pages would otherwise
+    /// destroy the prefix every waiting request shares).
     fn make_room(&mut self, pages: usize) -> bool {
-        loop {
-            if self.pool.available(self.promised()) >= pages {
-                return true;
-            }
-            if !self.prefixes.evict_lru() {
-                return false;
-            }
+        let mut available = self.pool.available(self.promised());
+        if available < pages && available + self.prefixes.freeable_pages() < pages {
+            return false;
         }
+        while available < pages && self.prefixes.evict_lru() {
+            available = self.pool.available(self.promised());
+        }
+        available >= pages
     }
 
     /// Takes new commands, blocking only when idle; `false` when the engine should stop

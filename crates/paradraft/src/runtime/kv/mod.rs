@@ -373,6 +373,11 @@ impl KvCache {
         self.table.len() - self.shared
     }
 
+    /// Pages of its pool no other cache holds: what dropping it gives back.
+    pub fn sole_pages(&self) -> usize {
+        self.pool().map_or(0, |p| p.sole(&self.table))
+    }
+
     /// Pages it shares with another cache of its pool at its start (a cached prefix's).
     pub fn lent_pages(&self) -> usize {
         self.shared

@@ -201,6 +201,12 @@ impl PagePool {
         }
     }
 
+    /// How many of `pages` have no other holder (what dropping their one holder frees).
+    pub(super) fn sole(&self, pages: &[u32]) -> usize {
+        let s = self.state();
+        pages.iter().filter(|&&p| s.refs[p as usize] == 1).count()
+    }
+
     /// Whether another cache holds page `p` too.
     pub(super) fn shared(&self, p: u32) -> bool {
         self.state().refs[p as usize] > 1
