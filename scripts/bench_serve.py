@@ -94,6 +94,14 @@ class LlamaServer(Server):
             time.sleep(0.5)
 
 
+def sse_events(r):
+    """The JSON events of a server-sent-events response."""
+    for raw in r:
+        line = raw.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
 def stream_chat(port, prompt, max_tokens, temperature, seed):
     """One streaming chat request: (t_first, t_last, completion tokens, text)."""
     body = json.dumps(
@@ -114,11 +122,7 @@ def stream_chat(port, prompt, max_tokens, temperature, seed):
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]}")
     first = last = None
     tokens, text = 0, []
-    for raw in r:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
+    for ev in sse_events(r):
         if ev.get("usage"):
             tokens = ev["usage"]["completion_tokens"]
         for ch in ev["choices"]:

@@ -22,7 +22,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_serve import ROOT, Server  # noqa: E402
+from bench_serve import ROOT, Server, sse_events  # noqa: E402
 
 
 def records(name):
@@ -57,11 +57,7 @@ def chat(port, system, user, max_tokens, timeout=900):
     if r.status != 200:
         return r.status, r.read().decode(), None, None
     text, ttft, usage = "", None, None
-    for raw in r:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
+    for ev in sse_events(r):
         if ev.get("usage"):
             usage = ev["usage"]
         for ch in ev.get("choices", []):
