@@ -472,13 +472,8 @@ impl KvCache {
             }
             let after = i.checked_sub(1).map(|j| self.table[j]);
             let new = pool.take(after).ok_or_else(|| exhausted(&pool, i))?;
-            let g = self.geom;
             // SAFETY: page `new` is this cache's alone; `old` is only read.
-            each!(unsafe { pool.store_mut() }, b => {
-                for li in 0..b.k.len() {
-                    g.copy_page(&mut b.layer_mut(li), old as usize, new as usize);
-                }
-            });
+            unsafe { pool.copy_page(old, new) };
             pool.release(old);
             self.table[i] = new;
             self.shared = self.shared.min(i);
@@ -535,13 +530,8 @@ impl KvCache {
             let new = pool
                 .take(out.table.last().copied())
                 .ok_or(Error::KvPoolFull { needed: 1, free: 0 })?;
-            let old = self.table[whole] as usize;
             // SAFETY: page `new` is `out`'s alone; `old` is only read.
-            each!(unsafe { pool.store_mut() }, b => {
-                for li in 0..b.k.len() {
-                    g.copy_page(&mut b.layer_mut(li), old, new as usize);
-                }
-            });
+            unsafe { pool.copy_page(self.table[whole], new) };
             out.table.push(new);
         }
         out.len = n;

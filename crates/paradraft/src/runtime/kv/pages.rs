@@ -220,42 +220,45 @@ impl PagePool {
     /// are released. For an idle server, whose pool filled during a burst.
     pub fn trim(&self) {
         let s = self.state();
-        let free: Vec<bool> = s.refs.iter().map(|&r| r == 0).collect();
-        let mut runs = Vec::new();
-        let mut i = 0;
-        while i < free.len() {
-            if !free[i] {
-                i += 1;
-                continue;
+        // Runs of free pages: (first, end).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (p, _) in s.refs.iter().enumerate().filter(|(_, &r)| r == 0) {
+            match runs.last_mut() {
+                Some(run) if run.1 == p => run.1 = p + 1,
+                _ => runs.push((p, p + 1)),
             }
-            let start = i;
-            while i < free.len() && free[i] {
-                i += 1;
-            }
-            runs.push((start, i));
         }
-        let (g, tiles) = (self.geom, self.geom.tiles());
-        // SAFETY: only free pages' memory is released, under the state lock (no cache takes
-        // one meanwhile), and no cache reads or writes a free page.
-        let store = unsafe { self.store_mut() };
-        super::store::each!(store, b => {
-            let nb = if b.ks.is_empty() { 0 } else { b.ks[0].len() / (g.n_kv_heads * tiles * KV_TILE) };
-            for li in 0..b.k.len() {
+        let g = self.geom;
+        // Each buffer of each layer: per KV head, a run of pages is one range.
+        fn each_run<T>(bufs: &mut [Vec<T>], g: Geom, runs: &[(usize, usize)]) {
+            for buf in bufs {
+                let per = buf.len() / (g.n_kv_heads * g.tiles());
                 for h in 0..g.n_kv_heads {
-                    for &(p0, p1) in &runs {
-                        // Per page: K is a tile of head_dim × 16 values, V 16 rows.
-                        let (k, v) = ((h * tiles) * g.head_dim * KV_TILE, h * g.capacity * g.head_dim);
-                        let per = g.head_dim * KV_TILE;
-                        release(&mut b.k[li][k + p0 * per..k + p1 * per]);
-                        release(&mut b.v[li][v + p0 * per..v + p1 * per]);
-                        if nb > 0 {
-                            let per = nb * KV_TILE;
-                            let (ks, vs) = (h * tiles * per, h * g.capacity * nb);
-                            release(&mut b.ks[li][ks + p0 * per..ks + p1 * per]);
-                            release(&mut b.vs[li][vs + p0 * per..vs + p1 * per]);
-                        }
+                    for &run in runs {
+                        release(&mut buf[g.pages_span(h, run, per)]);
                     }
                 }
+            }
+        }
+        // SAFETY: only free pages' memory is released, under the state lock (no cache takes
+        // one meanwhile), and no cache reads or writes a free page.
+        super::store::each!(unsafe { self.store_mut() }, b => {
+            each_run(&mut b.k, g, &runs);
+            each_run(&mut b.v, g, &runs);
+            each_run(&mut b.ks, g, &runs);
+            each_run(&mut b.vs, g, &runs);
+        });
+    }
+
+    /// Copies page `old` to page `new` in every layer (copy-on-write).
+    ///
+    /// # Safety
+    /// The caller holds page `new` alone; `old` is only read.
+    pub(super) unsafe fn copy_page(&self, old: u32, new: u32) {
+        let g = self.geom;
+        super::store::each!(self.store_mut(), b => {
+            for li in 0..b.k.len() {
+                g.copy_page(&mut b.layer_mut(li), old as usize, new as usize);
             }
         });
     }

@@ -4,6 +4,7 @@
 use super::{KvElem, KvLayer, KV_TILE, MAX_HEAD_DIM, Q8};
 use crate::runtime::ggml::QK;
 use half::f16;
+use std::ops::Range;
 
 /// Per layer, K as `[n_kv_heads, tiles, head_dim, KV_TILE]` (slot `s`, dimension `d` of KV head
 /// `g` at `((g · tiles + s / 16) · head_dim + d) · 16 + s % 16`) and V as
@@ -209,26 +210,32 @@ impl Geom {
 }
 
 impl Geom {
-    /// Copies page `src` (one K tile: 16 slots of every KV head, scales included) to page `dst`
-    /// of the same layer (a paged cache's copy-on-write).
+    /// Where pages `p0..p1` of KV head `h` lie in one layer's buffer that holds `per` values a
+    /// page and head (K and V: head_dim × 16; their scales: blocks × 16). A pool's geometry
+    /// (capacity = tiles × 16), where K, V and the scales all hold a page as one run per head.
+    pub(super) fn pages_span(self, h: usize, (p0, p1): (usize, usize), per: usize) -> Range<usize> {
+        let base = h * self.tiles() * per;
+        base + p0 * per..base + p1 * per
+    }
+
+    /// Copies page `src` (16 slots of every KV head, scales included) to page `dst` of the same
+    /// layer (a paged cache's copy-on-write).
     pub(super) fn copy_page<E: KvElem>(self, l: &mut LayerMut<E>, src: usize, dst: usize) {
-        let (hd, nb, tiles) = (self.head_dim, E::blocks(self.head_dim), self.tiles());
-        for g in 0..self.n_kv_heads {
-            let (a, b) = ((g * tiles + src) * hd, (g * tiles + dst) * hd);
-            l.k.copy_within(a * KV_TILE..(a + hd) * KV_TILE, b * KV_TILE);
+        let (vals, scales) = (self.head_dim * KV_TILE, E::blocks(self.head_dim) * KV_TILE);
+        for h in 0..self.n_kv_heads {
             let (a, b) = (
-                (g * self.capacity + src * KV_TILE) * hd,
-                (g * self.capacity + dst * KV_TILE) * hd,
+                self.pages_span(h, (src, src + 1), vals),
+                self.pages_span(h, (dst, dst + 1), vals),
             );
-            l.v.copy_within(a..a + KV_TILE * hd, b);
-            if nb > 0 {
-                let (a, b) = ((g * tiles + src) * nb, (g * tiles + dst) * nb);
-                l.ks.copy_within(a * KV_TILE..(a + nb) * KV_TILE, b * KV_TILE);
+            l.k.copy_within(a.clone(), b.start);
+            l.v.copy_within(a, b.start);
+            if scales > 0 {
                 let (a, b) = (
-                    (g * self.capacity + src * KV_TILE) * nb,
-                    (g * self.capacity + dst * KV_TILE) * nb,
+                    self.pages_span(h, (src, src + 1), scales),
+                    self.pages_span(h, (dst, dst + 1), scales),
                 );
-                l.vs.copy_within(a..a + KV_TILE * nb, b);
+                l.ks.copy_within(a.clone(), b.start);
+                l.vs.copy_within(a, b.start);
             }
         }
     }

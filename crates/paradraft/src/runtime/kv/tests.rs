@@ -193,6 +193,9 @@ fn pages_come_and_go_and_trim_spares_the_used_ones() {
         );
         twin.reserve(1).unwrap();
         assert_eq!((twin.own_pages(), pool.free_pages()), (1, 59));
+        for (s, w) in want.iter().enumerate().skip(48) {
+            assert_eq!(&read(&twin, 1, 2, s), w, "{dtype} slot {s} copied");
+        }
         twin.write(0, 50, &k[..heads * hd], &v[..heads * hd]);
         assert_eq!(read(&kv, 1, 2, 49), want[49]);
         kv.truncate(17);
