@@ -259,7 +259,8 @@ impl<'e> Scheduler<'e> {
             // Its run's pages less the whole ones a cached prefix lends it, and its drafter's.
             let target = |hit: usize| KvPool::pages_for(cap) - hit / super::pool::PAGE_SLOTS;
             let drafter_pages = self.drafter_pages(set, cap);
-            if !b.make_room(target(b.prefixes.hit_len(&r.prompt)) + drafter_pages) {
+            let expected = b.prefixes.hit_len(&r.prompt);
+            if !b.make_room(target(expected) + drafter_pages) {
                 b.queue.waiting.push_front((r, arrival));
                 break;
             }
@@ -291,7 +292,7 @@ impl<'e> Scheduler<'e> {
             });
             let promise = target(hit_tokens);
             // Room was made for the hit the cache promised; a shorter one needs more.
-            if started.is_ok() && !b.make_room(promise + drafter_pages) {
+            if started.is_ok() && hit_tokens < expected && !b.make_room(promise + drafter_pages) {
                 drop((started, kv));
                 b.queue.waiting.push_front((r, arrival));
                 break;
