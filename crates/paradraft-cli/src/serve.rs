@@ -34,7 +34,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
     /// Memory for the KV page pool in MiB: requests take pages as they grow, cached prefixes
-    /// lend theirs, and a request is admitted when its whole run would fit.
+    /// lend theirs, a request is admitted when its prompt and a round fit, and when the pool
+    /// runs out the latest arrivals are preempted (resumed later by recomputing their tokens).
     #[arg(long, default_value_t = 2048)]
     kv_memory_mib: usize,
     /// Most prompt tokens prefilled per step while other requests decode.
@@ -47,6 +48,12 @@ pub(crate) struct ServeArgs {
     /// tokens (a system prompt, a chat history); 0 turns the prefix cache off.
     #[arg(long, default_value_t = 256)]
     prefix_cache_mib: usize,
+    /// How much of its remaining `max_tokens` each running request is expected to take when
+    /// admitting more (as SGLang's): 1 starts at 70 % and settles towards 10 % while nothing is
+    /// preempted; lower admits more (and preempts more: a preempted request recomputes its
+    /// tokens); 0 admits for a prompt and one round; 10 or more sets aside whole runs.
+    #[arg(long, default_value_t = 1.0)]
+    schedule_conservativeness: f64,
 }
 
 pub(crate) fn run(a: ServeArgs) -> Result<()> {
@@ -69,6 +76,7 @@ pub(crate) fn run(a: ServeArgs) -> Result<()> {
         prefill_chunk: a.prefill_chunk,
         rule: a.verify_rule,
         prefix_cache_bytes: a.prefix_cache_mib << 20,
+        conservativeness: a.schedule_conservativeness,
     };
     let t0 = std::time::Instant::now();
     if cfg.method.is_none() {

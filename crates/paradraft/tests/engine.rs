@@ -191,6 +191,14 @@ fn bad_engine_settings_are_refused() {
             kv_pages: 10,
             ..Default::default()
         },
+        EngineConfig {
+            conservativeness: -1.0,
+            ..Default::default()
+        },
+        EngineConfig {
+            conservativeness: f64::NAN,
+            ..Default::default()
+        },
     ] {
         assert!(Engine::start(lm.clone(), path.clone(), d.clone(), cfg).is_err());
     }
@@ -404,7 +412,7 @@ fn a_burst_with_one_prompt_beginning_prefills_it_once() {
 }
 
 /// A cached prefix lends its pages: in a pool of 12 pages, where a request of 75–78 slots
-/// alone takes 5, four requests that reuse a 63-token cached prefix (its 4 pages) are promised
+/// alone takes 5, four requests that reuse a 63-token cached prefix (its 4 pages) are admitted for
 /// only the 2 pages each writes (the prefix's partial page, copied, and its own tokens'), so
 /// all four are admitted with the prefix still cached (without lending: two at a time, the
 /// entry evicted); each equals AR alone, and nothing stays reserved.
@@ -446,5 +454,277 @@ fn a_cached_prefix_lends_its_pages() {
         "{m}"
     );
     assert!(m.contains("paradraft_kv_pages_used 0"), "{m}");
+    e.shutdown();
+}
+
+/// The value of the metric line that begins with `name ` in `m`.
+fn metric(m: &str, name: &str) -> f64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
+
+/// Submits `prompts[i]` with `p(i)` and checks each output against AR alone (a cache of
+/// `ctx`); the engine's metrics after.
+fn run_against_ar(
+    e: &Engine,
+    prompts: &[Vec<TokenId>],
+    p: impl Fn(usize) -> GenerateParams,
+    ctx: usize,
+    what: &str,
+) -> String {
+    let rxs: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let (tx, rx) = unbounded_channel();
+            e.submit(Request {
+                prompt: prompts[i].clone(),
+                params: p(i),
+                events: tx,
+                max_draft: None,
+            })
+            .unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (text, f) = collect(rx);
+        let ar = ar(e.loaded(), &prompts[i], &p(i), ctx);
+        assert_eq!(f.token_ids, ar.token_ids, "{what} request {i}");
+        assert_eq!(text, ar.text, "{what} request {i}");
+    }
+    e.metrics().render()
+}
+
+/// Greedy for even `i`, sampled (seeded) for odd, `max_new_tokens` from `most` down.
+fn mixed(most: usize) -> impl Fn(usize) -> GenerateParams {
+    move |i| GenerateParams {
+        max_new_tokens: most - 3 * i,
+        sampling: SamplingParams {
+            temperature: if i % 2 == 1 { 0.8 } else { 0.0 },
+            seed: 7 + i as u64,
+            ..Default::default()
+        },
+        stop_strings: vec![],
+        ..Default::default()
+    }
+}
+
+/// Preemption (#64): a pool of 10 pages (160 slots) for four running requests that grow to
+/// ~90 slots each. Each is admitted for its prompt and a round; when the pool runs out the
+/// latest arrivals are preempted (pages given back) and resumed later, rebuilding their caches
+/// from their tokens. Every output equals AR alone, greedy and sampled (seeded), for AR,
+/// prompt lookup and `auto`; nothing stays held or parked. The same with prompts that share
+/// their first 40 tokens (cached prefixes lent and evicted around the preemptions).
+#[test]
+fn preempted_requests_resume_and_equal_ar_alone() {
+    // Admission for a prompt and a round alone (the most preemptions).
+    let cfg = |kv_pages| EngineConfig {
+        ctx: 128,
+        max_running: 4,
+        max_queue: 32,
+        kv_pages,
+        prefill_chunk: 16,
+        conservativeness: 0.0,
+        ..Default::default()
+    };
+    for method in [
+        Method::none(),
+        Method::named("pld").unwrap(),
+        Method::auto(),
+    ] {
+        let e = start(method, cfg(10));
+        let v = e.loaded().model.config.vocab_size;
+        let n = 8;
+        let prompts: Vec<Vec<TokenId>> = (0..n)
+            .map(|i| toks(6 + (i * 7) % 20, 40 + i as u32, v))
+            .collect();
+        let m = run_against_ar(&e, &prompts, mixed(90), 128, &format!("{method:?}"));
+        assert!(
+            metric(&m, "paradraft_preemptions_total") > 0.0,
+            "{method:?}: {m}"
+        );
+        assert_eq!(metric(&m, "paradraft_preempted_requests"), 0.0);
+        assert_eq!(metric(&m, "paradraft_kv_pages_used"), 0.0);
+        assert!(
+            m.contains(&format!(
+                "paradraft_requests_total{{outcome=\"finished\"}} {n}"
+            )),
+            "{m}"
+        );
+        e.shutdown();
+    }
+    let e = start(Method::none(), cfg(11));
+    let v = e.loaded().model.config.vocab_size;
+    let shared = toks(40, 5, v);
+    let prompts: Vec<Vec<TokenId>> = (0..6)
+        .map(|i| [shared.clone(), toks(3 + i, 60 + i as u32, v)].concat())
+        .collect();
+    let m = run_against_ar(&e, &prompts, mixed(80), 128, "shared prefix");
+    assert!(metric(&m, "paradraft_preemptions_total") > 0.0, "{m}");
+    e.shutdown();
+    // Whole runs set aside: no preemption, the same outputs.
+    let e = start(
+        Method::none(),
+        EngineConfig {
+            conservativeness: 10.0,
+            ..cfg(11)
+        },
+    );
+    let m = run_against_ar(&e, &prompts, mixed(80), 128, "whole runs");
+    assert_eq!(metric(&m, "paradraft_preemptions_total"), 0.0, "{m}");
+    e.shutdown();
+}
+
+/// A session preempted at any step — mid-prompt, right after it, mid-decode, twice — and
+/// resumed rebuilds its cache from its tokens (whole, or after a cached prefix of them) and
+/// gives the output it gives unpreempted, greedy and sampled.
+#[test]
+fn a_preempted_session_rebuilds_its_cache_exactly() {
+    use paradraft::engine::prefix::PrefixCache;
+    use paradraft::speculative::step::{Member, Stepper};
+    use paradraft::speculative::{Session, Speculation};
+    let lm = load_tiny("qwen3");
+    let (v, n) = (lm.model.config.vocab_size, lm.model.config.n_layers);
+    let prompt = toks(30, 3, v);
+    // A cached entry holding the prompt's first 20 tokens (and their states).
+    let mut cache = PrefixCache::new(64 << 20);
+    let taps = || Speculation {
+        drafter: Box::new(Taps(vec![0, n - 1])),
+        max_draft: 0,
+        sizer: None,
+        rule: Default::default(),
+    };
+    {
+        let mut kv = lm.model.new_kv(32);
+        let head = &prompt[..20];
+        let p = params(0);
+        let mut s =
+            Session::new(&lm.tokenizer, &mut kv, head, &p, taps(), &lm.model.config).unwrap();
+        let mut m = [Member {
+            kv: &mut kv,
+            session: &mut s,
+            on_text: &mut |_: &str| {},
+        }];
+        Stepper::default().step(&lm.model, &mut m, 64).unwrap();
+        cache.insert(head, &kv, s.prompt_states().unwrap());
+    }
+    let mut run = |params: &GenerateParams, preempt_at: &[usize], reuse: bool| {
+        let mut kv = lm.model.new_kv(80);
+        let mut s = Session::new(
+            &lm.tokenizer,
+            &mut kv,
+            &prompt,
+            params,
+            taps(),
+            &lm.model.config,
+        )
+        .unwrap();
+        let mut stepper = Stepper::default();
+        for step in 0.. {
+            if preempt_at.contains(&step) {
+                s.preempt(&mut kv).unwrap();
+                assert!(kv.is_empty() && s.prefilling(), "step {step}");
+                if reuse {
+                    let fill = s.to_fill().to_vec();
+                    if let Some(h) = cache.lookup(&fill, s.width()) {
+                        kv.copy_from(h.kv, h.tokens).unwrap();
+                        s.skip_prefill(&kv, h.tokens, h.hidden).unwrap();
+                    }
+                }
+            }
+            let mut sink = |_: &str| {};
+            let mut m = [Member {
+                kv: &mut kv,
+                session: &mut s,
+                on_text: &mut sink,
+            }];
+            if stepper.step(&lm.model, &mut m, 7).unwrap().rows == 0 {
+                break;
+            }
+        }
+        s.finish(&mut |_| {}).out.token_ids
+    };
+    for t in [0.0, 0.8] {
+        let params = GenerateParams {
+            max_new_tokens: 30,
+            sampling: SamplingParams {
+                temperature: t,
+                seed: 11,
+                ..Default::default()
+            },
+            stop_strings: vec![],
+            ..Default::default()
+        };
+        let alone = run(&params, &[], false);
+        assert_eq!(alone.len(), 30);
+        for at in [vec![2], vec![5], vec![9, 10], vec![12, 20]] {
+            for reuse in [false, true] {
+                let out = run(&params, &at, reuse);
+                assert_eq!(
+                    out, alone,
+                    "T {t}, preempted at steps {at:?}, reuse {reuse}"
+                );
+            }
+        }
+    }
+}
+
+/// Preemption with a drafter that keeps a cache of its own (DFlash's context K/V, counted in
+/// the pool and kept while its request waits): outputs still equal AR alone, greedy and
+/// sampled.
+#[test]
+fn preempted_dflash_requests_keep_their_drafter_and_equal_ar() {
+    let path = fixtures().join("tiny").join("qwen3");
+    let lm = Arc::new(paradraft::model::load(&path).unwrap());
+    let n = lm.model.config.n_layers;
+    let dir = tiny_dflash_dir(&lm, &tiny_dflash_config(&lm, 1, &[0, n - 1], 4), false);
+    let d = DrafterConfig {
+        method: Method::named("dflash").unwrap(),
+        draft_model: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    // 4 pages hold one request's 64 target slots; its drafter's cache is counted beside them.
+    let cfg = EngineConfig {
+        ctx: 64,
+        max_running: 3,
+        kv_pages: 12,
+        prefill_chunk: 8,
+        conservativeness: 0.0,
+        ..Default::default()
+    };
+    let e = Engine::start(lm.clone(), path.clone(), d.clone(), cfg).unwrap();
+    let v = lm.model.config.vocab_size;
+    let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(5 + i, 90 + i as u32, v)).collect();
+    let p = |i: usize| GenerateParams {
+        max_new_tokens: 50 - i,
+        sampling: SamplingParams {
+            temperature: if i % 2 == 1 { 0.8 } else { 0.0 },
+            seed: 3 + i as u64,
+            ..Default::default()
+        },
+        stop_strings: vec![],
+        ..Default::default()
+    };
+    let rxs: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let (tx, rx) = unbounded_channel();
+            e.submit(Request {
+                prompt: prompts[i].clone(),
+                params: p(i),
+                events: tx,
+                max_draft: None,
+            })
+            .unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (_, f) = collect(rx);
+        let ar = ar(&lm, &prompts[i], &p(i), 64);
+        assert_eq!(f.token_ids, ar.token_ids, "request {i}");
+    }
+    let m = e.metrics().render();
+    assert!(metric(&m, "paradraft_preemptions_total") > 0.0, "{m}");
+    assert_eq!(metric(&m, "paradraft_kv_pages_used"), 0.0);
     e.shutdown();
 }

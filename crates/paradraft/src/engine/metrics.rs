@@ -22,6 +22,8 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub running: IntGauge,
     pub kv_pages_used: IntGauge,
+    pub preempted: IntGauge,
+    pub preemptions: IntCounter,
     pub kv_pages_total: IntGauge,
     /// Rows of each forward (all requests' prompt chunks and verify rows).
     pub step_rows: Histogram,
@@ -123,7 +125,15 @@ impl Metrics {
             ),
             kv_pages_used: g(
                 "paradraft_kv_pages_used",
-                "KV pages reserved by running requests",
+                "KV pages held by running requests (beyond cached prefixes they share) and counted for drafters' caches",
+            ),
+            preempted: g(
+                "paradraft_preempted_requests",
+                "Requests preempted for KV pages, waiting to resume",
+            ),
+            preemptions: c(
+                "paradraft_preemptions_total",
+                "Requests preempted for KV pages (their caches rebuilt when resumed)",
             ),
             kv_pages_total: g("paradraft_kv_pages_total", "KV pages in the pool"),
             step_rows: h(

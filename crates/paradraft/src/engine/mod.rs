@@ -54,6 +54,12 @@ impl Engine {
                 "max_running, prefill_chunk must be ≥ 1 and the context ≥ 2".into(),
             ));
         }
+        if !(cfg.conservativeness >= 0.0 && cfg.conservativeness.is_finite()) {
+            return Err(Error::BadRequest(format!(
+                "the schedule conservativeness must be a number ≥ 0, got {}",
+                cfg.conservativeness
+            )));
+        }
         let need = KvPool::pages_for(cfg.ctx);
         if cfg.kv_pages < need {
             return Err(Error::BadRequest(format!(

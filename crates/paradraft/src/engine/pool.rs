@@ -1,10 +1,12 @@
 //! The KV memory of all requests: one pool of pages of 16 slots (the attention's K tiles),
 //! `--kv-memory-mib` in all. A request's cache takes pages as it grows and gives them back as
 //! it truncates or ends; a cached prefix lends its pages to the requests that begin with it
-//! (copied before either writes into a shared page). Admission is exact without preemption:
-//! a request is admitted only when the free pages cover what every running request may still
-//! take (its whole run: prompt, `max_tokens`, one draft, less the whole pages it was lent) and
-//! its drafter's own cache, evicting cached prefixes first; otherwise it waits in the queue.
+//! (copied before either writes into a shared page). A request is admitted when the free pages
+//! beyond what the next step may take cover its prompt and one round (less the whole pages a
+//! cached prefix lends it) and its drafter's own cache; before each step the scheduler makes
+//! room for the step's rows, evicting cached prefixes and then preempting the requests that
+//! arrived last (vLLM's recompute preemption: the pages go back, the session waits and rebuilds
+//! its cache from its tokens when readmitted, its output unchanged).
 
 use crate::kv::{KvCache, PagePool, KV_TILE};
 use std::sync::Arc;
@@ -51,9 +53,9 @@ impl KvPool {
         KvCache::paged(&self.pages, capacity)
     }
 
-    /// Free pages beyond `promised` (what running requests may still take).
-    pub fn available(&self, promised: usize) -> usize {
-        self.pages.free_pages().saturating_sub(promised)
+    /// Pages no cache holds.
+    pub fn free(&self) -> usize {
+        self.pages.free_pages()
     }
 
     pub fn total(&self) -> usize {

@@ -24,6 +24,11 @@ pub struct EngineConfig {
     pub rule: VerifyRule,
     /// Bytes of recent prompts' K/V kept for requests that share their prefix (0: off).
     pub prefix_cache_bytes: usize,
+    /// How much of its remaining `max_tokens` each running request is expected to take when
+    /// admitting more (SGLang's `--schedule-conservativeness`): 1 (default) starts at 0.7 and
+    /// settles towards 0.1 while nothing is preempted; 0 admits for a prompt and a round alone
+    /// (most preemptions); 10 or more sets aside whole runs (none).
+    pub conservativeness: f64,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +41,7 @@ impl Default for EngineConfig {
             prefill_chunk: 256,
             rule: VerifyRule::Coupled,
             prefix_cache_bytes: 256 << 20,
+            conservativeness: 1.0,
         }
     }
 }

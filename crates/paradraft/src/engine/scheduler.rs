@@ -1,6 +1,7 @@
 //! The engine thread's scheduler: take commands → drop cancelled requests → admit while the
-//! batch and the page pool have room → one [`Stepper::step`] for the batch → retire the
-//! finished ones.
+//! batch and the page pool have room (preempted requests first) → make room for the step's
+//! rows (evicting cached prefixes, then preempting the latest arrivals) → one
+//! [`Stepper::step`] for the batch → retire the finished ones.
 
 use super::metrics::Metrics;
 use super::pool::KvPool;
@@ -38,9 +39,11 @@ struct Meta {
     /// When the last token was committed (None: none yet).
     last: Option<Instant>,
     generated: usize,
-    /// Pages of the pool its cache may still take over its run beyond those a cached prefix
-    /// lent it (what admission set aside), and pages counted for its drafter's own cache.
-    promise: usize,
+    /// Its place in arrival order (admission and preemption are first come, first served).
+    order: u64,
+    /// Slots its cache may hold (prompt, `max_tokens`, one draft).
+    cap: usize,
+    /// Pages counted for its drafter's own cache (outside the pool, kept while preempted).
     drafter_pages: usize,
     /// Rounds already reported to the metrics.
     rounds: usize,
@@ -80,43 +83,136 @@ impl Queue {
     }
 }
 
-/// The scheduler's state: the page pool, the queue, the running requests, the cached prefixes.
+/// The scheduler's state: the page pool, the queue, the running requests, the preempted
+/// ones, the cached prefixes.
 struct Batch<'t> {
     pool: KvPool,
     queue: Queue,
     running: Slots<'t, Meta>,
+    /// Requests preempted for pages, in arrival order: their sessions wait with empty caches.
+    parked: Vec<Running<'t>>,
     prefixes: PrefixCache,
+    /// Requests admitted so far (each one's `order`).
+    admitted: u64,
+    /// The share of the rest of its run (its `max_tokens` not yet generated) a running request
+    /// is expected to take, set aside for each at admission (SGLang's new-token ratio): it
+    /// starts at [`GROWTH_START`], falls over [`GROWTH_STEPS`] steps to [`GROWTH_MIN`] and
+    /// rises by [`GROWTH_BUMP`] at each preemption, so admission settles near the batch the
+    /// pool holds with few preemptions (each recomputes the preempted request's tokens); both
+    /// scaled by `EngineConfig::conservativeness`. 1 throughout would set aside every
+    /// request's whole run (no preemption), 0 only its prompt and a round.
+    growth: f64,
+    growth_min: f64,
+    growth_decay: f64,
 }
 
+const GROWTH_START: f64 = 0.7;
+const GROWTH_MIN: f64 = 0.1;
+const GROWTH_STEPS: f64 = 600.0;
+const GROWTH_BUMP: f64 = 0.1;
+
 impl Batch<'_> {
-    /// Pages the running requests may still take (the pool must keep them free), with their
-    /// drafters' caches.
-    fn promised(&self) -> usize {
-        self.running
-            .iter()
-            .map(|r| r.meta.promise.saturating_sub(r.kv.own_pages()) + r.meta.drafter_pages)
-            .sum()
+    /// Pages counted for the drafters' own caches (running and preempted requests keep them).
+    fn drafters(&self) -> usize {
+        let pages = |r: &Running| r.meta.drafter_pages;
+        self.running.iter().map(pages).sum::<usize>() + self.parked.iter().map(pages).sum::<usize>()
     }
 
-    /// Whether `pages` more can be promised, evicting cached prefixes (least recently used
-    /// first) until they can; none is evicted when evicting them all would not make the room
-    /// (their pages lent to running requests: a burst waiting for pages would otherwise
-    /// destroy the prefix every waiting request shares).
-    fn make_room(&mut self, pages: usize) -> bool {
-        let mut available = self.pool.available(self.promised());
-        if available < pages && available + self.prefixes.freeable_pages() < pages {
+    /// Most prompt tokens the next step prefills: a chunk while others decode, else all.
+    fn prefill_budget(&self, cfg: &EngineConfig) -> usize {
+        if self.running.iter().any(|r| !r.session.prefilling()) {
+            cfg.prefill_chunk
+        } else {
+            cfg.ctx
+        }
+    }
+
+    /// Pages the running requests may take from the pool: the next step's rows (prompt chunks
+    /// as the stepper splits `budget`, in batch order, and each decoding request's largest
+    /// round) or, when more, the rest of its prompt and `growth` of the rest of its run.
+    fn step_pages(&self, budget: usize, growth: f64) -> usize {
+        let mut left = budget;
+        let mut pages = 0;
+        for r in self.running.iter() {
+            let (rows, prompt) = if r.session.prefilling() {
+                let take = r.session.prompt_left().min(left);
+                left -= take;
+                (take, r.session.prompt_left())
+            } else {
+                (r.session.max_round_rows(), 0)
+            };
+            let rest = r.kv.capacity().saturating_sub(r.kv.len() + prompt);
+            let ahead = prompt + (growth * rest as f64).ceil() as usize;
+            pages += r.kv.pages_to_reserve(rows.max(ahead));
+        }
+        pages
+    }
+
+    /// Free pages beyond the drafters' and what the running requests may take (the next step
+    /// alone with `growth` 0; negative: it does not fit).
+    fn spare(&self, budget: usize, growth: f64) -> isize {
+        self.pool.free() as isize - (self.drafters() + self.step_pages(budget, growth)) as isize
+    }
+
+    /// Whether `pages` more are free beyond what the running requests are expected to take
+    /// ([`Batch::growth`]), evicting cached prefixes (least recently used first) until they
+    /// are; none is evicted when evicting them all would not make the room (their pages lent
+    /// to running requests: a burst waiting for pages would otherwise destroy the prefix every
+    /// waiting request shares).
+    fn make_room(&mut self, pages: usize, budget: usize) -> bool {
+        let pages = pages as isize;
+        let mut spare = self.spare(budget, self.growth);
+        if spare < pages && spare + (self.prefixes.freeable_pages() as isize) < pages {
             return false;
         }
-        while available < pages && self.prefixes.evict_lru() {
-            available = self.pool.available(self.promised());
+        while spare < pages && self.prefixes.evict_lru() {
+            spare = self.spare(budget, self.growth);
         }
-        available >= pages
+        spare >= pages
+    }
+
+    /// Pages a request whose cache must hold `fill` tokens before it decodes (its prompt, or a
+    /// preempted one's tokens), in a cache of `cap` slots, is admitted for: those, a round of
+    /// `round` rows and [`Batch::growth`] of the rest of its run.
+    fn admit_pages(&self, fill: usize, round: usize, cap: usize) -> usize {
+        let rest = cap.saturating_sub(fill + round);
+        KvPool::pages_for((fill + round + (self.growth * rest as f64).ceil() as usize).min(cap))
+    }
+
+    /// Makes room for the next step's rows: cached prefixes are evicted first, then the
+    /// running requests that arrived last are preempted (their pages go back; they wait
+    /// parked, ahead of new requests, and rebuild their caches when readmitted). The first
+    /// arrival is never preempted: the pool holds it alone (checked at start and admission).
+    /// Returns how many were preempted.
+    fn fit_step(&mut self, cfg: &EngineConfig) -> Result<usize> {
+        let mut preempted = 0;
+        while self.spare(self.prefill_budget(cfg), 0.0) < 0 {
+            if self.prefixes.freeable_pages() > 0 && self.prefixes.evict_lru() {
+                continue;
+            }
+            if self.running.len() < 2 {
+                break;
+            }
+            let last = self.running.iter().map(|r| r.meta.order).max();
+            let mut gone = self.running.remove_where(|r| Some(r.meta.order) == last);
+            for mut r in gone.drain(..) {
+                r.session.preempt(&mut r.kv)?;
+                let at = self.parked.partition_point(|p| p.meta.order < r.meta.order);
+                self.parked.insert(at, r);
+                preempted += 1;
+            }
+            if self.growth_min > 0.0 {
+                self.growth = (self.growth + GROWTH_BUMP).min(1.0);
+            }
+        }
+        self.growth = (self.growth - self.growth_decay).max(self.growth_min);
+        Ok(preempted)
     }
 
     /// Takes new commands, blocking only when idle; `false` when the engine should stop
     /// (shut down with nothing left, or every handle gone).
     fn receive(&mut self, rx: &mpsc::Receiver<Command>) -> bool {
-        if self.running.is_empty() && self.queue.waiting.is_empty() {
+        if self.running.is_empty() && self.parked.is_empty() && self.queue.waiting.is_empty() {
             if self.queue.shutdown {
                 return false;
             }
@@ -165,7 +261,12 @@ impl<'e> Scheduler<'e> {
             pool,
             queue: Queue::default(),
             running: Slots::default(),
+            parked: Vec::new(),
             prefixes: PrefixCache::new(self.cfg.prefix_cache_bytes),
+            admitted: 0,
+            growth: (GROWTH_START * self.cfg.conservativeness).min(1.0),
+            growth_min: (GROWTH_MIN * self.cfg.conservativeness).min(1.0),
+            growth_decay: (GROWTH_START - GROWTH_MIN) * self.cfg.conservativeness / GROWTH_STEPS,
         };
         while b.receive(&rx) {
             self.cancel(&mut b);
@@ -227,12 +328,26 @@ impl<'e> Scheduler<'e> {
             drop(r); // its pages go back
             self.ended("cancelled");
         }
+        let before = b.parked.len();
+        b.parked.retain(|r| !r.meta.events.is_closed());
+        for _ in b.parked.len()..before {
+            self.ended("cancelled");
+        }
     }
 
-    /// Admits waiting requests in arrival order while the batch and the pool have room.
+    /// Admits requests in arrival order while the batch and the pool have room: preempted
+    /// ones first (a new request waits while an earlier one cannot resume), each when the
+    /// free pages beyond what the running ones are expected to take cover its prompt (or its
+    /// rebuild), one round and its own expected growth, less the whole pages a cached prefix
+    /// lends it, and its drafter's cache.
     fn admit(&self, set: &DrafterSet<'e>, b: &mut Batch<'e>) {
-        let model = &self.lm.model;
         while b.running.len() < self.cfg.max_running {
+            if !b.parked.is_empty() {
+                if self.resume(b) {
+                    continue;
+                }
+                break;
+            }
             let Some((r, arrival)) = b.queue.waiting.pop_front() else {
                 break;
             };
@@ -256,11 +371,17 @@ impl<'e> Scheduler<'e> {
             }
             let cap =
                 (r.prompt.len() + r.params.max_new_tokens + set.max_draft + 1).min(self.cfg.ctx);
-            // Its run's pages less the whole ones a cached prefix lends it, and its drafter's.
-            let target = |hit: usize| KvPool::pages_for(cap) - hit / super::pool::PAGE_SLOTS;
+            // Its prompt, a round and its expected growth, less the whole pages a cached prefix
+            // lends it.
+            let pages = b.admit_pages(r.prompt.len(), set.max_draft + 1, cap);
+            let target = |hit: usize| pages.saturating_sub(hit / super::pool::PAGE_SLOTS);
             let drafter_pages = self.drafter_pages(set, cap);
             let expected = b.prefixes.hit_len(&r.prompt);
-            if !b.make_room(target(expected) + drafter_pages) {
+            // Drafters' caches stay while their requests are preempted: the first arrival
+            // must still fit beside them all.
+            let beside = b.drafters() + drafter_pages + KvPool::pages_for(self.cfg.ctx);
+            let budget = b.prefill_budget(self.cfg);
+            if beside > b.pool.total() || !b.make_room(target(expected) + drafter_pages, budget) {
                 b.queue.waiting.push_front((r, arrival));
                 break;
             }
@@ -277,39 +398,35 @@ impl<'e> Scheduler<'e> {
                         &r.prompt,
                         &r.params,
                         sp,
-                        &model.config,
+                        &self.lm.model.config,
                     )
                 });
             // A cached prefix of the prompt: its pages shared, its prefill skipped.
             let mut hit_tokens = 0;
             let started = started.and_then(|mut session| {
-                if let Some(hit) = b.prefixes.lookup(&r.prompt, session.width()) {
-                    kv.copy_from(hit.kv, hit.tokens)?;
-                    session.skip_prefill(&kv, hit.tokens, hit.hidden)?;
-                    hit_tokens = hit.tokens;
-                }
+                hit_tokens = self.reuse_prefix(b, &mut kv, &mut session)?;
                 Ok(session)
             });
-            let promise = target(hit_tokens);
             // Room was made for the hit the cache promised; a shorter one needs more.
-            if started.is_ok() && hit_tokens < expected && !b.make_room(promise + drafter_pages) {
+            if started.is_ok()
+                && hit_tokens < expected
+                && !b.make_room(target(hit_tokens) + drafter_pages, budget)
+            {
                 drop((started, kv));
                 b.queue.waiting.push_front((r, arrival));
                 break;
             }
-            if hit_tokens > 0 {
-                self.metrics.prefix_hits.inc();
-                self.metrics.prefix_hit_tokens.inc_by(hit_tokens as u64);
-            }
             match started {
                 Ok(session) => {
                     self.metrics.prompt_tokens.inc_by(r.prompt.len() as u64);
+                    b.admitted += 1;
                     let meta = Meta {
                         events: r.events,
                         arrival,
                         last: None,
                         generated: 0,
-                        promise,
+                        order: b.admitted,
+                        cap,
                         drafter_pages,
                         rounds: 0,
                         logprobs: 0,
@@ -325,23 +442,65 @@ impl<'e> Scheduler<'e> {
         }
     }
 
+    /// Starts `session` from the longest cached prefix of the tokens its cache must hold
+    /// (its prompt, or after a preemption its committed tokens): the prefix's pages shared,
+    /// their prefill skipped. Returns the tokens reused.
+    fn reuse_prefix(
+        &self,
+        b: &mut Batch,
+        kv: &mut crate::kv::KvCache,
+        session: &mut Session,
+    ) -> Result<usize> {
+        let fill = session.to_fill().to_vec();
+        let Some(hit) = b.prefixes.lookup(&fill, session.width()) else {
+            return Ok(0);
+        };
+        kv.copy_from(hit.kv, hit.tokens)?;
+        session.skip_prefill(kv, hit.tokens, hit.hidden)?;
+        self.metrics.prefix_hits.inc();
+        self.metrics.prefix_hit_tokens.inc_by(hit.tokens as u64);
+        Ok(hit.tokens)
+    }
+
+    /// Readmits the preempted request that arrived first when the pool has room for its
+    /// cache's rebuild and a round (a cached prefix of its tokens is shared, not recomputed);
+    /// `false` when it must wait.
+    fn resume(&self, b: &mut Batch<'e>) -> bool {
+        let r = &b.parked[0];
+        let fill = r.session.to_fill();
+        let need = b
+            .admit_pages(fill.len(), r.session.max_round_rows(), r.meta.cap)
+            .saturating_sub(b.prefixes.hit_len(fill) / super::pool::PAGE_SLOTS);
+        if !b.make_room(need, b.prefill_budget(self.cfg)) {
+            return false;
+        }
+        let mut r = b.parked.remove(0);
+        match self.reuse_prefix(b, &mut r.kv, &mut r.session) {
+            Ok(_) => b.running.push(r.kv, r.session, r.meta),
+            Err(e) => {
+                self.ended("error");
+                let _ = r.meta.events.send(Event::Error(e.to_string()));
+            }
+        }
+        true
+    }
+
     /// One forward for the whole batch (prompt chunks of at most `prefill_chunk` tokens while
     /// others decode); a failed forward fails the batch's requests, not the server.
     fn step(&self, b: &mut Batch) -> Option<StepReport> {
-        let decoding = b.running.iter().any(|r| !r.session.prefilling());
-        let budget = if decoding {
-            self.cfg.prefill_chunk
-        } else {
-            self.cfg.ctx
-        };
-        match b.running.step(&self.lm.model, budget) {
+        let stepped = b.fit_step(self.cfg).and_then(|preempted| {
+            self.metrics.preemptions.inc_by(preempted as u64);
+            let budget = b.prefill_budget(self.cfg);
+            b.running.step(&self.lm.model, budget)
+        });
+        match stepped {
             Ok(r) => {
                 if r.rows > 0 {
                     self.metrics.step_rows.observe(r.rows as f64);
                 }
                 let now = Instant::now();
                 // A cached prefix takes at most one page of its own (its partial last one).
-                let mut spare = b.pool.available(b.promised());
+                let mut spare = b.pool.free().saturating_sub(b.drafters());
                 for run in b.running.iter_mut() {
                     self.observe(run, now);
                     // A prompt just prefilled: its K/V and states for later requests.
@@ -462,13 +621,12 @@ impl<'e> Scheduler<'e> {
     }
 
     fn gauges(&self, b: &Batch) {
-        self.metrics.queue_depth.set(b.queue.waiting.len() as i64);
         self.metrics.running.set(b.running.len() as i64);
-        let reserved: usize = b
-            .running
-            .iter()
-            .map(|r| r.meta.promise + r.meta.drafter_pages)
-            .sum();
-        self.metrics.kv_pages_used.set(reserved as i64);
+        self.metrics
+            .queue_depth
+            .set((b.queue.waiting.len() + b.parked.len()) as i64);
+        self.metrics.preempted.set(b.parked.len() as i64);
+        let held: usize = b.running.iter().map(|r| r.kv.own_pages()).sum();
+        self.metrics.kv_pages_used.set((held + b.drafters()) as i64);
     }
 }

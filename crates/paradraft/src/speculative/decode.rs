@@ -8,7 +8,7 @@
 use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
-use super::{Drafter, Hidden};
+use super::{Drafter, Hidden, RoundStats, SpecGeneration};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Config, Logits, Output, Tokenizer};
@@ -17,51 +17,7 @@ use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, S
 use crate::runtime::ops;
 use crate::sample::Sampler;
 use crate::types::{Pos, SlotId, TokenId};
-use serde::Serialize;
 use std::time::Instant;
-
-/// Telemetry of one round.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct RoundStats {
-    pub drafted: usize,
-    pub accepted: usize,
-    pub draft_ms: f64,
-    /// Of `draft_ms`: choosing the draft from the drafter's distributions (path or tree
-    /// search).
-    pub select_ms: f64,
-    /// Linearising the tree (positions, ancestor mask).
-    pub tree_ms: f64,
-    pub verify_ms: f64,
-    pub commit_ms: f64,
-    /// Nodes the drafter proposed before the sizer's cut (`drafted` were kept).
-    pub proposed: usize,
-    /// Σ of the kept nodes' path probabilities as the drafter (or `auto`'s calibration) gave
-    /// them, before the sizer's calibration κ: what the cut expected to be accepted, over κ
-    /// (trees only; 0 otherwise).
-    pub predicted: f64,
-    /// The kept nodes' path probabilities, in node order (trees only): with `path`, what any
-    /// smaller cut of this round would have had accepted (every prefix of a tree in score
-    /// order is a tree), for calibrating the cut offline.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub conf: Vec<f32>,
-    /// The accepted nodes' ids, root to leaf.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub path: Vec<u32>,
-    /// Why a sized round verified no draft (absent when it did, or when nothing sizes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub undrafted: Option<super::sizing::Undrafted>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct SpecGeneration {
-    /// What AR generation reports too.
-    #[serde(flatten)]
-    pub out: Generation,
-    /// Target forwards after the prefill.
-    pub rounds: Vec<RoundStats>,
-    /// Tokens committed per target pass, bonus included (prefill's token not counted).
-    pub tau: f64,
-}
 
 /// The drafter of a speculative run, the most nodes it may propose per round, optionally a
 /// [`Sizer`] that picks each round's budget from measured costs and acceptance, and the rule
@@ -143,7 +99,16 @@ fn candidates(k: usize, rows: usize, greedy: bool, o: &RoundOutput) -> Candidate
 /// never moved in bulk: the variants' size difference does not matter.)
 #[allow(clippy::large_enum_variant)]
 enum Pending {
-    Prefill { n: usize, positions: Vec<Pos> },
+    Prefill {
+        n: usize,
+        positions: Vec<Pos>,
+    },
+    /// A chunk of committed tokens whose K/V a preemption dropped, from `from`.
+    Rebuild {
+        from: usize,
+        n: usize,
+        positions: Vec<Pos>,
+    },
     Round(Planned),
 }
 
@@ -183,6 +148,9 @@ pub struct Session<'a> {
     prompt_len: usize,
     /// Prompt tokens whose K/V are in the cache.
     prefilled: usize,
+    /// After a preemption ([`Session::preempt`]): committed tokens whose K/V are back in the
+    /// cache, of the tokens it must hold again (all committed but the root).
+    rebuild: Option<(usize, usize)>,
     /// The prompt and every committed token (its last one is the root once prefilled).
     committed: Vec<TokenId>,
     root: TokenId,
@@ -236,6 +204,7 @@ impl<'a> Session<'a> {
             greedy,
             prompt_len: prompt.len(),
             prefilled: 0,
+            rebuild: None,
             committed: prompt.to_vec(),
             root: TokenId(0),
             stop: None,
@@ -259,8 +228,20 @@ impl<'a> Session<'a> {
     /// Starts from a cached prefix of the prompt: `kv` already holds the K/V of its first `n`
     /// tokens (`n` < the prompt's length, so the last is still computed and gives the first
     /// token) and `hidden` their tapped states (`n × width`). Exact: a prefix's K/V and states
-    /// do not depend on what follows it, nor on the batch that computed them.
+    /// do not depend on what follows it, nor on the batch that computed them. A preempted
+    /// session rebuilding its cache takes the first `n` of [`Session::to_fill`] so (their
+    /// states are not needed: its drafter has seen them).
     pub fn skip_prefill(&mut self, kv: &KvCache, n: usize, hidden: &[f32]) -> Result<()> {
+        if let Some((done, target)) = self.rebuild {
+            if done != 0 || n > target || kv.len() != n {
+                return Err(Error::BadRequest(format!(
+                    "a cached prefix of {n} tokens does not fit this request's rebuild ({target} tokens, {} in its cache)",
+                    kv.len()
+                )));
+            }
+            self.rebuild = (n < target).then_some((n, target));
+            return Ok(());
+        }
         if self.prefilled != 0
             || n >= self.prompt_len
             || kv.len() != n
@@ -292,9 +273,49 @@ impl<'a> Session<'a> {
             .then_some(&self.hidden[..])
     }
 
-    /// Whether its prompt is still (partly) outside the cache.
+    /// Whether its prompt is still (partly) outside the cache, or after a preemption its
+    /// committed tokens.
     pub fn prefilling(&self) -> bool {
-        self.prefilled < self.prompt_len
+        self.prefilled < self.prompt_len || self.rebuild.is_some()
+    }
+
+    /// The tokens whose K/V the cache must hold before the session can go on: the prompt
+    /// while it is prefilled, every committed token but the root after a preemption, none
+    /// otherwise.
+    pub fn to_fill(&self) -> &[TokenId] {
+        match self.rebuild {
+            Some((_, target)) => &self.committed[..target],
+            None if self.prefilling() => self.prompt(),
+            None => &[],
+        }
+    }
+
+    /// Most rows a round may verify: the root and the drafter's limit of nodes.
+    pub fn max_round_rows(&self) -> usize {
+        self.max_draft + 1
+    }
+
+    /// Gives up the cache between steps (`kv` is cleared, its pages go back): a prompt being
+    /// prefilled starts over; a decoding session rebuilds the K/V of its committed tokens when
+    /// it steps again (it is [`Session::prefilling`] until they are back: chunks of
+    /// [`Session::to_fill`]), then goes on as if never stopped — a token's K/V do not depend on
+    /// the forward that computed them, and its drafter, sampler and stops kept their state, so
+    /// its output is the same at any temperature.
+    pub fn preempt(&mut self, kv: &mut KvCache) -> Result<()> {
+        let rebuild = self.committed.len() - 1;
+        if self.pending.is_some() || (!self.prefilling() && kv.len() != rebuild) {
+            return Err(Error::BadRequest(
+                "a session can be preempted only between steps".into(),
+            ));
+        }
+        kv.clear();
+        if self.prefilled < self.prompt_len {
+            self.prefilled = 0;
+            self.hidden.clear();
+        } else {
+            self.rebuild = (rebuild > 0).then_some((0, rebuild));
+        }
+        Ok(())
     }
 
     /// Whether a step is planned and waits for its forward.
@@ -302,9 +323,12 @@ impl<'a> Session<'a> {
         self.pending.is_some()
     }
 
-    /// Prompt tokens not in the cache yet.
+    /// Prompt tokens not in the cache yet (after a preemption: committed tokens).
     pub fn prompt_left(&self) -> usize {
-        self.prompt_len - self.prefilled
+        match self.rebuild {
+            Some((done, target)) => target - done,
+            None => self.prompt_len - self.prefilled,
+        }
     }
 
     /// The target layers whose outputs every forward of this session must tap.
@@ -351,7 +375,7 @@ impl<'a> Session<'a> {
             trees: self.drafter.node_confidence().is_some(),
         };
         let mut stats = RoundStats::default();
-        let budget = self.sizing.before(&facts);
+        let budget = self.sizing.before(&facts).min(self.max_draft);
         self.drafter.batch_streams(batch.streams.max(1));
         let t = Instant::now();
         let mut tree = self.drafter.propose(&self.committed, budget)?;
@@ -398,14 +422,17 @@ impl<'a> Session<'a> {
         Ok(true)
     }
 
-    /// The next chunk of at most `budget` prompt tokens.
+    /// The next chunk of at most `budget` prompt (or rebuilt) tokens.
     fn plan_prefill(&mut self, budget: usize) {
         let n = self.prompt_left().min(budget.max(1));
-        let p0 = self.prefilled as u32;
-        self.prefill_start.get_or_insert_with(Instant::now);
-        self.pending = Some(Pending::Prefill {
-            n,
-            positions: (p0..p0 + n as u32).map(Pos).collect(),
+        let from = self.rebuild.map_or(self.prefilled, |r| r.0);
+        let positions = (from as u32..(from + n) as u32).map(Pos).collect();
+        self.pending = Some(match self.rebuild {
+            Some(_) => Pending::Rebuild { from, n, positions },
+            None => {
+                self.prefill_start.get_or_insert_with(Instant::now);
+                Pending::Prefill { n, positions }
+            }
         });
     }
 
@@ -415,6 +442,11 @@ impl<'a> Session<'a> {
         match self.pending.as_ref().expect("a planned step") {
             Pending::Prefill { n, positions } => Batch {
                 tokens: &self.committed[self.prefilled..self.prefilled + n],
+                positions,
+                mask: None,
+            },
+            Pending::Rebuild { from, n, positions } => Batch {
+                tokens: &self.committed[*from..from + n],
                 positions,
                 mask: None,
             },
@@ -437,6 +469,10 @@ impl<'a> Session<'a> {
                 } else {
                     Logits::None
                 },
+                last_only: true,
+            },
+            Pending::Rebuild { .. } => RowNeeds {
+                logits: Logits::None,
                 last_only: true,
             },
             Pending::Round(_) => RowNeeds {
@@ -463,6 +499,12 @@ impl<'a> Session<'a> {
     ) -> Result<()> {
         match self.pending.take().expect("a planned step") {
             Pending::Prefill { n, .. } => self.commit_prefill(n, o, on_text),
+            Pending::Rebuild { from, n, .. } => {
+                if let Some((_, target)) = self.rebuild {
+                    self.rebuild = (from + n < target).then_some((from + n, target));
+                }
+                Ok(())
+            }
             Pending::Round(p) => self.commit_round(kv, p, o, on_text),
         }
     }

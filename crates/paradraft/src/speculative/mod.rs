@@ -11,8 +11,9 @@ pub use crate::draft as tree;
 pub mod tree_search;
 pub mod verify;
 
-pub use decode::{RoundOutput, RoundStats, RowNeeds, Session, SpecGeneration, Speculation};
+pub use decode::{RoundOutput, RowNeeds, Session, Speculation};
 pub use step::speculative_generate;
+pub use summary::{RoundStats, SpecGeneration};
 pub use tree::{DraftTree, Linearised, NodeId};
 pub use verify::{Candidates, Outcome, VerifyRule};
 

@@ -4,8 +4,9 @@
 //! member commits its results. A row's results are those it would get alone (the forward is
 //! batch-invariant), so a session's tokens do not depend on what it was batched with.
 
-use super::decode::{RoundOutput, Session, SpecGeneration, Speculation};
+use super::decode::{RoundOutput, Session, Speculation};
 use super::sizing::BatchShape;
+use super::SpecGeneration;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Logits, Model, OutputSpec, Rows, Scratch, Tokenizer};

@@ -454,6 +454,21 @@ impl KvCache {
         Ok(start)
     }
 
+    /// Pages of its pool that reserving `n` more slots would take now: fresh pages beyond its
+    /// own and copies of the shared pages the new slots fall in (0 for a cache with its own
+    /// buffers). What a scheduler makes room for before a forward.
+    pub fn pages_to_reserve(&self, n: usize) -> usize {
+        let Some(pool) = self.pool() else {
+            return 0;
+        };
+        let (from, to) = (self.len, (self.len + n).min(self.cap));
+        let need = to.div_ceil(KV_TILE);
+        let copies = (from / KV_TILE..need.min(self.table.len()))
+            .filter(|&i| pool.shared(self.table[i]))
+            .count();
+        need.saturating_sub(self.table.len()) + copies
+    }
+
     /// A paged cache: pages for slots `from..to`, each one this cache holds alone (a shared
     /// page among them is copied first, copy-on-write).
     fn pages_for(&mut self, from: usize, to: usize) -> Result<()> {
