@@ -103,17 +103,18 @@ def sse_events(r):
 
 
 def stream_chat(port, prompt, max_tokens, temperature, seed):
-    """One streaming chat request: (t_first, t_last, completion tokens, text)."""
-    body = json.dumps(
-        {
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
+    """One streaming chat request: (t_first, t_last, completion tokens, text). `max_tokens`
+    0 leaves it out, as many clients do (the server's default: up to the context)."""
+    req = {
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": temperature,
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if max_tokens > 0:
+        req["max_tokens"] = max_tokens
+    body = json.dumps(req)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -150,11 +151,11 @@ def pct(xs, p):
 
 def metric_sums(port):
     """(accepted-per-round sum, count, server ITL sum, count, undrafted rounds by reason —
-    speed guard, AR probe, cost model —, forward rows, forwards) from /metrics."""
+    speed guard, AR probe, cost model —, forward rows, forwards, preemptions) from /metrics."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
-    v = [0.0] * 9
+    v = [0.0] * 10
     keys = [
         "paradraft_accepted_tokens_per_round_sum",
         "paradraft_accepted_tokens_per_round_count",
@@ -174,6 +175,8 @@ def metric_sums(port):
         for i, k in enumerate(steps):
             if line.startswith(k):
                 v[7 + i] += float(line.rsplit(" ", 1)[1])
+        if line.startswith("paradraft_preemptions_total "):
+            v[9] += float(line.rsplit(" ", 1)[1])
     return v
 
 
@@ -215,6 +218,8 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
         # Forwards the engine ran and their rows (prompt chunks and verify rows).
         "forwards": u1[4] - u0[4],
         "forward_rows": u1[3] - u0[3],
+        # Requests preempted for KV pages (each recomputes its tokens when resumed).
+        "preemptions": u1[5] - u0[5],
         "tokens": toks,
         "wall_s": wall,
         "tok_s": toks / wall,
@@ -290,7 +295,7 @@ def main():
     ap.add_argument("--methods", default="none,pld,dflash")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--requests", type=int, default=0, help="per level (default: max(8, 2c))")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128, help="0: not sent (up to the context)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--datasets", default="mt_bench,gsm8k_test,humaneval")
     ap.add_argument("--server-args", default="", help="extra `serve` flags, space-separated")
@@ -311,7 +316,7 @@ def main():
         sys.exit(f"{need} distinct prompts needed, the sets {a.datasets} have {len(ps)}")
     os.makedirs(a.out, exist_ok=True)
     report = {"args": portable(vars(a)), "results": {}}
-    if a.temperature == 0:
+    if a.temperature == 0 and a.max_tokens > 0:
         report["cli_decode_tok_s"] = cli_decode(a.bin, ps, a.max_tokens, 8)
         print(f"CLI decode (median of 8 prompts): {report['cli_decode_tok_s']:.1f} tok/s", flush=True)
     for method in a.methods.split(","):
