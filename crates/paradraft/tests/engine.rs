@@ -692,38 +692,10 @@ fn preempted_dflash_requests_keep_their_drafter_and_equal_ar() {
         conservativeness: 0.0,
         ..Default::default()
     };
-    let e = Engine::start(lm.clone(), path.clone(), d.clone(), cfg).unwrap();
+    let e = Engine::start(lm.clone(), path, d, cfg).unwrap();
     let v = lm.model.config.vocab_size;
     let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(5 + i, 90 + i as u32, v)).collect();
-    let p = |i: usize| GenerateParams {
-        max_new_tokens: 50 - i,
-        sampling: SamplingParams {
-            temperature: if i % 2 == 1 { 0.8 } else { 0.0 },
-            seed: 3 + i as u64,
-            ..Default::default()
-        },
-        stop_strings: vec![],
-        ..Default::default()
-    };
-    let rxs: Vec<_> = (0..prompts.len())
-        .map(|i| {
-            let (tx, rx) = unbounded_channel();
-            e.submit(Request {
-                prompt: prompts[i].clone(),
-                params: p(i),
-                events: tx,
-                max_draft: None,
-            })
-            .unwrap();
-            rx
-        })
-        .collect();
-    for (i, rx) in rxs.into_iter().enumerate() {
-        let (_, f) = collect(rx);
-        let ar = ar(&lm, &prompts[i], &p(i), 64);
-        assert_eq!(f.token_ids, ar.token_ids, "request {i}");
-    }
-    let m = e.metrics().render();
+    let m = run_against_ar(&e, &prompts, mixed(50), 64, "dflash");
     assert!(metric(&m, "paradraft_preemptions_total") > 0.0, "{m}");
     assert_eq!(metric(&m, "paradraft_kv_pages_used"), 0.0);
     e.shutdown();
