@@ -44,8 +44,9 @@ pub(crate) struct ServeArgs {
     /// How drafts are verified at temperature > 0 (see `generate --help`).
     #[arg(long, value_enum, default_value = "coupled")]
     verify_rule: paradraft::speculative::VerifyRule,
-    /// Memory in MiB for recent prompts' K/V, reused by requests that begin with the same
-    /// tokens (a system prompt, a chat history); 0 turns the prefix cache off.
+    /// Memory in MiB recent prompts' cached K/V may keep, reused by requests that begin with
+    /// the same tokens (a system prompt, a chat history): their tapped states and the pool
+    /// pages no running request shares; 0 turns the prefix cache off.
     #[arg(long, default_value_t = 256)]
     prefix_cache_mib: usize,
     /// How much of its remaining `max_tokens` each running request is expected to take when

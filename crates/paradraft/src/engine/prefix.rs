@@ -9,7 +9,7 @@
 //! Exact: a prefix's K/V and states do not depend on what follows it nor on the batch that
 //! computed them (the forward's batch invariance), so a hit changes no output.
 
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KV_TILE};
 use crate::types::TokenId;
 
 /// The shortest reuse worth a copy.
@@ -19,7 +19,6 @@ struct Entry {
     tokens: Vec<TokenId>,
     kv: KvCache,
     hidden: Vec<f32>,
-    bytes: usize,
     used: u64,
 }
 
@@ -35,7 +34,6 @@ pub struct Hit<'c> {
 pub struct PrefixCache {
     entries: Vec<Entry>,
     budget: usize,
-    used: usize,
     clock: u64,
     pub evictions: u64,
 }
@@ -50,15 +48,33 @@ impl PrefixCache {
         PrefixCache {
             entries: Vec::new(),
             budget,
-            used: 0,
             clock: 0,
             evictions: 0,
         }
     }
 
-    /// Bytes held.
+    /// Bytes the entries keep: their tokens and tapped states, and their K/V — of a paged
+    /// cache the pool pages only entries hold (pages a running request shares are counted as
+    /// that request's, so a prefix in use costs the cache nothing more).
     pub fn bytes(&self) -> usize {
-        self.used
+        let pages = self.freeable_pages()
+            * self
+                .entries
+                .first()
+                .map_or(0, |e| KV_TILE * e.kv.bytes_per_slot());
+        let rest: usize = self
+            .entries
+            .iter()
+            .map(|e| {
+                let kv = if e.kv.is_paged() {
+                    0
+                } else {
+                    e.tokens.len() * e.kv.bytes_per_slot()
+                };
+                kv + std::mem::size_of_val(&e.tokens[..]) + std::mem::size_of_val(&e.hidden[..])
+            })
+            .sum();
+        pages + rest
     }
 
     /// How many leading tokens of `prompt` a lookup would reuse now (0: none).
@@ -83,15 +99,22 @@ impl PrefixCache {
         let Some(lru) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].used) else {
             return false;
         };
-        self.used -= self.entries.swap_remove(lru).bytes;
+        self.entries.swap_remove(lru);
         self.evictions += 1;
         true
     }
 
-    /// Pages of the pool that evicting every entry would give back (pages that running
-    /// requests or two entries share are not counted).
+    /// Evicts least recently used entries until what they keep fits the budget (the pages of
+    /// a prefix become the cache's alone when the last request sharing them ends).
+    pub fn fit(&mut self) {
+        while self.bytes() > self.budget && self.evict_lru() {}
+    }
+
+    /// Pages of the pool that evicting every entry would give back (pages running requests
+    /// share are not counted; pages two entries share count once).
     pub fn freeable_pages(&self) -> usize {
-        self.entries.iter().map(|e| e.kv.sole_pages()).sum()
+        let kvs: Vec<&KvCache> = self.entries.iter().map(|e| &e.kv).collect();
+        KvCache::pages_held_only_by(&kvs)
     }
 
     /// Whether `budget` allows entries at all.
@@ -139,17 +162,15 @@ impl PrefixCache {
             return;
         };
         self.entries.retain(|e| !prompt.starts_with(&e.tokens));
-        self.used = self.entries.iter().map(|e| e.bytes).sum();
-        while self.used + bytes > self.budget && self.evict_lru() {}
         self.clock += 1;
         self.entries.push(Entry {
             tokens: prompt.to_vec(),
             kv: snapshot,
             hidden: hidden.to_vec(),
-            bytes,
             used: self.clock,
         });
-        self.used += bytes;
+        // Older entries go first (the new one is the most recently used).
+        self.fit();
     }
 }
 
@@ -199,5 +220,47 @@ mod tests {
         assert!(c.lookup(&b, 0).is_none());
         assert!(c.lookup(&other, 0).is_some());
         assert!(c.bytes() <= 30 * per);
+    }
+
+    /// In a page pool an entry costs the cache only the pages no request shares: while the
+    /// request that computed a 40-token prompt runs, its entry holds 2 shared pages and its own
+    /// copy of the partial third; when the request ends all 3 are the cache's. Pages two
+    /// entries share count once, and `fit` evicts when ended requests leave the cache over
+    /// its budget.
+    #[test]
+    fn paged_entries_count_the_pages_only_they_hold() {
+        use crate::kv::{KvDtype, PagePool};
+        let pool = PagePool::new(2, 1, 4, 32, KvDtype::F32).unwrap();
+        let write = |kv: &mut KvCache, n: usize| {
+            let s = kv.reserve(n).unwrap();
+            for l in 0..2 {
+                let k: Vec<f32> = (0..n * 4).map(|i| (i + 7 * l) as f32).collect();
+                kv.write(l, s, &k, &k);
+            }
+        };
+        let page = KV_TILE * KvCache::paged(&pool, 1).bytes_per_slot();
+        let a = ids(&(0..40).collect::<Vec<_>>());
+        let mut req = KvCache::paged(&pool, 64);
+        write(&mut req, 40);
+        let mut c = PrefixCache::new(1 << 20);
+        c.insert(&a, &req, &[]);
+        let tokens = 40 * std::mem::size_of::<TokenId>();
+        assert_eq!(c.freeable_pages(), 1, "the copied partial page");
+        assert_eq!(c.bytes(), page + tokens);
+        // A second request continues a's first 32 tokens (two whole pages, shared).
+        let mut b = a[..32].to_vec();
+        b.extend(ids(&[90, 91, 92, 93, 94, 95, 96, 97]));
+        let mut req2 = KvCache::paged(&pool, 64);
+        req2.copy_from(c.lookup(&b, 0).unwrap().kv, 32).unwrap();
+        write(&mut req2, 8);
+        c.insert(&b, &req2, &[]);
+        drop((req, req2));
+        // 2 pages both entries share (counted once) + each one's third page.
+        assert_eq!(c.freeable_pages(), 4);
+        assert_eq!(c.bytes(), 4 * page + 2 * tokens);
+        c.budget = 3 * page + tokens;
+        c.fit();
+        assert_eq!((c.evictions, c.freeable_pages()), (1, 3));
+        assert!(c.lookup(&b, 0).is_some() && c.bytes() <= c.budget);
     }
 }

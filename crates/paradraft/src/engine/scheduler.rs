@@ -536,6 +536,8 @@ impl<'e> Scheduler<'e> {
         for r in &mut done {
             r.kv.clear(); // its pages go back
         }
+        // Prefixes it shared are now the cache's alone, counted in its budget.
+        b.prefixes.fit();
         self.gauges(b);
         for r in done {
             self.retire(r);

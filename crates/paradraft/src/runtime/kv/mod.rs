@@ -373,9 +373,24 @@ impl KvCache {
         self.table.len() - self.shared
     }
 
-    /// Pages of its pool no other cache holds: what dropping it gives back.
-    pub fn sole_pages(&self) -> usize {
-        self.pool().map_or(0, |p| p.sole(&self.table))
+    /// Pages of their pool that `caches` (paged, of one pool) hold and no other cache does:
+    /// what dropping them all gives back (a page two of them share counts once; one a cache
+    /// outside them holds, not at all). 0 for caches with their own buffers.
+    pub fn pages_held_only_by(caches: &[&KvCache]) -> usize {
+        let Some(pool) = caches.iter().find_map(|c| c.pool()) else {
+            return 0;
+        };
+        let tables: Vec<&[u32]> = caches
+            .iter()
+            .filter(|c| c.pool().is_some_and(|p| Arc::ptr_eq(p, pool)))
+            .map(|c| &c.table[..])
+            .collect();
+        pool.held_only_by(&tables)
+    }
+
+    /// Whether its K/V live in pages of a shared pool.
+    pub fn is_paged(&self) -> bool {
+        self.pool().is_some()
     }
 
     /// Pages it shares with another cache of its pool at its start (a cached prefix's).

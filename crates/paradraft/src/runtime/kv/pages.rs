@@ -201,10 +201,18 @@ impl PagePool {
         }
     }
 
-    /// How many of `pages` have no other holder (what dropping their one holder frees).
-    pub(super) fn sole(&self, pages: &[u32]) -> usize {
+    /// How many distinct pages of `tables` (page tables of this pool's caches) no cache
+    /// outside them holds: what dropping all those caches frees.
+    pub(super) fn held_only_by(&self, tables: &[&[u32]]) -> usize {
+        let mut holds = std::collections::HashMap::<u32, u32>::new();
+        for &p in tables.iter().flat_map(|t| t.iter()) {
+            *holds.entry(p).or_default() += 1;
+        }
         let s = self.state();
-        pages.iter().filter(|&&p| s.refs[p as usize] == 1).count()
+        holds
+            .iter()
+            .filter(|&(&p, &n)| s.refs[p as usize] == n)
+            .count()
     }
 
     /// Whether another cache holds page `p` too.
