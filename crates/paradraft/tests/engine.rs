@@ -218,12 +218,10 @@ fn bad_engine_settings_are_refused() {
     assert!(err.contains("DFlash"), "{err}");
 }
 
-/// A drafter's own cache (DFlash's context K/V) is sized to each request and counted in the
-/// KV pool: a pool that holds one full-context request of the target alone but not its drafter
-/// is refused at start, naming the drafter; with room for both, requests still equal AR, and
-/// each keeps to its own draft limit.
-#[test]
-fn drafter_caches_are_counted_in_the_pool() {
+/// Tiny Qwen3 with a tiny DFlash drafter (one layer, taps at the first and last layers,
+/// blocks of 4): the model, its path, the drafter's directory (kept while in use) and the
+/// drafter settings.
+fn tiny_dflash_setup() -> (Arc<Loaded>, std::path::PathBuf, impl Sized, DrafterConfig) {
     let path = fixtures().join("tiny").join("qwen3");
     let lm = Arc::new(paradraft::model::load(&path).unwrap());
     let n = lm.model.config.n_layers;
@@ -231,9 +229,19 @@ fn drafter_caches_are_counted_in_the_pool() {
     let d = DrafterConfig {
         method: Method::named("dflash").unwrap(),
         draft_model: Some(dir.path().to_path_buf()),
-        draft_length: paradraft::drafters::speculative_config::DraftLength::Fixed,
         ..Default::default()
     };
+    (lm, path, dir, d)
+}
+
+/// A drafter's own cache (DFlash's context K/V) is sized to each request and counted in the
+/// KV pool: a pool that holds one full-context request of the target alone but not its drafter
+/// is refused at start, naming the drafter; with room for both, requests still equal AR, and
+/// each keeps to its own draft limit.
+#[test]
+fn drafter_caches_are_counted_in_the_pool() {
+    let (lm, path, _dir, mut d) = tiny_dflash_setup();
+    d.draft_length = paradraft::drafters::speculative_config::DraftLength::Fixed;
     let cfg = |kv_pages| EngineConfig {
         ctx: 64,
         max_running: 2,
@@ -674,15 +682,7 @@ fn a_preempted_session_rebuilds_its_cache_exactly() {
 /// sampled.
 #[test]
 fn preempted_dflash_requests_keep_their_drafter_and_equal_ar() {
-    let path = fixtures().join("tiny").join("qwen3");
-    let lm = Arc::new(paradraft::model::load(&path).unwrap());
-    let n = lm.model.config.n_layers;
-    let dir = tiny_dflash_dir(&lm, &tiny_dflash_config(&lm, 1, &[0, n - 1], 4), false);
-    let d = DrafterConfig {
-        method: Method::named("dflash").unwrap(),
-        draft_model: Some(dir.path().to_path_buf()),
-        ..Default::default()
-    };
+    let (lm, path, _dir, d) = tiny_dflash_setup();
     // 4 pages hold one request's 64 target slots; its drafter's cache is counted beside them.
     let cfg = EngineConfig {
         ctx: 64,
