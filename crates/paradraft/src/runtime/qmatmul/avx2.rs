@@ -16,7 +16,9 @@
 //! Every (row, activation row) runs the same integer sums and the same f32 epilogue whatever
 //! tile it is computed in, so a row's output never depends on the batch it came in.
 
+use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
+use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::x86_64::*;
 
 /// Per 32-block: scale = amax / 127, round to nearest even, saturate to ±127 (bit for bit the
@@ -96,6 +98,12 @@ trait Dot {
     unsafe fn q5(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
     /// A block's five-bit partial sums as one i32 per row.
     unsafe fn q5_rows(s: Self::Acc) -> __m256i;
+    /// Six-bit partial sums of one half of a block plus two steps: levels (0..63) `wa`, `wb`
+    /// times the 4 activation bytes at `ya`, `yb`.
+    unsafe fn q6(s: Self::Acc, wa: __m256i, ya: *const i8, wb: __m256i, yb: *const i8)
+        -> Self::Acc;
+    /// A half's six-bit partial sums as one i32 per row.
+    unsafe fn q6_rows(s: Self::Acc) -> __m256i;
     /// A Q8 weight register as the dot products take it (once per tile).
     unsafe fn q8_weights(w: __m256i) -> __m256i;
     /// Q8 partial sums plus step `i`: weights `w` (raw) / `pw` (prepared) times the 4
@@ -141,6 +149,18 @@ impl Dot for Maddubs {
     }
     #[inline(always)]
     unsafe fn q5_rows(s: __m256i) -> __m256i {
+        s
+    }
+    #[inline(always)]
+    unsafe fn q6(s: __m256i, wa: __m256i, ya: *const i8, wb: __m256i, yb: *const i8) -> __m256i {
+        // Two steps' four products per 16-bit lane stay within 4 · 63 · 127 = 32 004.
+        let pa = _mm256_maddubs_epi16(wa, bcast4(ya));
+        let pb = _mm256_maddubs_epi16(wb, bcast4(yb));
+        let p = _mm256_madd_epi16(_mm256_add_epi16(pa, pb), _mm256_set1_epi16(1));
+        _mm256_add_epi32(s, p)
+    }
+    #[inline(always)]
+    unsafe fn q6_rows(s: __m256i) -> __m256i {
         s
     }
     #[inline(always)]
@@ -215,6 +235,20 @@ impl<D: Dpbusd> Dot for Vnni<D> {
     }
     #[inline(always)]
     unsafe fn q5_rows(s: Self::Acc) -> __m256i {
+        Self::q4_rows(s)
+    }
+    #[inline(always)]
+    unsafe fn q6(
+        s: Self::Acc,
+        wa: __m256i,
+        ya: *const i8,
+        wb: __m256i,
+        yb: *const i8,
+    ) -> Self::Acc {
+        (D::dp(s.0, wa, bcast4(ya)), D::dp(s.1, wb, bcast4(yb)))
+    }
+    #[inline(always)]
+    unsafe fn q6_rows(s: Self::Acc) -> __m256i {
         Self::q4_rows(s)
     }
     #[inline(always)]
@@ -388,6 +422,9 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
         }
     } else {
         let per = p.fmt.per_block();
+        if !p.hb.is_empty() {
+            ahead(p.hb.as_ptr().add(gb * HB_BYTES), HB_BYTES);
+        }
         ahead(p.isc.as_ptr().add(gb * per * GROUP) as *const u8, 16 * per);
         if !p.imn.is_empty() {
             ahead(p.imn.as_ptr().add(gb * per * GROUP) as *const u8, 16 * per);
@@ -501,6 +538,138 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool, const F
     }
 }
 
+/// Six-bit levels (`Q6S`) with a sub-scale per 16 inputs: each half of a block (the low
+/// nibbles, then the high ones) its own integer sum, the levels' offset of 32 taken back with
+/// the activations' integer half sums; the same sums and epilogue as [`q8_tile`] with halves.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+unsafe fn q6_tile<D: Dot, const H: usize, const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    h0: usize,
+    t0: usize,
+    acc: &mut [[__m256; N]; H],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm256_set1_epi8(0x0F);
+    let high = _mm256_set1_epi8(0x30);
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        if t0 == 0 && h0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        // s[0]: the low nibbles (inputs 0..16), s[1]: the high ones (16..32).
+        let mut s = [[[D::zero(); N]; H]; 2];
+        for h in 0..H {
+            let half = (h0 + h) * 32;
+            // Levels of chunk i: lo[i] (inputs 4i..), hi[i] (16 + 4i..).
+            let mut lo = [_mm256_setzero_si256(); 4];
+            let mut hi = [_mm256_setzero_si256(); 4];
+            for r in 0..2 {
+                let x = _mm256_loadu_si256(hb.add(r * 64 + half) as *const __m256i);
+                let bits = [
+                    _mm256_slli_epi16::<4>(x),
+                    _mm256_slli_epi16::<2>(x),
+                    x,
+                    _mm256_srli_epi16::<2>(x),
+                ];
+                for s in 0..2 {
+                    let i = 2 * r + s;
+                    let w = _mm256_loadu_si256(base.add(i * 64 + half) as *const __m256i);
+                    let wl = _mm256_and_si256(w, mask);
+                    let wh = _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask);
+                    lo[i] = _mm256_or_si256(wl, _mm256_and_si256(bits[2 * s], high));
+                    hi[i] = _mm256_or_si256(wh, _mm256_and_si256(bits[2 * s + 1], high));
+                }
+            }
+            for t in 0..N {
+                let y = a.qs.as_ptr().add((t0 + t) * k + b * QK);
+                let mut s0 = s[0][h][t];
+                let mut s1 = s[1][h][t];
+                for i in [0, 2] {
+                    s0 = D::q6(s0, lo[i], y.add(4 * i), lo[i + 1], y.add(4 * i + 4));
+                    s1 = D::q6(s1, hi[i], y.add(16 + 4 * i), hi[i + 1], y.add(20 + 4 * i));
+                }
+                s[0][h][t] = s0;
+                s[1][h][t] = s1;
+            }
+        }
+        for h in 0..H {
+            for part in 0..2 {
+                let at = (gb * 2 + part) * GROUP + (h0 + h) * 8;
+                let sa = p.sup_at(g, b) + (h0 + h) * 8;
+                let dw = scale8::<true>(&p.d, &p.sd, &p.isc, at, sa);
+                for t in 0..N {
+                    let row = t0 + t;
+                    let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
+                    let off = 32 * *a.hs.get_unchecked((row * nb + b) * 2 + part) as i32;
+                    let si = _mm256_sub_epi32(D::q6_rows(s[part][h][t]), _mm256_set1_epi32(off));
+                    acc[h][t] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+                }
+            }
+        }
+    }
+}
+
+/// IQ4 levels (`Q4T`): each nibble indexes the table of 16 int8 levels (a byte shuffle), and
+/// the levels then run as int8 weights with a sub-scale per 32 ([`q8_tile`]'s sums and
+/// epilogue: chunk i's low nibbles are its step i, the high ones its step 4 + i).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // indices into several arrays at once
+unsafe fn q4t_tile<D: Dot, const H: usize, const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    h0: usize,
+    t0: usize,
+    acc: &mut [[__m256; N]; H],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm256_set1_epi8(0x0F);
+    let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i));
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        if t0 == 0 && h0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let mut s = [[D::zero(); N]; H];
+        for h in 0..H {
+            for i in 0..4 {
+                let w = _mm256_loadu_si256(base.add(i * 64 + (h0 + h) * 32) as *const __m256i);
+                let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(w, mask));
+                let hi =
+                    _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(w), mask));
+                for (step, v) in [(i, lo), (4 + i, hi)] {
+                    let pv = D::q8_weights(v);
+                    for t in 0..N {
+                        let o = (t0 + t) * k + b * QK + 4 * step;
+                        let st = &mut s[h][t];
+                        *st = D::q8(*st, v, pv, a.qs.as_ptr().add(o), a.us.as_ptr().add(o), step);
+                    }
+                }
+            }
+        }
+        for h in 0..H {
+            let at = gb * GROUP + (h0 + h) * 8;
+            let sa = p.sup_at(g, b) + (h0 + h) * 8;
+            let dw = scale8::<true>(&p.d, &p.sd, &p.isc, at, sa);
+            for t in 0..N {
+                let dx = _mm256_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+                let si = D::q8_rows(s[h][t], p.wsum.as_ptr().add(at));
+                acc[h][t] =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+            }
+        }
+    }
+}
+
 /// As [`q4_tile`] for int8 weights: Q8_0 (f16 scales), or with sub-scales per 32 inputs or per
 /// 16 (`HALVES`: each half of a block its own integer sum) and a min term (`MIN`).
 #[inline(always)]
@@ -571,135 +740,5 @@ unsafe fn q8_tile<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runtime::ggml::GgmlType;
-
-    /// Times AVX2 kernel variants on `ty` weights of `rows` × 576 for each activation row
-    /// count in `ns`, interleaved over ten rounds, and prints each variant's median and best
-    /// GMAC/s (one core).
-    fn time_variants(
-        label: &str,
-        variants: &[(&str, GroupsFn)],
-        ty: GgmlType,
-        rows: usize,
-        ns: &[usize],
-    ) {
-        let cols = 576;
-        let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
-            .map(|i| (i * 37 % 251) as u8 & 0x3F)
-            .collect();
-        let p = Packed::new(ty, rows, cols, &src);
-        for &n in ns {
-            let x: Vec<f32> = (0..n * cols).map(|i| (i % 17) as f32 - 8.0).collect();
-            let mut qa = QActs::default();
-            qa.quantize(&x, cols);
-            let mut out = vec![0f32; n * rows];
-            let reps = 4000 / n * 1536 / rows + 3;
-            let mut rates = vec![vec![]; variants.len()];
-            for it in 0..10 * variants.len() {
-                let v = it % variants.len();
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    unsafe { variants[v].1(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
-                }
-                let dt = t.elapsed().as_secs_f64() / reps as f64;
-                rates[v].push((rows * cols * n) as f64 / dt / 1e9);
-            }
-            let line: Vec<String> = variants
-                .iter()
-                .zip(&mut rates)
-                .map(|((name, _), r)| {
-                    r.sort_by(f64::total_cmp);
-                    format!(
-                        "{name}: median {:.1} max {:.1}",
-                        r[r.len() / 2],
-                        r[r.len() - 1]
-                    )
-                })
-                .collect();
-            eprintln!(
-                "{label} {ty:?} {rows}×{cols} n={n} GMAC/s: {}",
-                line.join(" | ")
-            );
-        }
-    }
-
-    /// The numbers behind [`MADDUBS_TILE`] and [`WIDE_ROWS`]: tiles of at most 4, 8 and 16
-    /// rows at 4–16 rows, and one half against both halves of a group at 2–3 rows:
-    /// `cargo test --release -p paradraft --lib tile_shapes -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn tile_shapes() {
-        if !std::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        let heights: [(&str, GroupsFn); 3] = [
-            ("tile 4", groups_avx2::<4, 1>),
-            ("tile 8", groups_avx2::<8, 1>),
-            ("tile 16", groups_avx2::<16, 1>),
-        ];
-        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
-            time_variants("heights", &heights, ty, 1536, &[4, 8, 16]);
-        }
-        let halves: [(&str, GroupsFn); 2] = [
-            ("one half", groups_avx2::<4, 1>),
-            ("both halves", groups_avx2::<4, 3>),
-        ];
-        for (ty, rows) in [
-            (GgmlType::Q4_1, 1536),
-            (GgmlType::Q4_1, 49152),
-            (GgmlType::Q8_0, 49152),
-        ] {
-            time_variants("halves", &halves, ty, rows, &[2, 3]);
-        }
-    }
-
-    /// Every tile height, and tiles over both halves of a group, give every row the same bits
-    /// (a row's sums and epilogue do not depend on the tile it is computed in).
-    #[test]
-    fn tile_heights_give_the_same_bits() {
-        if !std::is_x86_feature_detected!("avx2") {
-            return;
-        }
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (rows, cols) = (40, 96);
-            let src: Vec<u8> = (0..rows * ty.row_bytes(cols))
-                .map(|i| (i * 61 % 241) as u8 & 0x3F) // finite f16 scales
-                .collect();
-            let p = Packed::new(ty, rows, cols, &src);
-            for n in [2, 3, 5, 13, 16, 21] {
-                let x: Vec<f32> = (0..n * cols)
-                    .map(|i| ((i * 7) % 23) as f32 - 11.0)
-                    .collect();
-                let mut qa = QActs::default();
-                qa.quantize(&x, cols);
-                let run = |f: GroupsFn| {
-                    let mut out = vec![0f32; n * rows];
-                    unsafe { f(&p, &qa, 0, p.groups(), out.as_mut_ptr(), rows) };
-                    assert!(out.iter().all(|v| v.is_finite()));
-                    out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-                };
-                let want = run(groups_avx2::<4, 1>);
-                assert_eq!(run(groups_avx2::<8, 1>), want, "{ty:?} n={n} tile 8");
-                assert_eq!(run(groups_avx2::<16, 1>), want, "{ty:?} n={n} tile 16");
-                assert_eq!(run(groups_avx2::<4, 3>), want, "{ty:?} n={n} both halves");
-            }
-        }
-    }
-
-    /// The AVX2 kernel with tiles of at most `TILE` rows.
-    type GroupsFn = unsafe fn(&Packed, &QActs, usize, usize, *mut f32, usize);
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn groups_avx2<const TILE: usize, const WIDE: usize>(
-        p: &Packed,
-        a: &QActs,
-        g0: usize,
-        g1: usize,
-        out: *mut f32,
-        ld: usize,
-    ) {
-        groups::<Maddubs, TILE, WIDE>(p, a, g0, g1, out, ld)
-    }
-}
+#[path = "avx2_tests.rs"]
+mod tests;

@@ -1,6 +1,8 @@
 //! AVX-512 VNNI kernels: activation quantization and the `dpbusd` matmul tiles.
 
+use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
+use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::x86_64::*;
 
 /// Activation rows processed together per pass over a row group's weights.
@@ -112,11 +114,14 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
             };
             prefetch_ahead(extra, 32, nb);
         }
-        Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { .. } => {
+        Fmt::Q4S | Fmt::Q5S | Fmt::Q6S | Fmt::Q4T | Fmt::Q8S { .. } => {
             let per = p.fmt.per_block();
             let at = gb * per * GROUP;
             if !p.qh.is_empty() {
                 prefetch_ahead(p.qh.as_ptr().add(gb * 8) as *const u8, 64, nb);
+            }
+            if !p.hb.is_empty() {
+                prefetch_ahead(p.hb.as_ptr().add(gb * HB_BYTES), HB_BYTES, nb);
             }
             prefetch_ahead(p.isc.as_ptr().add(at) as *const u8, 16 * per, nb);
             if !p.imn.is_empty() {
@@ -219,6 +224,135 @@ unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
     }
     for t in 0..N {
         acc[t] = _mm512_add_ps(acc[t], accm[t]);
+    }
+}
+
+/// Six-bit levels (`Q6S`: level + 32 as a nibble and two high bits) with a sub-scale per 16
+/// inputs. The low nibbles of a block are its first 16 inputs and the high ones its last 16, so
+/// each half has its own `dpbusd` chain (unsigned levels × signed activations); the offset is
+/// taken back with the activations' integer half sums. The integer sums and the f32 epilogue
+/// are those of an int8 expansion of the same levels (`q8_tile` with halves), bit for bit.
+#[inline(always)]
+unsafe fn q6_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [__m512; TILE],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm512_set1_epi8(0x0F);
+    let high = _mm512_set1_epi8(0x30);
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        if t0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let mut lo = [_mm512_setzero_si512(); 4];
+        let mut hi = [_mm512_setzero_si512(); 4];
+        for r in 0..2 {
+            let h = _mm512_loadu_si512(hb.add(r * 64) as *const _);
+            // Chunk 2r's high bits sit at bits 0–1 (low nibbles) and 2–3 (high ones), chunk
+            // 2r + 1's at 4–5 and 6–7; each goes to bits 4–5 of its byte (16-bit shifts: what
+            // crosses a byte is masked off). `w | (x & 0x30)` is one ternary-logic op.
+            let h0 = _mm512_slli_epi16(h, 4);
+            let h1 = _mm512_slli_epi16(h, 2);
+            let h3 = _mm512_srli_epi16(h, 2);
+            for (s, (hl, hh)) in [(h0, h1), (h, h3)].into_iter().enumerate() {
+                let i = 2 * r + s;
+                let w = _mm512_loadu_si512(base.add(i * 64) as *const _);
+                let wl = _mm512_and_si512(w, mask);
+                let wh = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+                lo[i] = _mm512_ternarylogic_epi32(wl, hl, high, 0xF8);
+                hi[i] = _mm512_ternarylogic_epi32(wh, hh, high, 0xF8);
+            }
+        }
+        let mut s0 = [_mm512_setzero_si512(); N];
+        let mut s1 = [_mm512_setzero_si512(); N];
+        for i in 0..4 {
+            for t in 0..N {
+                let y = a.qs.as_ptr().add((t0 + t) * k + b * QK) as *const u8;
+                s0[t] = _mm512_dpbusd_epi32(s0[t], lo[i], bcast4(y.add(4 * i)));
+                s1[t] = _mm512_dpbusd_epi32(s1[t], hi[i], bcast4(y.add(16 + 4 * i)));
+            }
+        }
+        let sup = p.sup_at(g, b);
+        let at = gb * 2 * GROUP;
+        let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
+        let dw1 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP));
+        for t in 0..N {
+            let row = t0 + t;
+            let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
+            let hs = (row * nb + b) * 2;
+            let off0 = _mm512_set1_epi32(32 * *a.hs.get_unchecked(hs) as i32);
+            let off1 = _mm512_set1_epi32(32 * *a.hs.get_unchecked(hs + 1) as i32);
+            let i0 = _mm512_sub_epi32(s0[t], off0);
+            let i1 = _mm512_sub_epi32(s1[t], off1);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw0, dx), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dw1, dx), acc[t]);
+        }
+    }
+}
+
+/// IQ4 levels (`Q4T`): each nibble indexes the table of 16 int8 levels (a byte shuffle), then
+/// the levels meet the unsigned activations as int8 weights do, taken back with the level
+/// sums; the sums and epilogue of `q8_tile` with sub-scales per 32, bit for bit.
+#[inline(always)]
+unsafe fn q4t_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [__m512; TILE],
+) {
+    let nb = p.cols / QK;
+    let k = a.k;
+    let mask = _mm512_set1_epi8(0x0F);
+    let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i));
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        if t0 == 0 {
+            prefetch_block(p, gb, nb);
+        }
+        let mut lo = [_mm512_setzero_si512(); 4];
+        let mut hi = [_mm512_setzero_si512(); 4];
+        for i in 0..4 {
+            let w = _mm512_loadu_si512(base.add(i * 64) as *const _);
+            lo[i] = _mm512_shuffle_epi8(table, _mm512_and_si512(w, mask));
+            hi[i] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(w, 4), mask));
+        }
+        let mut s0 = [_mm512_setzero_si512(); N];
+        let mut s1 = [_mm512_setzero_si512(); N];
+        for i in 0..4 {
+            for t in 0..N {
+                let u = a.us.as_ptr().add((t0 + t) * k + b * QK);
+                s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(4 * i)), lo[i]);
+                if N <= 2 {
+                    s1[t] = _mm512_dpbusd_epi32(s1[t], bcast4(u.add(16 + 4 * i)), hi[i]);
+                } else {
+                    s0[t] = _mm512_dpbusd_epi32(s0[t], bcast4(u.add(16 + 4 * i)), hi[i]);
+                }
+            }
+        }
+        let wsum = _mm512_slli_epi32(
+            _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+                p.wsum.as_ptr().add(gb * GROUP) as *const __m256i
+            )),
+            7,
+        );
+        let dw = sub_scaled(
+            p.sd.as_ptr().add(p.sup_at(g, b)),
+            p.isc.as_ptr().add(gb * GROUP),
+        );
+        for t in 0..N {
+            let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+            let s = _mm512_sub_epi32(_mm512_add_epi32(s0[t], s1[t]), wsum);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[t]);
+        }
     }
 }
 

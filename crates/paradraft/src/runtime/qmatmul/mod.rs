@@ -23,7 +23,7 @@ use super::isa::{isa, Isa};
 mod pack;
 
 /// Calls `$tile!(name, consts…)` with the tile function and const parameters of `fmt`'s
-/// format — `q4_tile::<…, S, FIVE>` or `q8_tile::<…, S, HALVES, MIN>` — in every ISA's kernel
+/// format — `q4_tile::<…, S, FIVE>`, `q6_tile::<…>` or `q8_tile::<…, S, HALVES, MIN>` — in every ISA's kernel
 /// (each defines its own `$tile` macro for its tile heights).
 macro_rules! by_format {
     ($fmt:expr, $tile:ident) => {
@@ -31,6 +31,8 @@ macro_rules! by_format {
             Fmt::Q4 => $tile!(q4_tile, false, false),
             Fmt::Q4S => $tile!(q4_tile, true, false),
             Fmt::Q5S => $tile!(q4_tile, true, true),
+            Fmt::Q6S => $tile!(q6_tile),
+            Fmt::Q4T => $tile!(q4t_tile),
             Fmt::Q8 => $tile!(q8_tile, false, false, false),
             Fmt::Q8S { halves, min } => match (halves, min) {
                 (false, false) => $tile!(q8_tile, true, false, false),
@@ -60,6 +62,8 @@ pub struct QActs {
     pub s: Vec<f32>,
     /// `n × k/16`: `d · Σ q` over each half of the block (for weights with a min per 16).
     pub h: Vec<f32>,
+    /// `n × k/16`: `Σ q` over each half of the block (the integer offset of `Q6S` levels).
+    pub hs: Vec<i16>,
 }
 
 impl QActs {
@@ -96,12 +100,15 @@ impl QActs {
         self.half_sums(n * k);
     }
 
-    /// Fills `h` from `qs` and `d` (exact integer sums, then one product per half).
+    /// Fills `hs` and `h` from `qs` and `d` (exact integer sums, then one product per half).
     fn half_sums(&mut self, len: usize) {
         let nb = len / QK;
         self.h.resize(2 * nb, 0.0);
-        for (i, (h, q)) in self.h.iter_mut().zip(self.qs.chunks_exact(16)).enumerate() {
+        self.hs.resize(2 * nb, 0);
+        let halves = self.h.iter_mut().zip(self.hs.iter_mut());
+        for (i, ((h, hs), q)) in halves.zip(self.qs.chunks_exact(16)).enumerate() {
             let sum: i32 = q.iter().map(|&v| v as i32).sum();
+            *hs = sum as i16; // |Σ| ≤ 16 · 127
             *h = self.d[i / 2] * sum as f32;
         }
     }
@@ -318,6 +325,7 @@ pub(super) mod tests {
             d: vec![0.0; x.len() / QK],
             s: vec![0.0; x.len() / QK],
             h: vec![0.0; x.len() / 16],
+            hs: vec![0; x.len() / 16],
         }
     }
 
@@ -350,6 +358,44 @@ pub(super) mod tests {
             assert_eq!(a.us, b.us);
             assert_eq!(a.d, b.d);
             assert_eq!(a.s, b.s);
+        }
+    }
+
+    /// `Q6S` (six-bit levels, the offset taken back with the activations' half sums) and `Q4T`
+    /// (IQ4 table indices) give the bits of the int8 expansion they replaced, on every kernel
+    /// and tile height, in at most 70 % of its memory.
+    #[test]
+    fn packed_levels_equal_their_int8_expansion() {
+        let mut rng = Lcg(11);
+        for (ty, fmt, halves) in [
+            (GgmlType::Q6_K, Fmt::Q6S, true),
+            (GgmlType::Q3_K, Fmt::Q6S, true),
+            (GgmlType::IQ4_XS, Fmt::Q4T, false),
+            (GgmlType::IQ4_NL, Fmt::Q4T, false),
+        ] {
+            let (rows, cols) = (40, 512);
+            let src = random_blocks(ty, rows, cols, &mut rng);
+            let six = Packed::new(ty, rows, cols, &src);
+            assert_eq!(six.fmt, fmt);
+            let int8 = Fmt::Q8S { halves, min: false };
+            let wide = Packed::new_as(ty, int8, rows, cols, &src);
+            assert!(six.nbytes() * 10 < wide.nbytes() * 7, "{ty:?}");
+            for n in [1, 2, 5, 7, 16] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.unif() * 4.0 - 2.0).collect();
+                let mut qa = QActs::default();
+                qa.quantize(&x, cols);
+                for kern in runnable() {
+                    let run = |p: &Packed| {
+                        let mut out = vec![0f32; n * rows];
+                        // SAFETY: `out` holds n × rows outputs; a kernel this CPU runs.
+                        unsafe {
+                            p.matmul_groups_with(kern, &qa, 0, p.groups(), out.as_mut_ptr(), rows)
+                        };
+                        out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+                    };
+                    assert_eq!(run(&six), run(&wide), "{kern:?} {ty:?} n{n}");
+                }
+            }
         }
     }
 

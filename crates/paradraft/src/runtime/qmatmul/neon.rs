@@ -13,7 +13,9 @@
 //! `sdot` and the f16 → f32 widening (`fcvtl`) go through inline assembly: their intrinsics
 //! are not stable Rust.
 
+use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
+use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -239,6 +241,109 @@ unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
                 let sx = *a.s.get_unchecked(row * nb + b);
                 let v = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s[t]), vmulq_n_f32(dw[q], dx));
                 acc[t][q] = vfmaq_n_f32(v, mw[q], sx);
+            }
+        }
+    }
+}
+
+/// Six-bit levels (`Q6S`: level + 32 as a nibble and two high bits) with a sub-scale per 16
+/// inputs: the signed levels (the offset of 32 taken off the bytes) meet each half's
+/// activations in its own sum; `acc += f32(Σ₀) · d_w₀ · d_x + f32(Σ₁) · d_w₁ · d_x`, the sums
+/// and epilogue of [`q8_tile`] with halves.
+#[inline(always)]
+unsafe fn q6_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [[float32x4_t; 4]; TILE],
+) {
+    let nb = p.cols / QK;
+    let mask = vdupq_n_u8(0x0F);
+    let high = vdupq_n_u8(0x30);
+    let off = vdupq_n_u8(32);
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        let y = acts::<N>(a, t0, b);
+        let at = gb * 2 * GROUP;
+        let sup = p.sup_at(g, b);
+        let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
+        let dw1 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP));
+        for q in 0..4 {
+            let x: [uint8x16_t; 2] = std::array::from_fn(|r| vld1q_u8(hb.add(r * 64 + q * 16)));
+            // Bits 4–5 of chunk i's low and high nibbles' levels, from bits 4·(i % 2) and
+            // 4·(i % 2) + 2 of register i / 2.
+            let bits = |i: usize, hi: bool| {
+                let v = x[i / 2];
+                let v = match (i % 2, hi) {
+                    (0, false) => vshlq_n_u8::<4>(v),
+                    (0, true) => vshlq_n_u8::<2>(v),
+                    (_, false) => v,
+                    (_, true) => vshrq_n_u8::<2>(v),
+                };
+                vandq_u8(v, high)
+            };
+            let w: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
+            let level = |v: uint8x16_t| vreinterpretq_s8_u8(vsubq_u8(v, off));
+            let lo: [int8x16_t; 4] =
+                std::array::from_fn(|i| level(vorrq_u8(vandq_u8(w[i], mask), bits(i, false))));
+            let hi: [int8x16_t; 4] =
+                std::array::from_fn(|i| level(vorrq_u8(vshrq_n_u8::<4>(w[i]), bits(i, true))));
+            let mut s0 = [vdupq_n_s32(0); N];
+            let mut s1 = [vdupq_n_s32(0); N];
+            for t in 0..N {
+                s0[t] = dot_half(s0[t], &lo, y[t][0]);
+                s1[t] = dot_half(s1[t], &hi, y[t][1]);
+            }
+            for t in 0..N {
+                let dx = *a.d.get_unchecked((t0 + t) * nb + b);
+                let v = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s0[t]), vmulq_n_f32(dw0[q], dx));
+                acc[t][q] = vfmaq_f32(v, vcvtq_f32_s32(s1[t]), vmulq_n_f32(dw1[q], dx));
+            }
+        }
+    }
+}
+
+/// IQ4 levels (`Q4T`): each nibble indexes the table of 16 int8 levels (`tbl`), then signed ×
+/// signed as [`q8_tile`] with a sub-scale per 32 (its sums and epilogue).
+#[inline(always)]
+unsafe fn q4t_tile<const N: usize>(
+    p: &Packed,
+    a: &QActs,
+    g: usize,
+    t0: usize,
+    acc: &mut [[float32x4_t; 4]; TILE],
+) {
+    let nb = p.cols / QK;
+    let mask = vdupq_n_u8(0x0F);
+    let table = vld1q_s8(IQ4_VALUES.as_ptr());
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let base = p.q.as_ptr().add(gb * 256);
+        let y = acts::<N>(a, t0, b);
+        let dw = sub_scaled(
+            p.sd.as_ptr().add(p.sup_at(g, b)),
+            p.isc.as_ptr().add(gb * GROUP),
+        );
+        for q in 0..4 {
+            let raw: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
+            let w: [int8x16_t; 8] = std::array::from_fn(|i| {
+                let idx = if i < 4 {
+                    vandq_u8(raw[i], mask)
+                } else {
+                    vshrq_n_u8::<4>(raw[i - 4])
+                };
+                vqtbl1q_s8(table, idx)
+            });
+            let mut s = [vdupq_n_s32(0); N];
+            for t in 0..N {
+                s[t] = dot_block(s[t], &w, &y[t]);
+            }
+            for t in 0..N {
+                let dx = *a.d.get_unchecked((t0 + t) * nb + b);
+                acc[t][q] = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s[t]), vmulq_n_f32(dw[q], dx));
             }
         }
     }

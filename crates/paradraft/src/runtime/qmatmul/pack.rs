@@ -7,14 +7,24 @@
 //! | `Q8` | Q8_0 | 32 B int8, f16 scale, i16 weight sum | 9 |
 //! | `Q4S` | Q4_K | 16 B nibbles, i8 sub-scale and sub-min; f16 `d`, `dmin` per 256 | 4.6 |
 //! | `Q5S` | Q5_0, Q5_1, Q5_K | as `Q4S` (`d`, `dmin` per GGML block) plus a 4 B plane of fifth bits | 5.6–6.1 |
-//! | `Q8S` | Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
+//! | `Q6S` | Q6_K, Q3_K | levels + 32 (0..63): 16 B nibbles plus an 8 B plane of the two high bits, an i8 sub-scale per 16; f16 `d` per GGML block | 6.6 |
+//! | `Q4T` | IQ4_NL, IQ4_XS | 16 B nibbles indexing the IQ4 table, an i8 sub-scale and an i16 level sum; f16 `d` per GGML block | 4.8–5.3 |
+//! | `Q8S` | Q2_K | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
 //!
 //! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
 //! is exact: a row dequantises to ggml's values bit for bit.
 
 use super::{GgmlType, QActs, GROUP, QK};
-use crate::runtime::blocks::unpack;
+use crate::runtime::blocks::{unpack, IQ4_VALUES};
 use half::f16;
+
+/// The index of an IQ4 level in [`IQ4_VALUES`] (the levels are distinct).
+fn iq4_index(level: i8) -> u8 {
+    IQ4_VALUES.iter().position(|&v| v == level).unwrap_or(0) as u8
+}
+
+/// `Q6S`: bytes of high bits per (group, block).
+pub(super) const HB_BYTES: usize = 128;
 
 /// How a [`Packed`] matrix stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +37,13 @@ pub enum Fmt {
     Q4S,
     /// `Q4S` with a fifth bit per weight (levels 0..31; Q5_0's offset of 16 as its min).
     Q5S,
+    /// Six-bit levels stored as level + 32 (0..63): nibbles as `Q4S` plus a plane of the two
+    /// high bits; an i8 sub-scale per 16 inputs, f16 `d` per GGML block. The kernels take the
+    /// offset back with the activations' integer sums per 16.
+    Q6S,
+    /// Nibbles indexing the IQ4 table of 16 int8 levels; an i8 sub-scale and an i16 level sum
+    /// per 32 inputs, f16 `d` per GGML block.
+    Q4T,
     /// Int8 levels; per 16 (`halves`) or 32 inputs an i8 sub-scale (and sub-min when `min`), per
     /// GGML block f16 `d` (and `dmin`).
     Q8S { halves: bool, min: bool },
@@ -39,6 +56,8 @@ impl Fmt {
             GgmlType::Q8_0 => Fmt::Q8,
             GgmlType::Q4_K => Fmt::Q4S,
             GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Fmt::Q5S,
+            GgmlType::Q6_K | GgmlType::Q3_K => Fmt::Q6S,
+            GgmlType::IQ4_NL | GgmlType::IQ4_XS => Fmt::Q4T,
             _ => Fmt::Q8S {
                 halves: ty.sub_len() == 16,
                 min: ty.has_min(),
@@ -51,10 +70,16 @@ impl Fmt {
         matches!(self, Fmt::Q8 | Fmt::Q8S { .. })
     }
 
+    /// Whether the kernels correct an unsigned activation operand with the levels' sums (signed
+    /// int8 levels: `Q8`, `Q8S`, `Q4T`).
+    pub fn wsums(self) -> bool {
+        self.int8() || self == Fmt::Q4T
+    }
+
     /// Sub-scale entries per (group, block, row): 2 with a scale per 16 inputs.
     pub fn per_block(self) -> usize {
         match self {
-            Fmt::Q8S { halves: true, .. } => 2,
+            Fmt::Q8S { halves: true, .. } | Fmt::Q6S => 2,
             _ => 1,
         }
     }
@@ -96,6 +121,10 @@ pub struct Packed {
     pub(super) isc: Vec<i8>,
     /// Sub-scaled formats with mins: sub-mins per (group, block, [half,] row).
     pub(super) imn: Vec<i8>,
+    /// `Q6S`: per (group, block) two 64-byte registers of high bits, register `i / 2` for chunk
+    /// `i`: byte `4·row + j` holds at bits `4·(i % 2)` and `4·(i % 2) + 2` bits 4–5 of the
+    /// levels of its low and high nibble in that chunk.
+    pub(super) hb: Vec<u8>,
     /// GGML blocks per row.
     nsup: usize,
     /// log2 of the 32-blocks per GGML block (0 or 3).
@@ -120,6 +149,7 @@ impl Packed {
             + self.isc.len()
             + self.imn.len()
             + 8 * self.qh.len()
+            + self.hb.len()
     }
 
     pub fn groups(&self) -> usize {
@@ -134,8 +164,7 @@ impl Packed {
     }
 
     /// An empty matrix of `rows × cols` in `fmt` with every buffer sized.
-    fn zeroed(ty: GgmlType, rows: usize, cols: usize) -> Packed {
-        let fmt = Fmt::of(ty);
+    fn zeroed(ty: GgmlType, fmt: Fmt, rows: usize, cols: usize) -> Packed {
         let groups = rows.div_ceil(GROUP);
         let n = groups * (cols / QK) * GROUP;
         let per = n * fmt.per_block();
@@ -150,12 +179,13 @@ impl Packed {
             q: vec![0u8; n / GROUP * Self::chunk_bytes(fmt)],
             d: vec![f16::ZERO; pick(legacy, n)],
             m: vec![f16::ZERO; pick(fmt == Fmt::Q4, n)],
-            wsum: vec![0i16; pick(fmt.int8(), per)],
+            wsum: vec![0i16; pick(fmt.wsums(), per)],
             sd: vec![f16::ZERO; pick(!legacy, sup)],
             sm: vec![f16::ZERO; pick(!legacy && fmt.has_min(), sup)],
             isc: vec![0i8; pick(!legacy, per)],
             imn: vec![0i8; pick(!legacy && fmt.has_min(), per)],
             qh: vec![0u64; pick(fmt == Fmt::Q5S, n / GROUP * 8)],
+            hb: vec![0u8; pick(fmt == Fmt::Q6S, n / GROUP * HB_BYTES)],
             nsup: cols / ty.block_len(),
             bshift: (ty.block_len() / QK).trailing_zeros(),
         }
@@ -163,7 +193,12 @@ impl Packed {
 
     /// Repacks GGML blocks (`rows × cols`) of any quantized type.
     pub fn new(ty: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
-        let mut p = Self::zeroed(ty, rows, cols);
+        Self::new_as(ty, Fmt::of(ty), rows, cols, src)
+    }
+
+    /// [`Packed::new`] into `fmt`, which must hold `ty`'s levels (a test compares formats).
+    pub(super) fn new_as(ty: GgmlType, fmt: Fmt, rows: usize, cols: usize, src: &[u8]) -> Self {
+        let mut p = Self::zeroed(ty, fmt, rows, cols);
         let nb = cols / QK;
         let rb = ty.row_bytes(cols);
         if !p.fmt.legacy() {
@@ -243,9 +278,23 @@ impl Packed {
                         }
                     }
                 } else {
+                    // Q6S stores level + 32 (Q6_K's and Q3_K's levels are −32..31, −4..3).
+                    let off = if fmt == Fmt::Q6S { 32 } else { 0 };
                     for c in 0..4 {
                         for j in 0..4 {
-                            let (lo, hi) = (lv[4 * c + j] as u8, lv[16 + 4 * c + j] as u8);
+                            let (lo, hi) = if fmt == Fmt::Q4T {
+                                (iq4_index(lv[4 * c + j]), iq4_index(lv[16 + 4 * c + j]))
+                            } else {
+                                (
+                                    (lv[4 * c + j] + off) as u8,
+                                    (lv[16 + 4 * c + j] + off) as u8,
+                                )
+                            };
+                            if fmt == Fmt::Q6S {
+                                let at = gb * HB_BYTES + (c / 2) * 64 + lane * 4 + j;
+                                let sh = 4 * (c % 2);
+                                self.hb[at] |= ((lo >> 4) << sh) | ((hi >> 4) << (sh + 2));
+                            }
                             dst[c * 64 + lane * 4 + j] = (lo & 0xF) | (hi << 4);
                             if fmt == Fmt::Q5S {
                                 let bit = 1u64 << (lane * 4 + j);
@@ -266,7 +315,7 @@ impl Packed {
                     if !self.imn.is_empty() {
                         self.imn[at] = mn[s];
                     }
-                    if fmt.int8() {
+                    if fmt.wsums() {
                         let part = &lv[h * QK / per..(h + 1) * QK / per];
                         self.wsum[at] = part.iter().map(|&v| v as i16).sum();
                     }
@@ -282,7 +331,7 @@ impl Packed {
         let cb = Self::chunk_bytes(self.fmt);
         let per = self.fmt.per_block();
         let nsup = self.nsup;
-        let mut out = Self::zeroed(self.ty, rows.len(), self.cols);
+        let mut out = Self::zeroed(self.ty, self.fmt, rows.len(), self.cols);
         fn copy<T: Copy>(dst: &mut [T], src: &[T], t: usize, s: usize) {
             if !src.is_empty() {
                 dst[t] = src[s];
@@ -298,6 +347,12 @@ impl Packed {
                     let s = gb * cb + i * 64 + lane * 4;
                     let t = ngb * cb + i * 64 + nlane * 4;
                     out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
+                }
+                let regs = if self.hb.is_empty() { 0 } else { HB_BYTES / 64 };
+                for reg in 0..regs {
+                    let s = gb * HB_BYTES + reg * 64 + lane * 4;
+                    let t = ngb * HB_BYTES + reg * 64 + nlane * 4;
+                    out.hb[t..t + 4].copy_from_slice(&self.hb[s..s + 4]);
                 }
                 if !self.qh.is_empty() {
                     for k in 0..8 {
@@ -334,7 +389,7 @@ impl Packed {
         match self.fmt {
             Fmt::Q4 => (self.d[at].to_f32(), self.m[at].to_f32()),
             Fmt::Q8 => (self.d[at].to_f32(), 0.0),
-            Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { .. } => {
+            Fmt::Q4S | Fmt::Q5S | Fmt::Q6S | Fmt::Q4T | Fmt::Q8S { .. } => {
                 let sup = self.sup_at(gb / (self.cols / QK), b) + lane;
                 let d = self.sd[sup].to_f32() * self.isc[at] as f32;
                 let m = match (self.sm.get(sup), self.imn.get(at)) {
@@ -355,7 +410,14 @@ impl Packed {
         } else {
             let byte = c[((i % 16) / 4) * 64 + lane * 4 + i % 4];
             let nib = (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32;
-            if self.fmt == Fmt::Q5S {
+            if self.fmt == Fmt::Q4T {
+                IQ4_VALUES[nib as usize] as i32
+            } else if self.fmt == Fmt::Q6S {
+                let c = (i % 16) / 4;
+                let h = self.hb[gb * HB_BYTES + (c / 2) * 64 + lane * 4 + i % 4];
+                let sh = 4 * (c % 2) + if i < 16 { 0 } else { 2 };
+                (nib | ((((h >> sh) & 3) as i32) << 4)) - 32
+            } else if self.fmt == Fmt::Q5S {
                 let mask = self.qh[gb * 8 + 2 * ((i % 16) / 4) + i / 16];
                 nib | ((((mask >> (lane * 4 + i % 4)) & 1) as i32) << 4)
             } else {
