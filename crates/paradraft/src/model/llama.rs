@@ -117,19 +117,20 @@ impl Model {
         self.quantize_dense(crate::runtime::quant::GgmlType::Q8_0);
     }
 
-    /// Every dense matrix in `ty` (Q8_0, Q4_0, Q4_1, Q4_K or Q6_K; see
+    /// Every dense matrix in `ty` (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K; see
     /// [`crate::runtime::quant::Matrix::quantized`]):
     /// `--quantize`, for HF checkpoints and f16 / bf16 / f32 GGUF files. The embedding and
-    /// the LM head stay wider under a 4-bit type (llama-quantize keeps them wider too: they
-    /// decide the logits directly): Q8_0 under Q4_0 / Q4_1, Q6_K under Q4_K. Q4_K is
-    /// llama-quantize's `Q4_K_M` mix: the value and down projections of the first and last
-    /// eighth of the layers and of every third layer between are Q6_K too.
+    /// the LM head stay wider under a 4- or 5-bit type (llama-quantize keeps them wider too:
+    /// they decide the logits directly): Q8_0 under Q4_0 / Q4_1, Q6_K under Q4_K / Q5_K. Q4_K
+    /// and Q5_K are llama-quantize's `Q4_K_M` and `Q5_K_M` mixes: the value and down
+    /// projections of the first and last eighth of the layers and of every third layer between
+    /// are Q6_K too.
     pub fn quantize_dense(&mut self, ty: crate::runtime::quant::GgmlType) {
         use crate::runtime::quant::GgmlType;
         let n = self.layers.len();
         let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
         for (i, l) in self.layers.iter_mut().enumerate() {
-            if ty == GgmlType::Q4_K && more_bits(i) {
+            if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && more_bits(i) {
                 l.v_and_down_mut()
                     .into_iter()
                     .for_each(|w| w.quantize(GgmlType::Q6_K));
@@ -138,7 +139,7 @@ impl Model {
         }
         let outer = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => GgmlType::Q8_0,
-            GgmlType::Q4_K => GgmlType::Q6_K,
+            GgmlType::Q4_K | GgmlType::Q5_K => GgmlType::Q6_K,
             t => t,
         };
         self.embed.quantize(outer);
@@ -604,36 +605,37 @@ mod tests {
     use crate::runtime::qmatmul::QActs;
     use crate::types::Pos;
 
-    /// `q4_k` is the `Q4_K_M` mix: on the tiny Llama (3 layers, 64 and 128 wide, so every
-    /// K-quant falls back) layers 0 and 1 are Q5_0 throughout, layer 2 (the last eighth) keeps
+    /// `q4_k` and `q5_k` are the `Q4_K_M` and `Q5_K_M` mixes: on the tiny Llama (3 layers, 64
+    /// and 128 wide, so every K-quant falls back) layers 0 and 1 are Q5_0 (Q5_1) throughout,
+    /// layer 2 (the last eighth) keeps
     /// its value and down projections in Q6_K's fallback Q8_0, the embedding too.
     #[test]
-    fn q4_k_is_the_q4_k_m_mix() {
+    fn q4_k_and_q5_k_are_the_k_m_mixes() {
         let path =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
-        let mut lm = crate::model::load(&path).unwrap();
-        lm.model.quantize_dense(GgmlType::Q4_K);
-        let m = &mut lm.model;
-        let types = |l: &mut crate::model::layer::Layer| {
-            let wide: Vec<GgmlType> = l.v_and_down_mut().iter().map(|w| w.ty()).collect();
-            let all: Vec<GgmlType> = l.matrices_mut().iter().map(|w| w.ty()).collect();
-            (wide, all)
-        };
-        for i in 0..2 {
-            let (wide, all) = types(&mut m.layers[i]);
-            assert_eq!(wide, [GgmlType::Q5_0; 2], "layer {i}");
-            assert!(
-                all.iter().all(|&t| t == GgmlType::Q5_0),
-                "layer {i}: {all:?}"
-            );
+        // Rows of 64 and 128 are not whole 256-blocks: the fallbacks llama-quantize takes.
+        for (ty, base) in [
+            (GgmlType::Q4_K, GgmlType::Q5_0),
+            (GgmlType::Q5_K, GgmlType::Q5_1),
+        ] {
+            let mut lm = crate::model::load(&path).unwrap();
+            lm.model.quantize_dense(ty);
+            let m = &mut lm.model;
+            let types = |l: &mut crate::model::layer::Layer| {
+                let wide: Vec<GgmlType> = l.v_and_down_mut().iter().map(|w| w.ty()).collect();
+                let all: Vec<GgmlType> = l.matrices_mut().iter().map(|w| w.ty()).collect();
+                (wide, all)
+            };
+            for i in 0..2 {
+                let (wide, all) = types(&mut m.layers[i]);
+                assert_eq!(wide, [base; 2], "{ty:?} layer {i}");
+                assert!(all.iter().all(|&t| t == base), "layer {i}: {all:?}");
+            }
+            let (wide, all) = types(&mut m.layers[2]);
+            assert_eq!(wide, [GgmlType::Q8_0; 2], "{ty:?}");
+            assert_eq!(all.iter().filter(|&&t| t == base).count(), all.len() - 2);
+            assert_eq!(m.embed.ty(), GgmlType::Q8_0, "{ty:?}");
         }
-        let (wide, all) = types(&mut m.layers[2]);
-        assert_eq!(wide, [GgmlType::Q8_0; 2]);
-        assert_eq!(
-            all.iter().filter(|&&t| t == GgmlType::Q5_0).count(),
-            all.len() - 2
-        );
-        assert_eq!(m.embed.ty(), GgmlType::Q8_0);
     }
 
     /// Measures the 4-bit screen against exact logits on SmolLM2 at every greedy decode step of

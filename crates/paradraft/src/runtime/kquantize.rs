@@ -1,8 +1,8 @@
-//! Quantisers for `--quantize q4_k|q6_k`: GGML's Q4_K and Q6_K blocks (layouts in
-//! [`super::blocks`]) and the Q5_0 fallback llama-quantize uses where a row is not a whole
-//! number of 256-blocks.
+//! Quantisers for `--quantize q4_k|q5_k|q6_k`: GGML's Q4_K, Q5_K and Q6_K blocks (layouts in
+//! [`super::blocks`]) and the Q5_0 / Q5_1 fallbacks llama-quantize uses where a row is not a
+//! whole number of 256-blocks.
 //!
-//! Q5_0 is llama.cpp's reference rule (bytes tested against the `gguf` package's). The K-quant
+//! Q5_0 and Q5_1 are llama.cpp's reference rules (bytes tested against the `gguf` package's). The K-quant
 //! scales are found the way llama.cpp's reference quantisers find them, written here from the
 //! method, not from its code: per sub-block a small search over candidate scales, each refit
 //! by weighted least squares on the levels it gives (weights grow with |x|, so large weights —
@@ -44,6 +44,33 @@ pub fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
             .enumerate()
             .fold(0u32, |h, (j, &l)| h | (((l >> 4) as u32) << j));
         out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&qh.to_le_bytes());
+        out.extend((0..16).map(|j| (q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)));
+    }
+    out
+}
+
+/// Quantises `x` (a multiple of 32) to Q5_1 blocks by llama.cpp's reference rule: per 32 values
+/// d = (max − min) / 31 and the min as f16, levels min(31, trunc((x − min) / d + 0.5)) (d and
+/// min in f32), the low four bits in nibbles (inputs 0..16 low) and the fifth bits in a u32.
+pub fn quantize_q5_1(x: &[f32]) -> Vec<u8> {
+    assert!(x.len().is_multiple_of(QK), "Q5_1 needs whole blocks of 32");
+    let mut out = Vec::with_capacity(x.len() / QK * 24);
+    for b in x.chunks_exact(QK) {
+        let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+        let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q: Vec<u8> = b
+            .iter()
+            .map(|&v| (((v - min) * id + 0.5) as u8).min(31))
+            .collect();
+        let qh = q
+            .iter()
+            .enumerate()
+            .fold(0u32, |h, (j, &l)| h | (((l >> 4) as u32) << j));
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
         out.extend_from_slice(&qh.to_le_bytes());
         out.extend((0..16).map(|j| (q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)));
     }
@@ -168,49 +195,81 @@ pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
     );
     let mut out = Vec::with_capacity(x.len() / QK_K * 144);
     for blk in x.chunks_exact(QK_K) {
-        let mut sub = [(0f32, 0f32); 8];
-        for (j, xs) in blk.chunks_exact(32).enumerate() {
-            let rms = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
-            let w: [f32; 32] = std::array::from_fn(|i| rms + xs[i].abs());
-            sub[j] = scale_min(xs, &w, 15);
-        }
-        let max_s = sub.iter().fold(0f32, |m, s| m.max(s.0));
-        let max_m = sub.iter().fold(0f32, |m, s| m.max(s.1));
-        let ls: Vec<u8> = sub.iter().map(|s| six_bits(s.0, max_s)).collect();
-        let lm: Vec<u8> = sub.iter().map(|s| six_bits(s.1, max_m)).collect();
-        let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
-        let mut scales = [0u8; 12];
-        for j in 0..8 {
-            if j < 4 {
-                scales[j] |= ls[j];
-                scales[j + 4] |= lm[j];
-            } else {
-                scales[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
-                scales[j - 4] |= (ls[j] >> 4) << 6;
-                scales[j] |= (lm[j] >> 4) << 6;
-            }
-        }
-        let mut l = [0u8; QK_K];
-        for (j, (xs, ls)) in blk.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
-            // The scale and min as the dequantiser reads them back.
-            let (s, m) = scale_min_k4(j, &scales);
-            let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
-            for (l, &v) in ls.iter_mut().zip(xs) {
-                *l = if step > 0.0 {
-                    nearest((v + off) / step, 0.0, 15.0) as u8
-                } else {
-                    0
-                };
-            }
-        }
-        out.extend_from_slice(&d.to_le_bytes());
-        out.extend_from_slice(&dmin.to_le_bytes());
-        out.extend_from_slice(&scales);
+        let (head, l) = k_block(blk, 15);
+        out.extend_from_slice(&head);
         for c in 0..4 {
             out.extend((0..32).map(|i| l[c * 64 + i] | (l[c * 64 + 32 + i] << 4)));
         }
     }
     out
+}
+
+/// Quantises `x` (a multiple of 256) to Q5_K blocks: Q4_K's scales and mins with 5-bit levels,
+/// their fifth bits in a plane of 32 bytes before the nibbles.
+pub fn quantize_q5_k(x: &[f32]) -> Vec<u8> {
+    assert!(
+        x.len().is_multiple_of(QK_K),
+        "Q5_K needs whole blocks of 256"
+    );
+    let mut out = Vec::with_capacity(x.len() / QK_K * 176);
+    for blk in x.chunks_exact(QK_K) {
+        let (head, l) = k_block(blk, 31);
+        out.extend_from_slice(&head);
+        out.extend((0..32).map(|i| {
+            (0..4).fold(0u8, |h, c| {
+                h | ((l[c * 64 + i] >> 4) << (2 * c)) | ((l[c * 64 + 32 + i] >> 4) << (2 * c + 1))
+            })
+        }));
+        for c in 0..4 {
+            out.extend((0..32).map(|i| (l[c * 64 + i] & 0xF) | ((l[c * 64 + 32 + i] & 0xF) << 4)));
+        }
+    }
+    out
+}
+
+/// One 256-block of Q4_K (`nmax` 15) or Q5_K (31): its `d`, `dmin` and packed scales (the 16
+/// bytes before the levels) and its levels 0..=nmax.
+fn k_block(blk: &[f32], nmax: i32) -> ([u8; 16], [u8; QK_K]) {
+    let mut sub = [(0f32, 0f32); 8];
+    for (j, xs) in blk.chunks_exact(32).enumerate() {
+        let rms = (xs.iter().map(|v| v * v).sum::<f32>() / 32.0).sqrt();
+        let w: [f32; 32] = std::array::from_fn(|i| rms + xs[i].abs());
+        sub[j] = scale_min(xs, &w, nmax);
+    }
+    let max_s = sub.iter().fold(0f32, |m, s| m.max(s.0));
+    let max_m = sub.iter().fold(0f32, |m, s| m.max(s.1));
+    let ls: Vec<u8> = sub.iter().map(|s| six_bits(s.0, max_s)).collect();
+    let lm: Vec<u8> = sub.iter().map(|s| six_bits(s.1, max_m)).collect();
+    let (d, dmin) = (f16::from_f32(max_s / 63.0), f16::from_f32(max_m / 63.0));
+    let mut scales = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            scales[j] |= ls[j];
+            scales[j + 4] |= lm[j];
+        } else {
+            scales[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
+            scales[j - 4] |= (ls[j] >> 4) << 6;
+            scales[j] |= (lm[j] >> 4) << 6;
+        }
+    }
+    let mut l = [0u8; QK_K];
+    for (j, (xs, ls)) in blk.chunks_exact(32).zip(l.chunks_exact_mut(32)).enumerate() {
+        // The scale and min as the dequantiser reads them back.
+        let (s, m) = scale_min_k4(j, &scales);
+        let (step, off) = (d.to_f32() * s as f32, dmin.to_f32() * m as f32);
+        for (l, &v) in ls.iter_mut().zip(xs) {
+            *l = if step > 0.0 {
+                nearest((v + off) / step, 0.0, nmax as f32) as u8
+            } else {
+                0
+            };
+        }
+    }
+    let mut head = [0u8; 16];
+    head[..2].copy_from_slice(&d.to_le_bytes());
+    head[2..4].copy_from_slice(&dmin.to_le_bytes());
+    head[4..].copy_from_slice(&scales);
+    (head, l)
 }
 
 /// Quantises `x` (a multiple of 256) to Q6_K blocks: per 16 values an i8 scale, per 256 an f16
@@ -276,7 +335,7 @@ mod tests {
     /// `quants.quantize`, run once for these values: the second block's largest magnitude is
     /// negative, the first's positive).
     #[test]
-    fn q5_0_quantiser_writes_the_reference_bytes() {
+    fn q5_0_and_q5_1_quantisers_write_the_reference_bytes() {
         let mut x: Vec<f32> = (0..64)
             .map(|i| (((i * 37 % 29) as f64 - 9.0) * 0.021 + (i / 32) as f64 * 0.3) as f32)
             .collect();
@@ -288,6 +347,13 @@ mod tests {
             56, 98, 132, 39, 73,
         ];
         assert_eq!(quantize_q5_0(&x), want);
+        // Q5_1 by the same package, the same values.
+        let want: [u8; 48] = [
+            127, 40, 12, 178, 128, 0, 4, 2, 112, 197, 26, 78, 146, 231, 27, 111, 180, 8, 61, 129,
+            213, 10, 95, 162, 33, 44, 51, 189, 255, 254, 255, 255, 142, 183, 217, 124, 159, 200,
+            234, 141, 160, 217, 107, 142, 183, 234, 124, 159,
+        ];
+        assert_eq!(quantize_q5_1(&x), want);
     }
 
     /// Deterministic values of a weight-like spread: mostly small, some rows scaled up, a few
@@ -336,18 +402,25 @@ mod tests {
         let q4_0 = rel_rmse(GgmlType::Q4_0, &x, &quantize_q4_0(&x));
         let q4_1 = rel_rmse(GgmlType::Q4_1, &x, &quantize_q4_1(&x));
         let q5_0 = rel_rmse(GgmlType::Q5_0, &x, &quantize_q5_0(&x));
+        let q5_1 = rel_rmse(GgmlType::Q5_1, &x, &quantize_q5_1(&x));
         let q4_k = rel_rmse(GgmlType::Q4_K, &x, &quantize_q4_k(&x));
+        let q5_k = rel_rmse(GgmlType::Q5_K, &x, &quantize_q5_k(&x));
         let q6_k = rel_rmse(GgmlType::Q6_K, &x, &quantize_q6_k(&x));
         eprintln!(
-            "rel rmse q4_0 {q4_0:.4} q4_1 {q4_1:.4} q5_0 {q5_0:.4} q4_k {q4_k:.4} q6_k {q6_k:.4}"
+            "rel rmse q4_0 {q4_0:.4} q4_1 {q4_1:.4} q5_0 {q5_0:.4} q5_1 {q5_1:.4} q4_k {q4_k:.4} \
+             q5_k {q5_k:.4} q6_k {q6_k:.4}"
         );
         assert!(q4_k < q4_0 && q4_k < q4_1, "q4_k {q4_k}");
         assert!(q5_0 < 0.6 * q4_0, "q5_0 {q5_0}");
+        assert!(q5_1 < 0.6 * q4_1, "q5_1 {q5_1}");
+        // A fifth bit halves the step: Q5_K below Q4_K's error by about half, and below Q5_1's.
+        assert!(q5_k < 0.6 * q4_k && q5_k < q5_1, "q5_k {q5_k}");
         assert!(q6_k < 0.3 * q4_k && q6_k < 0.5 * q5_0, "q6_k {q6_k}");
         // Zeros read back as zeros.
         let z = vec![0f32; 512];
         for (ty, bytes) in [
             (GgmlType::Q4_K, quantize_q4_k(&z)),
+            (GgmlType::Q5_K, quantize_q5_k(&z)),
             (GgmlType::Q6_K, quantize_q6_k(&z)),
         ] {
             let mut y = vec![1f32; 512];

@@ -168,12 +168,14 @@ impl Matrix {
         self.quantized(GgmlType::Q8_0)
     }
 
-    /// This matrix in `ty` (Q8_0, Q4_0, Q4_1 or Q5_0 by llama.cpp's reference quantisers,
-    /// Q4_K or Q6_K by [`super::kquantize`]) when it is dense and its columns are a multiple of
-    /// 32; otherwise unchanged. A K-quant whose rows are not whole 256-blocks falls back as
-    /// llama-quantize's does: Q4_K to Q5_0, Q6_K to Q8_0.
+    /// This matrix in `ty` (Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 by llama.cpp's reference
+    /// quantisers, Q4_K, Q5_K or Q6_K by [`super::kquantize`]) when it is dense and its columns
+    /// are a multiple of 32; otherwise unchanged. A K-quant whose rows are not whole 256-blocks
+    /// falls back as llama-quantize's does: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0.
     pub fn quantized(self, ty: GgmlType) -> Matrix {
-        use super::kquantize::{quantize_q4_k, quantize_q5_0, quantize_q6_k, QK_K};
+        use super::kquantize::{
+            quantize_q4_k, quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k, QK_K,
+        };
         let whole = self.cols.is_multiple_of(QK_K);
         type Quantiser = fn(&[f32]) -> Vec<u8>;
         let (ty, quantize): (GgmlType, Quantiser) = match ty {
@@ -181,8 +183,11 @@ impl Matrix {
             GgmlType::Q4_0 => (ty, quantize_q4_0),
             GgmlType::Q4_1 => (ty, quantize_q4_1),
             GgmlType::Q5_0 => (ty, quantize_q5_0),
+            GgmlType::Q5_1 => (ty, quantize_q5_1),
             GgmlType::Q4_K if whole => (ty, quantize_q4_k),
             GgmlType::Q4_K => (GgmlType::Q5_0, quantize_q5_0),
+            GgmlType::Q5_K if whole => (ty, quantize_q5_k),
+            GgmlType::Q5_K => (GgmlType::Q5_1, quantize_q5_1),
             GgmlType::Q6_K if whole => (ty, quantize_q6_k),
             GgmlType::Q6_K => (GgmlType::Q8_0, quantize_q8_0),
             _ => return self,
@@ -576,7 +581,9 @@ mod tests {
         assert_eq!(quantize_q4_0(&x), want);
         // A dense matrix quantized to each type holds what that type's bytes hold; a K-quant
         // of rows that are not whole 256-blocks falls back as llama-quantize's does.
-        use super::super::kquantize::{quantize_q4_k, quantize_q5_0, quantize_q6_k};
+        use super::super::kquantize::{
+            quantize_q4_k, quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k,
+        };
         let wide: Vec<f32> = (0..512)
             .map(|i| x[i % 64] * (1.0 + i as f32 / 512.0))
             .collect();
@@ -587,6 +594,9 @@ mod tests {
             (GgmlType::Q5_0, 32, GgmlType::Q5_0),
             (GgmlType::Q4_K, 256, GgmlType::Q4_K),
             (GgmlType::Q6_K, 256, GgmlType::Q6_K),
+            (GgmlType::Q5_K, 256, GgmlType::Q5_K),
+            (GgmlType::Q5_1, 32, GgmlType::Q5_1),
+            (GgmlType::Q5_K, 32, GgmlType::Q5_1),
             (GgmlType::Q4_K, 32, GgmlType::Q5_0),
             (GgmlType::Q6_K, 32, GgmlType::Q8_0),
         ] {
@@ -602,7 +612,9 @@ mod tests {
                 GgmlType::Q4_0 => quantize_q4_0,
                 GgmlType::Q4_1 => quantize_q4_1,
                 GgmlType::Q5_0 => quantize_q5_0,
+                GgmlType::Q5_1 => quantize_q5_1,
                 GgmlType::Q4_K => quantize_q4_k,
+                GgmlType::Q5_K => quantize_q5_k,
                 _ => quantize_q6_k,
             };
             dequantize(stored, &quantize(&v[cols..]), &mut want);
