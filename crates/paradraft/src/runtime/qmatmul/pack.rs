@@ -9,7 +9,7 @@
 //! | `Q5S` | Q5_0, Q5_1, Q5_K | as `Q4S` (`d`, `dmin` per GGML block) plus a 4 B plane of fifth bits | 5.6–6.1 |
 //! | `Q6S` | Q6_K, Q3_K | levels + 32 (0..63): 16 B nibbles plus an 8 B plane of the two high bits, an i8 sub-scale per 16; f16 `d` per GGML block | 6.6 |
 //! | `Q4T` | IQ4_NL, IQ4_XS | 16 B nibbles indexing the IQ4 table, an i8 sub-scale and an i16 level sum; f16 `d` per GGML block | 4.8–5.3 |
-//! | `Q8S` | Q2_K | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum; f16 `d` (`dmin`) per GGML block | 9.1–10.6 |
+//! | `Q8S` | Q2_K | 32 B int8 levels, per 16 inputs an i8 sub-scale and sub-min and an i16 level sum; f16 `d`, `dmin` per GGML block | 10.1 |
 //!
 //! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
 //! is exact: a row dequantises to ggml's values bit for bit.
