@@ -16,7 +16,6 @@
 //! Every (row, activation row) runs the same integer sums and the same f32 epilogue whatever
 //! tile it is computed in, so a row's output never depends on the batch it came in.
 
-use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::x86_64::*;
@@ -84,200 +83,9 @@ const WIDE_ROWS: usize = 2;
 /// VNNI's tile (two chains per row): not measured wider.
 const VNNI_TILE: usize = 4;
 
-/// The int8 dot products of a kernel family on 8-row registers.
-trait Dot {
-    /// Integer partial sums of one (half, activation row) over a block.
-    type Acc: Copy;
-    unsafe fn zero() -> Self::Acc;
-    /// Q4 partial sums `s` plus step `i` of a block: the low and high nibbles `lo`, `hi` times
-    /// the activation bytes `4i..4i+4` and `16+4i..16+4i+4` of `y`.
-    unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
-    /// A block's Q4 partial sums as one i32 per row.
-    unsafe fn q4_rows(s: Self::Acc) -> __m256i;
-    /// As [`Dot::q4`] for five-bit levels (0..31: 16-bit sums of four steps could overflow).
-    unsafe fn q5(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc;
-    /// A block's five-bit partial sums as one i32 per row.
-    unsafe fn q5_rows(s: Self::Acc) -> __m256i;
-    /// Six-bit partial sums of one half of a block plus two steps: levels (0..63) `wa`, `wb`
-    /// times the 4 activation bytes at `ya`, `yb`.
-    unsafe fn q6(s: Self::Acc, wa: __m256i, ya: *const i8, wb: __m256i, yb: *const i8)
-        -> Self::Acc;
-    /// A half's six-bit partial sums as one i32 per row.
-    unsafe fn q6_rows(s: Self::Acc) -> __m256i;
-    /// A Q8 weight register as the dot products take it (once per tile).
-    unsafe fn q8_weights(w: __m256i) -> __m256i;
-    /// Q8 partial sums plus step `i`: weights `w` (raw) / `pw` (prepared) times the 4
-    /// activation bytes at `y` (signed) / `u` (the same values, unsigned form).
-    unsafe fn q8(
-        s: Self::Acc,
-        w: __m256i,
-        pw: __m256i,
-        y: *const i8,
-        u: *const u8,
-        i: usize,
-    ) -> Self::Acc;
-    /// Q8 sums as one i32 per row, given the 8 rows' weight sums at `wsum`.
-    unsafe fn q8_rows(s: Self::Acc, wsum: *const i16) -> __m256i;
-}
-
-/// AVX2: `maddubs` then `madd`.
-struct Maddubs;
-
-impl Dot for Maddubs {
-    type Acc = __m256i;
-    #[inline(always)]
-    unsafe fn zero() -> __m256i {
-        _mm256_setzero_si256()
-    }
-    #[inline(always)]
-    unsafe fn q4(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
-        let pl = _mm256_maddubs_epi16(lo, bcast4(y.add(4 * i)));
-        let ph = _mm256_maddubs_epi16(hi, bcast4(y.add(16 + 4 * i)));
-        _mm256_add_epi16(s, _mm256_add_epi16(pl, ph))
-    }
-    #[inline(always)]
-    unsafe fn q4_rows(s: __m256i) -> __m256i {
-        _mm256_madd_epi16(s, _mm256_set1_epi16(1))
-    }
-    #[inline(always)]
-    unsafe fn q5(s: __m256i, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> __m256i {
-        // One step's four products per 16-bit lane stay below 4·31·127; widen every step.
-        let pl = _mm256_maddubs_epi16(lo, bcast4(y.add(4 * i)));
-        let ph = _mm256_maddubs_epi16(hi, bcast4(y.add(16 + 4 * i)));
-        let p = _mm256_madd_epi16(_mm256_add_epi16(pl, ph), _mm256_set1_epi16(1));
-        _mm256_add_epi32(s, p)
-    }
-    #[inline(always)]
-    unsafe fn q5_rows(s: __m256i) -> __m256i {
-        s
-    }
-    #[inline(always)]
-    unsafe fn q6(s: __m256i, wa: __m256i, ya: *const i8, wb: __m256i, yb: *const i8) -> __m256i {
-        // Two steps' four products per 16-bit lane stay within 4 · 63 · 127 = 32 004.
-        let pa = _mm256_maddubs_epi16(wa, bcast4(ya));
-        let pb = _mm256_maddubs_epi16(wb, bcast4(yb));
-        let p = _mm256_madd_epi16(_mm256_add_epi16(pa, pb), _mm256_set1_epi16(1));
-        _mm256_add_epi32(s, p)
-    }
-    #[inline(always)]
-    unsafe fn q6_rows(s: __m256i) -> __m256i {
-        s
-    }
-    #[inline(always)]
-    unsafe fn q8_weights(w: __m256i) -> __m256i {
-        _mm256_sign_epi8(w, w)
-    }
-    #[inline(always)]
-    unsafe fn q8(
-        s: __m256i,
-        w: __m256i,
-        pw: __m256i,
-        y: *const i8,
-        _: *const u8,
-        _: usize,
-    ) -> __m256i {
-        let prod = _mm256_maddubs_epi16(pw, _mm256_sign_epi8(bcast4(y), w));
-        _mm256_add_epi32(s, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)))
-    }
-    #[inline(always)]
-    unsafe fn q8_rows(s: __m256i, _: *const i16) -> __m256i {
-        s
-    }
-}
-
-/// One `vpdpbusd` on 256-bit registers: `acc + Σ₄ u8 · s8` per i32 lane.
-trait Dpbusd {
-    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
-}
-
-/// AVX-VNNI (VEX encoding).
-struct Vex;
-impl Dpbusd for Vex {
-    #[inline(always)]
-    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_avx_epi32(acc, u, s)
-    }
-}
-
-/// AVX-512 VNNI + VL (EVEX encoding of the same instruction).
-struct Evex;
-impl Dpbusd for Evex {
-    #[inline(always)]
-    unsafe fn dp(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
-    }
-}
-
-/// 256-bit VNNI, two `vpdpbusd` chains per (half, activation row): one chain would wait on
-/// the instruction's latency.
-struct Vnni<D>(std::marker::PhantomData<D>);
-
-impl<D: Dpbusd> Dot for Vnni<D> {
-    type Acc = (__m256i, __m256i);
-    #[inline(always)]
-    unsafe fn zero() -> Self::Acc {
-        (_mm256_setzero_si256(), _mm256_setzero_si256())
-    }
-    #[inline(always)]
-    unsafe fn q4(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc {
-        (
-            D::dp(s.0, lo, bcast4(y.add(4 * i))),
-            D::dp(s.1, hi, bcast4(y.add(16 + 4 * i))),
-        )
-    }
-    #[inline(always)]
-    unsafe fn q4_rows(s: Self::Acc) -> __m256i {
-        _mm256_add_epi32(s.0, s.1)
-    }
-    #[inline(always)]
-    unsafe fn q5(s: Self::Acc, lo: __m256i, hi: __m256i, y: *const i8, i: usize) -> Self::Acc {
-        Self::q4(s, lo, hi, y, i)
-    }
-    #[inline(always)]
-    unsafe fn q5_rows(s: Self::Acc) -> __m256i {
-        Self::q4_rows(s)
-    }
-    #[inline(always)]
-    unsafe fn q6(
-        s: Self::Acc,
-        wa: __m256i,
-        ya: *const i8,
-        wb: __m256i,
-        yb: *const i8,
-    ) -> Self::Acc {
-        (D::dp(s.0, wa, bcast4(ya)), D::dp(s.1, wb, bcast4(yb)))
-    }
-    #[inline(always)]
-    unsafe fn q6_rows(s: Self::Acc) -> __m256i {
-        Self::q4_rows(s)
-    }
-    #[inline(always)]
-    unsafe fn q8_weights(w: __m256i) -> __m256i {
-        w
-    }
-    #[inline(always)]
-    unsafe fn q8(
-        s: Self::Acc,
-        w: __m256i,
-        _: __m256i,
-        _: *const i8,
-        u: *const u8,
-        i: usize,
-    ) -> Self::Acc {
-        let x = bcast4(u as *const i8);
-        if i.is_multiple_of(2) {
-            (D::dp(s.0, x, w), s.1)
-        } else {
-            (s.0, D::dp(s.1, x, w))
-        }
-    }
-    #[inline(always)]
-    unsafe fn q8_rows(s: Self::Acc, wsum: *const i16) -> __m256i {
-        let s = _mm256_add_epi32(s.0, s.1);
-        let ws = _mm256_cvtepi16_epi32(_mm_loadu_si128(wsum as *const __m128i));
-        _mm256_sub_epi32(s, _mm256_slli_epi32::<7>(ws))
-    }
-}
+#[path = "avx2_dot.rs"]
+mod dot;
+use dot::{Dot, Evex, Maddubs, Vex, Vnni};
 
 /// AVX2 (`maddubs`).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -423,7 +231,8 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
     } else {
         let per = p.fmt.per_block();
         if !p.hb.is_empty() {
-            ahead(p.hb.as_ptr().add(gb * HB_BYTES), HB_BYTES);
+            let hbb = p.fmt.hb_bytes();
+            ahead(p.hb.as_ptr().add(gb * hbb), hbb);
         }
         ahead(p.isc.as_ptr().add(gb * per * GROUP) as *const u8, 16 * per);
         if !p.imn.is_empty() {
@@ -463,11 +272,6 @@ unsafe fn fifth_bits(bits: u32) -> __m256i {
     let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let hit = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, idx), sel), sel);
     _mm256_and_si256(hit, _mm256_set1_epi8(16))
-}
-
-#[inline(always)]
-unsafe fn bcast4(p: *const i8) -> __m256i {
-    _mm256_set1_epi32((p as *const i32).read_unaligned())
 }
 
 #[inline(always)]
@@ -538,12 +342,22 @@ unsafe fn q4_tile<D: Dot, const H: usize, const N: usize, const S: bool, const F
     }
 }
 
-/// Six-bit levels (`Q6S`) with a sub-scale per 16 inputs: each half of a block (the low
-/// nibbles, then the high ones) its own integer sum, the levels' offset of 32 taken back with
-/// the activations' integer half sums; the same sums and epilogue as [`q8_tile`] with halves.
+/// Levels with a sub-scale per 16 inputs stored unsigned as level + `OFF` in `W` bits (`Q6S`:
+/// nibbles and a plane of two high bits; `Q3S`: two bits four a byte and a plane of third bits;
+/// `Q2S`: two bits, `MIN` a min per 16; the layouts of the AVX-512 kernel): each half of
+/// a block (the low nibbles, then the high ones) its own integer sum, the offset taken back
+/// with the activations' integer half sums; the same sums and epilogue as [`q8_tile`] with
+/// halves.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // indices into several arrays at once
-unsafe fn q6_tile<D: Dot, const H: usize, const N: usize>(
+unsafe fn q6_tile<
+    D: Dot,
+    const H: usize,
+    const N: usize,
+    const W: u32,
+    const OFF: i32,
+    const MIN: bool,
+>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -557,8 +371,8 @@ unsafe fn q6_tile<D: Dot, const H: usize, const N: usize>(
     let high = _mm256_set1_epi8(0x30);
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * 256);
-        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
+        let hb = p.hb.as_ptr().wrapping_add(gb * p.fmt.hb_bytes());
         if t0 == 0 && h0 == 0 {
             prefetch_block(p, gb, nb);
         }
@@ -569,7 +383,36 @@ unsafe fn q6_tile<D: Dot, const H: usize, const N: usize>(
             // Levels of chunk i: lo[i] (inputs 4i..), hi[i] (16 + 4i..).
             let mut lo = [_mm256_setzero_si256(); 4];
             let mut hi = [_mm256_setzero_si256(); 4];
-            for r in 0..2 {
+            if W <= 3 {
+                let three = _mm256_set1_epi8(3);
+                for (r, dst) in [&mut lo, &mut hi].into_iter().enumerate() {
+                    let w = _mm256_loadu_si256(base.add(r * 64 + half) as *const __m256i);
+                    dst[0] = _mm256_and_si256(w, three);
+                    dst[1] = _mm256_and_si256(_mm256_srli_epi16::<2>(w), three);
+                    dst[2] = _mm256_and_si256(_mm256_srli_epi16::<4>(w), three);
+                    dst[3] = _mm256_and_si256(_mm256_srli_epi16::<6>(w), three);
+                }
+            }
+            if W == 3 {
+                // Third bits: step s of half r at bit 4r + s, moved to bit 2.
+                let x = _mm256_loadu_si256(hb.add(half) as *const __m256i);
+                let four = _mm256_set1_epi8(4);
+                let bits = [
+                    _mm256_slli_epi16::<2>(x),
+                    _mm256_slli_epi16::<1>(x),
+                    x,
+                    _mm256_srli_epi16::<1>(x),
+                    _mm256_srli_epi16::<2>(x),
+                    _mm256_srli_epi16::<3>(x),
+                    _mm256_srli_epi16::<4>(x),
+                    _mm256_srli_epi16::<5>(x),
+                ];
+                for s in 0..4 {
+                    lo[s] = _mm256_or_si256(lo[s], _mm256_and_si256(bits[s], four));
+                    hi[s] = _mm256_or_si256(hi[s], _mm256_and_si256(bits[4 + s], four));
+                }
+            }
+            for r in 0..(if W == 6 { 2 } else { 0 }) {
                 let x = _mm256_loadu_si256(hb.add(r * 64 + half) as *const __m256i);
                 let bits = [
                     _mm256_slli_epi16::<4>(x),
@@ -606,10 +449,19 @@ unsafe fn q6_tile<D: Dot, const H: usize, const N: usize>(
                 for t in 0..N {
                     let row = t0 + t;
                     let dx = _mm256_set1_ps(*a.d.get_unchecked(row * nb + b));
-                    let off = 32 * *a.hs.get_unchecked((row * nb + b) * 2 + part) as i32;
-                    let si = _mm256_sub_epi32(D::q6_rows(s[part][h][t]), _mm256_set1_epi32(off));
-                    acc[h][t] =
+                    let hs = (row * nb + b) * 2 + part;
+                    let mut si = D::q6_rows(s[part][h][t]);
+                    if OFF != 0 {
+                        let off = OFF * *a.hs.get_unchecked(hs) as i32;
+                        si = _mm256_sub_epi32(si, _mm256_set1_epi32(off));
+                    }
+                    let mut v =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), _mm256_mul_ps(dw, dx), acc[h][t]);
+                    if MIN {
+                        let mw = scale8::<true>(&p.m, &p.sm, &p.imn, at, sa);
+                        v = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.h.get_unchecked(hs)), v);
+                    }
+                    acc[h][t] = v;
                 }
             }
         }

@@ -1,6 +1,5 @@
 //! AVX-512 VNNI kernels: activation quantization and the `dpbusd` matmul tiles.
 
-use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::x86_64::*;
@@ -114,14 +113,15 @@ unsafe fn prefetch_block(p: &Packed, gb: usize, nb: usize) {
             };
             prefetch_ahead(extra, 32, nb);
         }
-        Fmt::Q4S | Fmt::Q5S | Fmt::Q6S | Fmt::Q4T | Fmt::Q8S { .. } => {
+        _ => {
             let per = p.fmt.per_block();
             let at = gb * per * GROUP;
             if !p.qh.is_empty() {
                 prefetch_ahead(p.qh.as_ptr().add(gb * 8) as *const u8, 64, nb);
             }
             if !p.hb.is_empty() {
-                prefetch_ahead(p.hb.as_ptr().add(gb * HB_BYTES), HB_BYTES, nb);
+                let hbb = p.fmt.hb_bytes();
+                prefetch_ahead(p.hb.as_ptr().add(gb * hbb), hbb, nb);
             }
             prefetch_ahead(p.isc.as_ptr().add(at) as *const u8, 16 * per, nb);
             if !p.imn.is_empty() {
@@ -227,13 +227,15 @@ unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
     }
 }
 
-/// Six-bit levels (`Q6S`: level + 32 as a nibble and two high bits) with a sub-scale per 16
-/// inputs. The low nibbles of a block are its first 16 inputs and the high ones its last 16, so
-/// each half has its own `dpbusd` chain (unsigned levels × signed activations); the offset is
-/// taken back with the activations' integer half sums. The integer sums and the f32 epilogue
-/// are those of an int8 expansion of the same levels (`q8_tile` with halves), bit for bit.
+/// Levels with a sub-scale per 16 inputs, stored unsigned as level + `OFF` in `W` bits: six
+/// (`Q6S`: nibbles and a plane of two high bits), three (`Q3S`: two bits four a byte and a plane
+/// of third bits) or two with a min per 16 (`Q2S`: `MIN`). The low nibbles of a block are its first 16 inputs and the high ones
+/// its last 16, so each half has its own `dpbusd` chain (unsigned levels × signed activations);
+/// the offset is taken back with the activations' integer half sums. The integer sums and the
+/// f32 epilogue are those of an int8 expansion of the same levels (`q8_tile` with halves), bit
+/// for bit.
 #[inline(always)]
-unsafe fn q6_tile<const N: usize>(
+unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -244,16 +246,49 @@ unsafe fn q6_tile<const N: usize>(
     let k = a.k;
     let mask = _mm512_set1_epi8(0x0F);
     let high = _mm512_set1_epi8(0x30);
+    let mut accm = [_mm512_setzero_ps(); N];
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * 256);
-        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
         if t0 == 0 {
             prefetch_block(p, gb, nb);
         }
         let mut lo = [_mm512_setzero_si512(); 4];
         let mut hi = [_mm512_setzero_si512(); 4];
-        for r in 0..2 {
+        if W <= 3 {
+            // Register 0 holds the first 16 inputs' levels, register 1 the last 16: step i at
+            // bits 2i..2i + 2 of each byte.
+            let three = _mm512_set1_epi8(3);
+            for (r, dst) in [&mut lo, &mut hi].into_iter().enumerate() {
+                let w = _mm512_loadu_si512(base.add(r * 64) as *const _);
+                dst[0] = _mm512_and_si512(w, three);
+                dst[1] = _mm512_and_si512(_mm512_srli_epi16(w, 2), three);
+                dst[2] = _mm512_and_si512(_mm512_srli_epi16(w, 4), three);
+                dst[3] = _mm512_and_si512(_mm512_srli_epi16(w, 6), three);
+            }
+        }
+        if W == 3 {
+            // The third bit of step s of half r sits at bit 4r + s; each goes to bit 2 (16-bit
+            // shifts: what crosses a byte is masked off), `w | (x & 4)` one ternary-logic op.
+            let h = _mm512_loadu_si512(p.hb.as_ptr().add(gb * 64) as *const _);
+            let four = _mm512_set1_epi8(4);
+            let bits = [
+                _mm512_slli_epi16(h, 2),
+                _mm512_slli_epi16(h, 1),
+                h,
+                _mm512_srli_epi16(h, 1),
+                _mm512_srli_epi16(h, 2),
+                _mm512_srli_epi16(h, 3),
+                _mm512_srli_epi16(h, 4),
+                _mm512_srli_epi16(h, 5),
+            ];
+            for s in 0..4 {
+                lo[s] = _mm512_ternarylogic_epi32(lo[s], bits[s], four, 0xF8);
+                hi[s] = _mm512_ternarylogic_epi32(hi[s], bits[4 + s], four, 0xF8);
+            }
+        }
+        let hb = p.hb.as_ptr().wrapping_add(gb * 128);
+        for r in 0..(if W == 6 { 2 } else { 0 }) {
             let h = _mm512_loadu_si512(hb.add(r * 64) as *const _);
             // Chunk 2r's high bits sit at bits 0–1 (low nibbles) and 2–3 (high ones), chunk
             // 2r + 1's at 4–5 and 6–7; each goes to bits 4–5 of its byte (16-bit shifts: what
@@ -287,12 +322,26 @@ unsafe fn q6_tile<const N: usize>(
             let row = t0 + t;
             let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
             let hs = (row * nb + b) * 2;
-            let off0 = _mm512_set1_epi32(32 * *a.hs.get_unchecked(hs) as i32);
-            let off1 = _mm512_set1_epi32(32 * *a.hs.get_unchecked(hs + 1) as i32);
-            let i0 = _mm512_sub_epi32(s0[t], off0);
-            let i1 = _mm512_sub_epi32(s1[t], off1);
+            let (mut i0, mut i1) = (s0[t], s1[t]);
+            if OFF != 0 {
+                let off0 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs) as i32);
+                let off1 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs + 1) as i32);
+                i0 = _mm512_sub_epi32(i0, off0);
+                i1 = _mm512_sub_epi32(i1, off1);
+            }
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw0, dx), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dw1, dx), acc[t]);
+            if MIN {
+                let m0 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at));
+                let m1 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP));
+                accm[t] = _mm512_fmadd_ps(m0, _mm512_set1_ps(*a.h.get_unchecked(hs)), accm[t]);
+                accm[t] = _mm512_fmadd_ps(m1, _mm512_set1_ps(*a.h.get_unchecked(hs + 1)), accm[t]);
+            }
+        }
+    }
+    if MIN {
+        for t in 0..N {
+            acc[t] = _mm512_add_ps(acc[t], accm[t]);
         }
     }
 }

@@ -23,7 +23,7 @@ use super::isa::{isa, Isa};
 mod pack;
 
 /// Calls `$tile!(name, consts…)` with the tile function and const parameters of `fmt`'s
-/// format — `q4_tile::<…, S, FIVE>`, `q6_tile::<…>` or `q8_tile::<…, S, HALVES, MIN>` — in every ISA's kernel
+/// format — `q4_tile::<…, S, FIVE>`, `q6_tile::<…, W, OFF, MIN>`, `q4t_tile::<…>` or `q8_tile::<…, S, HALVES, MIN>` — in every ISA's kernel
 /// (each defines its own `$tile` macro for its tile heights).
 macro_rules! by_format {
     ($fmt:expr, $tile:ident) => {
@@ -31,7 +31,9 @@ macro_rules! by_format {
             Fmt::Q4 => $tile!(q4_tile, false, false),
             Fmt::Q4S => $tile!(q4_tile, true, false),
             Fmt::Q5S => $tile!(q4_tile, true, true),
-            Fmt::Q6S => $tile!(q6_tile),
+            Fmt::Q6S => $tile!(q6_tile, 6, 32, false),
+            Fmt::Q3S => $tile!(q6_tile, 3, 4, false),
+            Fmt::Q2S => $tile!(q6_tile, 2, 0, true),
             Fmt::Q4T => $tile!(q4t_tile),
             Fmt::Q8 => $tile!(q8_tile, false, false, false),
             Fmt::Q8S { halves, min } => match (halves, min) {
@@ -361,23 +363,24 @@ pub(super) mod tests {
         }
     }
 
-    /// `Q6S` (six-bit levels, the offset taken back with the activations' half sums) and `Q4T`
-    /// (IQ4 table indices) give the bits of the int8 expansion they replaced, on every kernel
-    /// and tile height, in at most 70 % of its memory.
+    /// `Q6S`, `Q3S` and `Q2S` (nibble levels, an offset taken back with the activations' half
+    /// sums) and `Q4T` (IQ4 table indices) give the bits of the int8 expansion they replaced, on
+    /// every kernel and tile height, in at most 70 % of its memory.
     #[test]
     fn packed_levels_equal_their_int8_expansion() {
         let mut rng = Lcg(11);
-        for (ty, fmt, halves) in [
-            (GgmlType::Q6_K, Fmt::Q6S, true),
-            (GgmlType::Q3_K, Fmt::Q6S, true),
-            (GgmlType::IQ4_XS, Fmt::Q4T, false),
-            (GgmlType::IQ4_NL, Fmt::Q4T, false),
+        for (ty, fmt, halves, min) in [
+            (GgmlType::Q6_K, Fmt::Q6S, true, false),
+            (GgmlType::Q3_K, Fmt::Q3S, true, false),
+            (GgmlType::Q2_K, Fmt::Q2S, true, true),
+            (GgmlType::IQ4_XS, Fmt::Q4T, false, false),
+            (GgmlType::IQ4_NL, Fmt::Q4T, false, false),
         ] {
             let (rows, cols) = (40, 512);
             let src = random_blocks(ty, rows, cols, &mut rng);
             let six = Packed::new(ty, rows, cols, &src);
             assert_eq!(six.fmt, fmt);
-            let int8 = Fmt::Q8S { halves, min: false };
+            let int8 = Fmt::Q8S { halves, min };
             let wide = Packed::new_as(ty, int8, rows, cols, &src);
             assert!(six.nbytes() * 10 < wide.nbytes() * 7, "{ty:?}");
             for n in [1, 2, 5, 7, 16] {

@@ -13,7 +13,6 @@
 //! `sdot` and the f16 → f32 widening (`fcvtl`) go through inline assembly: their intrinsics
 //! are not stable Rust.
 
-use super::pack::HB_BYTES;
 use super::{BlockOut, Fmt, Packed, QActs, GROUP, QK};
 use crate::runtime::blocks::IQ4_VALUES;
 use std::arch::aarch64::*;
@@ -246,12 +245,14 @@ unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
     }
 }
 
-/// Six-bit levels (`Q6S`: level + 32 as a nibble and two high bits) with a sub-scale per 16
-/// inputs: the signed levels (the offset of 32 taken off the bytes) meet each half's
-/// activations in its own sum; `acc += f32(Σ₀) · d_w₀ · d_x + f32(Σ₁) · d_w₁ · d_x`, the sums
-/// and epilogue of [`q8_tile`] with halves.
+/// Levels with a sub-scale per 16 inputs stored as level + `OFF` in `W` bits (`Q6S`: nibbles and
+/// a plane of two high bits; `Q3S`: two bits four a byte and a plane of third bits; `Q2S`: two
+/// bits, `MIN` a min per 16; the layouts of the AVX-512 kernel): the signed levels (the
+/// offset taken off the bytes) meet each half's activations in its own sum;
+/// `acc += f32(Σ₀) · d_w₀ · d_x + f32(Σ₁) · d_w₁ · d_x` (then the min terms), the sums and
+/// epilogue of [`q8_tile`] with halves.
 #[inline(always)]
-unsafe fn q6_tile<const N: usize>(
+unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>(
     p: &Packed,
     a: &QActs,
     g: usize,
@@ -261,18 +262,32 @@ unsafe fn q6_tile<const N: usize>(
     let nb = p.cols / QK;
     let mask = vdupq_n_u8(0x0F);
     let high = vdupq_n_u8(0x30);
-    let off = vdupq_n_u8(32);
+    let off = vdupq_n_u8(OFF as u8);
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * 256);
-        let hb = p.hb.as_ptr().add(gb * HB_BYTES);
+        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
+        let hb = p.hb.as_ptr().wrapping_add(gb * p.fmt.hb_bytes());
         let y = acts::<N>(a, t0, b);
         let at = gb * 2 * GROUP;
         let sup = p.sup_at(g, b);
         let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
         let dw1 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP));
+        let (m0, m1) = if MIN {
+            (
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at)),
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP)),
+            )
+        } else {
+            ([vdupq_n_f32(0.0); 4], [vdupq_n_f32(0.0); 4])
+        };
         for q in 0..4 {
-            let x: [uint8x16_t; 2] = std::array::from_fn(|r| vld1q_u8(hb.add(r * 64 + q * 16)));
+            let x: [uint8x16_t; 2] = std::array::from_fn(|r| {
+                if W == 6 {
+                    vld1q_u8(hb.add(r * 64 + q * 16))
+                } else {
+                    vdupq_n_u8(0)
+                }
+            });
             // Bits 4–5 of chunk i's low and high nibbles' levels, from bits 4·(i % 2) and
             // 4·(i % 2) + 2 of register i / 2.
             let bits = |i: usize, hi: bool| {
@@ -285,12 +300,49 @@ unsafe fn q6_tile<const N: usize>(
                 };
                 vandq_u8(v, high)
             };
-            let w: [uint8x16_t; 4] = std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
             let level = |v: uint8x16_t| vreinterpretq_s8_u8(vsubq_u8(v, off));
-            let lo: [int8x16_t; 4] =
-                std::array::from_fn(|i| level(vorrq_u8(vandq_u8(w[i], mask), bits(i, false))));
-            let hi: [int8x16_t; 4] =
-                std::array::from_fn(|i| level(vorrq_u8(vshrq_n_u8::<4>(w[i]), bits(i, true))));
+            let (lo, hi): ([int8x16_t; 4], [int8x16_t; 4]) = if W <= 3 {
+                // Register 0: the first 16 inputs, register 1 the last 16; step s at bits 2s,
+                // and (`Q3S`) its third bit at bit 4r + s of the plane.
+                let three = vdupq_n_u8(3);
+                let four = vdupq_n_u8(4);
+                let h = if W == 3 {
+                    vld1q_u8(hb.add(q * 16))
+                } else {
+                    vdupq_n_u8(0)
+                };
+                let third = [
+                    vshlq_n_u8::<2>(h),
+                    vshlq_n_u8::<1>(h),
+                    h,
+                    vshrq_n_u8::<1>(h),
+                    vshrq_n_u8::<2>(h),
+                    vshrq_n_u8::<3>(h),
+                    vshrq_n_u8::<4>(h),
+                    vshrq_n_u8::<5>(h),
+                ]
+                .map(|v| vandq_u8(v, four));
+                let two = |r: usize| {
+                    let w = vld1q_u8(base.add(r * 64 + q * 16));
+                    let v = [
+                        w,
+                        vshrq_n_u8::<2>(w),
+                        vshrq_n_u8::<4>(w),
+                        vshrq_n_u8::<6>(w),
+                    ];
+                    std::array::from_fn(|s| {
+                        level(vorrq_u8(vandq_u8(v[s], three), third[4 * r + s]))
+                    })
+                };
+                (two(0), two(1))
+            } else {
+                let w: [uint8x16_t; 4] =
+                    std::array::from_fn(|i| vld1q_u8(base.add(i * 64 + q * 16)));
+                (
+                    std::array::from_fn(|i| level(vorrq_u8(vandq_u8(w[i], mask), bits(i, false)))),
+                    std::array::from_fn(|i| level(vorrq_u8(vshrq_n_u8::<4>(w[i]), bits(i, true)))),
+                )
+            };
             let mut s0 = [vdupq_n_s32(0); N];
             let mut s1 = [vdupq_n_s32(0); N];
             for t in 0..N {
@@ -298,9 +350,16 @@ unsafe fn q6_tile<const N: usize>(
                 s1[t] = dot_half(s1[t], &hi, y[t][1]);
             }
             for t in 0..N {
-                let dx = *a.d.get_unchecked((t0 + t) * nb + b);
+                let row = t0 + t;
+                let dx = *a.d.get_unchecked(row * nb + b);
                 let v = vfmaq_f32(acc[t][q], vcvtq_f32_s32(s0[t]), vmulq_n_f32(dw0[q], dx));
-                acc[t][q] = vfmaq_f32(v, vcvtq_f32_s32(s1[t]), vmulq_n_f32(dw1[q], dx));
+                let mut v = vfmaq_f32(v, vcvtq_f32_s32(s1[t]), vmulq_n_f32(dw1[q], dx));
+                if MIN {
+                    let h = (row * nb + b) * 2;
+                    v = vfmaq_n_f32(v, m0[q], *a.h.get_unchecked(h));
+                    v = vfmaq_n_f32(v, m1[q], *a.h.get_unchecked(h + 1));
+                }
+                acc[t][q] = v;
             }
         }
     }

@@ -7,9 +7,11 @@
 //! | `Q8` | Q8_0 | 32 B int8, f16 scale, i16 weight sum | 9 |
 //! | `Q4S` | Q4_K | 16 B nibbles, i8 sub-scale and sub-min; f16 `d`, `dmin` per 256 | 4.6 |
 //! | `Q5S` | Q5_0, Q5_1, Q5_K | as `Q4S` (`d`, `dmin` per GGML block) plus a 4 B plane of fifth bits | 5.6–6.1 |
-//! | `Q6S` | Q6_K, Q3_K | levels + 32 (0..63): 16 B nibbles plus an 8 B plane of the two high bits, an i8 sub-scale per 16; f16 `d` per GGML block | 6.6 |
+//! | `Q6S` | Q6_K | levels + 32 (0..63): 16 B nibbles plus an 8 B plane of the two high bits, an i8 sub-scale per 16; f16 `d` per GGML block | 6.6 |
+//! | `Q3S` | Q3_K | levels + 4 (0..7): their low two bits four a byte (8 B), a 4 B plane of third bits, an i8 sub-scale per 16; f16 `d` per GGML block | 3.6 |
+//! | `Q2S` | Q2_K | levels 0..3, four a byte (8 B), an i8 sub-scale and sub-min per 16; f16 `d`, `dmin` per GGML block | 3.1 |
 //! | `Q4T` | IQ4_NL, IQ4_XS | 16 B nibbles indexing the IQ4 table, an i8 sub-scale and an i16 level sum; f16 `d` per GGML block | 4.8–5.3 |
-//! | `Q8S` | Q2_K | 32 B int8 levels, per 16 inputs an i8 sub-scale and sub-min and an i16 level sum; f16 `d`, `dmin` per GGML block | 10.1 |
+//! | `Q8S` | (none: the int8 expansion the others are tested against) | 32 B int8 levels, per 16 or 32 inputs an i8 sub-scale (and sub-min) and an i16 level sum | 9.6–10.1 |
 //!
 //! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
 //! is exact: a row dequantises to ggml's values bit for bit.
@@ -22,9 +24,6 @@ use half::f16;
 fn iq4_index(level: i8) -> u8 {
     IQ4_VALUES.iter().position(|&v| v == level).unwrap_or(0) as u8
 }
-
-/// `Q6S`: bytes of high bits per (group, block).
-pub(super) const HB_BYTES: usize = 128;
 
 /// How a [`Packed`] matrix stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +40,15 @@ pub enum Fmt {
     /// high bits; an i8 sub-scale per 16 inputs, f16 `d` per GGML block. The kernels take the
     /// offset back with the activations' integer sums per 16.
     Q6S,
+    /// Three-bit levels stored as level + 4 (0..7), a sub-scale per 16 inputs, the offset taken
+    /// back as `Q6S`'s: the low two bits in `Q2S`'s layout, the third in a 64-byte register per
+    /// (group, block) whose byte `4·row + j` has at bit `4r + s` that of input `16r + 4s + j`.
+    Q3S,
+    /// Two-bit levels (0..3), four a byte; per 16 inputs an i8 sub-scale and sub-min, per GGML
+    /// block f16 `d` and `dmin`. Of a (group, block)'s two 64-byte registers, register 0 holds
+    /// the first 16 inputs and register 1 the last 16: byte `4·row + j` of register `r` has at
+    /// bits `2s..2s + 2` the level of input `16r + 4s + j`.
+    Q2S,
     /// Nibbles indexing the IQ4 table of 16 int8 levels; an i8 sub-scale and an i16 level sum
     /// per 32 inputs, f16 `d` per GGML block.
     Q4T,
@@ -56,7 +64,9 @@ impl Fmt {
             GgmlType::Q8_0 => Fmt::Q8,
             GgmlType::Q4_K => Fmt::Q4S,
             GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Fmt::Q5S,
-            GgmlType::Q6_K | GgmlType::Q3_K => Fmt::Q6S,
+            GgmlType::Q6_K => Fmt::Q6S,
+            GgmlType::Q3_K => Fmt::Q3S,
+            GgmlType::Q2_K => Fmt::Q2S,
             GgmlType::IQ4_NL | GgmlType::IQ4_XS => Fmt::Q4T,
             _ => Fmt::Q8S {
                 halves: ty.sub_len() == 16,
@@ -79,7 +89,7 @@ impl Fmt {
     /// Sub-scale entries per (group, block, row): 2 with a scale per 16 inputs.
     pub fn per_block(self) -> usize {
         match self {
-            Fmt::Q8S { halves: true, .. } | Fmt::Q6S => 2,
+            Fmt::Q8S { halves: true, .. } | Fmt::Q6S | Fmt::Q3S | Fmt::Q2S => 2,
             _ => 1,
         }
     }
@@ -88,8 +98,27 @@ impl Fmt {
     pub fn has_min(self) -> bool {
         matches!(
             self,
-            Fmt::Q4 | Fmt::Q4S | Fmt::Q5S | Fmt::Q8S { min: true, .. }
+            Fmt::Q4 | Fmt::Q4S | Fmt::Q5S | Fmt::Q2S | Fmt::Q8S { min: true, .. }
         )
+    }
+
+    /// Bytes of the high-bit plane (`hb`) per (group, block).
+    pub(super) fn hb_bytes(self) -> usize {
+        match self {
+            Fmt::Q6S => 128,
+            Fmt::Q3S => 64,
+            _ => 0,
+        }
+    }
+
+    /// What the formats with a sub-scale per 16 (`Q6S`, `Q3S`, `Q2S`) add to a level to
+    /// store it unsigned; the kernels take it back with the activations' integer half sums.
+    pub fn level_offset(self) -> i8 {
+        match self {
+            Fmt::Q6S => 32,
+            Fmt::Q3S => 4,
+            _ => 0,
+        }
     }
 
     /// The formats with one f16 scale (and min) per 32 inputs and no sub-scales.
@@ -138,6 +167,8 @@ impl Packed {
     pub(super) fn chunk_bytes(fmt: Fmt) -> usize {
         if fmt.int8() {
             512
+        } else if matches!(fmt, Fmt::Q2S | Fmt::Q3S) {
+            128
         } else {
             256
         }
@@ -185,7 +216,7 @@ impl Packed {
             isc: vec![0i8; pick(!legacy, per)],
             imn: vec![0i8; pick(!legacy && fmt.has_min(), per)],
             qh: vec![0u64; pick(fmt == Fmt::Q5S, n / GROUP * 8)],
-            hb: vec![0u8; pick(fmt == Fmt::Q6S, n / GROUP * HB_BYTES)],
+            hb: vec![0u8; n / GROUP * fmt.hb_bytes()],
             nsup: cols / ty.block_len(),
             bshift: (ty.block_len() / QK).trailing_zeros(),
         }
@@ -277,9 +308,18 @@ impl Packed {
                             dst[c * 64 + lane * 4 + j] = lv[4 * c + j] as u8;
                         }
                     }
+                } else if matches!(fmt, Fmt::Q2S | Fmt::Q3S) {
+                    for (i, &v) in lv.iter().enumerate() {
+                        let (r, s, j) = (i / 16, (i % 16) / 4, i % 4);
+                        let u = (v + fmt.level_offset()) as u8;
+                        dst[r * 64 + lane * 4 + j] |= (u & 3) << (2 * s);
+                        if fmt == Fmt::Q3S {
+                            self.hb[gb * 64 + lane * 4 + j] |= ((u >> 2) & 1) << (4 * r + s);
+                        }
+                    }
                 } else {
-                    // Q6S stores level + 32 (Q6_K's and Q3_K's levels are −32..31, −4..3).
-                    let off = if fmt == Fmt::Q6S { 32 } else { 0 };
+                    // Q6S stores level + 32 (Q6_K's levels are −32..31).
+                    let off = fmt.level_offset();
                     for c in 0..4 {
                         for j in 0..4 {
                             let (lo, hi) = if fmt == Fmt::Q4T {
@@ -291,7 +331,7 @@ impl Packed {
                                 )
                             };
                             if fmt == Fmt::Q6S {
-                                let at = gb * HB_BYTES + (c / 2) * 64 + lane * 4 + j;
+                                let at = gb * 128 + (c / 2) * 64 + lane * 4 + j;
                                 let sh = 4 * (c % 2);
                                 self.hb[at] |= ((lo >> 4) << sh) | ((hi >> 4) << (sh + 2));
                             }
@@ -348,10 +388,10 @@ impl Packed {
                     let t = ngb * cb + i * 64 + nlane * 4;
                     out.q[t..t + 4].copy_from_slice(&self.q[s..s + 4]);
                 }
-                let regs = if self.hb.is_empty() { 0 } else { HB_BYTES / 64 };
-                for reg in 0..regs {
-                    let s = gb * HB_BYTES + reg * 64 + lane * 4;
-                    let t = ngb * HB_BYTES + reg * 64 + nlane * 4;
+                let hbb = self.fmt.hb_bytes();
+                for reg in 0..hbb / 64 {
+                    let s = gb * hbb + reg * 64 + lane * 4;
+                    let t = ngb * hbb + reg * 64 + nlane * 4;
                     out.hb[t..t + 4].copy_from_slice(&self.hb[s..s + 4]);
                 }
                 if !self.qh.is_empty() {
@@ -389,7 +429,7 @@ impl Packed {
         match self.fmt {
             Fmt::Q4 => (self.d[at].to_f32(), self.m[at].to_f32()),
             Fmt::Q8 => (self.d[at].to_f32(), 0.0),
-            Fmt::Q4S | Fmt::Q5S | Fmt::Q6S | Fmt::Q4T | Fmt::Q8S { .. } => {
+            Fmt::Q4S | Fmt::Q5S | Fmt::Q6S | Fmt::Q3S | Fmt::Q2S | Fmt::Q4T | Fmt::Q8S { .. } => {
                 let sup = self.sup_at(gb / (self.cols / QK), b) + lane;
                 let d = self.sd[sup].to_f32() * self.isc[at] as f32;
                 let m = match (self.sm.get(sup), self.imn.get(at)) {
@@ -407,6 +447,15 @@ impl Packed {
     fn level(&self, c: &[u8], gb: usize, lane: usize, i: usize) -> i32 {
         if self.fmt.int8() {
             (c[(i / 4) * 64 + lane * 4 + i % 4] as i8) as i32
+        } else if matches!(self.fmt, Fmt::Q2S | Fmt::Q3S) {
+            let (r, s, j) = (i / 16, (i % 16) / 4, i % 4);
+            let low = ((c[r * 64 + lane * 4 + j] >> (2 * s)) & 3) as i32;
+            if self.fmt == Fmt::Q3S {
+                let third = (self.hb[gb * 64 + lane * 4 + j] >> (4 * r + s)) & 1;
+                (low | (third as i32) << 2) - 4
+            } else {
+                low
+            }
         } else {
             let byte = c[((i % 16) / 4) * 64 + lane * 4 + i % 4];
             let nib = (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32;
@@ -414,7 +463,7 @@ impl Packed {
                 IQ4_VALUES[nib as usize] as i32
             } else if self.fmt == Fmt::Q6S {
                 let c = (i % 16) / 4;
-                let h = self.hb[gb * HB_BYTES + (c / 2) * 64 + lane * 4 + i % 4];
+                let h = self.hb[gb * 128 + (c / 2) * 64 + lane * 4 + i % 4];
                 let sh = 4 * (c % 2) + if i < 16 { 0 } else { 2 };
                 (nib | ((((h >> sh) & 3) as i32) << 4)) - 32
             } else if self.fmt == Fmt::Q5S {
