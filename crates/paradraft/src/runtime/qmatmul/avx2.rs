@@ -369,10 +369,11 @@ unsafe fn q6_tile<
     let k = a.k;
     let mask = _mm256_set1_epi8(0x0F);
     let high = _mm256_set1_epi8(0x30);
+    let (cb, hbb) = (Packed::chunk_bytes(p.fmt), p.fmt.hb_bytes());
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
-        let hb = p.hb.as_ptr().wrapping_add(gb * p.fmt.hb_bytes());
+        let base = p.q.as_ptr().add(gb * cb);
+        let hb = p.hb.as_ptr().wrapping_add(gb * hbb);
         if t0 == 0 && h0 == 0 {
             prefetch_block(p, gb, nb);
         }

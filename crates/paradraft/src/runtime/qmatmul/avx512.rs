@@ -229,11 +229,10 @@ unsafe fn q4_tile<const N: usize, const S: bool, const FIVE: bool>(
 
 /// Levels with a sub-scale per 16 inputs, stored unsigned as level + `OFF` in `W` bits: six
 /// (`Q6S`: nibbles and a plane of two high bits), three (`Q3S`: two bits four a byte and a plane
-/// of third bits) or two with a min per 16 (`Q2S`: `MIN`). The low nibbles of a block are its first 16 inputs and the high ones
-/// its last 16, so each half has its own `dpbusd` chain (unsigned levels × signed activations);
-/// the offset is taken back with the activations' integer half sums. The integer sums and the
-/// f32 epilogue are those of an int8 expansion of the same levels (`q8_tile` with halves), bit
-/// for bit.
+/// of third bits) or two with a min per 16 (`Q2S`: `MIN`). Each half of a block (its first and
+/// last 16 inputs) has its own `dpbusd` chain (unsigned levels × signed activations); the offset
+/// is taken back with the activations' integer half sums. The integer sums and the f32 epilogue
+/// are those of an int8 expansion of the same levels (`q8_tile` with halves), bit for bit.
 #[inline(always)]
 unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>(
     p: &Packed,
@@ -247,9 +246,11 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
     let mask = _mm512_set1_epi8(0x0F);
     let high = _mm512_set1_epi8(0x30);
     let mut accm = [_mm512_setzero_ps(); N];
+    let (cb, hbb) = (Packed::chunk_bytes(p.fmt), p.fmt.hb_bytes());
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
+        let base = p.q.as_ptr().add(gb * cb);
+        let hb = p.hb.as_ptr().wrapping_add(gb * hbb);
         if t0 == 0 {
             prefetch_block(p, gb, nb);
         }
@@ -270,7 +271,7 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
         if W == 3 {
             // The third bit of step s of half r sits at bit 4r + s; each goes to bit 2 (16-bit
             // shifts: what crosses a byte is masked off), `w | (x & 4)` one ternary-logic op.
-            let h = _mm512_loadu_si512(p.hb.as_ptr().add(gb * 64) as *const _);
+            let h = _mm512_loadu_si512(hb as *const _);
             let four = _mm512_set1_epi8(4);
             let bits = [
                 _mm512_slli_epi16(h, 2),
@@ -287,7 +288,6 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
                 hi[s] = _mm512_ternarylogic_epi32(hi[s], bits[4 + s], four, 0xF8);
             }
         }
-        let hb = p.hb.as_ptr().wrapping_add(gb * 128);
         for r in 0..(if W == 6 { 2 } else { 0 }) {
             let h = _mm512_loadu_si512(hb.add(r * 64) as *const _);
             // Chunk 2r's high bits sit at bits 0–1 (low nibbles) and 2–3 (high ones), chunk
@@ -318,6 +318,14 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
         let at = gb * 2 * GROUP;
         let dw0 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at));
         let dw1 = sub_scaled(p.sd.as_ptr().add(sup), p.isc.as_ptr().add(at + GROUP));
+        let (m0, m1) = if MIN {
+            (
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at)),
+                sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP)),
+            )
+        } else {
+            (_mm512_setzero_ps(), _mm512_setzero_ps())
+        };
         for t in 0..N {
             let row = t0 + t;
             let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
@@ -332,8 +340,6 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw0, dx), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dw1, dx), acc[t]);
             if MIN {
-                let m0 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at));
-                let m1 = sub_scaled(p.sm.as_ptr().add(sup), p.imn.as_ptr().add(at + GROUP));
                 accm[t] = _mm512_fmadd_ps(m0, _mm512_set1_ps(*a.h.get_unchecked(hs)), accm[t]);
                 accm[t] = _mm512_fmadd_ps(m1, _mm512_set1_ps(*a.h.get_unchecked(hs + 1)), accm[t]);
             }

@@ -263,10 +263,11 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
     let mask = vdupq_n_u8(0x0F);
     let high = vdupq_n_u8(0x30);
     let off = vdupq_n_u8(OFF as u8);
+    let (cb, hbb) = (Packed::chunk_bytes(p.fmt), p.fmt.hb_bytes());
     for b in 0..nb {
         let gb = g * nb + b;
-        let base = p.q.as_ptr().add(gb * if W <= 3 { 128 } else { 256 });
-        let hb = p.hb.as_ptr().wrapping_add(gb * p.fmt.hb_bytes());
+        let base = p.q.as_ptr().add(gb * cb);
+        let hb = p.hb.as_ptr().wrapping_add(gb * hbb);
         let y = acts::<N>(a, t0, b);
         let at = gb * 2 * GROUP;
         let sup = p.sup_at(g, b);

@@ -281,6 +281,7 @@ impl Packed {
         let (ty, fmt) = (self.ty, self.fmt);
         let (bl, sub) = (ty.block_len(), ty.sub_len());
         let (nb, cb, per) = (self.cols / QK, Self::chunk_bytes(fmt), fmt.per_block());
+        let hbb = fmt.hb_bytes();
         let nsup = self.nsup;
         let (g, lane) = (r / GROUP, r % GROUP);
         let mut q = vec![0i8; bl];
@@ -314,7 +315,7 @@ impl Packed {
                         let u = (v + fmt.level_offset()) as u8;
                         dst[r * 64 + lane * 4 + j] |= (u & 3) << (2 * s);
                         if fmt == Fmt::Q3S {
-                            self.hb[gb * 64 + lane * 4 + j] |= ((u >> 2) & 1) << (4 * r + s);
+                            self.hb[gb * hbb + lane * 4 + j] |= ((u >> 2) & 1) << (4 * r + s);
                         }
                     }
                 } else {
@@ -331,7 +332,7 @@ impl Packed {
                                 )
                             };
                             if fmt == Fmt::Q6S {
-                                let at = gb * 128 + (c / 2) * 64 + lane * 4 + j;
+                                let at = gb * hbb + (c / 2) * 64 + lane * 4 + j;
                                 let sh = 4 * (c % 2);
                                 self.hb[at] |= ((lo >> 4) << sh) | ((hi >> 4) << (sh + 2));
                             }
@@ -451,7 +452,7 @@ impl Packed {
             let (r, s, j) = (i / 16, (i % 16) / 4, i % 4);
             let low = ((c[r * 64 + lane * 4 + j] >> (2 * s)) & 3) as i32;
             if self.fmt == Fmt::Q3S {
-                let third = (self.hb[gb * 64 + lane * 4 + j] >> (4 * r + s)) & 1;
+                let third = (self.hb[gb * self.fmt.hb_bytes() + lane * 4 + j] >> (4 * r + s)) & 1;
                 (low | (third as i32) << 2) - 4
             } else {
                 low
@@ -463,7 +464,7 @@ impl Packed {
                 IQ4_VALUES[nib as usize] as i32
             } else if self.fmt == Fmt::Q6S {
                 let c = (i % 16) / 4;
-                let h = self.hb[gb * 128 + (c / 2) * 64 + lane * 4 + i % 4];
+                let h = self.hb[gb * self.fmt.hb_bytes() + (c / 2) * 64 + lane * 4 + i % 4];
                 let sh = 4 * (c % 2) + if i < 16 { 0 } else { 2 };
                 (nib | ((((h >> sh) & 3) as i32) << 4)) - 32
             } else if self.fmt == Fmt::Q5S {
