@@ -20,6 +20,7 @@
 use super::ggml::{GgmlType, QK};
 use super::isa::{isa, Isa};
 
+mod buf;
 mod pack;
 
 /// Calls `$tile!(name, consts…)` with the tile function and const parameters of `fmt`'s

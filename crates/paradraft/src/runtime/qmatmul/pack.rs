@@ -16,6 +16,7 @@
 //! A weight is `level · (d · sc)` (`+ dmin · m`), the f32 products ggml forms, so every format
 //! is exact: a row dequantises to ggml's values bit for bit.
 
+use super::buf::HugeBuf;
 use super::{GgmlType, QActs, GROUP, QK};
 use crate::runtime::blocks::{unpack, IQ4_VALUES};
 use half::f16;
@@ -135,32 +136,32 @@ pub struct Packed {
     pub rows: usize,
     pub cols: usize,
     /// Group-major, then block: 256 (nibbles) or 512 (int8) bytes per (group, block).
-    pub(super) q: Vec<u8>,
+    pub(super) q: HugeBuf<u8>,
     /// `Q4`, `Q8`: f16 scales per (group, block, row).
-    pub(super) d: Vec<f16>,
+    pub(super) d: HugeBuf<f16>,
     /// `Q4`: f16 mins per (group, block, row).
-    pub(super) m: Vec<f16>,
+    pub(super) m: HugeBuf<f16>,
     /// Int8 formats: per (group, block, [half,] row) sum of the int8 weights.
-    pub(super) wsum: Vec<i16>,
+    pub(super) wsum: HugeBuf<i16>,
     /// Sub-scaled formats (`Q4S`, `Q5S`, `Q8S`): the GGML block's `d` per (group, GGML block, row).
-    pub(super) sd: Vec<f16>,
+    pub(super) sd: HugeBuf<f16>,
     /// Sub-scaled formats with mins: the GGML block's `dmin` (negated for the K-quants).
-    pub(super) sm: Vec<f16>,
+    pub(super) sm: HugeBuf<f16>,
     /// Sub-scaled formats: sub-scales per (group, block, [half,] row).
-    pub(super) isc: Vec<i8>,
+    pub(super) isc: HugeBuf<i8>,
     /// Sub-scaled formats with mins: sub-mins per (group, block, [half,] row).
-    pub(super) imn: Vec<i8>,
+    pub(super) imn: HugeBuf<i8>,
     /// `Q6S`: per (group, block) two 64-byte registers of high bits, register `i / 2` for chunk
     /// `i`: byte `4·row + j` holds at bits `4·(i % 2)` and `4·(i % 2) + 2` bits 4–5 of the
     /// levels of its low and high nibble in that chunk.
-    pub(super) hb: Vec<u8>,
+    pub(super) hb: HugeBuf<u8>,
     /// GGML blocks per row.
     nsup: usize,
     /// log2 of the 32-blocks per GGML block (0 or 3).
     bshift: u32,
     /// `Q5S`: per (group, block) 8 masks, chunk `i`'s low then high nibbles: bit `4·row + j`
     /// is the fifth bit of that nibble's level.
-    pub(super) qh: Vec<u64>,
+    pub(super) qh: HugeBuf<u64>,
 }
 
 impl Packed {
@@ -207,16 +208,16 @@ impl Packed {
             fmt,
             rows,
             cols,
-            q: vec![0u8; n / GROUP * Self::chunk_bytes(fmt)],
-            d: vec![f16::ZERO; pick(legacy, n)],
-            m: vec![f16::ZERO; pick(fmt == Fmt::Q4, n)],
-            wsum: vec![0i16; pick(fmt.wsums(), per)],
-            sd: vec![f16::ZERO; pick(!legacy, sup)],
-            sm: vec![f16::ZERO; pick(!legacy && fmt.has_min(), sup)],
-            isc: vec![0i8; pick(!legacy, per)],
-            imn: vec![0i8; pick(!legacy && fmt.has_min(), per)],
-            qh: vec![0u64; pick(fmt == Fmt::Q5S, n / GROUP * 8)],
-            hb: vec![0u8; n / GROUP * fmt.hb_bytes()],
+            q: HugeBuf::zeroed(n / GROUP * Self::chunk_bytes(fmt)),
+            d: HugeBuf::zeroed(pick(legacy, n)),
+            m: HugeBuf::zeroed(pick(fmt == Fmt::Q4, n)),
+            wsum: HugeBuf::zeroed(pick(fmt.wsums(), per)),
+            sd: HugeBuf::zeroed(pick(!legacy, sup)),
+            sm: HugeBuf::zeroed(pick(!legacy && fmt.has_min(), sup)),
+            isc: HugeBuf::zeroed(pick(!legacy, per)),
+            imn: HugeBuf::zeroed(pick(!legacy && fmt.has_min(), per)),
+            qh: HugeBuf::zeroed(pick(fmt == Fmt::Q5S, n / GROUP * 8)),
+            hb: HugeBuf::zeroed(n / GROUP * fmt.hb_bytes()),
             nsup: cols / ty.block_len(),
             bshift: (ty.block_len() / QK).trailing_zeros(),
         }
