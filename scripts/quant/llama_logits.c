@@ -1,8 +1,11 @@
 // Teacher-forced top-k logits from llama.cpp, for paradraft's parity checks (a fixture tool:
 // built by scripts/quant/parity.sh against a llama.cpp build, never part of paradraft).
 //
-//   llama_logits MODEL.gguf IDS.txt TOPK   (IDS.txt: one prompt per line, token ids separated
-//                                           by spaces) -> one JSON line per prompt on stdout:
+//   llama_logits MODEL.gguf IDS.txt TOPK [KV]   (IDS.txt: one prompt per line, token ids
+//                                                separated by spaces; KV: the cache type,
+//                                                f16 (default) or q8_0 — llama.cpp's -ctk/-ctv,
+//                                                with flash attention as q8_0 V requires)
+//   -> one JSON line per prompt on stdout:
 //   {"ids": [...], "top": [[[id, logit], ...] per position]}
 #include "llama.h"
 #include <stdio.h>
@@ -14,8 +17,13 @@ static void log_quiet(enum ggml_log_level level, const char *text, void *ud) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf IDS.txt TOPK\n", argv[0]);
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: %s MODEL.gguf IDS.txt TOPK [f16|q8_0]\n", argv[0]);
+        return 2;
+    }
+    int q8 = argc == 5 && strcmp(argv[4], "q8_0") == 0;
+    if (argc == 5 && !q8 && strcmp(argv[4], "f16") != 0) {
+        fprintf(stderr, "unknown KV type %s (f16 or q8_0)\n", argv[4]);
         return 2;
     }
     int topk = atoi(argv[3]);
@@ -28,6 +36,12 @@ int main(int argc, char **argv) {
     int nv = llama_vocab_n_tokens(vocab);
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 2048; cp.n_batch = 2048; cp.n_ubatch = 2048; cp.n_threads = 2; cp.n_threads_batch = 2;
+    if (argc == 5) {
+        // Both caches in the type asked, both through flash attention, so that the two runs
+        // differ in the cache type only.
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+        cp.type_k = cp.type_v = q8 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+    }
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "cannot make a context\n"); return 1; }
     FILE *f = fopen(argv[2], "r");

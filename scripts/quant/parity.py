@@ -79,8 +79,9 @@ def llama_logits_tool(llama_build, out_dir):
     """scripts/quant/llama_logits.c built against a llama.cpp build (once, into `out_dir`)."""
     root = os.path.dirname(llama_build)
     tool = os.path.join(out_dir, "llama_logits")
-    if not os.path.exists(tool):
-        run(["gcc", "-O2", "-o", tool, os.path.join(ROOT, "scripts", "quant", "llama_logits.c"),
+    src = os.path.join(ROOT, "scripts", "quant", "llama_logits.c")
+    if not os.path.exists(tool) or os.path.getmtime(tool) < os.path.getmtime(src):
+        run(["gcc", "-O2", "-o", tool, src,
              "-I", os.path.join(root, "include"), "-I", os.path.join(root, "ggml", "include"),
              "-L", os.path.join(llama_build, "bin"), "-lllama", "-lggml", "-lggml-base",
              "-Wl,-rpath," + os.path.join(llama_build, "bin")])
