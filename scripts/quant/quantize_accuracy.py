@@ -6,6 +6,8 @@ with `--quantize q8_0|q4_0|q4_1` on the int8 path; top-1 agreement and mean |Δl
 scripts/quant/parity.py reports them.
 
     python3 scripts/quant/quantize_accuracy.py MODEL [--types q8_0,q4_0,q4_1] [--json OUT]
+        [--files A.gguf,B.gguf]   (quantized files of the same model, e.g. llama-quantize's,
+                                   against the same baseline for comparison)
 
 The F16 SmolLM2 used in docs/gguf.md: `llama-quantize --allow-requantize SmolLM2…Q4_1.gguf
 SmolLM2…F16.gguf F16` (its weights are the Q4_1 file's, dequantized).
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("--types", default="q8_0,q4_0,q4_1")
     ap.add_argument("--paradraft", default=os.path.join(ROOT, "target", "release", "paradraft"))
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--files", default="", help="comma-separated quantized files to compare too")
     a = ap.parse_args()
     ref = json.load(open(os.path.join(ROOT, "fixtures", "smollm2_reference.json")))
     prompts = [p["token_ids"] for p in ref["prompts"]]
@@ -40,6 +43,9 @@ def main():
     for ty in a.types.split(","):
         got = [logits(a.paradraft, a.model, ids, ["--quantize", ty]) for ids in prompts]
         rows.append(dict(type=ty, **compare(exact, got)))
+    for path in filter(None, a.files.split(",")):
+        got = [logits(a.paradraft, path, ids, []) for ids in prompts]
+        rows.append(dict(type=os.path.basename(path), **compare(exact, got)))
     for r in rows:
         print(f"{r['type']:24s} top-1 {r['top1']:.3f}  mean|Δlogit| {r['mean_abs_dlogit']:.3f}  "
               f"({r['positions']} positions)")

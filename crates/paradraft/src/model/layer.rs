@@ -286,6 +286,11 @@ impl Layer {
         v
     }
 
+    /// The attention's output projection (a quant mix keeps it wider in `Q2_K` / `Q3_K_M`).
+    pub(crate) fn out_proj_mut(&mut self) -> &mut Matrix {
+        &mut self.wo
+    }
+
     /// The value projection and a dense MLP's down projection: the matrices a `_M` quant mix
     /// keeps wider in some layers.
     pub(crate) fn v_and_down_mut(&mut self) -> Vec<&mut Matrix> {

@@ -117,29 +117,29 @@ impl Model {
         self.quantize_dense(crate::runtime::quant::GgmlType::Q8_0);
     }
 
-    /// Every dense matrix in `ty` (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K; see
+    /// Every dense matrix in `ty` (Q8_0, Q4_0, Q4_1, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K; see
     /// [`crate::runtime::quant::Matrix::quantized`]):
     /// `--quantize`, for HF checkpoints and f16 / bf16 / f32 GGUF files. The embedding and
-    /// the LM head stay wider under a 4- or 5-bit type (llama-quantize keeps them wider too:
-    /// they decide the logits directly): Q8_0 under Q4_0 / Q4_1, Q6_K under Q4_K / Q5_K. Q4_K
-    /// and Q5_K are llama-quantize's `Q4_K_M` and `Q5_K_M` mixes: the value and down
-    /// projections of the first and last eighth of the layers and of every third layer between
-    /// are Q6_K too.
+    /// the LM head stay wider under a 2- to 5-bit type (llama-quantize keeps the output layer
+    /// wider too: it decides the logits directly): Q8_0 under Q4_0 / Q4_1, Q6_K under the
+    /// K-quants. The K-quants are llama-quantize's mixes ([`k_mix`]): `Q2_K`, `Q3_K_M`,
+    /// `Q4_K_M` and `Q5_K_M`.
     pub fn quantize_dense(&mut self, ty: crate::runtime::quant::GgmlType) {
         use crate::runtime::quant::GgmlType;
         let n = self.layers.len();
-        let more_bits = |i: usize| i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+        let gqa = self.config.n_heads / self.config.n_kv_heads.max(1);
         for (i, l) in self.layers.iter_mut().enumerate() {
-            if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && more_bits(i) {
-                l.v_and_down_mut()
-                    .into_iter()
-                    .for_each(|w| w.quantize(GgmlType::Q6_K));
+            // The wider ones first: a quantized matrix stays as it is.
+            let [v, o, down] = k_mix(ty, i, n, gqa);
+            for (w, t) in l.v_and_down_mut().into_iter().zip([v, down]) {
+                w.quantize(t);
             }
+            l.out_proj_mut().quantize(o);
             l.matrices_mut().into_iter().for_each(|w| w.quantize(ty));
         }
         let outer = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => GgmlType::Q8_0,
-            GgmlType::Q4_K | GgmlType::Q5_K => GgmlType::Q6_K,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K => GgmlType::Q6_K,
             t => t,
         };
         self.embed.quantize(outer);
@@ -597,6 +597,32 @@ fn screen_of(head: &Matrix) -> Option<Matrix> {
     ))
 }
 
+/// The types llama-quantize's mix for `ty` gives the value, attention-output and (dense) down
+/// projections of layer `i` of `n` (`gqa`: query heads per KV head); the other matrices take
+/// `ty`. `Q4_K_M` / `Q5_K_M`: value and down Q6_K in the first and last eighth of the layers and
+/// every third layer between. `Q3_K_M`: value Q5_K in the first two layers and Q4_K after, the
+/// attention output Q4_K, down Q5_K in the first sixteenth and Q4_K after. `Q2_K`: value Q3_K
+/// (Q4_K with four or more query heads per KV head), attention output and down Q3_K.
+fn k_mix(
+    ty: crate::runtime::quant::GgmlType,
+    i: usize,
+    n: usize,
+    gqa: usize,
+) -> [crate::runtime::quant::GgmlType; 3] {
+    use crate::runtime::quant::GgmlType::{Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
+    let more_bits = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+    match ty {
+        Q4_K | Q5_K if more_bits => [Q6_K, ty, Q6_K],
+        Q3_K => [
+            if i < 2 { Q5_K } else { Q4_K },
+            Q4_K,
+            if i < n / 16 { Q5_K } else { Q4_K },
+        ],
+        Q2_K => [if gqa >= 4 { Q4_K } else { Q3_K }, Q3_K, Q3_K],
+        _ => [ty; 3],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,6 +662,48 @@ mod tests {
             assert_eq!(all.iter().filter(|&&t| t == base).count(), all.len() - 2);
             assert_eq!(m.embed.ty(), GgmlType::Q8_0, "{ty:?}");
         }
+    }
+
+    /// `q3_k` and `q2_k` are the `Q3_K_M` and `Q2_K` mixes, on the tiny Llama (3 layers, 4 query
+    /// heads over 2 KV heads; rows of 64 and 128, so every K-quant falls back as llama-quantize's
+    /// does: Q2_K / Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0), and a layer of
+    /// `n` gets the types the mix gives it.
+    #[test]
+    fn q3_k_and_q2_k_are_llama_quantize_mixes() {
+        use GgmlType::{Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0};
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/llama");
+        // (value, attention output, down) per layer, then the rest.
+        for (ty, want) in [
+            (
+                Q3_K,
+                [[Q5_1, Q5_0, Q5_0], [Q5_1, Q5_0, Q5_0], [Q5_0, Q5_0, Q5_0]],
+            ),
+            (Q2_K, [[Q4_0; 3]; 3]),
+        ] {
+            let mut lm = crate::model::load(&path).unwrap();
+            lm.model.quantize_dense(ty);
+            for (i, l) in lm.model.layers.iter_mut().enumerate() {
+                let vd: Vec<GgmlType> = l.v_and_down_mut().iter().map(|w| w.ty()).collect();
+                assert_eq!(
+                    [vd[0], l.out_proj_mut().ty(), vd[1]],
+                    want[i],
+                    "{ty:?} layer {i}"
+                );
+                let all: Vec<GgmlType> = l.matrices_mut().iter().map(|w| w.ty()).collect();
+                // wq, wk, gate, up: the base type's fallback.
+                for k in [0, 1, 4, 5] {
+                    assert_eq!(all[k], Q4_0, "{ty:?} layer {i} matrix {k}");
+                }
+            }
+            assert_eq!(lm.model.embed.ty(), Q8_0, "{ty:?}");
+        }
+        // At 32 layers (whole 256-blocks): Q3_K_M's value Q5_K in layers 0-1, down Q5_K in 0-1;
+        // Q2_K's value Q4_K at 4 query heads a KV head.
+        assert_eq!(k_mix(Q3_K, 1, 32, 1), [Q5_K, Q4_K, Q5_K]);
+        assert_eq!(k_mix(Q3_K, 2, 32, 1), [Q4_K, Q4_K, Q4_K]);
+        assert_eq!(k_mix(Q2_K, 5, 32, 4), [Q4_K, Q3_K, Q3_K]);
+        assert_eq!(k_mix(Q2_K, 5, 32, 1), [Q3_K, Q3_K, Q3_K]);
     }
 
     /// Measures the 4-bit screen against exact logits on SmolLM2 at every greedy decode step of

@@ -31,8 +31,9 @@ pub struct ModelOptions {
     pub kv_dtype: crate::kv::KvDtype,
     /// Quantize the model's dense (f32 / f16 / bf16) weights at load — an HF checkpoint or an
     /// F16 GGUF — to run on the int8 kernels: q8_0 (near lossless), q4_0, q4_1 (llama.cpp's
-    /// reference quantisers), q4_k / q5_k (as llama-quantize's Q4_K_M / Q5_K_M: Q6_K embedding
-    /// and output) or q6_k; docs/gguf.md gives their accuracy. Quantized weights stay as they are.
+    /// reference quantisers), q2_k / q3_k / q4_k / q5_k (as llama-quantize's Q2_K / Q3_K_M /
+    /// Q4_K_M / Q5_K_M mixes: Q6_K embedding and output) or q6_k; docs/gguf.md gives their
+    /// accuracy. Quantized weights stay as they are.
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub quantize: Option<WeightQuant>,
 }
@@ -47,6 +48,10 @@ pub enum WeightQuant {
     Q4_0,
     #[cfg_attr(feature = "cli", value(name = "q4_1"))]
     Q4_1,
+    #[cfg_attr(feature = "cli", value(name = "q2_k"))]
+    Q2K,
+    #[cfg_attr(feature = "cli", value(name = "q3_k"))]
+    Q3K,
     #[cfg_attr(feature = "cli", value(name = "q4_k"))]
     Q4K,
     #[cfg_attr(feature = "cli", value(name = "q5_k"))]
@@ -62,6 +67,8 @@ impl WeightQuant {
             WeightQuant::Q8_0 => GgmlType::Q8_0,
             WeightQuant::Q4_0 => GgmlType::Q4_0,
             WeightQuant::Q4_1 => GgmlType::Q4_1,
+            WeightQuant::Q2K => GgmlType::Q2_K,
+            WeightQuant::Q3K => GgmlType::Q3_K,
             WeightQuant::Q4K => GgmlType::Q4_K,
             WeightQuant::Q5K => GgmlType::Q5_K,
             WeightQuant::Q6K => GgmlType::Q6_K,

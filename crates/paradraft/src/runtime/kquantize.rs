@@ -1,4 +1,4 @@
-//! Quantisers for `--quantize q4_k|q5_k|q6_k`: GGML's Q4_K, Q5_K and Q6_K blocks (layouts in
+//! Quantisers for `--quantize q2_k|q3_k|q4_k|q5_k|q6_k`: GGML's Q2_K, Q3_K, Q4_K, Q5_K and Q6_K blocks (layouts in
 //! [`super::blocks`]) and the Q5_0 / Q5_1 fallbacks llama-quantize uses where a row is not a
 //! whole number of 256-blocks.
 //!
@@ -326,6 +326,117 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Packs levels 0..=3 (two bits) of one 256-block four a byte as GGML's Q2_K and Q3_K do: byte
+/// `32·h + i` holds, at bits `2·j`, level `128·h + 32·j + i`.
+fn two_bit_plane(l: &[u8; QK_K]) -> [u8; 64] {
+    std::array::from_fn(|b| {
+        let (h, i) = (b / 32, b % 32);
+        (0..4).fold(0u8, |q, j| q | ((l[128 * h + 32 * j + i] & 3) << (2 * j)))
+    })
+}
+
+/// Rounds `v / max · 15` to 0..=15 (0 when `max` is 0).
+fn four_bits(v: f32, max: f32) -> u8 {
+    if max > 0.0 {
+        nearest(v * (15.0 / max), 0.0, 15.0) as u8
+    } else {
+        0
+    }
+}
+
+/// Quantises `x` (a multiple of 256) to Q2_K blocks: per 16 values a 4-bit scale and min, per
+/// 256 an f16 `d` and `dmin`, 2-bit levels with x ≈ l · (d · sc) − dmin · m.
+pub fn quantize_q2_k(x: &[f32]) -> Vec<u8> {
+    assert!(
+        x.len().is_multiple_of(QK_K),
+        "Q2_K needs whole blocks of 256"
+    );
+    let mut out = Vec::with_capacity(x.len() / QK_K * 84);
+    for blk in x.chunks_exact(QK_K) {
+        let mut sub = [(0f32, 0f32); 16];
+        for (j, xs) in blk.chunks_exact(16).enumerate() {
+            let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+            sub[j] = scale_min(xs, &w, 3);
+        }
+        let max_s = sub.iter().fold(0f32, |m, s| m.max(s.0));
+        let max_m = sub.iter().fold(0f32, |m, s| m.max(s.1));
+        let sc: [u8; 16] = std::array::from_fn(|j| four_bits(sub[j].0, max_s));
+        let mn: [u8; 16] = std::array::from_fn(|j| four_bits(sub[j].1, max_m));
+        let (d, dmin) = (f16::from_f32(max_s / 15.0), f16::from_f32(max_m / 15.0));
+        let mut l = [0u8; QK_K];
+        for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            // The scale and min as the dequantiser reads them back.
+            let (step, off) = (d.to_f32() * sc[j] as f32, dmin.to_f32() * mn[j] as f32);
+            for (l, &v) in ls.iter_mut().zip(xs) {
+                *l = if step > 0.0 {
+                    nearest((v + off) / step, 0.0, 3.0) as u8
+                } else {
+                    0
+                };
+            }
+        }
+        out.extend((0..16).map(|j| sc[j] | (mn[j] << 4)));
+        out.extend_from_slice(&two_bit_plane(&l));
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&dmin.to_le_bytes());
+    }
+    out
+}
+
+/// Quantises `x` (a multiple of 256) to Q3_K blocks: per 16 values a 6-bit scale (stored + 32),
+/// per 256 an f16 `d`, 3-bit levels −4..3 with x ≈ l · (d · sc): the levels' third bits (set
+/// when l ≥ 0) in a 32-byte mask plane, their low two bits four a byte, then the 12 bytes of
+/// scales.
+pub fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
+    assert!(
+        x.len().is_multiple_of(QK_K),
+        "Q3_K needs whole blocks of 256"
+    );
+    let mut out = Vec::with_capacity(x.len() / QK_K * 110);
+    for blk in x.chunks_exact(QK_K) {
+        let mut sub = [0f32; 16];
+        for (j, xs) in blk.chunks_exact(16).enumerate() {
+            let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
+            sub[j] = scale_signed(xs, &w, 4);
+        }
+        let m = signed_amax(&sub);
+        let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
+            (f16::ZERO, [0; 16])
+        } else {
+            let iscale = -32.0 / m;
+            let sc = sub.map(|s| nearest(iscale * s, -32.0, 31.0) as i8);
+            (f16::from_f32(1.0 / iscale), sc)
+        };
+        // Level + 4 (0..7).
+        let mut l = [0u8; QK_K];
+        for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+            let step = d.to_f32() * sc[j] as f32;
+            for (l, &v) in ls.iter_mut().zip(xs) {
+                let q = if step != 0.0 {
+                    nearest(v / step, -4.0, 3.0) as i32
+                } else {
+                    0
+                };
+                *l = (q + 4) as u8;
+            }
+        }
+        // Value k's third bit: byte k % 32 of the mask plane, bit k / 32.
+        let hmask: [u8; 32] =
+            std::array::from_fn(|i| (0..8).fold(0u8, |h, b| h | ((l[32 * b + i] >> 2) << b)));
+        let mut scales = [0u8; 12];
+        for (j, &s) in sc.iter().enumerate() {
+            let v = (s as i32 + 32) as u8;
+            scales[j % 8] |= (v & 0xF) << (4 * (j / 8));
+            scales[8 + j % 4] |= (v >> 4) << (2 * (j / 4));
+        }
+        out.extend_from_slice(&hmask);
+        out.extend_from_slice(&two_bit_plane(&l));
+        out.extend_from_slice(&scales);
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,10 +517,32 @@ mod tests {
         let q4_k = rel_rmse(GgmlType::Q4_K, &x, &quantize_q4_k(&x));
         let q5_k = rel_rmse(GgmlType::Q5_K, &x, &quantize_q5_k(&x));
         let q6_k = rel_rmse(GgmlType::Q6_K, &x, &quantize_q6_k(&x));
+        let q3_k = rel_rmse(GgmlType::Q3_K, &x, &quantize_q3_k(&x));
+        let q2_k = rel_rmse(GgmlType::Q2_K, &x, &quantize_q2_k(&x));
         eprintln!(
-            "rel rmse q4_0 {q4_0:.4} q4_1 {q4_1:.4} q5_0 {q5_0:.4} q5_1 {q5_1:.4} q4_k {q4_k:.4} \
-             q5_k {q5_k:.4} q6_k {q6_k:.4}"
+            "rel rmse q2_k {q2_k:.4} q3_k {q3_k:.4} q4_0 {q4_0:.4} q4_1 {q4_1:.4} q5_0 {q5_0:.4} \
+             q5_1 {q5_1:.4} q4_k {q4_k:.4} q5_k {q5_k:.4} q6_k {q6_k:.4}"
         );
+        // Each bit fewer roughly doubles the error: Q3_K between Q4_K and twice… three times
+        // it, Q2_K above Q3_K and below three times it.
+        assert!(q3_k > q4_k && q3_k < 3.0 * q4_k, "q3_k {q3_k}");
+        assert!(q2_k > q3_k && q2_k < 3.0 * q3_k, "q2_k {q2_k}");
+        // Sub-blocks of 16 whose magnitudes differ 64-fold (and some all of one sign): a scale,
+        // min or mask bit read back for the wrong sub-block, or a level in the wrong place,
+        // costs whole multiples of the error (measured: Q2_K 0.306, Q3_K 0.185).
+        let y: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let j = i / 16;
+                let v = if j % 5 == 3 { v.abs() } else { *v };
+                v * (1 << (j * 3 % 7)) as f32
+            })
+            .collect();
+        let q3_k = rel_rmse(GgmlType::Q3_K, &y, &quantize_q3_k(&y));
+        let q2_k = rel_rmse(GgmlType::Q2_K, &y, &quantize_q2_k(&y));
+        eprintln!("spread sub-blocks: q2_k {q2_k:.4} q3_k {q3_k:.4}");
+        assert!(q3_k < 0.25 && q2_k < 0.4, "q3_k {q3_k} q2_k {q2_k}");
         assert!(q4_k < q4_0 && q4_k < q4_1, "q4_k {q4_k}");
         assert!(q5_0 < 0.6 * q4_0, "q5_0 {q5_0}");
         assert!(q5_1 < 0.6 * q4_1, "q5_1 {q5_1}");
@@ -419,6 +552,8 @@ mod tests {
         // Zeros read back as zeros.
         let z = vec![0f32; 512];
         for (ty, bytes) in [
+            (GgmlType::Q2_K, quantize_q2_k(&z)),
+            (GgmlType::Q3_K, quantize_q3_k(&z)),
             (GgmlType::Q4_K, quantize_q4_k(&z)),
             (GgmlType::Q5_K, quantize_q5_k(&z)),
             (GgmlType::Q6_K, quantize_q6_k(&z)),
