@@ -122,8 +122,8 @@ impl Model {
     /// `--quantize`, for HF checkpoints and f16 / bf16 / f32 GGUF files. The embedding and
     /// the LM head stay wider under a 2- to 5-bit type (llama-quantize keeps the output layer
     /// wider too: it decides the logits directly): Q8_0 under Q4_0 / Q4_1, Q6_K under the
-    /// K-quants. The K-quants are llama-quantize's mixes ([`k_mix`]): `Q2_K`, `Q3_K_M`,
-    /// `Q4_K_M` and `Q5_K_M`.
+    /// K-quants and IQ4s. Those are llama-quantize's mixes ([`k_mix`]): `Q2_K`, `Q3_K_M`,
+    /// `Q4_K_M`, `Q5_K_M`, `IQ4_NL` and `IQ4_XS`.
     pub fn quantize_dense(&mut self, ty: crate::runtime::quant::GgmlType) {
         use crate::runtime::quant::GgmlType;
         let n = self.layers.len();
@@ -139,7 +139,12 @@ impl Model {
         }
         let outer = match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => GgmlType::Q8_0,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K => GgmlType::Q6_K,
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS => GgmlType::Q6_K,
             t => t,
         };
         self.embed.quantize(outer);
@@ -602,14 +607,16 @@ fn screen_of(head: &Matrix) -> Option<Matrix> {
 /// `ty`. `Q4_K_M` / `Q5_K_M`: value and down Q6_K in the first and last eighth of the layers and
 /// every third layer between. `Q3_K_M`: value Q5_K in the first two layers and Q4_K after, the
 /// attention output Q4_K, down Q5_K in the first sixteenth and Q4_K after. `Q2_K`: value Q3_K
-/// (Q4_K with four or more query heads per KV head), attention output and down Q3_K.
+/// (Q4_K with four or more query heads per KV head), attention output and down Q3_K. `IQ4_NL`
+/// and `IQ4_XS` (no importance matrix): value Q5_K with four or more query heads per KV head,
+/// down Q5_K in the first eighth.
 fn k_mix(
     ty: crate::runtime::quant::GgmlType,
     i: usize,
     n: usize,
     gqa: usize,
 ) -> [crate::runtime::quant::GgmlType; 3] {
-    use crate::runtime::quant::GgmlType::{Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
+    use crate::runtime::quant::GgmlType::{IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K};
     let more_bits = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
     match ty {
         Q4_K | Q5_K if more_bits => [Q6_K, ty, Q6_K],
@@ -619,6 +626,11 @@ fn k_mix(
             if i < n / 16 { Q5_K } else { Q4_K },
         ],
         Q2_K => [if gqa >= 4 { Q4_K } else { Q3_K }, Q3_K, Q3_K],
+        IQ4_NL | IQ4_XS => [
+            if gqa >= 4 { Q5_K } else { ty },
+            ty,
+            if i < n / 8 { Q5_K } else { ty },
+        ],
         _ => [ty; 3],
     }
 }
@@ -704,6 +716,9 @@ mod tests {
         assert_eq!(k_mix(Q3_K, 2, 32, 1), [Q4_K, Q4_K, Q4_K]);
         assert_eq!(k_mix(Q2_K, 5, 32, 4), [Q4_K, Q3_K, Q3_K]);
         assert_eq!(k_mix(Q2_K, 5, 32, 1), [Q3_K, Q3_K, Q3_K]);
+        use GgmlType::IQ4_XS;
+        assert_eq!(k_mix(IQ4_XS, 3, 32, 4), [Q5_K, IQ4_XS, Q5_K]);
+        assert_eq!(k_mix(IQ4_XS, 4, 32, 1), [IQ4_XS; 3]);
     }
 
     /// Measures the 4-bit screen against exact logits on SmolLM2 at every greedy decode step of

@@ -32,8 +32,9 @@ pub struct ModelOptions {
     /// Quantize the model's dense (f32 / f16 / bf16) weights at load — an HF checkpoint or an
     /// F16 GGUF — to run on the int8 kernels: q8_0 (near lossless), q4_0, q4_1 (llama.cpp's
     /// reference quantisers), q2_k / q3_k / q4_k / q5_k (as llama-quantize's Q2_K / Q3_K_M /
-    /// Q4_K_M / Q5_K_M mixes: Q6_K embedding and output) or q6_k; docs/gguf.md gives their
-    /// accuracy. Quantized weights stay as they are.
+    /// Q4_K_M / Q5_K_M mixes: Q6_K embedding and output), q6_k, or iq4_nl / iq4_xs (llama-quantize's
+    /// IQ4_NL / IQ4_XS mixes, no importance matrix); docs/gguf.md gives their accuracy. Quantized
+    /// weights stay as they are.
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub quantize: Option<WeightQuant>,
 }
@@ -58,6 +59,10 @@ pub enum WeightQuant {
     Q5K,
     #[cfg_attr(feature = "cli", value(name = "q6_k"))]
     Q6K,
+    #[cfg_attr(feature = "cli", value(name = "iq4_nl"))]
+    Iq4Nl,
+    #[cfg_attr(feature = "cli", value(name = "iq4_xs"))]
+    Iq4Xs,
 }
 
 impl WeightQuant {
@@ -72,6 +77,8 @@ impl WeightQuant {
             WeightQuant::Q4K => GgmlType::Q4_K,
             WeightQuant::Q5K => GgmlType::Q5_K,
             WeightQuant::Q6K => GgmlType::Q6_K,
+            WeightQuant::Iq4Nl => GgmlType::IQ4_NL,
+            WeightQuant::Iq4Xs => GgmlType::IQ4_XS,
         }
     }
 }

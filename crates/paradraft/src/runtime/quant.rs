@@ -169,14 +169,14 @@ impl Matrix {
     }
 
     /// This matrix in `ty` (Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1 by llama.cpp's reference
-    /// quantisers, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K by [`super::kquantize`]) when it is dense and
-    /// its columns are a multiple of 32; otherwise unchanged. A K-quant whose rows are not whole
-    /// 256-blocks falls back as llama-quantize's (0.3.36's) does: Q2_K and Q3_K to Q4_0, Q4_K to
-    /// Q5_0, Q5_K to Q5_1, Q6_K to Q8_0.
+    /// quantisers, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS by [`super::kquantize`]) when
+    /// it is dense and its columns are a multiple of 32; otherwise unchanged. A 256-block type
+    /// whose rows are not whole 256-blocks falls back as llama-quantize's (0.3.36's) does: Q2_K
+    /// and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL.
     pub fn quantized(self, ty: GgmlType) -> Matrix {
         use super::kquantize::{
-            quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_0, quantize_q5_1,
-            quantize_q5_k, quantize_q6_k, QK_K,
+            quantize_iq4_nl, quantize_iq4_xs, quantize_q2_k, quantize_q3_k, quantize_q4_k,
+            quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k, QK_K,
         };
         let whole = self.cols.is_multiple_of(QK_K);
         type Quantiser = fn(&[f32]) -> Vec<u8>;
@@ -189,6 +189,8 @@ impl Matrix {
             GgmlType::Q2_K if whole => (ty, quantize_q2_k),
             GgmlType::Q3_K if whole => (ty, quantize_q3_k),
             GgmlType::Q2_K | GgmlType::Q3_K => (GgmlType::Q4_0, quantize_q4_0),
+            GgmlType::IQ4_XS if whole => (ty, quantize_iq4_xs),
+            GgmlType::IQ4_XS | GgmlType::IQ4_NL => (GgmlType::IQ4_NL, quantize_iq4_nl),
             GgmlType::Q4_K if whole => (ty, quantize_q4_k),
             GgmlType::Q4_K => (GgmlType::Q5_0, quantize_q5_0),
             GgmlType::Q5_K if whole => (ty, quantize_q5_k),
@@ -587,8 +589,8 @@ mod tests {
         // A dense matrix quantized to each type holds what that type's bytes hold; a K-quant
         // of rows that are not whole 256-blocks falls back as llama-quantize's does.
         use super::super::kquantize::{
-            quantize_q2_k, quantize_q3_k, quantize_q4_k, quantize_q5_0, quantize_q5_1,
-            quantize_q5_k, quantize_q6_k,
+            quantize_iq4_nl, quantize_iq4_xs, quantize_q2_k, quantize_q3_k, quantize_q4_k,
+            quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k,
         };
         let wide: Vec<f32> = (0..512)
             .map(|i| x[i % 64] * (1.0 + i as f32 / 512.0))
@@ -609,6 +611,9 @@ mod tests {
             (GgmlType::Q2_K, 256, GgmlType::Q2_K),
             (GgmlType::Q3_K, 32, GgmlType::Q4_0),
             (GgmlType::Q2_K, 32, GgmlType::Q4_0),
+            (GgmlType::IQ4_XS, 256, GgmlType::IQ4_XS),
+            (GgmlType::IQ4_XS, 32, GgmlType::IQ4_NL),
+            (GgmlType::IQ4_NL, 32, GgmlType::IQ4_NL),
         ] {
             let v = if cols == 32 { x.clone() } else { wide.clone() };
             let m = Matrix::from_f32(2, cols, v.clone()).quantized(ty);
@@ -627,6 +632,8 @@ mod tests {
                 GgmlType::Q5_K => quantize_q5_k,
                 GgmlType::Q3_K => quantize_q3_k,
                 GgmlType::Q2_K => quantize_q2_k,
+                GgmlType::IQ4_XS => quantize_iq4_xs,
+                GgmlType::IQ4_NL => quantize_iq4_nl,
                 _ => quantize_q6_k,
             };
             dequantize(stored, &quantize(&v[cols..]), &mut want);
