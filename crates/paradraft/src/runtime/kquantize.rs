@@ -273,6 +273,39 @@ fn k_block(blk: &[f32], nmax: i32) -> ([u8; 16], [u8; QK_K]) {
     (head, l)
 }
 
+/// One 256-block of signed levels per 16 values (Q6_K: `n` 32, Q3_K: 4): each sub-block's scale
+/// by [`scale_signed`] (weights x²), the scales as signed integers −`smax`..`smax` − 1 against
+/// one f16 `d`, and the levels −`n`..`n` − 1 recomputed on the stored scales, returned + `n`.
+fn signed_sub_blocks(blk: &[f32], n: i32, smax: i32) -> (f16, [i8; 16], [u8; QK_K]) {
+    let mut sub = [0f32; 16];
+    for (j, xs) in blk.chunks_exact(16).enumerate() {
+        let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
+        sub[j] = scale_signed(xs, &w, n);
+    }
+    let m = signed_amax(&sub);
+    let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
+        (f16::ZERO, [0; 16])
+    } else {
+        let (iscale, lim) = (-smax as f32 / m, smax as f32);
+        let sc = sub.map(|s| nearest(iscale * s, -lim, lim - 1.0) as i8);
+        (f16::from_f32(1.0 / iscale), sc)
+    };
+    let mut l = [0u8; QK_K];
+    let lim = n as f32;
+    for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
+        let step = d.to_f32() * sc[j] as f32;
+        for (l, &v) in ls.iter_mut().zip(xs) {
+            let q = if step != 0.0 {
+                nearest(v / step, -lim, lim - 1.0) as i32
+            } else {
+                0
+            };
+            *l = (q + n) as u8;
+        }
+    }
+    (d, sc, l)
+}
+
 /// Quantises `x` (a multiple of 256) to Q6_K blocks: per 16 values an i8 scale, per 256 an f16
 /// `d`, 6-bit levels −32..31 with x ≈ l · (d · sc).
 pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
@@ -282,31 +315,7 @@ pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
     );
     let mut out = Vec::with_capacity(x.len() / QK_K * 210);
     for blk in x.chunks_exact(QK_K) {
-        let mut sub = [0f32; 16];
-        for (j, xs) in blk.chunks_exact(16).enumerate() {
-            let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
-            sub[j] = scale_signed(xs, &w, 32);
-        }
-        let m = signed_amax(&sub);
-        let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
-            (f16::ZERO, [0; 16])
-        } else {
-            let iscale = -128.0 / m;
-            let sc = sub.map(|s| nearest(iscale * s, -128.0, 127.0) as i8);
-            (f16::from_f32(1.0 / iscale), sc)
-        };
-        let mut l = [0u8; QK_K];
-        for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let step = d.to_f32() * sc[j] as f32;
-            for (l, &v) in ls.iter_mut().zip(xs) {
-                let q = if step != 0.0 {
-                    nearest(v / step, -32.0, 31.0) as i32
-                } else {
-                    0
-                };
-                *l = (q + 32) as u8;
-            }
-        }
+        let (d, sc, l) = signed_sub_blocks(blk, 32, 128);
         let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
         for n in 0..2 {
             let y = &l[n * 128..];
@@ -395,32 +404,8 @@ pub fn quantize_q3_k(x: &[f32]) -> Vec<u8> {
     );
     let mut out = Vec::with_capacity(x.len() / QK_K * 110);
     for blk in x.chunks_exact(QK_K) {
-        let mut sub = [0f32; 16];
-        for (j, xs) in blk.chunks_exact(16).enumerate() {
-            let w: [f32; 16] = std::array::from_fn(|i| xs[i] * xs[i]);
-            sub[j] = scale_signed(xs, &w, 4);
-        }
-        let m = signed_amax(&sub);
-        let (d, sc): (f16, [i8; 16]) = if m == 0.0 {
-            (f16::ZERO, [0; 16])
-        } else {
-            let iscale = -32.0 / m;
-            let sc = sub.map(|s| nearest(iscale * s, -32.0, 31.0) as i8);
-            (f16::from_f32(1.0 / iscale), sc)
-        };
         // Level + 4 (0..7).
-        let mut l = [0u8; QK_K];
-        for (j, (xs, ls)) in blk.chunks_exact(16).zip(l.chunks_exact_mut(16)).enumerate() {
-            let step = d.to_f32() * sc[j] as f32;
-            for (l, &v) in ls.iter_mut().zip(xs) {
-                let q = if step != 0.0 {
-                    nearest(v / step, -4.0, 3.0) as i32
-                } else {
-                    0
-                };
-                *l = (q + 4) as u8;
-            }
-        }
+        let (d, sc, l) = signed_sub_blocks(blk, 4, 32);
         // Value k's third bit: byte k % 32 of the mask plane, bit k / 32.
         let hmask: [u8; 32] =
             std::array::from_fn(|i| (0..8).fold(0u8, |h, b| h | ((l[32 * b + i] >> 2) << b)));
