@@ -73,8 +73,24 @@ impl Drop for Chunk {
 /// many of its bytes are taken.
 static CURRENT: Mutex<Option<(Weak<Chunk>, usize)>> = Mutex::new(None);
 
-/// A fixed-length, zero-initialised buffer of plain integers (see the module docs).
-pub struct HugeBuf<T: Copy> {
+/// The element types a [`HugeBuf`] holds: plain values for which all-zero bytes are a valid
+/// value (the integer and f16 planes of the packed formats); sealed, so no other type can be.
+pub trait Plain: Copy + Send + Sync + private::Sealed {}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! plain {
+    ($($t:ty),*) => {$(
+        impl private::Sealed for $t {}
+        impl Plain for $t {}
+    )*};
+}
+plain!(u8, i8, u16, i16, u64, half::f16);
+
+/// A fixed-length, zero-initialised buffer of plain values (see the module docs).
+pub struct HugeBuf<T: Plain> {
     ptr: NonNull<T>,
     len: usize,
     /// The chunk the values live in (none for an empty buffer).
@@ -82,13 +98,12 @@ pub struct HugeBuf<T: Copy> {
 }
 
 // SAFETY: a HugeBuf owns its range of the chunk as a Vec owns its allocation.
-unsafe impl<T: Copy + Send> Send for HugeBuf<T> {}
+unsafe impl<T: Plain + Send> Send for HugeBuf<T> {}
 // SAFETY: shared access only reads.
-unsafe impl<T: Copy + Sync> Sync for HugeBuf<T> {}
+unsafe impl<T: Plain + Sync> Sync for HugeBuf<T> {}
 
-impl<T: Copy> HugeBuf<T> {
-    /// `len` values whose bytes are all zero. `T` must be a type for which all-zero bytes are a
-    /// valid value (the integer and f16 types of the packed formats).
+impl<T: Plain> HugeBuf<T> {
+    /// `len` values whose bytes are all zero.
     pub fn zeroed(len: usize) -> Self {
         let Some(bytes) = len.checked_mul(std::mem::size_of::<T>()) else {
             alloc::handle_alloc_error(Layout::new::<T>())
@@ -129,7 +144,7 @@ impl<T: Copy> HugeBuf<T> {
     }
 }
 
-impl<T: Copy> Deref for HugeBuf<T> {
+impl<T: Plain> Deref for HugeBuf<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: ptr holds len initialised values (or is dangling with no bytes).
@@ -137,14 +152,14 @@ impl<T: Copy> Deref for HugeBuf<T> {
     }
 }
 
-impl<T: Copy> DerefMut for HugeBuf<T> {
+impl<T: Plain> DerefMut for HugeBuf<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as for deref, and &mut self is unique (no other buffer shares the range).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
-impl<T: Copy> Clone for HugeBuf<T> {
+impl<T: Plain> Clone for HugeBuf<T> {
     fn clone(&self) -> Self {
         let mut c = Self::zeroed(self.len);
         c.copy_from_slice(self);
