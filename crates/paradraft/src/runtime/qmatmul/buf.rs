@@ -1,15 +1,16 @@
 //! Weight buffers on transparent huge pages.
 //!
 //! A decode step streams every weight of the model once. On 4 KiB pages that is a TLB miss every
-//! 4 KiB of weights — ~350,000 page walks a token for a 1.4 GB model: one thread streaming a
-//! 220 MB Q6_K matrix from memory ran 17 GB/s on 4 KiB pages against 21 GB/s on 2 MiB ones, and
-//! a 1.7 B-shaped model decodes 6–9 % faster on two threads (Zen 4; `docs/gguf.md`). A buffer of at least one huge page therefore starts on
-//! a 2 MiB boundary and its whole huge pages are advised `MADV_HUGEPAGE` before anything touches
-//! them, so that the kernel backs them with huge pages when it can (`transparent_hugepage` set to
-//! `madvise` or `always`); the tail stays on ordinary pages. Smaller buffers are carved from
-//! shared 32 MiB chunks advised alike (SmolLM2-135M's matrices are ~0.5 MB each; it decoded 8 %
-//! faster so), a chunk freed when its last buffer is; a chunk's unused tail is never touched, so
-//! costs no memory. Elsewhere, or where the system declines, the pages are ordinary ones.
+//! 4 KiB of weights (~350,000 a token for a 1.4 GB model). On a 2-vCPU Zen 4 a plain two-thread
+//! read streamed 25–27 GB/s on 4 KiB pages against 45–56 GB/s on 2 MiB ones, and the 1.7 B-shaped
+//! Q6_K decode ran 23.0 / 23.6 → 24.5 / 25.1 tok/s (`docs/gguf.md`, "Weights on huge pages").
+//! A buffer of at least one huge page therefore starts on a 2 MiB boundary and its whole huge
+//! pages are advised `MADV_HUGEPAGE` before anything touches them, so that the kernel backs them
+//! with huge pages when it can (`transparent_hugepage` set to `madvise` or `always`); the tail
+//! stays on ordinary pages. Smaller buffers are carved from shared 32 MiB chunks advised alike
+//! (SmolLM2-135M's matrices are ~0.5 MB each: it decoded 257 → 296 tok/s so, median of 6 pairs),
+//! a chunk freed when its last buffer is; a chunk's unused tail is never touched, so costs no
+//! memory. Elsewhere, or where the system declines, the pages are ordinary ones.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
