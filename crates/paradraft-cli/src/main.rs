@@ -270,8 +270,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             String::new(),
         )
     } else {
+        set.persist(
+            &paradraft::fetch::home_dir().join("guard"),
+            &a.m.path(),
+            &lm.model,
+        );
         let curve = set.measure(&lm.model, !sampling.is_greedy())?;
-        set.persist_guards(&paradraft::fetch::home_dir().join("guard"), &a.m.path());
         let sp = set.speculation(sampling, a.sampling.verify_rule)?;
         let g = speculative_generate(&lm.model, tok, &mut kv, &prompt, &params, sp, print)?;
         let (v, extra) = (

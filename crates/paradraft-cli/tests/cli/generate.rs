@@ -384,3 +384,59 @@ fn a_seed_means_one_output_across_drafters_sizes_and_threads() {
         assert_eq!(ids(&args), ar, "{extra:?}");
     }
 }
+
+/// A cold `generate` keeps the costs it measured under `$PARADRAFT_HOME/guard` and the next
+/// process reads them instead of measuring again (the file is left as it was); a damaged file
+/// is measured again and rewritten, and the tokens never change.
+#[test]
+fn a_cold_generate_keeps_its_measured_costs_for_the_next() {
+    let m = tiny("llama");
+    let home = tempfile::tempdir().unwrap();
+    let gen = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_paradraft"))
+            .args([
+                "generate",
+                "--model",
+                &m,
+                "--prompt",
+                "hi hi hi hi",
+                "--max-new-tokens",
+                "12",
+                "--drafter",
+                "pld",
+                "--threads",
+                "1",
+                "--json",
+            ])
+            .env("PARADRAFT_HOME", home.path())
+            .output()
+            .unwrap();
+        json_of(&out)["token_ids"].clone()
+    };
+    let costs = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(home.path().join("guard"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with("-costs.json"))
+            .collect()
+    };
+    let first = gen();
+    let files = costs();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let kept = std::fs::read(&files[0]).unwrap();
+    let saved: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+    assert!(saved["target"]["points"].as_array().unwrap().len() >= 2);
+    // A marker the next process would overwrite if it measured again.
+    let mut marked = saved.clone();
+    marked["target"]["points"][0][1] = serde_json::json!(123.5);
+    std::fs::write(&files[0], marked.to_string()).unwrap();
+    assert_eq!(gen(), first);
+    let after: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    assert_eq!(after, marked, "the kept costs were measured again");
+    std::fs::write(&files[0], b"{\"target\": ").unwrap();
+    assert_eq!(gen(), first);
+    let rewritten: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    assert!(rewritten["target"]["points"].as_array().unwrap().len() >= 2);
+}

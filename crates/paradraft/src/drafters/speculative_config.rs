@@ -10,9 +10,9 @@ use crate::error::{Error, Result};
 use crate::model::{Loaded, Model};
 use crate::sample::SamplingParams;
 use crate::speculative::cps::AdlParams;
-use crate::speculative::sizing::{CostCurve, GuardMemory, Sizer};
+use crate::speculative::sizing::{CostCurve, GuardMemory, SavedCosts, Sizer};
 use crate::speculative::{Drafter, Speculation, VerifyRule};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Options every method shares, never refused as unused.
 const SHARED: [&str; 6] = [
@@ -200,6 +200,7 @@ impl DrafterConfig {
             costs: None,
             sampled: None,
             guards: Default::default(),
+            costs_file: None,
             config: serde_json::to_string(self).unwrap_or_default(),
         })
     }
@@ -235,7 +236,9 @@ pub struct DrafterSet<'t> {
     sampled: Option<CostCurve>,
     /// The speed guard the last greedy / sampling request left.
     guards: [GuardMemory; 2],
-    /// The whole configuration, as the name of its kept guards ([`DrafterSet::persist_guards`]).
+    /// Where [`DrafterSet::measure`] keeps its curves between processes ([`DrafterSet::persist`]).
+    costs_file: Option<PathBuf>,
+    /// The whole configuration, as the name of its kept guards and costs ([`DrafterSet::persist`]).
     config: String,
 }
 
@@ -266,28 +269,65 @@ impl<'t> DrafterSet<'t> {
         if !self.adaptive || self.is_ar() {
             return Ok(());
         }
-        let mut d = self.create(SamplingParams::default())?;
-        let dc = CostCurve::measure_drafter(model, d.as_mut(), 64, self.max_draft, 3)?;
+        let dc = self.drafter_curve(model)?;
         if sampled {
-            let rows = target.points.last().map_or(32, |p| p.0);
-            let t1 = SamplingParams {
-                temperature: 1.0,
-                ..Default::default()
-            };
-            self.sampled = Some(CostCurve::measure_sampled(model, 64, 2, rows, t1)?);
+            self.sampled = Some(Self::sampled_curve(model, target)?);
         }
         self.costs = Some((target.clone(), dc));
         Ok(())
     }
 
-    /// Measures this machine's verify costs and the drafter's proposal costs when drafts are
-    /// sized from them ([`DrafterSet::measure_costs`]); returns the verify-cost curve.
+    /// The drafter's proposal costs on this machine.
+    fn drafter_curve(&self, model: &Model) -> Result<CostCurve> {
+        let mut d = self.create(SamplingParams::default())?;
+        CostCurve::measure_drafter(model, d.as_mut(), 64, self.max_draft, 3)
+    }
+
+    /// The target's verify costs at T > 0, up to `target`'s widest forward.
+    fn sampled_curve(model: &Model, target: &CostCurve) -> Result<CostCurve> {
+        let rows = target.points.last().map_or(32, |p| p.0);
+        let t1 = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
+        CostCurve::measure_sampled(model, 64, 2, rows, t1)
+    }
+
+    /// This machine's verify costs and the drafter's proposal costs when drafts are sized from
+    /// them ([`DrafterSet::measure_costs`]), read from the file of [`DrafterSet::persist`] where
+    /// an earlier process kept them (what it lacks is measured and added); returns the
+    /// verify-cost curve. The rounds correct a kept curve as they correct a fresh one
+    /// ([`crate::speculative::sizing::LearnedCost`]).
     pub fn measure(&mut self, model: &Model, sampled: bool) -> Result<Option<CostCurve>> {
         if !self.adaptive || self.is_ar() {
             return Ok(None);
         }
-        let c = CostCurve::measure(model, 64, 2)?;
-        self.measure_costs(model, &c, sampled)?;
+        let kept = self
+            .costs_file
+            .as_deref()
+            .map(SavedCosts::read)
+            .unwrap_or_default();
+        let mut now = kept.clone();
+        let c = match now.target.clone() {
+            Some(c) => c,
+            None => CostCurve::measure(model, 64, 2)?,
+        };
+        now.target = Some(c.clone());
+        let dc = match now.drafter.clone() {
+            Some(d) => d,
+            None => self.drafter_curve(model)?,
+        };
+        now.drafter = Some(dc.clone());
+        if sampled && now.sampled.is_none() {
+            now.sampled = Some(Self::sampled_curve(model, &c)?);
+        }
+        if sampled {
+            self.sampled = now.sampled.clone();
+        }
+        self.costs = Some((c.clone(), dc));
+        if let Some(f) = self.costs_file.as_deref().filter(|_| now != kept) {
+            now.write(f);
+        }
         Ok(Some(c))
     }
 
@@ -328,26 +368,36 @@ impl<'t> DrafterSet<'t> {
         })
     }
 
-    /// Keeps the speed guard's state in files under `dir` between processes that run this
-    /// drafter set (its whole configuration) with the model file `model` on this machine (CPU
-    /// model and thread count):
+    /// Keeps the speed guard's state and the measured costs ([`DrafterSet::measure`]) in files
+    /// under `dir` between processes that run this drafter set (its whole configuration) with
+    /// the model file `model_path` loaded as `model` on this machine (CPU, kernels and thread
+    /// count); the costs also only for the same program file (a rebuild measures again):
     /// `paradraft generate` answers each request in a fresh process, which would otherwise
-    /// learn again in every request whether drafting pays here.
-    pub fn persist_guards(&mut self, dir: &Path, model: &Path) {
-        let model = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
-        let len = std::fs::metadata(&model).map_or(0, |m| m.len());
+    /// measure the costs and learn whether drafting pays here again in every request.
+    pub fn persist(&mut self, dir: &Path, model_path: &Path, model: &Model) {
+        let path = std::fs::canonicalize(model_path).unwrap_or_else(|_| model_path.to_path_buf());
+        let len = std::fs::metadata(&path).map_or(0, |m| m.len());
         let key = format!(
-            "{}|{}|{}|{}|{}",
-            crate::runtime::isa::cpu_model().unwrap_or_default(),
+            "{}|{}|{}|{}|{}|{}",
+            crate::runtime::isa::cpu_signature(),
             crate::runtime::current_threads(),
-            model.display(),
+            path.display(),
             len,
+            model.kv_dtype(),
             self.config
         );
-        // FNV-1a: a stable name for the key.
-        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
+        // The program: its size and modification time.
+        let exe = std::env::current_exe()
+            .and_then(std::fs::metadata)
+            .map(|m| format!("{}|{:?}", m.len(), m.modified().ok()))
+            .unwrap_or_default();
+        // FNV-1a: a stable name for a key.
+        let fnv = |k: &str| {
+            k.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            })
+        };
+        let hash = fnv(&key);
         let label: String = self
             .label
             .chars()
@@ -357,6 +407,8 @@ impl<'t> DrafterSet<'t> {
         self.guards = ["greedy", "sampled"].map(|kind| {
             GuardMemory::persisted(dir.join(format!("{label}-{hash:016x}-{kind}.json")))
         });
+        let costs = fnv(&format!("{key}|{exe}"));
+        self.costs_file = Some(dir.join(format!("{label}-{costs:016x}-costs.json")));
     }
 
     /// Whether requests decode without a drafter.

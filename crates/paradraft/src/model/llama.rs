@@ -588,12 +588,20 @@ fn screen_of(head: &Matrix) -> Option<Matrix> {
     if !head.cols.is_multiple_of(crate::runtime::quant::QK) || head.nbytes() <= screen_bytes {
         return None;
     }
-    let mut w = vec![0f32; head.cols];
-    let mut bytes = Vec::with_capacity(screen_bytes);
-    for r in 0..head.rows {
-        head.row_into(r, &mut w);
-        bytes.extend(quantize_q4_1(&w));
-    }
+    // Rows in parallel on the pool: on one thread this took half of loading SmolLM2-135M
+    // (2-vCPU Zen 5, `perf`: ~0.2 s of its Q8_0 embedding's 49,152 rows).
+    let rb = GgmlType::Q4_1.row_bytes(head.cols);
+    let mut bytes = vec![0u8; screen_bytes];
+    let out = SendPtr(bytes.as_mut_ptr());
+    crate::runtime::pool::par_ranges(head.rows, |r0, r1| {
+        let mut w = vec![0f32; head.cols];
+        for r in r0..r1 {
+            head.row_into(r, &mut w);
+            let q = quantize_q4_1(&w);
+            // SAFETY: each task writes only its own rows' bytes, `rb` per row, within `bytes`.
+            unsafe { std::ptr::copy_nonoverlapping(q.as_ptr(), out.get().add(r * rb), rb) };
+        }
+    });
     Some(Matrix::from_bytes(
         GgmlType::Q4_1,
         head.rows,

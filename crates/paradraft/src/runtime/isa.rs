@@ -203,6 +203,27 @@ pub fn cpu_model() -> Option<String> {
     Some(line.split_once(':')?.1.trim().to_string())
 }
 
+/// What tells this machine's CPU and kernels apart from another's, for the names of what is
+/// measured once and kept (the sizer's cost curves and speed guards): the model name, family
+/// and model numbers (`/proc/cpuinfo`; every EPYC VM here says only "AMD EPYC"), and the
+/// kernel family in use.
+pub fn cpu_signature() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(name))
+            .and_then(|l| l.split_once(':'))
+            .map_or("", |(_, v)| v.trim())
+    };
+    format!(
+        "{}|{}|{}|{}",
+        field("model name"),
+        field("cpu family"),
+        field("model"),
+        isa().name()
+    )
+}
+
 /// One line for logs and benchmark headers: the family in use and the CPU's features.
 pub fn describe() -> String {
     format!("kernels {} (CPU: {})", isa().name(), cpu_features())

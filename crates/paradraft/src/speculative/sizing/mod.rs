@@ -14,7 +14,7 @@ mod cost;
 mod depths;
 mod guard;
 
-pub use cost::{CostCurve, LearnedCost, WARM_FORWARDS};
+pub use cost::{CostCurve, LearnedCost, SavedCosts, WARM_FORWARDS};
 pub use depths::DepthRates;
 pub use guard::{GuardMemory, SpeedGuard, Undrafted, UndraftedCounts};
 
