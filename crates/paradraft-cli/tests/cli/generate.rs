@@ -417,7 +417,7 @@ fn a_cold_generate_keeps_its_measured_costs_for_the_next() {
         std::fs::read_dir(home.path().join("guard"))
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| p.to_string_lossy().ends_with("-costs.json"))
+            .filter(|p| p.to_string_lossy().ends_with("-costs-32.json"))
             .collect()
     };
     let first = gen();

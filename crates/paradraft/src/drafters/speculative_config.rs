@@ -236,7 +236,8 @@ pub struct DrafterSet<'t> {
     sampled: Option<CostCurve>,
     /// The speed guard the last greedy / sampling request left.
     guards: [GuardMemory; 2],
-    /// Where [`DrafterSet::measure`] keeps its curves between processes ([`DrafterSet::persist`]).
+    /// Where [`DrafterSet::measure_to`] keeps its curves between processes, less the suffix
+    /// naming the widest forward ([`DrafterSet::keep_costs`]).
     costs_file: Option<PathBuf>,
     /// The whole configuration, as the name of its kept guards and costs ([`DrafterSet::persist`]).
     config: String,
@@ -293,24 +294,35 @@ impl<'t> DrafterSet<'t> {
         CostCurve::measure_sampled(model, 64, 2, rows, t1)
     }
 
-    /// This machine's verify costs and the drafter's proposal costs when drafts are sized from
-    /// them ([`DrafterSet::measure_costs`]), read from the file of [`DrafterSet::persist`] where
-    /// an earlier process kept them (what it lacks is measured and added); returns the
-    /// verify-cost curve. The rounds correct a kept curve as they correct a fresh one
-    /// ([`crate::speculative::sizing::LearnedCost`]).
+    /// This machine's verify costs (forwards of up to 32 rows) and the drafter's proposal
+    /// costs when drafts are sized from them ([`DrafterSet::measure_to`]).
     pub fn measure(&mut self, model: &Model, sampled: bool) -> Result<Option<CostCurve>> {
+        self.measure_to(model, 32, sampled)
+    }
+
+    /// This machine's verify costs for forwards of up to `rows` rows and the drafter's proposal
+    /// costs when drafts are sized from them ([`DrafterSet::measure_costs`]), read from the
+    /// file of [`DrafterSet::keep_costs`] where an earlier process kept them (what it lacks is
+    /// measured and added); returns the verify-cost curve. The rounds correct a kept curve as
+    /// they correct a fresh one ([`crate::speculative::sizing::LearnedCost`]).
+    pub fn measure_to(
+        &mut self,
+        model: &Model,
+        rows: usize,
+        sampled: bool,
+    ) -> Result<Option<CostCurve>> {
         if !self.adaptive || self.is_ar() {
             return Ok(None);
         }
-        let kept = self
-            .costs_file
-            .as_deref()
-            .map(SavedCosts::read)
-            .unwrap_or_default();
+        let file = self.costs_file.as_ref().map(|f| {
+            let name = f.file_name().unwrap_or_default().to_string_lossy();
+            f.with_file_name(format!("{name}-costs-{rows}.json"))
+        });
+        let kept = file.as_deref().map(SavedCosts::read).unwrap_or_default();
         let mut now = kept.clone();
         let c = match now.target.clone() {
             Some(c) => c,
-            None => CostCurve::measure(model, 64, 2)?,
+            None => CostCurve::measure_up_to(model, 64, 2, rows)?,
         };
         now.target = Some(c.clone());
         let dc = match now.drafter.clone() {
@@ -325,7 +337,7 @@ impl<'t> DrafterSet<'t> {
             self.sampled = now.sampled.clone();
         }
         self.costs = Some((c.clone(), dc));
-        if let Some(f) = self.costs_file.as_deref().filter(|_| now != kept) {
+        if let Some(f) = file.as_deref().filter(|_| now != kept) {
             now.write(f);
         }
         Ok(Some(c))
@@ -368,13 +380,30 @@ impl<'t> DrafterSet<'t> {
         })
     }
 
-    /// Keeps the speed guard's state and the measured costs ([`DrafterSet::measure`]) in files
-    /// under `dir` between processes that run this drafter set (its whole configuration) with
-    /// the model file `model_path` loaded as `model` on this machine (CPU, kernels and thread
-    /// count); the costs also only for the same program file (a rebuild measures again):
-    /// `paradraft generate` answers each request in a fresh process, which would otherwise
-    /// measure the costs and learn whether drafting pays here again in every request.
+    /// Keeps the speed guard's state and the measured costs ([`DrafterSet::keep_costs`]) in
+    /// files under `dir` between processes that run this drafter set (its whole configuration)
+    /// with the model file `model_path` loaded as `model` on this machine (CPU, kernels and
+    /// thread count): `paradraft generate` answers each request in a fresh process, which would
+    /// otherwise measure the costs and learn whether drafting pays here again in every request.
     pub fn persist(&mut self, dir: &Path, model_path: &Path, model: &Model) {
+        let (label, hash, _) = self.keys(model_path, model);
+        self.guards = ["greedy", "sampled"].map(|kind| {
+            GuardMemory::persisted(dir.join(format!("{label}-{hash:016x}-{kind}.json")))
+        });
+        self.keep_costs(dir, model_path, model);
+    }
+
+    /// Keeps the costs [`DrafterSet::measure_to`] measures in a file under `dir` for later
+    /// processes, keyed as [`DrafterSet::persist`]'s guards and by the program file (a rebuild
+    /// measures again) and the widest forward: a server measuring forwards of up to 512 rows
+    /// took 2.8 s before it opened its port (2-vCPU Zen 5, SmolLM2-135M, `auto`).
+    pub fn keep_costs(&mut self, dir: &Path, model_path: &Path, model: &Model) {
+        let (label, _, costs) = self.keys(model_path, model);
+        self.costs_file = Some(dir.join(format!("{label}-{costs:016x}")));
+    }
+
+    /// The label files are named with, and the hashes of the guards' and the costs' keys.
+    fn keys(&self, model_path: &Path, model: &Model) -> (String, u64, u64) {
         let path = std::fs::canonicalize(model_path).unwrap_or_else(|_| model_path.to_path_buf());
         let len = std::fs::metadata(&path).map_or(0, |m| m.len());
         let key = format!(
@@ -404,11 +433,7 @@ impl<'t> DrafterSet<'t> {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .take(40)
             .collect();
-        self.guards = ["greedy", "sampled"].map(|kind| {
-            GuardMemory::persisted(dir.join(format!("{label}-{hash:016x}-{kind}.json")))
-        });
-        let costs = fnv(&format!("{key}|{exe}"));
-        self.costs_file = Some(dir.join(format!("{label}-{costs:016x}-costs.json")));
+        (label, hash, fnv(&format!("{key}|{exe}")))
     }
 
     /// Whether requests decode without a drafter.

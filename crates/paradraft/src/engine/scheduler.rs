@@ -10,7 +10,6 @@ use super::request::{Command, EngineConfig, Event, Finished, Request};
 use crate::drafters::speculative_config::{DrafterConfig, DrafterSet};
 use crate::error::{Error, Result};
 use crate::model::Loaded;
-use crate::speculative::sizing::CostCurve;
 use crate::speculative::step::{Slot, Slots, StepReport, TextSink};
 use crate::speculative::Session;
 use std::collections::VecDeque;
@@ -300,9 +299,9 @@ impl<'e> Scheduler<'e> {
         }
         if set.adaptive && !set.is_ar() {
             let rows = (self.cfg.max_running * (set.max_draft + 1)).clamp(32, 512);
-            let curve = CostCurve::measure_up_to(model, 64, 2, rows)?;
+            set.keep_costs(&crate::fetch::home_dir().join("guard"), target_path, model);
             // Requests of any temperature may come.
-            set.measure_costs(model, &curve, true)?;
+            set.measure_to(model, rows, true)?;
         }
         Ok(set)
     }
