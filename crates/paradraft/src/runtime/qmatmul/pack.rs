@@ -486,8 +486,13 @@ impl Packed {
         for b in 0..nb {
             let gb = g * nb + b;
             let c = &self.q[gb * cb..(gb + 1) * cb];
+            // Scales and mins change at most between the two halves of a block.
+            let halves = [
+                self.scale_min(gb, b, lane, 0),
+                self.scale_min(gb, b, lane, QK / 2),
+            ];
             for i in 0..QK {
-                let (s, m) = self.scale_min(gb, b, lane, i);
+                let (s, m) = halves[i / (QK / 2)];
                 let level = self.level(c, gb, lane, i);
                 dst[b * QK + i] = if self.ty == GgmlType::Q4_0 {
                     // ggml's (q − 8)·d: the same value as q·d + m, and the same sign of zero.
