@@ -82,12 +82,12 @@ pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
 /// rounded value; from 15 on it is 15.
 #[inline(always)]
 fn nibble(x: f32) -> u8 {
-    if !(x >= 0.5) {
-        0
-    } else if x >= 15.0 {
+    if x >= 15.0 {
         15
-    } else {
+    } else if x >= 0.5 {
         (x + 0.5) as u8
+    } else {
+        0 // NaN too
     }
 }
 
