@@ -232,6 +232,10 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     if user.is_empty() {
         bail!("--prompt: the prompt is empty");
     }
+    let cfg = a.spec.config(Method::auto())?;
+    cfg.check_used(&[cfg.method])?;
+    // The drafter's weights load beside the target's.
+    cfg.prefetch();
     let (lm, ctx) = a.m.load()?;
     let tok = &lm.tokenizer;
     let prompt = tok.encode_prompt(&user, a.system.as_deref(), a.raw)?;
@@ -258,8 +262,6 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let _ = std::io::stdout().flush();
         }
     };
-    let cfg = a.spec.config(Method::auto())?;
-    cfg.check_used(&[cfg.method])?;
     let mut set = cfg.load(&a.m.path(), &lm, ctx)?;
     let (json, stats, stop, extra) = if set.is_ar() {
         let g = generate(&lm.model, tok, &mut kv, &prompt, &params, print)?;

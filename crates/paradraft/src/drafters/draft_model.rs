@@ -91,6 +91,7 @@ pub static METHOD: MethodEntry = MethodEntry {
     default_dir: None,
     load,
     label: Some(label),
+    prefetch: None,
 };
 
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {

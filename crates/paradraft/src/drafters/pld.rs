@@ -82,6 +82,7 @@ pub static METHOD: MethodEntry = MethodEntry {
     default_dir: None,
     load,
     label: None,
+    prefetch: None,
 };
 
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {

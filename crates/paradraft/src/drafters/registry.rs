@@ -150,6 +150,10 @@ pub struct MethodEntry {
     pub load: for<'a, 't> fn(&LoadArgs<'a, 't>) -> Result<LoadedMethod<'t>>,
     /// The name reports use, when it is not the method's (a draft model names its file).
     pub label: Option<fn(&DrafterConfig) -> String>,
+    /// Starts loading, on a thread of its own, what `load` will need and the target does not
+    /// give (a drafter's weights), so that it overlaps the target's loading
+    /// ([`DrafterConfig::prefetch`]); `load` takes it up, or loads as usual without it.
+    pub prefetch: Option<fn(&DrafterConfig)>,
 }
 
 impl MethodEntry {
@@ -493,6 +497,7 @@ pub static NONE: MethodEntry = MethodEntry {
     default_dir: None,
     load: load_none,
     label: None,
+    prefetch: None,
 };
 
 fn load_none<'t>(_: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {

@@ -149,6 +149,7 @@ static ECHO: MethodEntry = MethodEntry {
     default_dir: None,
     load: load_echo,
     label: None,
+    prefetch: None,
 };
 
 #[test]

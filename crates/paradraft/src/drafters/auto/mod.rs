@@ -517,7 +517,26 @@ pub static METHOD: MethodEntry = MethodEntry {
     default_dir: None,
     load,
     label: None,
+    prefetch: Some(prefetch),
 };
+
+/// Starts loading the model source among `cfg`'s sources, as [`source`] will ask for it.
+fn prefetch(cfg: &DrafterConfig) {
+    for name in &cfg.sources {
+        let Ok(m) = super::registry::Method::named(name) else {
+            continue;
+        };
+        if let (false, Some(p)) = (m.is_none(), m.entry.prefetch) {
+            if !["pld", "auto"].contains(&m.entry.name) {
+                p(&DrafterConfig {
+                    method: m,
+                    sources: vec![],
+                    ..cfg.clone()
+                });
+            }
+        }
+    }
+}
 
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
     let cfg = a.cfg;

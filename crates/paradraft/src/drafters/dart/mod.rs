@@ -158,10 +158,22 @@ pub static METHOD: MethodEntry = MethodEntry {
     default_dir: Some("smollm2-135m-dart"),
     load,
     label: None,
+    prefetch: Some(prefetch),
 };
 
+/// Starts loading the DART drafter `cfg` names (or the committed one) on a thread of its own.
+fn prefetch(cfg: &super::registry::DrafterConfig) {
+    if let Some(dir) = cfg
+        .draft_model
+        .clone()
+        .or_else(|| METHOD.default_drafter_dir())
+    {
+        model::prefetch(&dir);
+    }
+}
+
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
-    let (m, head) = DartModel::load(&a.dir, true).map_err(a.loading("DART drafter"))?;
+    let (m, head) = model::load_prefetched(&a.dir).map_err(a.loading("DART drafter"))?;
     let masks = a.cfg.block_size.map(|b| b.saturating_sub(1));
     let mut d = Dart::new(m, head, &a.lm.model, a.ctx, masks, a.selection()?)?;
     if a.cfg.draft_length == DraftLength::Auto {

@@ -15,7 +15,44 @@ use crate::model::Model;
 use crate::runtime::attention::{AttnShape, Visibility};
 use crate::runtime::ops;
 use crate::types::{Pos, TokenId};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
+/// Loads started by [`prefetch`], by directory, for [`load_prefetched`] to take up.
+type Ahead = (PathBuf, JoinHandle<Result<(DartModel, DraftHead)>>);
+static AHEAD: Mutex<Vec<Ahead>> = Mutex::new(Vec::new());
+
+/// Starts [`DartModel::load`] of `dir` (quantized) on a thread of its own (nothing when the
+/// thread cannot be made: the load then happens when asked).
+pub fn prefetch(dir: &Path) {
+    let d = dir.to_path_buf();
+    let started = std::thread::Builder::new()
+        .name("paradraft-prefetch".into())
+        .spawn(move || DartModel::load(&d, true));
+    if let Ok(h) = started {
+        AHEAD
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((dir.to_path_buf(), h));
+    }
+}
+
+/// [`DartModel::load`] of `dir`, quantized: what a [`prefetch`] of the same directory loaded
+/// (its error as much as its weights), else loaded now.
+pub fn load_prefetched(dir: &Path) -> Result<(DartModel, DraftHead)> {
+    let ahead = {
+        let mut a = AHEAD.lock().unwrap_or_else(|e| e.into_inner());
+        a.iter()
+            .position(|(d, _)| d == dir)
+            .map(|i| a.swap_remove(i).1)
+    };
+    match ahead.map(JoinHandle::join) {
+        Some(Ok(loaded)) => loaded,
+        // Not prefetched, or its thread panicked: load here.
+        _ => DartModel::load(dir, true),
+    }
+}
 
 pub struct DartModel {
     pub config: DartConfig,

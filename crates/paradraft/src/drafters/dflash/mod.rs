@@ -43,6 +43,7 @@ pub static METHOD: MethodEntry = MethodEntry {
     default_dir: Some("smollm2-135m-dflash"),
     load,
     label: None,
+    prefetch: None,
 };
 
 fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
