@@ -217,15 +217,7 @@ impl SavedCosts {
     /// Writes the curves to `file` (whole or not at all: a temporary file renamed); a cache,
     /// so a failure only costs the next process a measurement.
     pub fn write(&self, file: &std::path::Path) {
-        let write = || -> std::io::Result<()> {
-            if let Some(dir) = file.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, serde_json::to_vec(self)?)?;
-            std::fs::rename(&tmp, file)
-        };
-        let _ = write();
+        super::keep_json(file, self);
     }
 }
 

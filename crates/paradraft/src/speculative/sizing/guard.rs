@@ -507,16 +507,7 @@ impl GuardMemory {
             *m = Some(g.clone());
         }
         if let Some(file) = &self.file {
-            let write = || -> std::io::Result<()> {
-                if let Some(dir) = file.parent() {
-                    std::fs::create_dir_all(dir)?;
-                }
-                let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-                std::fs::write(&tmp, serde_json::to_vec(&g.saved())?)?;
-                std::fs::rename(&tmp, file.as_path())
-            };
-            // A cache: a file that cannot be written only loses the memory.
-            let _ = write();
+            super::keep_json(file, &g.saved());
         }
     }
 }

@@ -18,6 +18,21 @@ pub use cost::{CostCurve, LearnedCost, SavedCosts, WARM_FORWARDS};
 pub use depths::DepthRates;
 pub use guard::{GuardMemory, SpeedGuard, Undrafted, UndraftedCounts};
 
+/// Writes `value` as JSON to `file`, whole or not at all (a temporary file renamed), creating
+/// its directory: what the sizer keeps between processes (guards, cost curves) is a cache, so
+/// a failure only costs the next process its memory.
+fn keep_json(file: &std::path::Path, value: &impl serde::Serialize) {
+    let write = || -> std::io::Result<()> {
+        if let Some(dir) = file.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(value)?)?;
+        std::fs::rename(&tmp, file)
+    };
+    let _ = write();
+}
+
 /// Forgetting factor of the acceptance statistics, per round (1 = never forget).
 const DECAY: f64 = 0.98;
 
