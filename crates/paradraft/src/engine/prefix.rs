@@ -145,20 +145,30 @@ impl PrefixCache {
         })
     }
 
-    /// Keeps `prompt`'s K/V (the first `prompt.len()` slots of `kv`) and tapped states. An
-    /// entry that is a prefix of it is replaced; one it is a prefix of makes it redundant.
+    /// Keeps `prompt`'s K/V (the first `prompt.len()` slots of `kv`) and tapped states
+    /// (`hidden`: the same number of floats for every token). An entry that is a prefix of it
+    /// is replaced; one it is a prefix of makes it redundant. A prompt whose whole K/V would
+    /// exceed the budget keeps the longest whole-tile prefix that fits: its leading tokens (a
+    /// system prompt, few-shot examples) are what other requests share.
     pub fn insert(&mut self, prompt: &[TokenId], kv: &KvCache, hidden: &[f32]) {
         if self.budget == 0 || prompt.len() < MIN_HIT || kv.len() < prompt.len() {
             return;
         }
+        let width = hidden.len() / prompt.len();
+        let per_token = kv.bytes_per_slot() + width * std::mem::size_of::<f32>();
+        let n = if prompt.len() * per_token <= self.budget {
+            prompt.len()
+        } else {
+            self.budget / per_token.max(1) / KV_TILE * KV_TILE
+        };
+        if n < MIN_HIT {
+            return;
+        }
+        let (prompt, hidden) = (&prompt[..n], &hidden[..n * width]);
         if self.entries.iter().any(|e| e.tokens.starts_with(prompt)) {
             return;
         }
-        let bytes = prompt.len() * kv.bytes_per_slot() + std::mem::size_of_val(hidden);
-        if bytes > self.budget {
-            return;
-        }
-        let Ok(snapshot) = kv.prefix(prompt.len()) else {
+        let Ok(snapshot) = kv.prefix(n) else {
             return;
         };
         self.entries.retain(|e| !prompt.starts_with(&e.tokens));
@@ -220,6 +230,30 @@ mod tests {
         assert!(c.lookup(&b, 0).is_none());
         assert!(c.lookup(&other, 0).is_some());
         assert!(c.bytes() <= 30 * per);
+    }
+
+    /// A prompt whose K/V exceeds the whole budget keeps its longest whole-tile prefix that
+    /// fits (with its tapped states), so requests sharing its leading tokens still hit.
+    #[test]
+    fn a_prompt_beyond_the_budget_keeps_the_prefix_that_fits() {
+        let per = kv_of(1).bytes_per_slot();
+        let width = 2;
+        let per_token = per + width * 4;
+        let mut c = PrefixCache::new(20 * per_token);
+        let a = ids(&(0..40).collect::<Vec<_>>());
+        let hidden: Vec<f32> = (0..40 * width).map(|i| i as f32).collect();
+        c.insert(&a, &kv_of(40), &hidden);
+        assert!(c.bytes() <= 20 * per_token);
+        let mut b = a[..30].to_vec();
+        b.extend(ids(&[90, 91, 92]));
+        let h = c.lookup(&b, width).expect("the first 16 tokens are kept");
+        assert_eq!(h.tokens, KV_TILE);
+        assert_eq!(h.hidden, &hidden[..KV_TILE * width]);
+        assert_eq!(h.kv.len(), KV_TILE);
+        // A budget below one tile keeps nothing.
+        let mut tiny = PrefixCache::new(10 * per_token);
+        tiny.insert(&a, &kv_of(40), &hidden);
+        assert!(tiny.lookup(&b, width).is_none());
     }
 
     /// In a page pool an entry costs the cache only the pages no request shares: while the
