@@ -33,9 +33,20 @@ pub(crate) fn q8_0_block(x: &[f32], q: &mut [i8]) -> f16 {
     let d = amax / 127.0;
     let id = if d > 0.0 { 1.0 / d } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = round_i8(v * id);
     }
     f16::from_f32(d)
+}
+
+/// `x.round() as i8` (half away from zero, saturating, NaN to 0) without the `roundf` call
+/// `f32::round` is on x86-64: from 0.5 on, `|x| + 0.5` is exact below 2²³ (0.5 is a multiple
+/// of |x|'s last place) and truncates to the rounded magnitude; below 0.5 (and NaN) it is 0.
+#[inline(always)]
+fn round_i8(x: f32) -> i8 {
+    let a = x.abs();
+    let m = if a >= 0.5 { (a + 0.5) as i32 } else { 0 };
+    let r = if x < 0.0 { -m } else { m };
+    r.clamp(-128, 127) as i8
 }
 
 /// Quantises f32 values (a multiple of 32) to GGML Q4_0 blocks as llama.cpp's reference
@@ -533,6 +544,29 @@ mod tests {
         }
         for x in xs {
             assert_eq!(nibble(x), x.round().clamp(0.0, 15.0) as u8, "{x:e}");
+        }
+    }
+
+    /// The roundf-free Q8_0 rounding is `x.round() as i8` for every input: halves and their
+    /// neighbours of both signs, the saturation edges, signed zeros, infinities, NaN, floats
+    /// of every exponent and a sweep of the quantiser's range.
+    #[test]
+    fn round_i8_is_the_rounded_saturated_value() {
+        let mut xs = vec![
+            0.0f32, -0.0, 0.5, -0.5, 0.49999997, -0.49999997, 0.50000006, 1.5, -1.5, 2.5, -2.5,
+            126.5, -126.5, 127.49999, 127.5, -127.5, -128.5, -128.49998, 200.0, -200.0, 1e30,
+            -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-45, 8388607.5, 8388608.0,
+        ];
+        let mut s = 0x9e37_79b9u32;
+        for _ in 0..300_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            xs.push(f32::from_bits(s));
+            xs.push((s as f32 / u32::MAX as f32) * 260.0 - 130.0);
+        }
+        for x in xs {
+            assert_eq!(round_i8(x), x.round() as i8, "{x:e}");
         }
     }
 
