@@ -10,7 +10,9 @@ use crate::kv::{KvCache, KvDtype, PagePool};
 use crate::runtime::attention::{AttnShape, Visibility};
 use crate::runtime::ops;
 use crate::runtime::pool;
-use crate::runtime::quant::{prep_acts as prep, quantize_q4_1, sized, GgmlType, Matrix, SendPtr};
+use crate::runtime::quant::{
+    prep_acts as prep, quantize_q4_1_into, sized, GgmlType, Matrix, SendPtr,
+};
 use crate::types::TokenId;
 use std::cell::RefCell;
 
@@ -597,9 +599,9 @@ fn screen_of(head: &Matrix) -> Option<Matrix> {
         let mut w = vec![0f32; head.cols];
         for r in r0..r1 {
             head.row_into(r, &mut w);
-            let q = quantize_q4_1(&w);
             // SAFETY: each task writes only its own rows' bytes, `rb` per row, within `bytes`.
-            unsafe { std::ptr::copy_nonoverlapping(q.as_ptr(), out.get().add(r * rb), rb) };
+            let q = unsafe { std::slice::from_raw_parts_mut(out.get().add(r * rb), rb) };
+            quantize_q4_1_into(&w, q);
         }
     });
     Some(Matrix::from_bytes(

@@ -341,3 +341,21 @@ const MAX_RANGES: usize = 64;
 /// than at 16 on a 2-vCPU Xeon, and 64 was no better at 16 and 32 rows (docs/performance.md,
 /// "Few-row forwards").
 pub const PAR_ROWS: usize = 16;
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so that closures capture the `SendPtr`, not its field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+// SAFETY: users write disjoint elements from different tasks (each call site says how).
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}

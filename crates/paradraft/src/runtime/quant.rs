@@ -9,6 +9,7 @@
 
 pub use super::ggml::{GgmlType, QK};
 use super::kquantize::signed_amax;
+pub(crate) use super::pool::SendPtr;
 pub use super::pool::{par_ranges, PAR_ROWS};
 use super::qmatmul::{Packed, QActs};
 use half::{bf16, f16};
@@ -72,19 +73,52 @@ pub fn quantize_q4_0(x: &[f32]) -> Vec<u8> {
 /// (low nibbles hold inputs 0..16).
 pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     assert!(x.len().is_multiple_of(QK), "Q4_1 needs whole blocks of 32");
-    let mut out = Vec::with_capacity(x.len() / QK * 20);
-    for b in x.chunks_exact(QK) {
-        let min = b.iter().copied().fold(f32::INFINITY, f32::min);
-        let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut out = vec![0u8; x.len() / QK * 20];
+    quantize_q4_1_into(x, &mut out);
+    out
+}
+
+/// [`quantize_q4_1`] into `out` (20 bytes per block of `x`), written block by block into
+/// fixed arrays so that the levels are computed 16 lanes at a time.
+pub fn quantize_q4_1_into(x: &[f32], out: &mut [u8]) {
+    assert!(x.len().is_multiple_of(QK), "Q4_1 needs whole blocks of 32");
+    assert_eq!(out.len(), x.len() / QK * 20);
+    for (b, o) in x.chunks_exact(QK).zip(out.chunks_exact_mut(20)) {
+        let (min, max) = min_max(b);
         let (d, m) = (f16::from_f32((max - min) / 15.0), f16::from_f32(min));
-        out.extend_from_slice(&d.to_le_bytes());
-        out.extend_from_slice(&m.to_le_bytes());
+        o[..2].copy_from_slice(&d.to_le_bytes());
+        o[2..4].copy_from_slice(&m.to_le_bytes());
         let (d, m) = (d.to_f32(), m.to_f32());
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let q = |v: f32| nibble((v - m) * id);
-        out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+        let (lo, hi) = b.split_at(QK / 2);
+        for ((q, &l), &h) in o[4..].iter_mut().zip(lo).zip(hi) {
+            *q = nibble((l - m) * id) | (nibble((h - m) * id) << 4);
+        }
     }
-    out
+}
+
+/// `b`'s least and greatest values as folds of `f32::min` / `f32::max` in order find them
+/// (NaNs ignored; ±∞ when all are NaN), computed in 8 independent lanes. Values that compare
+/// equal have the same bits unless they are zeros, whose sign the fold's order decides: a zero
+/// extreme is found again by the ordered fold.
+#[inline(always)]
+fn min_max(b: &[f32]) -> (f32, f32) {
+    let (mut lo, mut hi) = ([f32::INFINITY; 8], [f32::NEG_INFINITY; 8]);
+    for c in b.chunks_exact(8) {
+        for k in 0..8 {
+            lo[k] = lo[k].min(c[k]);
+            hi[k] = hi[k].max(c[k]);
+        }
+    }
+    let mut min = lo.iter().copied().fold(f32::INFINITY, f32::min);
+    let mut max = hi.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if min == 0.0 {
+        min = b.iter().copied().fold(f32::INFINITY, f32::min);
+    }
+    if max == 0.0 {
+        max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    }
+    (min, max)
 }
 
 /// `x.round().clamp(0.0, 15.0) as u8` without the `roundf` call `f32::round` is on x86-64
@@ -443,24 +477,6 @@ pub fn par_rows(
     });
 }
 
-/// A raw output pointer shared by tasks that write disjoint elements.
-pub(crate) struct SendPtr<T = f32>(pub(crate) *mut T);
-impl<T> Clone for SendPtr<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-impl<T> Copy for SendPtr<T> {}
-impl<T> SendPtr<T> {
-    /// The pointer (a method, so that closures capture the `SendPtr`, not its field).
-    pub(crate) fn get(self) -> *mut T {
-        self.0
-    }
-}
-// SAFETY: users write disjoint elements from different tasks (each call site says how).
-unsafe impl<T: Send> Send for SendPtr<T> {}
-unsafe impl<T: Send> Sync for SendPtr<T> {}
-
 /// f32 dot product with 8 independent accumulators (vectorises on any SIMD target).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -547,15 +563,84 @@ mod tests {
         }
     }
 
+    /// The blockwise Q4_1 quantiser writes what a plain per-value reference (llama.cpp's rule
+    /// as this file states it, with `f32::round`) writes, byte for byte: random blocks of
+    /// several spreads, constant blocks, signed zeros and halves exactly between levels.
+    #[test]
+    fn q4_1_blocks_equal_the_per_value_reference() {
+        fn reference(x: &[f32]) -> Vec<u8> {
+            let mut out = Vec::new();
+            for b in x.chunks_exact(QK) {
+                let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let (d, m) = (f16::from_f32((max - min) / 15.0), f16::from_f32(min));
+                out.extend_from_slice(&d.to_le_bytes());
+                out.extend_from_slice(&m.to_le_bytes());
+                let (d, m) = (d.to_f32(), m.to_f32());
+                let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let q = |v: f32| ((v - m) * id).round().clamp(0.0, 15.0) as u8;
+                out.extend((0..16).map(|j| q(b[j]) | (q(b[j + 16]) << 4)));
+            }
+            out
+        }
+        let mut s = 0x2545_f491u32;
+        let mut x = Vec::new();
+        for spread in [1e-3f32, 0.1, 1.0, 40.0] {
+            for _ in 0..64 * QK {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                x.push((s as f32 / u32::MAX as f32 - 0.5) * spread);
+            }
+        }
+        x.extend([0.75f32; QK]);
+        x.extend((0..QK).map(|i| if i % 2 == 0 { 0.0 } else { -0.0 }));
+        // Zero extremes of either sign beside other values, NaNs.
+        x.extend((0..QK).map(|i| [0.0, -0.0, 0.1 * i as f32][i % 3]));
+        x.extend((0..QK).map(|i| [-0.0, 0.0, -0.1 * i as f32][i % 3]));
+        x.extend((0..QK).map(|i| if i == 5 { f32::NAN } else { i as f32 - 9.0 }));
+        x.extend([f32::NAN; QK]);
+        // Levels 0..15 and the halves between them (d = 1, m = 0).
+        x.extend([0.0, 15.0, 7.5]);
+        x.extend((0..15).map(|k| k as f32 + 0.5));
+        x.extend((1..15).map(|k| k as f32));
+        assert_eq!(quantize_q4_1(&x), reference(&x));
+    }
+
     /// The roundf-free Q8_0 rounding is `x.round() as i8` for every input: halves and their
     /// neighbours of both signs, the saturation edges, signed zeros, infinities, NaN, floats
     /// of every exponent and a sweep of the quantiser's range.
     #[test]
     fn round_i8_is_the_rounded_saturated_value() {
         let mut xs = vec![
-            0.0f32, -0.0, 0.5, -0.5, 0.49999997, -0.49999997, 0.50000006, 1.5, -1.5, 2.5, -2.5,
-            126.5, -126.5, 127.49999, 127.5, -127.5, -128.5, -128.49998, 200.0, -200.0, 1e30,
-            -1e30, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-45, 8388607.5, 8388608.0,
+            0.0f32,
+            -0.0,
+            0.5,
+            -0.5,
+            0.49999997,
+            -0.49999997,
+            0.50000006,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            126.5,
+            -126.5,
+            127.49999,
+            127.5,
+            -127.5,
+            -128.5,
+            -128.49998,
+            200.0,
+            -200.0,
+            1e30,
+            -1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-45,
+            8388607.5,
+            8388608.0,
         ];
         let mut s = 0x9e37_79b9u32;
         for _ in 0..300_000 {

@@ -19,6 +19,7 @@
 use super::buf::HugeBuf;
 use super::{GgmlType, QActs, GROUP, QK};
 use crate::runtime::blocks::{unpack, IQ4_VALUES};
+use crate::runtime::pool::{par_ranges, SendPtr};
 use half::f16;
 
 /// The index of an IQ4 level in [`IQ4_VALUES`] (the levels are distinct).
@@ -239,41 +240,56 @@ impl Packed {
             }
             return p;
         }
+        assert!(
+            matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0),
+            "legacy formats hold Q4_0, Q4_1 and Q8_0"
+        );
+        assert_eq!(src.len(), rows * rb);
         let bb = ty.block_bytes();
         let cb = Self::chunk_bytes(p.fmt);
-        for r in 0..rows {
-            let (g, lane) = (r / GROUP, r % GROUP);
-            for b in 0..nb {
-                let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
-                let gb = g * nb + b;
-                let dv = f16::from_le_bytes([blk[0], blk[1]]);
-                p.d[gb * GROUP + lane] = dv;
-                let dst = &mut p.q[gb * cb..(gb + 1) * cb];
-                match ty {
-                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                        let (mv, qs) = if ty == GgmlType::Q4_1 {
-                            (f16::from_le_bytes([blk[2], blk[3]]), &blk[4..20])
-                        } else {
-                            (f16::from_f32(-8.0 * dv.to_f32()), &blk[2..18])
-                        };
-                        p.m[gb * GROUP + lane] = mv;
-                        for i in 0..4 {
-                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
-                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
+        let q = SendPtr(p.q.as_mut_ptr());
+        let d = SendPtr(p.d.as_mut_ptr());
+        let m = SendPtr(p.m.as_mut_ptr());
+        let wsum = SendPtr(p.wsum.as_mut_ptr());
+        // Row groups in parallel on the pool (the repack was a third of loading SmolLM2-135M on
+        // one thread): everything of group g lies at block indices g · nb .. (g + 1) · nb.
+        par_ranges(p.groups(), |g0, g1| {
+            for r in g0 * GROUP..(g1 * GROUP).min(rows) {
+                let (g, lane) = (r / GROUP, r % GROUP);
+                for b in 0..nb {
+                    let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
+                    let (gb, at) = (g * nb + b, (g * nb + b) * GROUP + lane);
+                    let dv = f16::from_le_bytes([blk[0], blk[1]]);
+                    let (qs, steps) = match ty {
+                        GgmlType::Q8_0 => (&blk[2..34], 8),
+                        GgmlType::Q4_1 => (&blk[4..20], 4),
+                        _ => (&blk[2..18], 4),
+                    };
+                    // SAFETY: the buffers were sized by `zeroed` for every (group, block,
+                    // lane); the task of groups g0..g1 alone writes their entries.
+                    unsafe {
+                        *d.get().add(at) = dv;
+                        match ty {
+                            GgmlType::Q8_0 => {
+                                *wsum.get().add(at) = qs.iter().map(|&v| v as i8 as i16).sum()
+                            }
+                            GgmlType::Q4_1 => {
+                                *m.get().add(at) = f16::from_le_bytes([blk[2], blk[3]])
+                            }
+                            _ => *m.get().add(at) = f16::from_f32(-8.0 * dv.to_f32()),
+                        }
+                        let dst = q.get().add(gb * cb + lane * 4);
+                        for i in 0..steps {
+                            std::ptr::copy_nonoverlapping(
+                                qs.as_ptr().add(4 * i),
+                                dst.add(i * 64),
+                                4,
+                            );
                         }
                     }
-                    GgmlType::Q8_0 => {
-                        let qs = &blk[2..34];
-                        for i in 0..8 {
-                            dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
-                                .copy_from_slice(&qs[4 * i..4 * i + 4]);
-                        }
-                        p.wsum[gb * GROUP + lane] = qs.iter().map(|&v| v as i8 as i16).sum();
-                    }
-                    _ => unreachable!("legacy formats hold Q4_0, Q4_1 and Q8_0"),
                 }
             }
-        }
+        });
         p
     }
 
@@ -483,6 +499,20 @@ impl Packed {
         let (g, lane) = (r / GROUP, r % GROUP);
         let cb = Self::chunk_bytes(self.fmt);
         let with_min = self.fmt.has_min();
+        if self.fmt == Fmt::Q8 && self.ty == GgmlType::Q8_0 {
+            // Q8_0 (an output layer's rows, read to build its 4-bit screen at load): the
+            // levels are the chunk's bytes, four inputs a lane in each 64-byte step.
+            for b in 0..nb {
+                let gb = g * nb + b;
+                let c = &self.q[gb * cb..(gb + 1) * cb];
+                let s = self.d[gb * GROUP + lane].to_f32();
+                let out = &mut dst[b * QK..(b + 1) * QK];
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = (c[(i / 4) * 64 + lane * 4 + i % 4] as i8) as f32 * s;
+                }
+            }
+            return;
+        }
         for b in 0..nb {
             let gb = g * nb + b;
             let c = &self.q[gb * cb..(gb + 1) * cb];
