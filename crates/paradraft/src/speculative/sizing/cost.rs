@@ -218,6 +218,37 @@ impl SavedCosts {
     /// so a failure only costs the next process a measurement.
     pub fn write(&self, file: &std::path::Path) {
         super::keep_json(file, self);
+        if let Some(dir) = file.parent() {
+            prune_costs(dir, KEPT_COSTS);
+        }
+    }
+}
+
+/// Cost files a directory keeps: each build, CPU, model and drafter configuration writes its
+/// own, so without a bound every rebuild would leave one behind for good.
+const KEPT_COSTS: usize = 32;
+
+/// Removes the least recently written `*-costs-*.json` files of `dir` beyond `keep` (errors
+/// ignored: the files are a cache).
+fn prune_costs(dir: &std::path::Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, std::path::PathBuf)> = entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.contains("-costs-") && name.ends_with(".json")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if files.len() <= keep {
+        return;
+    }
+    files.sort();
+    for (_, path) in &files[..files.len() - keep] {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -340,6 +371,38 @@ mod tests {
         CostCurve {
             points: points.to_vec(),
         }
+    }
+
+    /// A directory keeps the most recently written cost files up to its bound; other files
+    /// (the guards' memories) are never removed.
+    #[test]
+    fn old_cost_files_are_pruned_beyond_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        for i in 0..10u64 {
+            let f = dir.path().join(format!("auto-{i:016x}-costs-32.json"));
+            std::fs::write(&f, "{}").unwrap();
+            let at = t0 + std::time::Duration::from_secs(i);
+            std::fs::File::options()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+        }
+        std::fs::write(dir.path().join("auto-0-greedy.json"), "{}").unwrap();
+        prune_costs(dir.path(), 4);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want: Vec<String> = (6..10u64)
+            .map(|i| format!("auto-{i:016x}-costs-32.json"))
+            .chain(["auto-0-greedy.json".to_string()])
+            .collect();
+        want.sort();
+        assert_eq!(left, want);
     }
 
     /// Kept curves come back as written; a missing, garbled or foreign file is nothing kept,
