@@ -525,6 +525,21 @@ mod tests {
         }
     }
 
+    /// 600,000 floats from a xorshift stream seeded with `seed`: each state's bits as a float
+    /// (every exponent, NaNs and infinities) and the state scaled into `offset..offset + span`.
+    fn sweep(seed: u32, span: f32, offset: f32) -> Vec<f32> {
+        let mut s = seed;
+        let mut xs = Vec::with_capacity(600_000);
+        for _ in 0..300_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            xs.push(f32::from_bits(s));
+            xs.push((s as f32 / u32::MAX as f32) * span + offset);
+        }
+        xs
+    }
+
     /// The roundf-free nibble is the rounded, clamped value for every input: halves and their
     /// neighbours, the clamp's edges, signed zeros, infinities, NaN and a sweep of floats.
     #[test]
@@ -550,14 +565,7 @@ mod tests {
             f32::NAN,
             1e-45,
         ];
-        let mut s = 0x1234_5678u32;
-        for _ in 0..300_000 {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            xs.push(f32::from_bits(s));
-            xs.push((s as f32 / u32::MAX as f32) * 17.0 - 1.0);
-        }
+        xs.extend(sweep(0x1234_5678, 17.0, -1.0));
         for x in xs {
             assert_eq!(nibble(x), x.round().clamp(0.0, 15.0) as u8, "{x:e}");
         }
@@ -642,14 +650,7 @@ mod tests {
             8388607.5,
             8388608.0,
         ];
-        let mut s = 0x9e37_79b9u32;
-        for _ in 0..300_000 {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            xs.push(f32::from_bits(s));
-            xs.push((s as f32 / u32::MAX as f32) * 260.0 - 130.0);
-        }
+        xs.extend(sweep(0x9e37_79b9, 260.0, -130.0));
         for x in xs {
             assert_eq!(round_i8(x), x.round() as i8, "{x:e}");
         }
