@@ -254,47 +254,39 @@ impl Packed {
             "legacy formats hold Q4_0, Q4_1 and Q8_0"
         );
         assert_eq!(src.len(), rows * rb);
-        let bb = ty.block_bytes();
-        let cb = Self::chunk_bytes(p.fmt);
-        let q = SendPtr(p.q.as_mut_ptr());
-        let d = SendPtr(p.d.as_mut_ptr());
-        let m = SendPtr(p.m.as_mut_ptr());
-        let wsum = SendPtr(p.wsum.as_mut_ptr());
+        let (bb, cb) = (ty.block_bytes(), Self::chunk_bytes(p.fmt));
+        let whole = Bufs::of(&mut p);
         // Row groups in parallel on the pool (the repack was a third of loading SmolLM2-135M on
-        // one thread): everything of group g lies at block indices g · nb .. (g + 1) · nb.
+        // one thread).
         par_ranges(p.groups(), |g0, g1| {
+            // SAFETY: the ranges of groups the pool hands out are disjoint.
+            let bufs = unsafe { whole.groups(g0, g1) };
             for r in g0 * GROUP..(g1 * GROUP).min(rows) {
-                let (g, lane) = (r / GROUP, r % GROUP);
+                let (g, lane) = (r / GROUP - g0, r % GROUP);
                 for b in 0..nb {
                     let blk = &src[(r * nb + b) * bb..(r * nb + b + 1) * bb];
                     let (gb, at) = (g * nb + b, (g * nb + b) * GROUP + lane);
                     let dv = f16::from_le_bytes([blk[0], blk[1]]);
+                    bufs.d[at] = dv;
                     let (qs, steps) = match ty {
-                        GgmlType::Q8_0 => (&blk[2..34], 8),
-                        GgmlType::Q4_1 => (&blk[4..20], 4),
-                        _ => (&blk[2..18], 4),
+                        GgmlType::Q8_0 => {
+                            let qs = &blk[2..34];
+                            bufs.wsum[at] = qs.iter().map(|&v| v as i8 as i16).sum();
+                            (qs, 8)
+                        }
+                        GgmlType::Q4_1 => {
+                            bufs.m[at] = f16::from_le_bytes([blk[2], blk[3]]);
+                            (&blk[4..20], 4)
+                        }
+                        _ => {
+                            bufs.m[at] = f16::from_f32(-8.0 * dv.to_f32());
+                            (&blk[2..18], 4)
+                        }
                     };
-                    // SAFETY: the buffers were sized by `zeroed` for every (group, block,
-                    // lane); the task of groups g0..g1 alone writes their entries.
-                    unsafe {
-                        *d.get().add(at) = dv;
-                        match ty {
-                            GgmlType::Q8_0 => {
-                                *wsum.get().add(at) = qs.iter().map(|&v| v as i8 as i16).sum()
-                            }
-                            GgmlType::Q4_1 => {
-                                *m.get().add(at) = f16::from_le_bytes([blk[2], blk[3]])
-                            }
-                            _ => *m.get().add(at) = f16::from_f32(-8.0 * dv.to_f32()),
-                        }
-                        let dst = q.get().add(gb * cb + lane * 4);
-                        for i in 0..steps {
-                            std::ptr::copy_nonoverlapping(
-                                qs.as_ptr().add(4 * i),
-                                dst.add(i * 64),
-                                4,
-                            );
-                        }
+                    let dst = &mut bufs.q[gb * cb..(gb + 1) * cb];
+                    for i in 0..steps {
+                        dst[i * 64 + lane * 4..i * 64 + lane * 4 + 4]
+                            .copy_from_slice(&qs[4 * i..4 * i + 4]);
                     }
                 }
             }
@@ -308,6 +300,8 @@ impl Packed {
 #[derive(Clone, Copy)]
 struct Bufs {
     q: (SendPtr<u8>, usize),
+    d: (SendPtr<f16>, usize),
+    m: (SendPtr<f16>, usize),
     wsum: (SendPtr<i16>, usize),
     sd: (SendPtr<f16>, usize),
     sm: (SendPtr<f16>, usize),
@@ -321,6 +315,8 @@ struct Bufs {
 struct GroupBufs<'a> {
     g0: usize,
     q: &'a mut [u8],
+    d: &'a mut [f16],
+    m: &'a mut [f16],
     wsum: &'a mut [i16],
     sd: &'a mut [f16],
     sm: &'a mut [f16],
@@ -339,6 +335,8 @@ impl Bufs {
         }
         Bufs {
             q: part(&mut p.q, g),
+            d: part(&mut p.d, g),
+            m: part(&mut p.m, g),
             wsum: part(&mut p.wsum, g),
             sd: part(&mut p.sd, g),
             sm: part(&mut p.sm, g),
@@ -360,6 +358,8 @@ impl Bufs {
         GroupBufs {
             g0,
             q: take(self.q, g0, g1),
+            d: take(self.d, g0, g1),
+            m: take(self.m, g0, g1),
             wsum: take(self.wsum, g0, g1),
             sd: take(self.sd, g0, g1),
             sm: take(self.sm, g0, g1),
