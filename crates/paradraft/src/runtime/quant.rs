@@ -528,43 +528,49 @@ mod tests {
     /// 600,000 floats from a xorshift stream seeded with `seed`: each state's bits as a float
     /// (every exponent, NaNs and infinities) and the state scaled into `offset..offset + span`.
     fn sweep(seed: u32, span: f32, offset: f32) -> Vec<f32> {
-        let mut s = seed;
-        let mut xs = Vec::with_capacity(600_000);
-        for _ in 0..300_000 {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            xs.push(f32::from_bits(s));
-            xs.push((s as f32 / u32::MAX as f32) * span + offset);
-        }
-        xs
+        xorshift(seed)
+            .take(300_000)
+            .flat_map(|s| {
+                [
+                    f32::from_bits(s),
+                    (s as f32 / u32::MAX as f32) * span + offset,
+                ]
+            })
+            .collect()
     }
+
+    /// The states of a xorshift32 stream after `seed`.
+    fn xorshift(seed: u32) -> impl Iterator<Item = u32> {
+        std::iter::successors(Some(seed), |&s| {
+            let s = s ^ (s << 13);
+            let s = s ^ (s >> 17);
+            Some(s ^ (s << 5))
+        })
+        .skip(1)
+    }
+
+    /// Rounding edges both roundf-free roundings are checked at: halves and their neighbours,
+    /// signed zeros, infinities, NaN, the least subnormal and a huge value.
+    const EDGES: [f32; 11] = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        0.49999997,
+        0.50000006,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-45,
+        1e30,
+    ];
 
     /// The roundf-free nibble is the rounded, clamped value for every input: halves and their
     /// neighbours, the clamp's edges, signed zeros, infinities, NaN and a sweep of floats.
     #[test]
     fn nibble_is_the_rounded_clamped_value() {
-        let mut xs = vec![
-            0.0f32,
-            -0.0,
-            0.5,
-            -0.5,
-            0.49999997,
-            0.50000006,
-            1.5,
-            2.5,
-            14.5,
-            14.499999,
-            15.0,
-            15.5,
-            16.0,
-            -3.0,
-            1e30,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            1e-45,
-        ];
+        let mut xs = EDGES.to_vec();
+        xs.extend([1.5f32, 2.5, 14.5, 14.499999, 15.0, 15.5, 16.0, -3.0]);
         xs.extend(sweep(0x1234_5678, 17.0, -1.0));
         for x in xs {
             assert_eq!(nibble(x), x.round().clamp(0.0, 15.0) as u8, "{x:e}");
@@ -591,15 +597,15 @@ mod tests {
             }
             out
         }
-        let mut s = 0x2545_f491u32;
+        let mut states = xorshift(0x2545_f491);
         let mut x = Vec::new();
         for spread in [1e-3f32, 0.1, 1.0, 40.0] {
-            for _ in 0..64 * QK {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                x.push((s as f32 / u32::MAX as f32 - 0.5) * spread);
-            }
+            x.extend(
+                states
+                    .by_ref()
+                    .take(64 * QK)
+                    .map(|s| (s as f32 / u32::MAX as f32 - 0.5) * spread),
+            );
         }
         x.extend([0.75f32; QK]);
         x.extend((0..QK).map(|i| if i % 2 == 0 { 0.0 } else { -0.0 }));
@@ -620,14 +626,9 @@ mod tests {
     /// of every exponent and a sweep of the quantiser's range.
     #[test]
     fn round_i8_is_the_rounded_saturated_value() {
-        let mut xs = vec![
-            0.0f32,
-            -0.0,
-            0.5,
-            -0.5,
-            0.49999997,
-            -0.49999997,
-            0.50000006,
+        let mut xs = EDGES.to_vec();
+        xs.extend([
+            -0.49999997f32,
             1.5,
             -1.5,
             2.5,
@@ -641,15 +642,10 @@ mod tests {
             -128.49998,
             200.0,
             -200.0,
-            1e30,
             -1e30,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            1e-45,
             8388607.5,
             8388608.0,
-        ];
+        ]);
         xs.extend(sweep(0x9e37_79b9, 260.0, -130.0));
         for x in xs {
             assert_eq!(round_i8(x), x.round() as i8, "{x:e}");

@@ -526,14 +526,8 @@ fn prefetch(cfg: &DrafterConfig) {
         let Ok(m) = super::registry::Method::named(name) else {
             continue;
         };
-        if let (false, Some(p)) = (m.is_none(), m.entry.prefetch) {
-            if !["pld", "auto"].contains(&m.entry.name) {
-                p(&DrafterConfig {
-                    method: m,
-                    sources: vec![],
-                    ..cfg.clone()
-                });
-            }
+        if let (true, Some(p)) = (is_model_source(&m), m.entry.prefetch) {
+            p(&source_config(cfg, m));
         }
     }
 }
@@ -601,6 +595,21 @@ fn load<'t>(a: &LoadArgs<'_, 't>) -> Result<LoadedMethod<'t>> {
 }
 
 /// Loads the source `name` (a model source into `model`, the trie into `trie`).
+/// Whether `m` can be `auto`'s model source: a drafter of its own, not AR, prompt lookup or
+/// `auto` itself.
+fn is_model_source(m: &super::registry::Method) -> bool {
+    !m.is_none() && !["pld", "auto"].contains(&m.entry.name)
+}
+
+/// The configuration `auto`'s model source `m` is loaded (and prefetched) with.
+fn source_config(cfg: &DrafterConfig, m: super::registry::Method) -> DrafterConfig {
+    DrafterConfig {
+        method: m,
+        sources: vec![],
+        ..cfg.clone()
+    }
+}
+
 fn source<'t>(
     a: &LoadArgs<'_, 't>,
     name: &str,
@@ -621,7 +630,7 @@ fn source<'t>(
                     "auto's source {other:?} (sources: pld, suffix, trie, recycle, or a model drafter)"
                 ))
             })?;
-            if m.is_none() || ["pld", "auto"].contains(&m.entry.name) {
+            if !is_model_source(&m) {
                 return Err(Error::BadRequest(format!(
                     "auto's source {other:?} is not a model drafter"
                 )));
@@ -631,11 +640,7 @@ fn source<'t>(
                     "auto takes one model drafter among its sources".into(),
                 ));
             }
-            let sub = DrafterConfig {
-                method: m,
-                sources: vec![],
-                ..a.cfg.clone()
-            };
+            let sub = source_config(a.cfg, m);
             let loaded = (m.entry.load)(&a.for_method(&sub))
                 .map_err(|e| e.context(format!("auto's source {other}")))?;
             *model = Some(loaded.template);
