@@ -342,6 +342,58 @@ fn speculative_decoding_with_dart_is_lossless() {
     }
 }
 
+/// A prompt longer than the positions a drafter keeps pending until its first proposal: the
+/// rest pass its layer when the request starts, and the first proposal feeds the others
+/// (the cache and the pending states meet at the root; a gap would be refused).
+#[test]
+fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 3, 1);
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(40);
+    let prompt = lm.tokenizer.encode(&text).unwrap();
+    assert!(prompt.len() > 300, "{} prompt tokens", prompt.len());
+    let ctx = prompt.len() + 64;
+    let greedy = GenerateParams {
+        max_new_tokens: 40,
+        sampling: SamplingParams::default(),
+        stop_strings: vec![],
+        ..Default::default()
+    };
+    let mut kv = lm.model.new_kv(ctx);
+    let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
+    let (m, head) = DartModel::load(dir.path(), true).unwrap();
+    let mut d = Dart::new(
+        m,
+        head,
+        &lm.model,
+        ctx,
+        None,
+        Selection::Tree(tree(true, &lm)),
+    )
+    .unwrap();
+    let sp = speculative_generate(
+        &lm.model,
+        &lm.tokenizer,
+        &mut kv,
+        &prompt,
+        &greedy,
+        Speculation {
+            drafter: Box::new(&mut d),
+            max_draft: 8,
+            sizer: None,
+            rule: Default::default(),
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(sp.out.token_ids, ar.token_ids);
+    assert!(
+        sp.rounds.iter().all(|r| r.drafted > 0),
+        "every round drafted"
+    );
+}
+
 #[test]
 fn drafters_that_do_not_fit_are_refused() {
     let lm = load_tiny("llama");

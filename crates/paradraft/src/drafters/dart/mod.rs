@@ -34,6 +34,11 @@ use crate::types::TokenId;
 use depth::SharedDepths;
 use std::sync::Arc;
 
+/// Prompt positions a request's drafter keeps as pending states (a floats' row of the
+/// target's taps each) until its first proposal, rather than passing them through its layer
+/// when the request starts.
+const LAZY_ROWS: usize = 256;
+
 /// A DART drafter bound to its target (whose embedding it uses).
 pub struct Dart<'t> {
     /// The weights, shared by every request's drafter.
@@ -214,8 +219,11 @@ impl Drafter for Dart<'_> {
         &self.taps
     }
 
-    /// The drafter's prefill: every prompt position but the last (which waits for the first
-    /// root, the token to its right) enters the drafter's cache now.
+    /// The drafter's prefill, lazily: the prompt's last [`LAZY_ROWS`] positions wait as
+    /// pending states for the first proposal (the last one must: it waits for the first
+    /// root, the token to its right); positions before them enter the drafter's cache now. A
+    /// request that is never asked for a proposal (`auto` in a batch where its model does not
+    /// pay) never pays for its prompt's pass.
     fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
         self.kv.clear();
         self.pending.clear();
@@ -227,19 +235,19 @@ impl Drafter for Dart<'_> {
                 prompt.len()
             )));
         }
-        if n >= 2 {
+        let now = n.saturating_sub(LAZY_ROWS);
+        if now > 0 {
             self.model.forward(
                 self.target,
                 &mut self.kv,
-                &hidden.rows[..(n - 1) * width],
-                &prompt[1..],
+                &hidden.rows[..now * width],
+                &prompt[1..=now],
                 0,
                 &mut self.s,
                 &mut self.hidden,
             )?;
         }
-        self.pending
-            .extend_from_slice(&hidden.rows[n.saturating_sub(1) * width..]);
+        self.pending.extend_from_slice(&hidden.rows[now * width..]);
         Ok(())
     }
 
