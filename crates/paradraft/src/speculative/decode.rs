@@ -376,7 +376,7 @@ impl<'a> Session<'a> {
         };
         let mut stats = RoundStats::default();
         let budget = self.sizing.before(&facts).min(self.max_draft);
-        self.drafter.batch_streams(batch.streams.max(1));
+        self.drafter.batch(self.sizing.price(&facts));
         let t = Instant::now();
         let mut tree = self.drafter.propose(&self.committed, budget)?;
         stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -31,6 +31,27 @@ pub struct Hidden<'a> {
     pub rows: &'a [f32],
 }
 
+/// The forward a round is verified in, as the session's sizing prices it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchPrice {
+    /// Decoding sessions sharing it, this one included (1: alone).
+    pub streams: usize,
+    /// Its expected ms with one row per session (an AR step of this batch; 0: unknown).
+    pub step_ms: f64,
+    /// What one more verified row adds to it, ms (0: unknown).
+    pub row_ms: f64,
+}
+
+impl Default for BatchPrice {
+    fn default() -> Self {
+        BatchPrice {
+            streams: 1,
+            step_ms: 0.0,
+            row_ms: 0.0,
+        }
+    }
+}
+
 /// A drafter's lifecycle: `begin` once per request, then per round `propose` a tree that
 /// continues the committed tokens and `observe` what the target accepted.
 pub trait Drafter {
@@ -50,11 +71,11 @@ pub trait Drafter {
     /// autoregressive decoding this round.
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree>;
 
-    /// The next round's target forward is shared by `streams` decoding sessions (1: alone).
-    /// Called before each [`Drafter::propose`]; a drafter whose proposals cost time prices it
-    /// by this, since a millisecond it spends delays every stream of the batch. Default:
-    /// ignored.
-    fn batch_streams(&mut self, _streams: usize) {}
+    /// The next round's target forward, as sizing prices it ([`BatchPrice`]). Called before
+    /// each [`Drafter::propose`]; a drafter whose proposals cost time prices them by this,
+    /// since a millisecond it spends, or a row it adds, delays every stream of the batch.
+    /// Default: ignored.
+    fn batch(&mut self, _price: BatchPrice) {}
 
     /// The target accepted `outcome` for the last proposal. `hidden` holds the positions this
     /// round committed to the KV cache: the root, then each accepted node (the bonus token is
@@ -97,8 +118,8 @@ impl<D: Drafter + ?Sized> Drafter for &mut D {
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         (**self).propose(committed, max_nodes)
     }
-    fn batch_streams(&mut self, streams: usize) {
-        (**self).batch_streams(streams)
+    fn batch(&mut self, price: BatchPrice) {
+        (**self).batch(price)
     }
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
         (**self).observe(outcome, hidden)

@@ -41,14 +41,31 @@ const ARM_W: f64 = 0.1;
 /// The two arms' timings (without the model, with it) for rounds whose lookups are weak and
 /// for those where they are strong, shared by the sessions of a process that draft at one
 /// kind of temperature (greedy, or sampled): a request of a few hundred tokens ends before it
-/// has timed them all.
+/// has timed them all. With them, the estimate the sessions' model runs taught
+/// ([`ModelGate::ran`]), where a session in a batch starts from.
 #[derive(Clone, Debug, Default)]
-pub struct Arms(Arc<Mutex<[[Arm; 2]; 2]>>);
+pub struct Arms(Arc<Mutex<Pooled>>);
+
+#[derive(Clone, Debug, Default)]
+struct Pooled {
+    arms: [[Arm; 2]; 2],
+    /// (value, cost ms, model-only nodes verified) per run, and the runs pooled.
+    learned: ([f64; 3], usize),
+}
 
 impl Arms {
-    fn with<R>(&self, f: impl FnOnce(&mut [[Arm; 2]; 2]) -> R) -> R {
+    fn pooled<R>(&self, f: impl FnOnce(&mut Pooled) -> R) -> R {
         // A poisoned lock still holds plain numbers.
         f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut [[Arm; 2]; 2]) -> R) -> R {
+        self.pooled(|p| f(&mut p.arms))
+    }
+
+    /// The process's estimate of a model run, once some session ran its model.
+    fn learned(&self) -> Option<[f64; 3]> {
+        self.pooled(|p| (p.learned.1 > 0).then_some(p.learned.0))
     }
 }
 
@@ -79,6 +96,10 @@ pub struct ModelGate {
     value: f64,
     /// The model's proposal time, ms (EMA).
     cost_ms: f64,
+    /// Verified nodes only the model proposed, per run (EMA).
+    nodes: f64,
+    /// This session's model runs.
+    runs: usize,
     /// A round without verified nodes, start to start, ms (EMA): what a token costs without
     /// drafting.
     step_ms: f64,
@@ -87,6 +108,10 @@ pub struct ModelGate {
     round_start: Option<Instant>,
     /// Decoding sessions sharing the next round's forward (1: alone).
     pub streams: usize,
+    /// That forward's expected ms as an AR step, and what one more verified row adds to it,
+    /// as sizing prices them (0: unknown).
+    pub step_hint: f64,
+    pub row_ms: f64,
     /// Rounds without the model (0) and with it (1), by the lookups' strength.
     arms: Arms,
     /// The kind of round (strong lookups) and the arm it took, when the gate decided it.
@@ -104,10 +129,14 @@ impl Default for ModelGate {
         ModelGate {
             value: 1.0,
             cost_ms: 0.0,
+            nodes: 0.0,
+            runs: 0,
             step_ms: 0.0,
             since_run: [0; 2],
             round_start: None,
             streams: 1,
+            step_hint: 0.0,
+            row_ms: 0.0,
             arms: Arms::default(),
             arm: None,
             tokens: 0,
@@ -165,13 +194,32 @@ impl ModelGate {
     /// nodes. An undrafted step of `step_ms` commits one token for each of the batch's
     /// `streams`, so this session's token is worth `step_ms / streams` of the batch's time,
     /// and the forward's `cost_ms` is spent by all of them.
+    ///
+    /// In a batch two more things are priced. The clock cannot tell one session's choice
+    /// apart there (the step is everyone's), so the estimate also charges what the arms time
+    /// for a session alone: the verify rows of the nodes only the model proposed, each
+    /// `row_ms` of the batch's time. And a session that has not run its model yet starts
+    /// from the process's estimate (and sizing's step price until it has timed a step of
+    /// its own) rather than the optimistic start, which asked the model in the first round
+    /// of every request (`serve` at 16 streams on a 2-vCPU Zen 5: the model's passes and
+    /// its prompt, ~3 % of the step time, while its nodes were cut or did not pay).
     pub fn run(&mut self, lookup_expected: f64) -> bool {
         if self.every_round() {
             return true;
         }
         let kind = (lookup_expected >= ENOUGH) as usize;
         let b = self.streams.max(1);
-        let pays = self.step_ms == 0.0 || self.value * self.step_ms >= self.cost_ms * b as f64;
+        let own = [self.value, self.cost_ms, self.nodes];
+        let [value, cost_ms, nodes] = match self.arms.learned() {
+            Some(pooled) if b > 1 && self.runs == 0 => pooled,
+            _ => own,
+        };
+        let (step_ms, rows_ms) = match b {
+            1 => (self.step_ms, 0.0),
+            _ if self.step_ms > 0.0 => (self.step_ms, nodes * self.row_ms),
+            _ => (self.step_hint, nodes * self.row_ms),
+        };
+        let pays = step_ms == 0.0 || value * step_ms >= (cost_ms + rows_ms) * b as f64;
         let faster = !self.timed
             || self.arms.with(|arms| {
                 let [without, with] = &arms[kind];
@@ -198,10 +246,24 @@ impl ModelGate {
         !self.timed && self.streams <= 1
     }
 
-    /// The model ran for `ms` and `only_model` accepted tokens came from it alone.
-    pub fn ran(&mut self, ms: f64, only_model: usize) {
-        self.cost_ms = ema(self.cost_ms, ms, 0.2);
-        self.value = ema(self.value, only_model as f64, 0.15).max(1e-3);
+    /// The model ran for `ms`; of the nodes it alone proposed `verified` were verified and
+    /// `only_model` accepted.
+    pub fn ran(&mut self, ms: f64, only_model: usize, verified: usize) {
+        let learn = |[value, cost, nodes]: [f64; 3], fresh: bool| {
+            // The pooled estimate starts from the first run, not the optimistic start.
+            let value = if fresh { only_model as f64 } else { value };
+            [
+                ema(value, only_model as f64, 0.15).max(1e-3),
+                ema(cost, ms, 0.2),
+                ema(nodes, verified as f64, 0.2),
+            ]
+        };
+        [self.value, self.cost_ms, self.nodes] =
+            learn([self.value, self.cost_ms, self.nodes], false);
+        self.runs += 1;
+        self.arms.pooled(|p| {
+            p.learned = (learn(p.learned.0, p.learned.1 == 0), p.learned.1 + 1);
+        });
     }
 }
 
@@ -231,13 +293,13 @@ mod tests {
         };
         assert!(g.run(0.0));
         for _ in 0..40 {
-            g.ran(1.0, 0);
+            g.ran(1.0, 0, 0);
         }
         let runs = (0..32).filter(|_| g.run(0.0)).count();
         assert_eq!(runs, 32 / PROBE_EVERY);
         assert_eq!((0..32).filter(|_| g.run(ENOUGH)).count(), 32 / PROBE_EVERY);
         for _ in 0..40 {
-            g.ran(1.0, 2);
+            g.ran(1.0, 2, 2);
         }
         // Paying, it leaves one decided round in PROBE_EVERY to the lookups alone.
         assert_eq!(
@@ -322,9 +384,9 @@ mod tests {
                 ..Default::default()
             };
             for _ in 0..40 {
-                g.ran(1.0, 0);
-                g.ran(1.0, 1);
-                g.ran(1.0, 1);
+                g.ran(1.0, 0, 0);
+                g.ran(1.0, 1, 1);
+                g.ran(1.0, 1, 1);
             }
             assert!((0.5..0.8).contains(&g.value), "value {}", g.value);
             let n = 64 * PROBE_EVERY;
@@ -335,6 +397,47 @@ mod tests {
                 n / (PROBE_EVERY * streams)
             };
             assert_eq!(runs, want, "{streams} streams");
+        }
+    }
+
+    /// In a batch the model's own verify rows are charged: where a row costs what a token
+    /// is worth (a compute-bound step: 16 rows of 1 ms) nodes accepted 3 times in 5 never
+    /// pay, and the model runs on probes only; where rows are nearly free (0.05 ms) it runs.
+    /// A new session in the batch starts from what the process's sessions learned (and
+    /// sizing's step price): it does not ask the model in its first round.
+    #[test]
+    fn a_batch_charges_the_model_its_rows() {
+        for (row_ms, pays) in [(1.0, false), (0.05, true)] {
+            let arms = Arms::default();
+            let mut g = ModelGate {
+                streams: 16,
+                step_ms: 16.0,
+                row_ms,
+                ..ModelGate::sharing(&arms, false)
+            };
+            for _ in 0..40 {
+                g.ran(0.2, 3, 5);
+            }
+            let n = 64 * PROBE_EVERY;
+            let runs = (0..n).filter(|_| g.run(0.0)).count();
+            let want = if pays { n } else { n / (PROBE_EVERY * 16) };
+            assert_eq!(runs, want, "rows of {row_ms} ms");
+            let mut fresh = ModelGate {
+                streams: 16,
+                step_hint: 16.0,
+                row_ms,
+                ..ModelGate::sharing(&arms, false)
+            };
+            assert_eq!(fresh.run(0.0), pays, "a new session, rows of {row_ms} ms");
+            // Alone, the clock and the sizer's cut judge the rows: the estimate does not.
+            let mut alone = ModelGate {
+                streams: 1,
+                step_ms: 1.5,
+                row_ms,
+                ..ModelGate::sharing(&arms, false)
+            };
+            alone.ran(0.2, 3, 5);
+            assert!(alone.run(0.0));
         }
     }
 
@@ -349,7 +452,7 @@ mod tests {
             ..ModelGate::sharing(&arms, false)
         };
         for _ in 0..40 {
-            g.ran(1.0, 0);
+            g.ran(1.0, 0, 0);
         }
         let mut t = Instant::now();
         let mut runs = 0;
@@ -367,7 +470,7 @@ mod tests {
         // Paying in the batch it runs every round (no round is left to the lookups to time
         // them: a sampling session's arms are never read), and times nothing into the arms.
         for _ in 0..40 {
-            g.ran(1.0, 2);
+            g.ran(1.0, 2, 2);
         }
         let mut runs = 0;
         for _ in 0..64 {
@@ -384,7 +487,7 @@ mod tests {
             ..ModelGate::sharing(&arms, true)
         };
         for _ in 0..40 {
-            timed.ran(1.0, 0);
+            timed.ran(1.0, 0, 0);
         }
         assert_eq!((0..32).filter(|_| timed.run(0.0)).count(), 32 / PROBE_EVERY);
     }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::ngram::suffix::{ContNode, Continuations, SuffixIndex};
 use crate::ngram::NgramTrie;
 use crate::sample::{Sampler, SamplingParams};
-use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 use gate::ModelGate;
 use merge::{merge, Calibration, Merged, Proposal};
@@ -427,8 +427,10 @@ impl Drafter for Auto<'_> {
         Ok(self.last.tree.clone())
     }
 
-    fn batch_streams(&mut self, streams: usize) {
-        self.gate.streams = streams;
+    fn batch(&mut self, price: BatchPrice) {
+        self.gate.streams = price.streams;
+        self.gate.step_hint = price.step_ms;
+        self.gate.row_ms = price.row_ms;
     }
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
@@ -446,12 +448,13 @@ impl Drafter for Auto<'_> {
                     _ => None,
                 });
         }
-        let mut only_model = 0;
+        let (mut only_model, mut model_nodes) = (0, 0);
         if !self.last.tree.is_empty() {
             let mut calib = self.shared.calib.lock().map_err(|_| poisoned())?;
             let seen = self.last.learn(outcome, &mut calib);
             drop(calib);
             if let Some(bit) = self.model_bit {
+                model_nodes = seen.iter().filter(|&&(s, _)| s == bit).count();
                 only_model = seen.iter().filter(|&&(s, a)| a && s == bit).count();
             }
             let mut st = self.shared.stats.lock().map_err(|_| poisoned())?;
@@ -465,7 +468,7 @@ impl Drafter for Auto<'_> {
             }
         }
         if self.model_bit.is_some() {
-            self.gate.ran(self.model_ms, only_model);
+            self.gate.ran(self.model_ms, only_model, model_nodes);
         }
         if let Some(m) = self.model.as_mut() {
             if let Err(e) = m.observe(outcome, hidden) {

@@ -123,6 +123,23 @@ impl Sizing {
         .min(f.room)
     }
 
+    /// The round's forward as the cost curve prices it (streams only when sizing is fixed).
+    pub fn price(&self, f: &RoundFacts) -> crate::speculative::BatchPrice {
+        let streams = f.batch.streams.max(1);
+        let (step_ms, row_ms) = match self {
+            Sizing::Fixed => (0.0, 0.0),
+            Sizing::Sized(s) => {
+                let base = f.batch.prefill + streams;
+                (s.cost.ms(base), s.cost.added_ms(base, 1))
+            }
+        };
+        crate::speculative::BatchPrice {
+            streams,
+            step_ms,
+            row_ms,
+        }
+    }
+
     /// Cuts the proposed `tree` to what pays (trees: by each node's path probability `conf`,
     /// with `draft_ms` already spent) and to `budget`.
     pub fn cut(
