@@ -392,6 +392,47 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
         sp.rounds.iter().all(|r| r.drafted > 0),
         "every round drafted"
     );
+
+    // In a batch the waiting positions are fed by the first proposal itself: it drafts what
+    // a drafter alone drafts after passing them first.
+    use paradraft::speculative::{BatchPrice, Drafter, Hidden};
+    let w = 3 * lm.model.config.hidden_size;
+    let feats = pseudo_random(prompt.len() * w, 9);
+    let mut committed = prompt.clone();
+    committed.push(TokenId(42));
+    let mut trees = vec![];
+    for streams in [1, 4] {
+        let (m, head) = DartModel::load(dir.path(), true).unwrap();
+        let mut d = Dart::new(
+            m,
+            head,
+            &lm.model,
+            ctx,
+            None,
+            Selection::Tree(tree(true, &lm)),
+        )
+        .unwrap();
+        d.begin(
+            &prompt,
+            Hidden {
+                width: w,
+                rows: &feats,
+            },
+        )
+        .unwrap();
+        d.batch(BatchPrice {
+            streams,
+            ..Default::default()
+        });
+        let t = d.propose(&committed, 8).unwrap();
+        assert!(!t.is_empty());
+        trees.push(
+            (0..t.len())
+                .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(trees[0], trees[1]);
 }
 
 #[test]

@@ -431,6 +431,9 @@ impl Drafter for Auto<'_> {
         self.gate.streams = price.streams;
         self.gate.step_hint = price.step_ms;
         self.gate.row_ms = price.row_ms;
+        if let Some(m) = self.model.as_mut() {
+            m.batch(price);
+        }
     }
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {

@@ -29,14 +29,14 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::sample::SamplingParams;
-use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome};
 use crate::types::TokenId;
 use depth::SharedDepths;
 use std::sync::Arc;
 
-/// Prompt positions a request's drafter keeps as pending states (a floats' row of the
+/// Prompt positions a request's drafter in a batch keeps as pending states (a row of the
 /// target's taps each) until its first proposal, rather than passing them through its layer
-/// when the request starts.
+/// when the request starts ([`Dart::catch_up`]).
 const LAZY_ROWS: usize = 256;
 
 /// A DART drafter bound to its target (whose embedding it uses).
@@ -49,6 +49,9 @@ pub struct Dart<'t> {
     kv: KvCache,
     /// Target states of committed positions `kv.len()..` not yet fed to the drafter.
     pending: Vec<f32>,
+    /// The prompt tokens to the right of the first pending positions (all but the prompt's
+    /// last, whose token to the right is the first root), while they wait.
+    lazy_next: Vec<TokenId>,
     /// Mask slots per call (≤ the trained `draft_length`; depths = masks + 1): the most.
     pub masks: usize,
     /// Under adaptive sizing a tree drafts only the depths the target accepts often enough
@@ -95,6 +98,7 @@ impl<'t> Dart<'t> {
             taps,
             kv,
             pending: vec![],
+            lazy_next: vec![],
             masks,
             depths: None,
             drafted_depth: 0,
@@ -116,6 +120,7 @@ impl<'t> Dart<'t> {
             taps: self.taps.clone(),
             kv: self.model.new_kv(ctx + self.masks + 1),
             pending: vec![],
+            lazy_next: vec![],
             masks: self.masks,
             depths: self.depths.clone(),
             drafted_depth: 0,
@@ -129,6 +134,28 @@ impl<'t> Dart<'t> {
 
     pub fn config(&self) -> &DartConfig {
         &self.model.config
+    }
+
+    /// Passes the prompt positions [`Drafter::begin`] left pending (all but the last) through
+    /// the drafter's layer now.
+    fn catch_up(&mut self) -> Result<()> {
+        let k = self.lazy_next.len();
+        if k == 0 {
+            return Ok(());
+        }
+        let width = self.model.feature_width();
+        self.model.forward(
+            self.target,
+            &mut self.kv,
+            &self.pending[..k * width],
+            &self.lazy_next,
+            0,
+            &mut self.s,
+            &mut self.hidden,
+        )?;
+        self.pending.drain(..k * width);
+        self.lazy_next.clear();
+        Ok(())
     }
 
     /// The depths the next proposal may draft (before the node budget): the learned ones, or
@@ -219,14 +246,16 @@ impl Drafter for Dart<'_> {
         &self.taps
     }
 
-    /// The drafter's prefill, lazily: the prompt's last [`LAZY_ROWS`] positions wait as
-    /// pending states for the first proposal (the last one must: it waits for the first
-    /// root, the token to its right); positions before them enter the drafter's cache now. A
-    /// request that is never asked for a proposal (`auto` in a batch where its model does not
+    /// The drafter's prefill, partly lazy: the prompt's last [`LAZY_ROWS`] positions wait as
+    /// pending states (the last one must: it waits for the first root, the token to its
+    /// right); positions before them enter the drafter's cache now. A request alone passes
+    /// the waiting ones before its first proposal ([`Drafter::batch`]), one in a batch with
+    /// it: a request never asked for a proposal (`auto` in a batch where its model does not
     /// pay) never pays for its prompt's pass.
     fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
         self.kv.clear();
         self.pending.clear();
+        self.lazy_next.clear();
         let width = self.model.feature_width();
         let n = hidden.rows.len() / width;
         if n != prompt.len() {
@@ -248,6 +277,8 @@ impl Drafter for Dart<'_> {
             )?;
         }
         self.pending.extend_from_slice(&hidden.rows[now * width..]);
+        self.lazy_next
+            .extend_from_slice(&prompt[(now + 1).min(n)..]);
         Ok(())
     }
 
@@ -278,6 +309,7 @@ impl Drafter for Dart<'_> {
             &mut self.hidden,
         )?;
         self.pending.clear();
+        self.lazy_next.clear();
         let v = self
             .head
             .logits(self.target, &self.hidden, &mut self.logits);
@@ -289,6 +321,15 @@ impl Drafter for Dart<'_> {
             self.proposed.clone_from(&tree);
         }
         Ok(tree)
+    }
+
+    /// Alone, the prompt's waiting positions are passed before the first proposal, outside
+    /// its time (what its cost and its gate learn is a round's drafting, not the prompt's).
+    fn batch(&mut self, price: BatchPrice) {
+        if price.streams <= 1 {
+            // A failure here shows again at the proposal, which feeds the same states.
+            let _ = self.catch_up();
+        }
     }
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
