@@ -131,6 +131,30 @@ fn drafting_shrinks_and_stops_as_the_batch_grows() {
     assert_eq!(s.choose_tree(32, big), 0);
 }
 
+/// Where every row of a batch costs what a token is worth, not even a tree accepted whole
+/// could pay: no proposal is asked for, whatever recent trees did (none have been verified
+/// here; they would have been cut). Where rows are cheaper than tokens it is.
+#[test]
+fn no_tree_is_asked_for_where_none_could_pay() {
+    let s = Sizer::new(compute_bound());
+    let (at, linear) = (4, 64);
+    let shape = |streams| BatchShape {
+        streams,
+        prefill: 0,
+    };
+    assert!(s.a_tree_can_pay(32, BatchShape::default()));
+    assert!(s.a_tree_can_pay(32, shape(at)));
+    assert!(!s.a_tree_can_pay(32, shape(linear)));
+    assert_eq!(s.choose_tree(32, shape(linear)), 0);
+    assert_eq!(s.choose_tree(32, shape(at)), 32);
+    // Beside 256 prompt rows even one stream's rows cost what they add there: a slope.
+    let beside = BatchShape {
+        streams: 1,
+        prefill: 256,
+    };
+    assert!(!s.a_tree_can_pay(32, beside));
+}
+
 /// Beside a prompt being prefilled, the decoding rows are priced by what they add to the
 /// step, not by a share of the prompt's cost: in a compute-bound step a drafted row costs what
 /// a token is worth, so a drafter that pays in a 4-stream decode step drafts nothing beside
