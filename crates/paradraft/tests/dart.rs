@@ -435,6 +435,83 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
     assert_eq!(trees[0], trees[1]);
 }
 
+/// Rounds that ask for no node (held drafting, or `auto` not asking its model) let the
+/// target states pile up only so far: past twice the lazy prompt rows they are passed in one
+/// chunk, and the next proposal drafts what it would have drafted from all of them at once.
+#[test]
+fn held_rounds_keep_pending_states_bounded() {
+    use paradraft::speculative::{Drafter, Hidden, Outcome};
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 3, 1);
+    let w = 3 * lm.model.config.hidden_size;
+    let prompt: Vec<TokenId> = (0..12).map(|i| TokenId(20 + i * 5)).collect();
+    let rounds = 700;
+    let feats = pseudo_random((prompt.len() + rounds) * w, 4);
+    let mut trees = vec![];
+    for held in [true, false] {
+        let (m, head) = DartModel::load(dir.path(), true).unwrap();
+        let mut d = Dart::new(
+            m,
+            head,
+            &lm.model,
+            1024,
+            None,
+            Selection::Tree(tree(false, &lm)),
+        )
+        .unwrap();
+        let n = prompt.len();
+        d.begin(
+            &prompt,
+            Hidden {
+                width: w,
+                rows: &feats[..n * w],
+            },
+        )
+        .unwrap();
+        let mut committed = prompt.clone();
+        committed.push(TokenId(7));
+        let mut most = 0;
+        for r in 0..rounds {
+            if held {
+                assert!(d.propose(&committed, 0).unwrap().is_empty());
+            }
+            most = most.max(d.pending_positions());
+            let bonus = TokenId(30 + (r as u32 * 13) % 200);
+            let outcome = Outcome {
+                accepted: vec![],
+                tokens: vec![],
+                bonus,
+                drafted: 0,
+                top: Default::default(),
+            };
+            let row = &feats[(n + r) * w..(n + r + 1) * w];
+            d.observe(
+                &outcome,
+                Hidden {
+                    width: w,
+                    rows: row,
+                },
+            )
+            .unwrap();
+            committed.push(bonus);
+        }
+        if held {
+            assert!(most <= 2 * 256 + 1, "{most} pending positions");
+        } else {
+            assert!(most >= rounds, "{most} pending positions");
+        }
+        let t = d.propose(&committed, 8).unwrap();
+        assert!(!t.is_empty());
+        trees.push(
+            (0..t.len())
+                .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(trees[0], trees[1]);
+}
+
 #[test]
 fn drafters_that_do_not_fit_are_refused() {
     let lm = load_tiny("llama");

@@ -295,6 +295,17 @@ impl Auto<'_> {
         Ok(tree_proposal(s, &tree, m.node_confidence()))
     }
 
+    /// A round that does not ask the model still shows it the text, as a proposal of no node
+    /// (what a drafter that keeps pending states uses to keep them bounded).
+    fn keep_model_up(&mut self, committed: &[TokenId]) {
+        if let Some(m) = self.model.as_mut() {
+            if let Err(e) = m.propose(committed, 0) {
+                eprintln!("auto: model source left out of this request: {e}");
+                self.model = None;
+            }
+        }
+    }
+
     /// The lookup sources' proposals for a tree of at most `max_nodes` nodes after `committed`.
     fn proposals(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Vec<Proposal>> {
         let depth = max_nodes.min(MAX_DEPTH);
@@ -382,6 +393,7 @@ impl Drafter for Auto<'_> {
         self.gate.round_starts(self.verified_last == 0);
         self.last = Merged::default();
         if max_nodes == 0 {
+            self.keep_model_up(committed);
             return Ok(DraftTree::new());
         }
         let t = std::time::Instant::now();
@@ -405,6 +417,9 @@ impl Drafter for Auto<'_> {
                 self.gate.run(expected)
             }
         };
+        if !ask {
+            self.keep_model_up(committed);
+        }
         if ask {
             match self.model_proposal(committed, max_nodes) {
                 Ok(p) => props.push(p),

@@ -158,6 +158,11 @@ impl<'t> Dart<'t> {
         Ok(())
     }
 
+    /// Committed positions whose target states wait to enter the drafter's cache.
+    pub fn pending_positions(&self) -> usize {
+        self.pending.len() / self.model.feature_width()
+    }
+
     /// The depths the next proposal may draft (before the node budget): the learned ones, or
     /// every trained one.
     pub fn depths(&self) -> usize {
@@ -291,6 +296,22 @@ impl Drafter for Dart<'_> {
                 "DART holds states up to position {} but the root is at {s}",
                 p0 + m
             )));
+        }
+        if max_nodes == 0 && m > 2 * LAZY_ROWS {
+            // Asked for nothing (held, or `auto` not asking its model) while states pile up:
+            // pass them now, a chunk at a time, so that a request's pending states stay
+            // bounded (each is 3 target rows of floats).
+            self.model.forward(
+                self.target,
+                &mut self.kv,
+                &self.pending,
+                &committed[p0 + 1..=s],
+                0,
+                &mut self.s,
+                &mut self.hidden,
+            )?;
+            self.pending.clear();
+            self.lazy_next.clear();
         }
         if max_nodes == 0 || m == 0 {
             return Ok(DraftTree::new());
