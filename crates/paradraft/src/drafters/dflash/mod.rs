@@ -29,6 +29,9 @@ use crate::speculative::{DraftTree, Drafter, Hidden, Outcome};
 use crate::types::{Pos, TokenId};
 use std::sync::Arc;
 
+/// Target positions whose states a request's drafter holds before injecting them unasked.
+const PENDING_ROWS: usize = 512;
+
 pub static METHOD: MethodEntry = MethodEntry {
     name: "dflash",
     about: "DFlash block-diffusion drafter (greedy block; one-hot q at T > 0)",
@@ -151,6 +154,12 @@ impl<'t> Dflash<'t> {
         })
     }
 
+    /// Committed positions whose target states wait to be injected.
+    pub fn pending_positions(&self) -> usize {
+        let width = self.model.config.target_layer_ids.len() * self.target.config.hidden_size;
+        self.pending.len() / width.max(1)
+    }
+
     pub fn config(&self) -> &DflashConfig {
         &self.model.config
     }
@@ -236,8 +245,20 @@ impl Drafter for Dflash<'_> {
         )
     }
 
+    /// The round's target states wait for the next proposal, which injects them; past
+    /// [`PENDING_ROWS`] positions (rounds that asked for no node: held drafting, or `auto` not
+    /// asking its model) they are injected now, so that a request's pending states stay
+    /// bounded.
     fn observe(&mut self, _outcome: &Outcome, hidden: Hidden) -> Result<()> {
         self.pending.extend_from_slice(hidden.rows);
+        let width = hidden.width.max(1);
+        if self.pending.len() / width > PENDING_ROWS {
+            let rows = std::mem::take(&mut self.pending);
+            let fed = self.add_context(Hidden { width, rows: &rows });
+            self.pending = rows;
+            self.pending.clear();
+            fed?;
+        }
         Ok(())
     }
 
