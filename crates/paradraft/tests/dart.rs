@@ -273,6 +273,21 @@ fn tree(ngram: bool, lm: &Loaded) -> TreeDrafting {
     TreeDrafting::new(TreeSearchParams::default(), trie, stop)
 }
 
+/// A quantized drafter from `dir` drafting trees (with the n-gram trie if `ngram`) for a
+/// context of `ctx`.
+fn tree_drafter<'t>(lm: &'t Loaded, dir: &std::path::Path, ctx: usize, ngram: bool) -> Dart<'t> {
+    let (m, head) = DartModel::load(dir, true).unwrap();
+    Dart::new(
+        m,
+        head,
+        &lm.model,
+        ctx,
+        None,
+        Selection::Tree(tree(ngram, lm)),
+    )
+    .unwrap()
+}
+
 #[test]
 fn speculative_decoding_with_dart_is_lossless() {
     let lm = load_tiny("llama");
@@ -362,16 +377,7 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
     };
     let mut kv = lm.model.new_kv(ctx);
     let ar = generate(&lm.model, &lm.tokenizer, &mut kv, &prompt, &greedy, |_| {}).unwrap();
-    let (m, head) = DartModel::load(dir.path(), true).unwrap();
-    let mut d = Dart::new(
-        m,
-        head,
-        &lm.model,
-        ctx,
-        None,
-        Selection::Tree(tree(true, &lm)),
-    )
-    .unwrap();
+    let mut d = tree_drafter(&lm, dir.path(), ctx, true);
     let sp = speculative_generate(
         &lm.model,
         &lm.tokenizer,
@@ -402,16 +408,7 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
     committed.push(TokenId(42));
     let mut trees = vec![];
     for streams in [1, 4] {
-        let (m, head) = DartModel::load(dir.path(), true).unwrap();
-        let mut d = Dart::new(
-            m,
-            head,
-            &lm.model,
-            ctx,
-            None,
-            Selection::Tree(tree(true, &lm)),
-        )
-        .unwrap();
+        let mut d = tree_drafter(&lm, dir.path(), ctx, true);
         d.begin(
             &prompt,
             Hidden {
@@ -426,11 +423,7 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
         });
         let t = d.propose(&committed, 8).unwrap();
         assert!(!t.is_empty());
-        trees.push(
-            (0..t.len())
-                .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
-                .collect::<Vec<_>>(),
-        );
+        trees.push(common::tree_tokens(&t));
     }
     assert_eq!(trees[0], trees[1]);
 }
@@ -440,27 +433,16 @@ fn a_long_prompt_is_passed_in_two_parts_and_stays_lossless() {
 /// chunk, and the next proposal drafts what it would have drafted from all of them at once.
 #[test]
 fn held_rounds_keep_pending_states_bounded() {
-    use paradraft::speculative::{Drafter, Hidden, Outcome};
+    use paradraft::speculative::{Drafter, Hidden};
     let lm = load_tiny("llama");
     let vocab = reduced(lm.model.config.vocab_size);
     let (dir, _) = drafter_dir(&lm, &vocab, 3, 1);
     let w = 3 * lm.model.config.hidden_size;
     let prompt: Vec<TokenId> = (0..12).map(|i| TokenId(20 + i * 5)).collect();
-    let rounds = 700;
-    let feats = pseudo_random((prompt.len() + rounds) * w, 4);
-    let mut trees = vec![];
-    for held in [true, false] {
-        let (m, head) = DartModel::load(dir.path(), true).unwrap();
-        let mut d = Dart::new(
-            m,
-            head,
-            &lm.model,
-            1024,
-            None,
-            Selection::Tree(tree(false, &lm)),
-        )
-        .unwrap();
-        let n = prompt.len();
+    let (n, rounds) = (prompt.len(), 700);
+    let feats = pseudo_random((n + rounds) * w, 4);
+    let drafter = || {
+        let mut d = tree_drafter(&lm, dir.path(), 1024, false);
         d.begin(
             &prompt,
             Hidden {
@@ -469,47 +451,38 @@ fn held_rounds_keep_pending_states_bounded() {
             },
         )
         .unwrap();
-        let mut committed = prompt.clone();
-        committed.push(TokenId(7));
-        let mut most = 0;
-        for r in 0..rounds {
-            if held {
-                assert!(d.propose(&committed, 0).unwrap().is_empty());
-            }
-            most = most.max(d.pending_positions());
-            let bonus = TokenId(30 + (r as u32 * 13) % 200);
-            let outcome = Outcome {
-                accepted: vec![],
-                tokens: vec![],
-                bonus,
-                drafted: 0,
-                top: Default::default(),
-            };
-            let row = &feats[(n + r) * w..(n + r + 1) * w];
-            d.observe(
-                &outcome,
-                Hidden {
-                    width: w,
-                    rows: row,
-                },
-            )
-            .unwrap();
-            committed.push(bonus);
-        }
-        if held {
-            assert!(most <= 2 * 256 + 1, "{most} pending positions");
-        } else {
-            assert!(most >= rounds, "{most} pending positions");
-        }
-        let t = d.propose(&committed, 8).unwrap();
-        assert!(!t.is_empty());
-        trees.push(
-            (0..t.len())
-                .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
-                .collect::<Vec<_>>(),
-        );
+        d
+    };
+    let mut committed = prompt.clone();
+    committed.push(TokenId(7));
+    let mut held = drafter();
+    let most = common::undrafted_rounds(&mut held, &mut committed, &feats, w, n, rounds, |d| {
+        d.pending_positions()
+    });
+    assert!(most <= 2 * 256 + 1, "{most} pending positions");
+    // The same rounds without asking: every state waits for the proposal.
+    let mut late = drafter();
+    let mut observed = prompt.clone();
+    observed.push(TokenId(7));
+    let none = paradraft::speculative::Outcome {
+        accepted: vec![],
+        tokens: vec![],
+        bonus: TokenId(0),
+        drafted: 0,
+        top: Default::default(),
+    };
+    for r in 0..rounds {
+        let rows = &feats[(n + r) * w..(n + r + 1) * w];
+        late.observe(&none, Hidden { width: w, rows }).unwrap();
+        observed.push(committed[n + 1 + r]);
     }
-    assert_eq!(trees[0], trees[1]);
+    assert_eq!(late.pending_positions(), n + rounds, "the prompt waits too");
+    let t = held.propose(&committed, 8).unwrap();
+    assert!(!t.is_empty());
+    assert_eq!(
+        common::tree_tokens(&t),
+        common::tree_tokens(&late.propose(&observed, 8).unwrap())
+    );
 }
 
 #[test]

@@ -378,3 +378,43 @@ pub fn assert_mask_loss_reaches_every_var(
     let grads = loss.backward().unwrap();
     assert_every_var_has_a_gradient(&net.vars, &grads);
 }
+
+/// A draft tree's tokens in node order.
+pub fn tree_tokens(t: &paradraft::speculative::DraftTree) -> Vec<TokenId> {
+    (0..t.len())
+        .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
+        .collect()
+}
+
+/// Runs `rounds` rounds that verified no node through drafter `d` (begun on `committed`
+/// minus its root), each first asking it for no node (held drafting) and then observing one
+/// row of target states from `feats` (rows after the `from`th) with a bonus token that joins
+/// `committed`. Returns the most positions `pending` reported after a round.
+pub fn undrafted_rounds<D: paradraft::speculative::Drafter>(
+    d: &mut D,
+    committed: &mut Vec<TokenId>,
+    feats: &[f32],
+    width: usize,
+    from: usize,
+    rounds: usize,
+    pending: impl Fn(&D) -> usize,
+) -> usize {
+    use paradraft::speculative::{Hidden, Outcome};
+    let mut most = 0;
+    for r in 0..rounds {
+        assert!(d.propose(committed, 0).unwrap().is_empty());
+        let bonus = TokenId(30 + (r as u32 * 13) % 200);
+        let outcome = Outcome {
+            accepted: vec![],
+            tokens: vec![],
+            bonus,
+            drafted: 0,
+            top: Default::default(),
+        };
+        let rows = &feats[(from + r) * width..(from + r + 1) * width];
+        d.observe(&outcome, Hidden { width, rows }).unwrap();
+        most = most.max(pending(d));
+        committed.push(bonus);
+    }
+    most
+}

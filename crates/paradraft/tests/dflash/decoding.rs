@@ -93,22 +93,17 @@ fn speculative_decoding_with_dflash_is_lossless() {
 /// next proposal drafts what a drafter given all of them at once drafts.
 #[test]
 fn held_rounds_keep_pending_states_bounded() {
-    use paradraft::speculative::{Drafter, Hidden, Outcome};
+    use paradraft::speculative::{Drafter, Hidden};
     let lm = load_tiny("qwen3");
     let dir = drafter_dir(&lm, false);
-    let m0 = DflashModel::load(dir.path()).unwrap();
-    let w = m0.config.target_layer_ids.len() * lm.model.config.hidden_size;
+    let m = DflashModel::load(dir.path()).unwrap();
+    let w = m.config.target_layer_ids.len() * lm.model.config.hidden_size;
     let prompt: Vec<TokenId> = (0..12).map(|i| TokenId(20 + i * 5)).collect();
     let (n, rounds) = (prompt.len(), 700);
     let feats: Vec<f32> = (0..(n + rounds) * w)
         .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 / 8_388_608.0 - 1.0)
         .collect();
-    let tokens = |t: &paradraft::speculative::DraftTree| {
-        (0..t.len())
-            .map(|i| t.token(paradraft::speculative::NodeId(i as u32)))
-            .collect::<Vec<_>>()
-    };
-    let mut d = Dflash::new(m0, &lm.model, 1024, None, SamplingParams::default()).unwrap();
+    let mut d = Dflash::new(m, &lm.model, 1024, None, SamplingParams::default()).unwrap();
     d.begin(
         &prompt,
         Hidden {
@@ -119,29 +114,9 @@ fn held_rounds_keep_pending_states_bounded() {
     .unwrap();
     let mut committed = prompt.clone();
     committed.push(TokenId(7));
-    let mut most = 0;
-    for r in 0..rounds {
-        assert!(d.propose(&committed, 0).unwrap().is_empty());
-        let bonus = TokenId(30 + (r as u32 * 13) % 200);
-        let outcome = Outcome {
-            accepted: vec![],
-            tokens: vec![],
-            bonus,
-            drafted: 0,
-            top: Default::default(),
-        };
-        let row = &feats[(n + r) * w..(n + r + 1) * w];
-        d.observe(
-            &outcome,
-            Hidden {
-                width: w,
-                rows: row,
-            },
-        )
-        .unwrap();
-        most = most.max(d.pending_positions());
-        committed.push(bonus);
-    }
+    let most = common::undrafted_rounds(&mut d, &mut committed, &feats, w, n, rounds, |d| {
+        d.pending_positions()
+    });
     assert!((1..=512).contains(&most), "{most} pending positions");
     let held = d.propose(&committed, 8).unwrap();
     // All the states at once, as a prompt.
@@ -156,9 +131,11 @@ fn held_rounds_keep_pending_states_bounded() {
         },
     )
     .unwrap();
-    let whole = once.propose(&committed, 8).unwrap();
     assert!(!held.is_empty());
-    assert_eq!(tokens(&held), tokens(&whole));
+    assert_eq!(
+        common::tree_tokens(&held),
+        common::tree_tokens(&once.propose(&committed, 8).unwrap())
+    );
 }
 
 #[test]
