@@ -460,6 +460,9 @@ fn held_rounds_keep_pending_states_bounded() {
         d.pending_positions()
     });
     assert!(most <= 2 * 256 + 1, "{most} pending positions");
+    // What a server counts for them covers them.
+    use paradraft::drafters::registry::Template;
+    assert!(most * w * 4 <= Template::pending_bytes(&held, 1024));
     // The same rounds without asking: every state waits for the proposal.
     let mut late = drafter();
     let mut observed = prompt.clone();

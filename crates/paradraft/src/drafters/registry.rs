@@ -108,6 +108,13 @@ pub trait Template<'t> {
         0
     }
 
+    /// The most bytes of target states a request's drafter of up to `ctx` positions holds
+    /// before taking them in (bounded: what a server counts beside its cache; 0 for drafters
+    /// that hold none).
+    fn pending_bytes(&self, _ctx: usize) -> usize {
+        0
+    }
+
     /// What the requests' drafters have done so far, for reports (`auto`: accepted nodes per
     /// source); `None` when there is nothing to say.
     fn report(&self) -> Option<String> {

@@ -266,6 +266,12 @@ impl<'t> DrafterSet<'t> {
         self.template.kv_bytes_per_slot()
     }
 
+    /// The most bytes of target states a request's drafter of up to `ctx` positions holds
+    /// before taking them in: a server counts them in its KV pool too.
+    pub fn pending_bytes(&self, ctx: usize) -> usize {
+        self.template.pending_bytes(ctx)
+    }
+
     /// Measures what a proposal costs on this machine and keeps it with the target's verify
     /// costs `target` ([`CostCurve::measure`]), so that each round's draft is sized by what
     /// pays; nothing to do without a drafter or with fixed drafts. With `sampled` (requests

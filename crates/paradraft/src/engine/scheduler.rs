@@ -306,12 +306,14 @@ impl<'e> Scheduler<'e> {
         Ok(set)
     }
 
-    /// Pages of the target's K/V a request of `cap` tokens' drafter cache is counted as.
+    /// Pages of the target's K/V a request of `cap` tokens' drafter cache (and the target
+    /// states it may hold before taking them in) is counted as.
     fn drafter_pages(&self, set: &DrafterSet, cap: usize) -> usize {
         let c = &self.lm.model.config;
         let dtype = self.lm.model.kv_dtype();
         let target = crate::kv::bytes_per_slot(c.n_layers, c.n_kv_heads, c.head_dim, dtype);
-        (cap * set.kv_bytes_per_slot()).div_ceil(super::pool::PAGE_SLOTS * target)
+        (cap * set.kv_bytes_per_slot() + set.pending_bytes(cap))
+            .div_ceil(super::pool::PAGE_SLOTS * target)
     }
 
     /// Cancelled requests (their client went away) leave and free their pages.

@@ -31,6 +31,11 @@ pub struct Hidden<'a> {
     pub rows: &'a [f32],
 }
 
+/// A bound on the positions one round commits, as drafters that hold target states count
+/// them: the accepted path is no deeper than a DART drafter's trained depth, a DFlash block or
+/// `auto`'s deepest lookup (24), plus the bonus token.
+pub const ROUND_POSITIONS: usize = 64;
+
 /// The forward a round is verified in, as the session's sizing prices it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchPrice {

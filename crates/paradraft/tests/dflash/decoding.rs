@@ -118,6 +118,9 @@ fn held_rounds_keep_pending_states_bounded() {
         d.pending_positions()
     });
     assert!((1..=512).contains(&most), "{most} pending positions");
+    // What a server counts for them covers them.
+    use paradraft::drafters::registry::Template;
+    assert!(most * w * 4 <= Template::pending_bytes(&d, 1024));
     let held = d.propose(&committed, 8).unwrap();
     // All the states at once, as a prompt.
     let m = DflashModel::load(dir.path()).unwrap();

@@ -179,6 +179,10 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
         self.model.as_ref().map_or(0, |m| m.kv_bytes_per_slot())
     }
 
+    fn pending_bytes(&self, ctx: usize) -> usize {
+        self.model.as_ref().map_or(0, |m| m.pending_bytes(ctx))
+    }
+
     fn report(&self) -> Option<String> {
         let s = self.shared.stats.lock().ok()?;
         Some(format!("auto sources: {s}"))

@@ -234,6 +234,13 @@ impl<'t> Template<'t> for Dart<'t> {
     fn kv_bytes_per_slot(&self) -> usize {
         self.kv.bytes_per_slot()
     }
+
+    /// At most twice the lazy prompt rows after a proposal, and one round's positions more.
+    fn pending_bytes(&self, ctx: usize) -> usize {
+        (2 * LAZY_ROWS + crate::speculative::ROUND_POSITIONS).min(ctx)
+            * self.model.feature_width()
+            * std::mem::size_of::<f32>()
+    }
 }
 
 impl BlockDrafter for Dart<'_> {

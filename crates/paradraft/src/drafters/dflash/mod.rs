@@ -70,6 +70,14 @@ impl<'t> Template<'t> for Dflash<'t> {
     fn kv_bytes_per_slot(&self) -> usize {
         self.kv.bytes_per_slot()
     }
+
+    /// At most [`PENDING_ROWS`], and one round's positions more while they are injected.
+    fn pending_bytes(&self, ctx: usize) -> usize {
+        let width = self.model.config.target_layer_ids.len() * self.target.config.hidden_size;
+        (PENDING_ROWS + crate::speculative::ROUND_POSITIONS).min(ctx)
+            * width
+            * std::mem::size_of::<f32>()
+    }
 }
 
 impl BlockDrafter for Dflash<'_> {
