@@ -139,21 +139,27 @@ impl<'t> Dart<'t> {
     /// Passes the prompt positions [`Drafter::begin`] left pending (all but the last) through
     /// the drafter's layer now.
     fn catch_up(&mut self) -> Result<()> {
-        let k = self.lazy_next.len();
-        if k == 0 {
+        let next = std::mem::take(&mut self.lazy_next);
+        self.feed(&next)
+    }
+
+    /// Passes the first `next.len()` pending positions (`next`: the tokens to their right)
+    /// through the drafter's layer into its cache.
+    fn feed(&mut self, next: &[TokenId]) -> Result<()> {
+        if next.is_empty() {
             return Ok(());
         }
-        let width = self.model.feature_width();
+        let rows = next.len() * self.model.feature_width();
         self.model.forward(
             self.target,
             &mut self.kv,
-            &self.pending[..k * width],
-            &self.lazy_next,
+            &self.pending[..rows],
+            next,
             0,
             &mut self.s,
             &mut self.hidden,
         )?;
-        self.pending.drain(..k * width);
+        self.pending.drain(..rows);
         self.lazy_next.clear();
         Ok(())
     }
@@ -308,17 +314,7 @@ impl Drafter for Dart<'_> {
             // Asked for nothing (held, or `auto` not asking its model) while states pile up:
             // pass them now, a chunk at a time, so that a request's pending states stay
             // bounded (each is 3 target rows of floats).
-            self.model.forward(
-                self.target,
-                &mut self.kv,
-                &self.pending,
-                &committed[p0 + 1..=s],
-                0,
-                &mut self.s,
-                &mut self.hidden,
-            )?;
-            self.pending.clear();
-            self.lazy_next.clear();
+            self.feed(&committed[p0 + 1..=s])?;
         }
         if max_nodes == 0 || m == 0 {
             return Ok(DraftTree::new());
