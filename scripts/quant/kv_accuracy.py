@@ -8,9 +8,15 @@ llama.cpp's own q8_0 cache against its f16 one on the same positions too (-ctk/-
 through flash attention): how far the format itself moves this model's logits.
 
     python3 scripts/quant/kv_accuracy.py [--model MODEL] [--types q8_0,f32] [--json OUT]
-        [--llama-build PATH/llama.cpp/build]
+        [--llama-build PATH/llama.cpp/build] [--corpus N [--len L]]
+
+The reference prompts share the chat template's opening, so their first positions repeat the
+same context (272 positions, fewer distinct ones). --corpus N adds N documents of the
+committed corpus (data/corpus, every 7th document from the first, its first L tokens): distinct
+contexts in numbers that make a top-1 rate's sampling error small.
 """
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -19,10 +25,30 @@ sys.path.insert(0, os.path.dirname(__file__))
 from parity import ROOT, compare, llama_logits_tool, run  # noqa: E402
 
 
-def logits(paradraft, model, ids, kv):
-    cmd = [paradraft, "logits", "--token-ids", ",".join(map(str, ids)), "--top-k", "20", "--json",
-           "--kv-dtype", kv] + (["--model", model] if model else [])
+def logits(paradraft, model, ids, kv, f32_acts=False):
+    """Top-20 logits per position; kv "exact" is the exact path (f32 activations and cache),
+    f32_acts the exact path's activations with the `kv` cache."""
+    cmd = [paradraft, "logits", "--token-ids", ",".join(map(str, ids)), "--top-k", "20", "--json"]
+    cmd += ["--exact"] if kv == "exact" else ["--kv-dtype", kv]
+    cmd += ["--exact-activations"] if f32_acts else []
+    cmd += ["--model", model] if model else []
     return [p["top"] for p in json.loads(run(cmd))["positions"]]
+
+
+def corpus_prompts(paradraft, model, n, length):
+    """Token ids of n corpus documents (every 7th, so that sources vary), L tokens each."""
+    docs = []
+    with gzip.open(os.path.join(ROOT, "data", "corpus", "corpus_permissive.jsonl.gz"), "rt") as f:
+        for i, line in enumerate(f):
+            if i % 7 == 0:
+                docs.append(json.loads(line)["text"][: 8 * length])
+            if len(docs) == n:
+                break
+    out = []
+    for text in docs:
+        cmd = [paradraft, "logits", "--prompt", text, "--top-k", "1", "--json"] + (["--model", model] if model else [])
+        out.append(json.loads(run(cmd))["token_ids"][:length])
+    return out
 
 
 def main():
@@ -32,15 +58,36 @@ def main():
     ap.add_argument("--paradraft", default=os.path.join(ROOT, "target", "release", "paradraft"))
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--llama-build", help="a llama.cpp cmake build dir: measure its q8_0 cache too")
+    ap.add_argument("--against-exact", action="store_true",
+                    help="also each type against the exact path (f32 activations and cache)")
+    ap.add_argument("--corpus", type=int, default=0, help="add this many corpus documents")
+    ap.add_argument("--len", type=int, default=256, help="tokens of each corpus document")
     ap.add_argument("--work", default=os.path.expanduser("~/.cache/paradraft/kv_accuracy"))
     a = ap.parse_args()
     ref = json.load(open(os.path.join(ROOT, "fixtures", "smollm2_reference.json")))
     prompts = [p["token_ids"] for p in ref["prompts"]]
+    if a.corpus:
+        prompts += corpus_prompts(a.paradraft, a.model, a.corpus, a.len)
+    distinct = len({tuple(ids[:i + 1]) for ids in prompts for i in range(len(ids))})
     base = [logits(a.paradraft, a.model, ids, "f16") for ids in prompts]
     rows = []
+    if a.against_exact:
+        # Each cache type against the exact path: how far each is from the arithmetic it
+        # approximates, f16 (the default) included.
+        exact = [logits(a.paradraft, a.model, ids, "exact") for ids in prompts]
+        for ty in ["f16"] + a.types.split(","):
+            got = base if ty == "f16" else [logits(a.paradraft, a.model, ids, ty) for ids in prompts]
+            rows.append(dict(kv=ty, baseline="exact path", distinct_contexts=distinct, **compare(exact, got)))
+        # The cache type alone: f32 activations on both sides, so that the int8 activations'
+        # rounding (which flips near-ties whatever the cache) is out of the comparison.
+        f16_f32a = [logits(a.paradraft, a.model, ids, "f16", True) for ids in prompts]
+        for ty in a.types.split(","):
+            got = [logits(a.paradraft, a.model, ids, ty, True) for ids in prompts]
+            rows.append(dict(kv=ty + " (f32 activations)", baseline="f16 KV (f32 activations)",
+                             distinct_contexts=distinct, **compare(f16_f32a, got)))
     for ty in a.types.split(","):
         got = [logits(a.paradraft, a.model, ids, ty) for ids in prompts]
-        rows.append(dict(kv=ty, **compare(base, got)))
+        rows.append(dict(kv=ty, distinct_contexts=distinct, **compare(base, got)))
     if a.llama_build:
         os.makedirs(a.work, exist_ok=True)
         tool = llama_logits_tool(os.path.abspath(a.llama_build), a.work)
@@ -57,7 +104,7 @@ def main():
         rows.append(dict(kv="llama.cpp f16", baseline="paradraft f16", **compare(base, lf16)))
     for r in rows:
         print(f"{r['kv']:6s} vs {r.get('baseline', 'f16 KV')}: top-1 {r['top1']:.3f}  mean|Δlogit| {r['mean_abs_dlogit']:.4f}  "
-              f"({r['positions']} positions)")
+              f"({r['positions']} positions, {distinct} distinct contexts)")
     if a.json:
         name = os.path.basename((a.model or "SmolLM2-135M-Instruct.Q4_1.gguf").rstrip("/"))
         with open(a.json, "w") as f:

@@ -203,8 +203,12 @@ struct LogitsArgs {
     top_k: usize,
     /// The exact reference path: f32 activations and an f32 KV cache on the dequantised
     /// weights (what the int8 kernels are checked against).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "exact_activations")]
     exact: bool,
+    /// The exact path's f32 activations on the dequantised weights, but the --kv-dtype cache:
+    /// what a cache type alone moves the logits, without the int8 activations' own noise.
+    #[arg(long)]
+    exact_activations: bool,
     #[arg(long)]
     json: bool,
 }
@@ -301,9 +305,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
     let (mut lm, _) = a.m.load()?;
-    if a.exact {
+    if a.exact || a.exact_activations {
         // f32 activations and an f32 cache; otherwise --kv-dtype's cache stands.
         lm.model.set_exact(true);
+        if a.exact_activations {
+            lm.model.set_kv_dtype(a.m.kv_dtype);
+        }
     }
     let tok = &lm.tokenizer;
     let ids: Vec<TokenId> = match (&prompt, &a.token_ids) {

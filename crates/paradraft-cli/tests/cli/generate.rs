@@ -87,6 +87,45 @@ fn logits_json_contract() {
 }
 
 #[test]
+fn exact_activations_keep_the_named_cache() {
+    // `--exact-activations` is the exact path but for the cache: with f32 the same logits as
+    // `--exact`, with q8_0 other ones (the cache reached the forward), and never with `--exact`.
+    // A quantized model, so that the default path's activations are int8.
+    let m = tiny("llama-quant.gguf");
+    let logits = |extra: &[&str]| {
+        let mut args = vec![
+            "logits",
+            "--model",
+            &m,
+            "--token-ids",
+            "5,6,7,8,9,10",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_of(&run(&args))["positions"].clone()
+    };
+    let exact = logits(&["--exact"]);
+    assert_eq!(logits(&["--exact-activations", "--kv-dtype", "f32"]), exact);
+    let q8 = logits(&["--exact-activations", "--kv-dtype", "q8_0"]);
+    assert_ne!(q8, exact, "the q8_0 cache did not reach the exact path");
+    assert_ne!(
+        q8,
+        logits(&["--kv-dtype", "q8_0"]),
+        "int8 activations were kept"
+    );
+    let out = run(&[
+        "logits",
+        "--model",
+        &m,
+        "--token-ids",
+        "5,6",
+        "--exact",
+        "--exact-activations",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "clap refuses the two together");
+}
+
+#[test]
 fn errors_exit_nonzero_without_panicking() {
     let m = tiny("llama");
     let cases: Vec<Vec<&str>> = vec![
