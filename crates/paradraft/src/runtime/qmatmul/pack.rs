@@ -27,6 +27,19 @@ fn iq4_index(level: i8) -> u8 {
     IQ4_VALUES.iter().position(|&v| v == level).unwrap_or(0) as u8
 }
 
+/// Codes of the level layouts [`Packed::level_of`] is compiled for.
+struct Lv;
+impl Lv {
+    const INT8: u8 = 0;
+    const Q2: u8 = 1;
+    const Q3: u8 = 2;
+    const Q4T: u8 = 3;
+    const Q6: u8 = 4;
+    const Q5: u8 = 5;
+    /// Plain nibbles (Q4, Q4S).
+    const NIB: u8 = 6;
+}
+
 /// How a [`Packed`] matrix stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fmt {
@@ -542,12 +555,27 @@ impl Packed {
     /// `gb`.
     #[inline]
     fn level(&self, c: &[u8], gb: usize, lane: usize, i: usize) -> i32 {
-        if self.fmt.int8() {
+        match self.fmt {
+            f if f.int8() => self.level_of::<{ Lv::INT8 }>(c, gb, lane, i),
+            Fmt::Q2S => self.level_of::<{ Lv::Q2 }>(c, gb, lane, i),
+            Fmt::Q3S => self.level_of::<{ Lv::Q3 }>(c, gb, lane, i),
+            Fmt::Q4T => self.level_of::<{ Lv::Q4T }>(c, gb, lane, i),
+            Fmt::Q6S => self.level_of::<{ Lv::Q6 }>(c, gb, lane, i),
+            Fmt::Q5S => self.level_of::<{ Lv::Q5 }>(c, gb, lane, i),
+            _ => self.level_of::<{ Lv::NIB }>(c, gb, lane, i),
+        }
+    }
+
+    /// [`Packed::level`] for one layout `L` (an [`Lv`] code), so that a loop over a row's
+    /// levels is compiled once per layout instead of testing the format at every input.
+    #[inline(always)]
+    fn level_of<const L: u8>(&self, c: &[u8], gb: usize, lane: usize, i: usize) -> i32 {
+        if L == Lv::INT8 {
             (c[(i / 4) * 64 + lane * 4 + i % 4] as i8) as i32
-        } else if matches!(self.fmt, Fmt::Q2S | Fmt::Q3S) {
+        } else if L == Lv::Q2 || L == Lv::Q3 {
             let (r, s, j) = (i / 16, (i % 16) / 4, i % 4);
             let low = ((c[r * 64 + lane * 4 + j] >> (2 * s)) & 3) as i32;
-            if self.fmt == Fmt::Q3S {
+            if L == Lv::Q3 {
                 let third = (self.hb[gb * self.fmt.hb_bytes() + lane * 4 + j] >> (4 * r + s)) & 1;
                 (low | (third as i32) << 2) - 4
             } else {
@@ -556,14 +584,14 @@ impl Packed {
         } else {
             let byte = c[((i % 16) / 4) * 64 + lane * 4 + i % 4];
             let nib = (if i < 16 { byte & 0xF } else { byte >> 4 }) as i32;
-            if self.fmt == Fmt::Q4T {
+            if L == Lv::Q4T {
                 IQ4_VALUES[nib as usize] as i32
-            } else if self.fmt == Fmt::Q6S {
+            } else if L == Lv::Q6 {
                 let c = (i % 16) / 4;
                 let h = self.hb[gb * self.fmt.hb_bytes() + (c / 2) * 64 + lane * 4 + i % 4];
                 let sh = 4 * (c % 2) + if i < 16 { 0 } else { 2 };
                 (nib | ((((h >> sh) & 3) as i32) << 4)) - 32
-            } else if self.fmt == Fmt::Q5S {
+            } else if L == Lv::Q5 {
                 let mask = self.qh[gb * 8 + 2 * ((i % 16) / 4) + i / 16];
                 nib | ((((mask >> (lane * 4 + i % 4)) & 1) as i32) << 4)
             } else {
@@ -592,6 +620,30 @@ impl Packed {
             }
             return;
         }
+        // The row loop compiled once per layout (the screen of a K-quant output layer is built
+        // from these rows at load: 49,152 rows of 2,048 at SmolLM2-1.7B's shape).
+        match self.fmt {
+            f if f.int8() => self.row_levels::<{ Lv::INT8 }>(g, lane, with_min, dst),
+            Fmt::Q2S => self.row_levels::<{ Lv::Q2 }>(g, lane, with_min, dst),
+            Fmt::Q3S => self.row_levels::<{ Lv::Q3 }>(g, lane, with_min, dst),
+            Fmt::Q4T => self.row_levels::<{ Lv::Q4T }>(g, lane, with_min, dst),
+            Fmt::Q6S => self.row_levels::<{ Lv::Q6 }>(g, lane, with_min, dst),
+            Fmt::Q5S => self.row_levels::<{ Lv::Q5 }>(g, lane, with_min, dst),
+            _ => self.row_levels::<{ Lv::NIB }>(g, lane, with_min, dst),
+        }
+    }
+
+    /// [`Packed::row_into`]'s general loop for one layout `L`.
+    fn row_levels<const L: u8>(&self, g: usize, lane: usize, with_min: bool, dst: &mut [f32]) {
+        let nb = self.cols / QK;
+        let cb = Self::chunk_bytes(self.fmt);
+        // ggml's (q − 8)·d for Q4_0 and (q − 16)·d for Q5_0: the same value as q·d + m, and
+        // the same sign of zero.
+        let off = match self.ty {
+            GgmlType::Q4_0 => Some(8),
+            GgmlType::Q5_0 => Some(16),
+            _ => None,
+        };
         for b in 0..nb {
             let gb = g * nb + b;
             let c = &self.q[gb * cb..(gb + 1) * cb];
@@ -600,18 +652,14 @@ impl Packed {
                 self.scale_min(gb, b, lane, 0),
                 self.scale_min(gb, b, lane, QK / 2),
             ];
-            for i in 0..QK {
+            let out = &mut dst[b * QK..(b + 1) * QK];
+            for (i, o) in out.iter_mut().enumerate() {
                 let (s, m) = halves[i / (QK / 2)];
-                let level = self.level(c, gb, lane, i);
-                dst[b * QK + i] = if self.ty == GgmlType::Q4_0 {
-                    // ggml's (q − 8)·d: the same value as q·d + m, and the same sign of zero.
-                    (level - 8) as f32 * s
-                } else if self.ty == GgmlType::Q5_0 {
-                    (level - 16) as f32 * s
-                } else if with_min {
-                    level as f32 * s + m
-                } else {
-                    level as f32 * s
+                let level = self.level_of::<L>(c, gb, lane, i);
+                *o = match off {
+                    Some(off) => (level - off) as f32 * s,
+                    None if with_min => level as f32 * s + m,
+                    None => level as f32 * s,
                 };
             }
         }
