@@ -256,8 +256,16 @@ impl Packed {
             par_ranges(p.groups(), |g0, g1| {
                 // SAFETY: the ranges of groups the pool hands out are disjoint.
                 let mut bufs = unsafe { whole.groups(g0, g1) };
-                for r in g0 * GROUP..(g1 * GROUP).min(rows) {
-                    pack_row(&mut bufs, geo, r, &src[r * rb..(r + 1) * rb]);
+                let rows = g0 * GROUP..(g1 * GROUP).min(rows);
+                // The row loop compiled once per level layout (no format test per input).
+                match geo.1 {
+                    f if f.int8() => pack_rows::<{ Lv::INT8 }>(&mut bufs, geo, rows, src, rb),
+                    Fmt::Q2S => pack_rows::<{ Lv::Q2 }>(&mut bufs, geo, rows, src, rb),
+                    Fmt::Q3S => pack_rows::<{ Lv::Q3 }>(&mut bufs, geo, rows, src, rb),
+                    Fmt::Q4T => pack_rows::<{ Lv::Q4T }>(&mut bufs, geo, rows, src, rb),
+                    Fmt::Q6S => pack_rows::<{ Lv::Q6 }>(&mut bufs, geo, rows, src, rb),
+                    Fmt::Q5S => pack_rows::<{ Lv::Q5 }>(&mut bufs, geo, rows, src, rb),
+                    _ => pack_rows::<{ Lv::NIB }>(&mut bufs, geo, rows, src, rb),
                 }
             });
             return p;
@@ -384,9 +392,29 @@ impl Bufs {
     }
 }
 
-/// Packs row `r` of a non-legacy format (`geo`: type, format, columns, GGML blocks per row)
-/// from its GGML bytes through [`unpack`] into the buffers of its group.
-fn pack_row(bufs: &mut GroupBufs<'_>, geo: (GgmlType, Fmt, usize, usize), r: usize, src: &[u8]) {
+/// Packs `rows` of a matrix whose rows are `rb` bytes each in `src`, in layout `L` (the
+/// [`Lv`] code of `geo`'s format), through [`pack_row`].
+fn pack_rows<const L: u8>(
+    bufs: &mut GroupBufs<'_>,
+    geo: (GgmlType, Fmt, usize, usize),
+    rows: std::ops::Range<usize>,
+    src: &[u8],
+    rb: usize,
+) {
+    for r in rows {
+        pack_row::<L>(bufs, geo, r, &src[r * rb..(r + 1) * rb]);
+    }
+}
+
+/// Packs row `r` of a non-legacy format (`geo`: type, format, columns, GGML blocks per row;
+/// `L` its layout) from its GGML bytes through [`unpack`] into the buffers of its group.
+#[inline(always)]
+fn pack_row<const L: u8>(
+    bufs: &mut GroupBufs<'_>,
+    geo: (GgmlType, Fmt, usize, usize),
+    r: usize,
+    src: &[u8],
+) {
     let (ty, fmt, cols, nsup) = geo;
     let (bl, sub) = (ty.block_len(), ty.sub_len());
     let (nb, cb, per) = (cols / QK, Packed::chunk_bytes(fmt), fmt.per_block());
@@ -411,18 +439,18 @@ fn pack_row(bufs: &mut GroupBufs<'_>, geo: (GgmlType, Fmt, usize, usize), r: usi
             let b = sb * (bl / QK) + i;
             let gb = g * nb + b;
             let dst = &mut bufs.q[gb * cb..(gb + 1) * cb];
-            if fmt.int8() {
+            if L == Lv::INT8 {
                 for c in 0..8 {
                     for j in 0..4 {
                         dst[c * 64 + lane * 4 + j] = lv[4 * c + j] as u8;
                     }
                 }
-            } else if matches!(fmt, Fmt::Q2S | Fmt::Q3S) {
+            } else if L == Lv::Q2 || L == Lv::Q3 {
                 for (i, &v) in lv.iter().enumerate() {
                     let (r, s, j) = (i / 16, (i % 16) / 4, i % 4);
                     let u = (v + fmt.level_offset()) as u8;
                     dst[r * 64 + lane * 4 + j] |= (u & 3) << (2 * s);
-                    if fmt == Fmt::Q3S {
+                    if L == Lv::Q3 {
                         bufs.hb[gb * hbb + lane * 4 + j] |= ((u >> 2) & 1) << (4 * r + s);
                     }
                 }
@@ -431,7 +459,7 @@ fn pack_row(bufs: &mut GroupBufs<'_>, geo: (GgmlType, Fmt, usize, usize), r: usi
                 let off = fmt.level_offset();
                 for c in 0..4 {
                     for j in 0..4 {
-                        let (lo, hi) = if fmt == Fmt::Q4T {
+                        let (lo, hi) = if L == Lv::Q4T {
                             (iq4_index(lv[4 * c + j]), iq4_index(lv[16 + 4 * c + j]))
                         } else {
                             (
@@ -439,13 +467,13 @@ fn pack_row(bufs: &mut GroupBufs<'_>, geo: (GgmlType, Fmt, usize, usize), r: usi
                                 (lv[16 + 4 * c + j] + off) as u8,
                             )
                         };
-                        if fmt == Fmt::Q6S {
+                        if L == Lv::Q6 {
                             let at = gb * hbb + (c / 2) * 64 + lane * 4 + j;
                             let sh = 4 * (c % 2);
                             bufs.hb[at] |= ((lo >> 4) << sh) | ((hi >> 4) << (sh + 2));
                         }
                         dst[c * 64 + lane * 4 + j] = (lo & 0xF) | (hi << 4);
-                        if fmt == Fmt::Q5S {
+                        if L == Lv::Q5 {
                             let bit = 1u64 << (lane * 4 + j);
                             if lo & 0x10 != 0 {
                                 bufs.qh[gb * 8 + 2 * c] |= bit;
