@@ -129,7 +129,7 @@ pub fn unpack(ty: GgmlType, b: &[u8], q: &mut [i8], sc: &mut [i8], m: &mut [i8])
                 sc[i] = (s & 0xF) as i8;
                 m[i] = (s >> 4) as i8;
             }
-            let qs = &b[16..80];
+            let (q, qs) = (&mut q[..256], &b[16..80]);
             for n in 0..2 {
                 for j in 0..4 {
                     for l in 0..32 {
@@ -140,6 +140,7 @@ pub fn unpack(ty: GgmlType, b: &[u8], q: &mut [i8], sc: &mut [i8], m: &mut [i8])
             (f16_at(b, 80), -f16_at(b, 82))
         }
         GgmlType::Q3_K => {
+            let q = &mut q[..256];
             sc[..16].copy_from_slice(&scales_q3k(&b[96..108]));
             let (hm, qs) = (&b[..32], &b[32..96]);
             for n in 0..2 {
@@ -155,6 +156,8 @@ pub fn unpack(ty: GgmlType, b: &[u8], q: &mut [i8], sc: &mut [i8], m: &mut [i8])
             (f16_at(b, 108), 0.0)
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Fixed lengths, so that the loops below index without bounds checks.
+            let q = &mut q[..256];
             let s = &b[4..16];
             for j in 0..8 {
                 let (a, c) = scale_min_k4(j, s);
@@ -182,13 +185,14 @@ pub fn unpack(ty: GgmlType, b: &[u8], q: &mut [i8], sc: &mut [i8], m: &mut [i8])
             (f16_at(b, 0), -f16_at(b, 2))
         }
         GgmlType::Q6_K => {
+            let q = &mut q[..256];
             for (s, &v) in sc.iter_mut().zip(&b[192..208]) {
                 *s = v as i8;
             }
             let (ql, qh) = (&b[..128], &b[128..192]);
             for n in 0..2 {
                 let (ql, qh) = (&ql[n * 64..], &qh[n * 32..]);
-                let y = &mut q[n * 128..];
+                let y = &mut q[n * 128..(n + 1) * 128];
                 for l in 0..32 {
                     let h = qh[l];
                     y[l] = ((ql[l] & 0xF) | ((h & 3) << 4)) as i8 - 32;
