@@ -40,6 +40,43 @@ impl Lv {
     const NIB: u8 = 6;
 }
 
+/// Evaluates `$e` with the constant `$l` bound to the [`Lv`] layout of format `$fmt`, one arm
+/// per layout, so that what `$e` calls generically is compiled once per layout.
+macro_rules! by_level {
+    ($fmt:expr, $l:ident => $e:expr) => {
+        match $fmt {
+            f if f.int8() => {
+                const $l: u8 = Lv::INT8;
+                $e
+            }
+            Fmt::Q2S => {
+                const $l: u8 = Lv::Q2;
+                $e
+            }
+            Fmt::Q3S => {
+                const $l: u8 = Lv::Q3;
+                $e
+            }
+            Fmt::Q4T => {
+                const $l: u8 = Lv::Q4T;
+                $e
+            }
+            Fmt::Q6S => {
+                const $l: u8 = Lv::Q6;
+                $e
+            }
+            Fmt::Q5S => {
+                const $l: u8 = Lv::Q5;
+                $e
+            }
+            _ => {
+                const $l: u8 = Lv::NIB;
+                $e
+            }
+        }
+    };
+}
+
 /// How a [`Packed`] matrix stores its weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fmt {
@@ -258,15 +295,7 @@ impl Packed {
                 let mut bufs = unsafe { whole.groups(g0, g1) };
                 let rows = g0 * GROUP..(g1 * GROUP).min(rows);
                 // The row loop compiled once per level layout (no format test per input).
-                match geo.1 {
-                    f if f.int8() => pack_rows::<{ Lv::INT8 }>(&mut bufs, geo, rows, src, rb),
-                    Fmt::Q2S => pack_rows::<{ Lv::Q2 }>(&mut bufs, geo, rows, src, rb),
-                    Fmt::Q3S => pack_rows::<{ Lv::Q3 }>(&mut bufs, geo, rows, src, rb),
-                    Fmt::Q4T => pack_rows::<{ Lv::Q4T }>(&mut bufs, geo, rows, src, rb),
-                    Fmt::Q6S => pack_rows::<{ Lv::Q6 }>(&mut bufs, geo, rows, src, rb),
-                    Fmt::Q5S => pack_rows::<{ Lv::Q5 }>(&mut bufs, geo, rows, src, rb),
-                    _ => pack_rows::<{ Lv::NIB }>(&mut bufs, geo, rows, src, rb),
-                }
+                by_level!(geo.1, L => pack_rows::<L>(&mut bufs, geo, rows, src, rb))
             });
             return p;
         }
@@ -583,15 +612,7 @@ impl Packed {
     /// `gb`.
     #[inline]
     fn level(&self, c: &[u8], gb: usize, lane: usize, i: usize) -> i32 {
-        match self.fmt {
-            f if f.int8() => self.level_of::<{ Lv::INT8 }>(c, gb, lane, i),
-            Fmt::Q2S => self.level_of::<{ Lv::Q2 }>(c, gb, lane, i),
-            Fmt::Q3S => self.level_of::<{ Lv::Q3 }>(c, gb, lane, i),
-            Fmt::Q4T => self.level_of::<{ Lv::Q4T }>(c, gb, lane, i),
-            Fmt::Q6S => self.level_of::<{ Lv::Q6 }>(c, gb, lane, i),
-            Fmt::Q5S => self.level_of::<{ Lv::Q5 }>(c, gb, lane, i),
-            _ => self.level_of::<{ Lv::NIB }>(c, gb, lane, i),
-        }
+        by_level!(self.fmt, L => self.level_of::<L>(c, gb, lane, i))
     }
 
     /// [`Packed::level`] for one layout `L` (an [`Lv`] code), so that a loop over a row's
@@ -650,15 +671,7 @@ impl Packed {
         }
         // The row loop compiled once per layout (the screen of a K-quant output layer is built
         // from these rows at load: 49,152 rows of 2,048 at SmolLM2-1.7B's shape).
-        match self.fmt {
-            f if f.int8() => self.row_levels::<{ Lv::INT8 }>(g, lane, with_min, dst),
-            Fmt::Q2S => self.row_levels::<{ Lv::Q2 }>(g, lane, with_min, dst),
-            Fmt::Q3S => self.row_levels::<{ Lv::Q3 }>(g, lane, with_min, dst),
-            Fmt::Q4T => self.row_levels::<{ Lv::Q4T }>(g, lane, with_min, dst),
-            Fmt::Q6S => self.row_levels::<{ Lv::Q6 }>(g, lane, with_min, dst),
-            Fmt::Q5S => self.row_levels::<{ Lv::Q5 }>(g, lane, with_min, dst),
-            _ => self.row_levels::<{ Lv::NIB }>(g, lane, with_min, dst),
-        }
+        by_level!(self.fmt, L => self.row_levels::<L>(g, lane, with_min, dst))
     }
 
     /// [`Packed::row_into`]'s general loop for one layout `L`.
