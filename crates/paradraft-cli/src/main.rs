@@ -306,7 +306,8 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let prompt = read_prompt(a.prompt.as_deref(), a.prompt_file.as_deref())?;
     let (mut lm, _) = a.m.load()?;
     if a.exact || a.exact_activations {
-        // f32 activations and an f32 cache; otherwise --kv-dtype's cache stands.
+        // f32 activations and an f32 cache (`set_exact`); --exact-activations then puts the
+        // --kv-dtype cache back. Without either, --kv-dtype's cache stands (set at load).
         lm.model.set_exact(true);
         if a.exact_activations {
             lm.model.set_kv_dtype(a.m.kv_dtype);
