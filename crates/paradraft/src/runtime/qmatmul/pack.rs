@@ -246,6 +246,13 @@ impl Packed {
         (g * self.nsup + (b >> self.bshift)) * GROUP
     }
 
+    /// Whether block `b` (of 32 inputs) is the last of its GGML block: where the kernels that
+    /// sum a GGML block's sub-scaled blocks apply its `d`.
+    #[inline(always)]
+    pub(super) fn sup_end(&self, b: usize) -> bool {
+        (b + 1) & ((1 << self.bshift) - 1) == 0
+    }
+
     /// An empty matrix of `rows × cols` in `fmt` with every buffer sized.
     fn zeroed(ty: GgmlType, fmt: Fmt, rows: usize, cols: usize) -> Packed {
         let groups = rows.div_ceil(GROUP);

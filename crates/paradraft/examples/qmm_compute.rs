@@ -1,0 +1,86 @@
+//! Many-row matmuls on weights that stay in cache, per GGML type: the kernels' arithmetic rate
+//! (GMAC/s) where a prefill or a wide verify spends its time, on one thread, with the matrix
+//! (2048 × 2048, random values quantized here) and the activation rows reused every pass.
+//!
+//!     cargo run --release --example qmm_compute -- [ROWS] [TYPES] [COLS] [OUTPUTS]
+//!
+//! ROWS: activation rows per matmul (default 96); TYPES as for `qmm_stream` (default
+//! q4_0,q4_k,q5_k,q6_k,q8_0).
+use paradraft::runtime::ggml::GgmlType;
+use paradraft::runtime::kquantize as kq;
+use paradraft::runtime::qmatmul::{Packed, QActs};
+use paradraft::runtime::quant;
+use std::time::Instant;
+
+fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
+    Some(match ty {
+        GgmlType::Q4_0 => quant::quantize_q4_0(x),
+        GgmlType::Q4_1 => quant::quantize_q4_1(x),
+        GgmlType::Q8_0 => quant::quantize_q8_0(x),
+        GgmlType::Q4_K => kq::quantize_q4_k(x),
+        GgmlType::Q5_K => kq::quantize_q5_k(x),
+        GgmlType::Q6_K => kq::quantize_q6_k(x),
+        GgmlType::Q3_K => kq::quantize_q3_k(x),
+        GgmlType::Q2_K => kq::quantize_q2_k(x),
+        GgmlType::Q5_0 => kq::quantize_q5_0(x),
+        GgmlType::Q5_1 => kq::quantize_q5_1(x),
+        GgmlType::IQ4_NL => kq::quantize_iq4_nl(x),
+        GgmlType::IQ4_XS => kq::quantize_iq4_xs(x),
+        _ => return None,
+    })
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(96);
+    let types = args
+        .next()
+        .unwrap_or_else(|| "q4_0,q4_k,q5_k,q6_k,q8_0".into());
+    let cols: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2048);
+    let out_rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2048);
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    let x: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
+    let mut a = QActs::default();
+    a.quantize(&x, cols);
+    for name in types.split(',') {
+        let ty = GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name));
+        let Some(src) = ty.and_then(|t| {
+            let w: Vec<f32> = (0..out_rows * cols).map(|_| rnd()).collect();
+            quantize(t, &w)
+        }) else {
+            eprintln!("unknown type {name}");
+            std::process::exit(2);
+        };
+        let p = Packed::new(ty.unwrap_or(GgmlType::Q8_0), out_rows, cols, &src);
+        let mut out = vec![0f32; rows * out_rows];
+        let pass = |out: &mut [f32]| {
+            // SAFETY: `out` holds rows × out_rows values.
+            unsafe { p.matmul_groups(&a, 0, p.groups(), out.as_mut_ptr(), out_rows) };
+        };
+        pass(&mut out);
+        let macs = (rows * out_rows * cols) as f64;
+        let best = (0..15)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..4 {
+                    pass(&mut out);
+                }
+                t.elapsed().as_secs_f64() / 4.0
+            })
+            .fold(f64::INFINITY, f64::min);
+        std::hint::black_box(&out);
+        println!(
+            "{name:7} {rows} rows  {:6.1} GMAC/s  {:7.3} ms",
+            macs / best / 1e9,
+            best * 1e3
+        );
+    }
+}
