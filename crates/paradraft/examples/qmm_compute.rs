@@ -7,28 +7,9 @@
 //! ROWS: activation rows per matmul (default 96); TYPES as for `qmm_stream` (default
 //! q4_0,q4_k,q5_k,q6_k,q8_0).
 use paradraft::runtime::ggml::GgmlType;
-use paradraft::runtime::kquantize as kq;
 use paradraft::runtime::qmatmul::{Packed, QActs};
 use paradraft::runtime::quant;
 use std::time::Instant;
-
-fn quantize(ty: GgmlType, x: &[f32]) -> Option<Vec<u8>> {
-    Some(match ty {
-        GgmlType::Q4_0 => quant::quantize_q4_0(x),
-        GgmlType::Q4_1 => quant::quantize_q4_1(x),
-        GgmlType::Q8_0 => quant::quantize_q8_0(x),
-        GgmlType::Q4_K => kq::quantize_q4_k(x),
-        GgmlType::Q5_K => kq::quantize_q5_k(x),
-        GgmlType::Q6_K => kq::quantize_q6_k(x),
-        GgmlType::Q3_K => kq::quantize_q3_k(x),
-        GgmlType::Q2_K => kq::quantize_q2_k(x),
-        GgmlType::Q5_0 => kq::quantize_q5_0(x),
-        GgmlType::Q5_1 => kq::quantize_q5_1(x),
-        GgmlType::IQ4_NL => kq::quantize_iq4_nl(x),
-        GgmlType::IQ4_XS => kq::quantize_iq4_xs(x),
-        _ => return None,
-    })
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -49,17 +30,16 @@ fn main() {
     let mut a = QActs::default();
     a.quantize(&x, cols);
     for name in types.split(',') {
-        let ty = GgmlType::ALL
+        let found = GgmlType::ALL
             .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name));
-        let Some(src) = ty.and_then(|t| {
-            let w: Vec<f32> = (0..out_rows * cols).map(|_| rnd()).collect();
-            quantize(t, &w)
-        }) else {
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+            .and_then(|t| quant::quantiser(t, cols));
+        let Some((ty, quantize)) = found else {
             eprintln!("unknown type {name}");
             std::process::exit(2);
         };
-        let p = Packed::new(ty.unwrap_or(GgmlType::Q8_0), out_rows, cols, &src);
+        let w: Vec<f32> = (0..out_rows * cols).map(|_| rnd()).collect();
+        let p = Packed::new(ty, out_rows, cols, &quantize(&w));
         let mut out = vec![0f32; rows * out_rows];
         let pass = |out: &mut [f32]| {
             // SAFETY: `out` holds rows × out_rows values.

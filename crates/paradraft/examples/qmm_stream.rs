@@ -5,45 +5,15 @@
 //!
 //!     cargo run --release --example qmm_stream -- [ITERS] [TYPES]
 //!
-//! TYPES: comma-separated of q4_0, q4_1, q8_0, q4_k, q5_k, q6_k, q3_k, q2_k, iq4_nl (default:
-//! q4_0,q4_k,q5_k,q6_k,q8_0).
+//! TYPES: comma-separated GGML type names, any with a quantiser here (`quant::quantiser`: q4_0,
+//! q4_1, q5_0, q5_1, q8_0, q2_k … q6_k, iq4_nl, iq4_xs; default q4_0,q4_k,q5_k,q6_k,q8_0).
 use paradraft::runtime::ggml::GgmlType;
-use paradraft::runtime::kquantize as kq;
 use paradraft::runtime::qmatmul::{Packed, QActs, GROUP};
 use paradraft::runtime::quant;
 use std::time::Instant;
 
 const ROWS: usize = 2048;
 const COLS: usize = 8192;
-
-fn quantize(ty: GgmlType, x: &[f32]) -> Vec<u8> {
-    match ty {
-        GgmlType::Q4_0 => quant::quantize_q4_0(x),
-        GgmlType::Q4_1 => quant::quantize_q4_1(x),
-        GgmlType::Q8_0 => quant::quantize_q8_0(x),
-        GgmlType::Q4_K => kq::quantize_q4_k(x),
-        GgmlType::Q5_K => kq::quantize_q5_k(x),
-        GgmlType::Q6_K => kq::quantize_q6_k(x),
-        GgmlType::Q3_K => kq::quantize_q3_k(x),
-        GgmlType::Q2_K => kq::quantize_q2_k(x),
-        _ => kq::quantize_iq4_nl(x),
-    }
-}
-
-fn parse(name: &str) -> Option<GgmlType> {
-    Some(match name {
-        "q4_0" => GgmlType::Q4_0,
-        "q4_1" => GgmlType::Q4_1,
-        "q8_0" => GgmlType::Q8_0,
-        "q4_k" => GgmlType::Q4_K,
-        "q5_k" => GgmlType::Q5_K,
-        "q6_k" => GgmlType::Q6_K,
-        "q3_k" => GgmlType::Q3_K,
-        "q2_k" => GgmlType::Q2_K,
-        "iq4_nl" => GgmlType::IQ4_NL,
-        _ => return None,
-    })
-}
 
 /// Seconds for `iters` passes over every matrix, `threads` threads splitting each one's groups.
 fn time(ms: &[Packed], a: &QActs, threads: usize, iters: usize) -> f64 {
@@ -84,12 +54,16 @@ fn main() {
     let mut a = QActs::default();
     a.quantize(&x, COLS);
     for name in types.split(',') {
-        let Some(ty) = parse(name) else {
+        let found = GgmlType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(name))
+            .and_then(|t| quant::quantiser(t, COLS));
+        let Some((ty, quantize)) = found else {
             eprintln!("unknown type {name}");
             std::process::exit(2);
         };
         let w: Vec<f32> = (0..ROWS * COLS).map(|_| rnd()).collect();
-        let src = quantize(ty, &w);
+        let src = quantize(&w);
         let one = Packed::new(ty, ROWS, COLS, &src);
         let copies = (256usize << 20).div_ceil(one.nbytes());
         let ms: Vec<Packed> = (0..copies).map(|_| one.clone()).collect();

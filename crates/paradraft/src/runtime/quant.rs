@@ -243,30 +243,8 @@ impl Matrix {
     /// whose rows are not whole 256-blocks falls back as llama-quantize's (0.3.36's) does: Q2_K
     /// and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to IQ4_NL.
     pub fn quantized(self, ty: GgmlType) -> Matrix {
-        use super::kquantize::{
-            quantize_iq4_nl, quantize_iq4_xs, quantize_q2_k, quantize_q3_k, quantize_q4_k,
-            quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k, QK_K,
-        };
-        let whole = self.cols.is_multiple_of(QK_K);
-        type Quantiser = fn(&[f32]) -> Vec<u8>;
-        let (ty, quantize): (GgmlType, Quantiser) = match ty {
-            GgmlType::Q8_0 => (ty, quantize_q8_0),
-            GgmlType::Q4_0 => (ty, quantize_q4_0),
-            GgmlType::Q4_1 => (ty, quantize_q4_1),
-            GgmlType::Q5_0 => (ty, quantize_q5_0),
-            GgmlType::Q5_1 => (ty, quantize_q5_1),
-            GgmlType::Q2_K if whole => (ty, quantize_q2_k),
-            GgmlType::Q3_K if whole => (ty, quantize_q3_k),
-            GgmlType::Q2_K | GgmlType::Q3_K => (GgmlType::Q4_0, quantize_q4_0),
-            GgmlType::IQ4_XS if whole => (ty, quantize_iq4_xs),
-            GgmlType::IQ4_XS | GgmlType::IQ4_NL => (GgmlType::IQ4_NL, quantize_iq4_nl),
-            GgmlType::Q4_K if whole => (ty, quantize_q4_k),
-            GgmlType::Q4_K => (GgmlType::Q5_0, quantize_q5_0),
-            GgmlType::Q5_K if whole => (ty, quantize_q5_k),
-            GgmlType::Q5_K => (GgmlType::Q5_1, quantize_q5_1),
-            GgmlType::Q6_K if whole => (ty, quantize_q6_k),
-            GgmlType::Q6_K => (GgmlType::Q8_0, quantize_q8_0),
-            _ => return self,
+        let Some((ty, quantize)) = quantiser(ty, self.cols) else {
+            return self;
         };
         match &self.data {
             MatrixData::F32(v) if self.cols.is_multiple_of(QK) => {
@@ -422,6 +400,38 @@ impl Matrix {
             }
         });
     }
+}
+
+/// A quantiser of f32 rows into GGML blocks.
+pub type Quantiser = fn(&[f32]) -> Vec<u8>;
+
+/// The type rows of `cols` inputs asked for in `ty` get, and its quantiser (see
+/// [`Matrix::quantized`] for the fallbacks); `None` for a type with no quantiser here.
+pub fn quantiser(ty: GgmlType, cols: usize) -> Option<(GgmlType, Quantiser)> {
+    use super::kquantize::{
+        quantize_iq4_nl, quantize_iq4_xs, quantize_q2_k, quantize_q3_k, quantize_q4_k,
+        quantize_q5_0, quantize_q5_1, quantize_q5_k, quantize_q6_k, QK_K,
+    };
+    let whole = cols.is_multiple_of(QK_K);
+    Some(match ty {
+        GgmlType::Q8_0 => (ty, quantize_q8_0),
+        GgmlType::Q4_0 => (ty, quantize_q4_0),
+        GgmlType::Q4_1 => (ty, quantize_q4_1),
+        GgmlType::Q5_0 => (ty, quantize_q5_0),
+        GgmlType::Q5_1 => (ty, quantize_q5_1),
+        GgmlType::Q2_K if whole => (ty, quantize_q2_k),
+        GgmlType::Q3_K if whole => (ty, quantize_q3_k),
+        GgmlType::Q2_K | GgmlType::Q3_K => (GgmlType::Q4_0, quantize_q4_0),
+        GgmlType::IQ4_XS if whole => (ty, quantize_iq4_xs),
+        GgmlType::IQ4_XS | GgmlType::IQ4_NL => (GgmlType::IQ4_NL, quantize_iq4_nl),
+        GgmlType::Q4_K if whole => (ty, quantize_q4_k),
+        GgmlType::Q4_K => (GgmlType::Q5_0, quantize_q5_0),
+        GgmlType::Q5_K if whole => (ty, quantize_q5_k),
+        GgmlType::Q5_K => (GgmlType::Q5_1, quantize_q5_1),
+        GgmlType::Q6_K if whole => (ty, quantize_q6_k),
+        GgmlType::Q6_K => (GgmlType::Q8_0, quantize_q8_0),
+        _ => return None,
+    })
 }
 
 multiversion! {

@@ -171,6 +171,23 @@ unsafe fn flush_sup<const N: usize>(
     }
 }
 
+/// A row's two half sums of a block of levels stored with offset `OFF`, the offset taken back
+/// with the activations' integer half sums at `hs`.
+#[inline(always)]
+unsafe fn unoffset<const OFF: i32>(
+    s0: __m512i,
+    s1: __m512i,
+    a: &QActs,
+    hs: usize,
+) -> (__m512i, __m512i) {
+    if OFF == 0 {
+        return (s0, s1);
+    }
+    let off0 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs) as i32);
+    let off1 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs + 1) as i32);
+    (_mm512_sub_epi32(s0, off0), _mm512_sub_epi32(s1, off1))
+}
+
 #[inline(always)]
 unsafe fn bcast4(p: *const u8) -> __m512i {
     _mm512_set1_epi32((p as *const i32).read_unaligned())
@@ -356,13 +373,7 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
                 let row = t0 + t;
                 let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
                 let hs = (row * nb + b) * 2;
-                let (mut i0, mut i1) = (s0[t], s1[t]);
-                if OFF != 0 {
-                    let off0 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs) as i32);
-                    let off1 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs + 1) as i32);
-                    i0 = _mm512_sub_epi32(i0, off0);
-                    i1 = _mm512_sub_epi32(i1, off1);
-                }
+                let (i0, i1) = unoffset::<OFF>(s0[t], s1[t], a, hs);
                 let i = _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1));
                 part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dx, part[t]);
             }
@@ -384,13 +395,7 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
             let row = t0 + t;
             let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
             let hs = (row * nb + b) * 2;
-            let (mut i0, mut i1) = (s0[t], s1[t]);
-            if OFF != 0 {
-                let off0 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs) as i32);
-                let off1 = _mm512_set1_epi32(OFF * *a.hs.get_unchecked(hs + 1) as i32);
-                i0 = _mm512_sub_epi32(i0, off0);
-                i1 = _mm512_sub_epi32(i1, off1);
-            }
+            let (i0, i1) = unoffset::<OFF>(s0[t], s1[t], a, hs);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(dw0, dx), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(dw1, dx), acc[t]);
             if MIN {
