@@ -6,10 +6,10 @@
 //!
 //! ROWS: activation rows per matmul (default 96); TYPES as for `qmm_stream` (default
 //! q4_0,q4_k,q5_k,q6_k,q8_0).
-use paradraft::runtime::ggml::GgmlType;
-use paradraft::runtime::qmatmul::{Packed, QActs};
-use paradraft::runtime::quant;
+use paradraft::runtime::qmatmul::QActs;
 use std::time::Instant;
+
+mod common;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -19,27 +19,12 @@ fn main() {
         .unwrap_or_else(|| "q4_0,q4_k,q5_k,q6_k,q8_0".into());
     let cols: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2048);
     let out_rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2048);
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
+    let mut rnd = common::uniform();
     let x: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
     let mut a = QActs::default();
     a.quantize(&x, cols);
     for name in types.split(',') {
-        let found = GgmlType::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
-            .and_then(|t| quant::quantiser(t, cols));
-        let Some((ty, quantize)) = found else {
-            eprintln!("unknown type {name}");
-            std::process::exit(2);
-        };
-        let w: Vec<f32> = (0..out_rows * cols).map(|_| rnd()).collect();
-        let p = Packed::new(ty, out_rows, cols, &quantize(&w));
+        let p = common::random_packed(name, out_rows, cols, &mut rnd);
         let mut out = vec![0f32; rows * out_rows];
         let pass = |out: &mut [f32]| {
             // SAFETY: `out` holds rows × out_rows values.

@@ -7,10 +7,10 @@
 //!
 //! TYPES: comma-separated GGML type names, any with a quantiser here (`quant::quantiser`: q4_0,
 //! q4_1, q5_0, q5_1, q8_0, q2_k … q6_k, iq4_nl, iq4_xs; default q4_0,q4_k,q5_k,q6_k,q8_0).
-use paradraft::runtime::ggml::GgmlType;
 use paradraft::runtime::qmatmul::{Packed, QActs, GROUP};
-use paradraft::runtime::quant;
 use std::time::Instant;
+
+mod common;
 
 const ROWS: usize = 2048;
 const COLS: usize = 8192;
@@ -43,28 +43,12 @@ fn main() {
     let types = args
         .next()
         .unwrap_or_else(|| "q4_0,q4_k,q5_k,q6_k,q8_0".into());
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    };
+    let mut rnd = common::uniform();
     let x: Vec<f32> = (0..COLS).map(|_| rnd()).collect();
     let mut a = QActs::default();
     a.quantize(&x, COLS);
     for name in types.split(',') {
-        let found = GgmlType::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(name))
-            .and_then(|t| quant::quantiser(t, COLS));
-        let Some((ty, quantize)) = found else {
-            eprintln!("unknown type {name}");
-            std::process::exit(2);
-        };
-        let w: Vec<f32> = (0..ROWS * COLS).map(|_| rnd()).collect();
-        let src = quantize(&w);
-        let one = Packed::new(ty, ROWS, COLS, &src);
+        let one = common::random_packed(name, ROWS, COLS, &mut rnd);
         let copies = (256usize << 20).div_ceil(one.nbytes());
         let ms: Vec<Packed> = (0..copies).map(|_| one.clone()).collect();
         let bytes = (copies * one.nbytes()) as f64;

@@ -46,3 +46,36 @@ pub fn medians(series: &mut [Vec<f64>]) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// A fixed xorshift stream of values uniform in [-0.5, 0.5) (the kernel examples' data).
+pub fn uniform() -> impl FnMut() -> f32 {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
+/// A `rows × cols` matrix of `rnd`'s values quantized to the GGML type called `name` (any
+/// with a quantiser here, `quant::quantiser`) and packed; exits with status 2 naming an
+/// unknown type.
+pub fn random_packed(
+    name: &str,
+    rows: usize,
+    cols: usize,
+    rnd: &mut impl FnMut() -> f32,
+) -> paradraft::runtime::qmatmul::Packed {
+    use paradraft::runtime::{ggml::GgmlType, quant};
+    let found = GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(name))
+        .and_then(|t| quant::quantiser(t, cols));
+    let Some((ty, quantize)) = found else {
+        eprintln!("unknown type {name}");
+        std::process::exit(2);
+    };
+    let w: Vec<f32> = (0..rows * cols).map(|_| rnd()).collect();
+    paradraft::runtime::qmatmul::Packed::new(ty, rows, cols, &quantize(&w))
+}
