@@ -247,7 +247,8 @@ impl Packed {
     }
 
     /// Whether block `b` (of 32 inputs) is the last of its GGML block: where the kernels that
-    /// sum a GGML block's sub-scaled blocks apply its `d`.
+    /// sum a GGML block's sub-scaled blocks apply its `d` (the AVX-512 six-bit tiles).
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     pub(super) fn sup_end(&self, b: usize) -> bool {
         (b + 1) & ((1 << self.bshift) - 1) == 0
