@@ -147,20 +147,35 @@ unsafe fn sub_ints(sc: *const i8) -> __m512i {
     _mm512_cvtepi8_epi32(_mm_loadu_si128(sc as *const __m128i))
 }
 
-/// A GGML block's sub-scaled blocks, per activation row: `part` gathers each block's integer
-/// sums times their integer sub-scales, converted once and times the row's block scale; at the
-/// GGML block's last block `part · d` joins `acc`. Per row and block that is two integer
-/// multiplies and one fused multiply-add where the sums scaled in f32 take two of each: on a
-/// Zen 5 all of them share the ports of the `dpbusd`s (measured: 12 `dpbusd`s with 6 `vpmulld`s
-/// or 6 FMAs run 0.73× as fast as alone; conversions and integer adds cost nothing there).
+/// Block `b` of a GGML block with a sub-scale per 16 inputs, per activation row: `sums(t)`
+/// gives row `t`'s integer sums of the two halves, which meet their integer sub-scales, are
+/// converted once and times the row's block scale into `part`; at the GGML block's last block
+/// `part · d` joins `acc`. Per row and block that is two integer multiplies and one fused
+/// multiply-add where the sums scaled in f32 take two of each: on a Zen 5 all of them share the
+/// ports of the `dpbusd`s (measured: 12 `dpbusd`s with 6 `vpmulld`s or 6 FMAs run 0.73× as
+/// fast as alone; conversions and integer adds cost nothing there).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn flush_sup<const N: usize>(
+unsafe fn gather_halves<const N: usize>(
     p: &Packed,
+    a: &QActs,
     g: usize,
     b: usize,
+    t0: usize,
     acc: &mut [__m512; TILE],
     part: &mut [__m512; N],
+    sums: impl Fn(usize) -> (__m512i, __m512i),
 ) {
+    let nb = p.cols / QK;
+    let at = (g * nb + b) * 2 * GROUP;
+    let sc0 = sub_ints(p.isc.as_ptr().add(at));
+    let sc1 = sub_ints(p.isc.as_ptr().add(at + GROUP));
+    for (t, pt) in part.iter_mut().enumerate() {
+        let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
+        let (i0, i1) = sums(t);
+        let i = _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1));
+        *pt = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dx, *pt);
+    }
     if !p.sup_end(b) {
         return;
     }
@@ -364,20 +379,9 @@ unsafe fn q6_tile<const N: usize, const W: u32, const OFF: i32, const MIN: bool>
         }
         let at = gb * 2 * GROUP;
         if !MIN {
-            // A GGML block's sub-scaled sums gathered in `part`, `d` applied once per block.
-            let (sc0, sc1) = (
-                sub_ints(p.isc.as_ptr().add(at)),
-                sub_ints(p.isc.as_ptr().add(at + GROUP)),
-            );
-            for t in 0..N {
-                let row = t0 + t;
-                let dx = _mm512_set1_ps(*a.d.get_unchecked(row * nb + b));
-                let hs = (row * nb + b) * 2;
-                let (i0, i1) = unoffset::<OFF>(s0[t], s1[t], a, hs);
-                let i = _mm512_add_epi32(_mm512_mullo_epi32(i0, sc0), _mm512_mullo_epi32(i1, sc1));
-                part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dx, part[t]);
-            }
-            flush_sup(p, g, b, acc, &mut part);
+            gather_halves(p, a, g, b, t0, acc, &mut part, |t| {
+                unoffset::<OFF>(s0[t], s1[t], a, ((t0 + t) * nb + b) * 2)
+            });
             continue;
         }
         let sup = p.sup_at(g, b);
@@ -520,18 +524,10 @@ unsafe fn q8_tile<const N: usize, const S: bool, const HALVES: bool, const MIN: 
         }
         if S && HALVES && !MIN {
             // Q6_K's and Q3_K's expansion: the epilogue of `q6_tile`.
-            let (sc0, sc1) = (
-                sub_ints(p.isc.as_ptr().add(at)),
-                sub_ints(p.isc.as_ptr().add(at + GROUP)),
-            );
-            for t in 0..N {
-                let dx = _mm512_set1_ps(*a.d.get_unchecked((t0 + t) * nb + b));
-                let i0 = _mm512_mullo_epi32(_mm512_sub_epi32(s0[t], wsum(0)), sc0);
-                let i1 = _mm512_mullo_epi32(_mm512_sub_epi32(s1[t], wsum(1)), sc1);
-                let i = _mm512_add_epi32(i0, i1);
-                part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), dx, part[t]);
-            }
-            flush_sup(p, g, b, acc, &mut part);
+            let (w0, w1) = (wsum(0), wsum(1));
+            gather_halves(p, a, g, b, t0, acc, &mut part, |t| {
+                (_mm512_sub_epi32(s0[t], w0), _mm512_sub_epi32(s1[t], w1))
+            });
             continue;
         }
         let sup = p.sup_at(g, b);
