@@ -208,11 +208,19 @@ impl Constraint {
             .collect()
     }
 
-    /// The best token of `row` among its `k` best that the grammar allows after `path` — the
-    /// argmax of the masked row when it is among them — or `None` (none of them is allowed, or
-    /// `path` leaves the grammar): then [`Constraint::mask`] decides. A greedy row needs no
-    /// more than this, and checking a few tokens costs far less than a mask.
-    pub fn best(&mut self, row: &[f32], path: &[TokenId], k: usize) -> Option<TokenId> {
+    /// The tokens among `row`'s `k` best that the grammar allows after `path` and that lie
+    /// within `margin` of the best of them, best first — when they are all the allowed ids
+    /// within `margin` of the masked row's best (the `k` reach below it) — or `None` (none of
+    /// them is allowed, the `k` do not reach that far, or `path` leaves the grammar): then
+    /// [`Constraint::mask`] decides. A greedy row needs no more than this, and checking a few
+    /// tokens costs far less than a mask.
+    pub fn best(
+        &mut self,
+        row: &[f32],
+        path: &[TokenId],
+        k: usize,
+        margin: f32,
+    ) -> Option<Vec<TokenId>> {
         self.settle();
         if self.m.is_error() {
             return None;
@@ -223,8 +231,15 @@ impl Constraint {
         if n == ids.len() {
             let stopped = self.m.is_stopped();
             let can_end = stopped || self.m.is_accepting().unwrap_or(true);
-            for (t, l) in crate::runtime::ops::top_k(row, k) {
-                if l == f32::NEG_INFINITY {
+            let top = crate::runtime::ops::top_k(row, k);
+            // The list reaches below the band once it holds every id (fewer than k finite
+            // values) or a value under it.
+            let mut complete = top.len() < k || top.iter().any(|e| e.1 == f32::NEG_INFINITY);
+            let mut band: Vec<TokenId> = Vec::new();
+            let mut first = None;
+            for &(t, l) in &top {
+                if l == f32::NEG_INFINITY || first.is_some_and(|f: f32| l < f - margin) {
+                    complete = true;
                     break;
                 }
                 let ok = if self.stop.contains(&t) {
@@ -233,9 +248,12 @@ impl Constraint {
                     !stopped && self.m.validate_tokens(&[t.0]).is_ok_and(|c| c == 1)
                 };
                 if ok {
-                    found = Some(t);
-                    break;
+                    first.get_or_insert(l);
+                    band.push(t);
                 }
+            }
+            if complete && !band.is_empty() {
+                found = Some(band);
             }
         }
         let _ = self.m.rollback(n);
@@ -391,11 +409,21 @@ mod tests {
                 let mut masked = row.clone();
                 assert!(c.mask(&mut masked, &text[..cut]));
                 let want = crate::runtime::ops::argmax(&masked);
-                match c.best(&row, &text[..cut], 16) {
-                    Some(t) => assert_eq!(t, want, "cut {cut}"),
-                    None => assert!(!crate::runtime::ops::top_k(&row, 16)
-                        .iter()
-                        .any(|e| e.0 == want)),
+                // The allowed ids within the margin of the masked row's best, best first.
+                let margin = 0.05;
+                let band: Vec<TokenId> = crate::runtime::ops::top_k(&masked, vocab)
+                    .into_iter()
+                    .take_while(|e| e.1 >= masked[want.idx()] - margin)
+                    .map(|e| e.0)
+                    .collect();
+                let top = crate::runtime::ops::top_k(&row, 16);
+                match c.best(&row, &text[..cut], 16, margin) {
+                    Some(b) => assert_eq!(b, band, "cut {cut}"),
+                    None => assert!(
+                        !top.iter().any(|e| e.0 == want)
+                            || top[15].1 >= masked[want.idx()] - margin,
+                        "cut {cut}"
+                    ),
                 }
             }
         }

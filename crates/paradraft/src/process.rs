@@ -53,6 +53,13 @@ impl Default for Processing {
     }
 }
 
+/// A greedy row's grammar checks its best this many ids before it masks the row.
+const BEST_OF: usize = 16;
+
+/// Exact logits for a round's rows (row, token) and the margin below a row's best value
+/// within which its exact argmax may lie ([`crate::speculative::RoundOutput`]).
+pub type Exact<'a> = (&'a dyn Fn(usize, TokenId) -> f32, f32);
+
 /// The most alternatives a token's log-probabilities may list.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
@@ -245,7 +252,7 @@ impl Processor {
     /// (`rows × v`), and processes row 0. Rows are processed on demand
     /// ([`Processor::process_row`]): verification reads only the rows of the root and the
     /// accepted path, and a grammar's mask is the dear part.
-    pub fn begin_round(&mut self, tree: &DraftTree, raw: &[f32], v: usize) {
+    pub fn begin_round(&mut self, tree: &DraftTree, raw: &[f32], v: usize, exact: Exact) {
         let rows = tree.len() + 1;
         self.done.clear();
         self.done.resize(rows, false);
@@ -255,11 +262,14 @@ impl Processor {
         if !self.p.is_identity() && self.buf.len() < rows * v {
             self.buf.resize(rows * v, 0.0);
         }
-        self.process_row(tree, 0, raw, v);
+        self.process_row(tree, 0, raw, v, exact);
     }
 
-    /// Processes row `r` of the round over its own path.
-    pub fn process_row(&mut self, tree: &DraftTree, r: usize, raw: &[f32], v: usize) {
+    /// Processes row `r` of the round over its own path. A greedy row's token is chosen on
+    /// exact values: the ids its values could rank wrongly (within `exact.1` of the best the
+    /// processing allows) are re-scored with `exact.0`, so the choice is the same whether
+    /// the row came back exact, from int8 activations or from the 4-bit screen.
+    pub fn process_row(&mut self, tree: &DraftTree, r: usize, raw: &[f32], v: usize, exact: Exact) {
         if self.done[r] {
             return;
         }
@@ -274,20 +284,85 @@ impl Processor {
         let row = &mut buf[r * v..(r + 1) * v];
         row.copy_from_slice(src);
         self.penalise(row, &path);
-        let best = match &mut self.grammar {
-            Some(g) if self.only_argmax => g.best(row, &path, 16),
-            _ => None,
-        };
-        self.argmax[r] = match best {
-            Some(t) => t,
-            None => {
-                if let Some(g) = &mut self.grammar {
-                    g.mask(row, &path);
-                }
-                ops::argmax(row)
+        self.argmax[r] = if self.only_argmax {
+            self.exact_best(row, &path, |t| exact.0(r, t), exact.1)
+        } else {
+            if let Some(g) = &mut self.grammar {
+                g.mask(row, &path);
             }
+            ops::argmax(row)
         };
         self.buf = buf;
+    }
+
+    /// The best token of a processed greedy `row` on exact values (`raw(t)`: `t`'s exact
+    /// logit before processing): the grammar's candidates among the row's best few when they
+    /// hold every id within `margin` of the best allowed, else those of the masked row; each
+    /// re-scored and processed (its exact value written back), the best kept (ties to the
+    /// lowest id).
+    fn exact_best(
+        &mut self,
+        row: &mut [f32],
+        path: &[TokenId],
+        raw: impl Fn(TokenId) -> f32,
+        margin: f32,
+    ) -> TokenId {
+        let within = |row: &[f32]| {
+            let mut ids = Vec::new();
+            let top = ops::max_value(row);
+            if top > f32::NEG_INFINITY {
+                ops::indices_at_least(row, top - margin, &mut ids);
+            }
+            ids.into_iter().map(TokenId).collect::<Vec<_>>()
+        };
+        let cands = match &mut self.grammar {
+            Some(g) => match g.best(row, path, BEST_OF, margin) {
+                Some(c) => c,
+                None => {
+                    g.mask(row, path);
+                    within(row)
+                }
+            },
+            None => within(row),
+        };
+        let mut best: Option<(TokenId, f32)> = None;
+        for t in cands {
+            let e = self.adjust(t, raw(t), path);
+            row[t.idx()] = e;
+            if best.is_none_or(|(b, be)| e > be || (e == be && t < b)) {
+                best = Some((t, e));
+            }
+        }
+        best.map_or_else(|| ops::argmax(row), |b| b.0)
+    }
+
+    /// Whether the round's rows are read for their argmax only (greedy, no log-probabilities):
+    /// they may then come from the 4-bit screen (`Logits::Screened`).
+    pub fn greedy_rows(&self) -> bool {
+        self.only_argmax
+    }
+
+    /// `l`, token `t`'s logit, as [`Processor::penalise`] leaves it over `path`.
+    fn adjust(&self, t: TokenId, mut l: f32, path: &[TokenId]) -> f32 {
+        let p = &self.p;
+        for &(b, v) in &p.logit_bias {
+            if b == t {
+                l += v;
+            }
+        }
+        if p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 && p.repetition_penalty == 1.0 {
+            return l;
+        }
+        let count = self.output.get(&t).copied().unwrap_or(0)
+            + path.iter().filter(|&&x| x == t).count() as u32;
+        let rep = p.repetition_penalty;
+        if rep != 1.0 && (count > 0 || self.prompt.contains(&t)) {
+            l = if l > 0.0 { l / rep } else { l * rep };
+        }
+        if count > 0 {
+            l -= p.frequency_penalty * count as f32 + p.presence_penalty;
+        }
+        l
     }
 
     /// The rows a verification outcome was decided on (the root's and those of its `accepted`
@@ -388,6 +463,30 @@ mod tests {
 
     /// A round's rows each see their own path: the row of a node equals a fresh processor's
     /// row with the path pushed as output.
+    /// The one-token form of the penalties (what a re-scored id gets) agrees with the row's.
+    #[test]
+    fn adjust_is_penalise_for_one_token() {
+        let p = Processing {
+            logit_bias: vec![(TokenId(3), 2.5), (TokenId(1), -1.0), (TokenId(3), 0.5)],
+            presence_penalty: 0.6,
+            frequency_penalty: 0.3,
+            repetition_penalty: 1.3,
+            ..Default::default()
+        };
+        let mut pr = proc(p, &[1, 2, 5]);
+        for t in [2, 4, 4] {
+            pr.push(TokenId(t));
+        }
+        let path = [TokenId(5), TokenId(0), TokenId(0)];
+        let raw: Vec<f32> = (0..6).map(|i| (i as f32 - 2.5) * 0.7).collect();
+        let mut row = raw.clone();
+        pr.penalise(&mut row, &path);
+        for (t, (&r, &want)) in raw.iter().zip(&row).enumerate() {
+            assert_eq!(pr.adjust(TokenId(t as u32), r, &path), want, "token {t}");
+        }
+        assert_ne!(row, raw);
+    }
+
     #[test]
     fn each_row_sees_its_own_path() {
         let params = Processing {
@@ -404,9 +503,10 @@ mod tests {
         let raw: Vec<f32> = (0..5 * 6).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
         let mut p = proc(params.clone(), &[3]);
         p.push(TokenId(0));
-        p.begin_round(&tree, &raw, 6);
+        let exact = |r: usize, t: TokenId| raw[r * 6 + t.idx()];
+        p.begin_round(&tree, &raw, 6, (&exact, 0.0));
         for r in 1..5 {
-            p.process_row(&tree, r, &raw, 6);
+            p.process_row(&tree, r, &raw, 6, (&exact, 0.0));
         }
         let paths: [&[u32]; 5] = [&[], &[1], &[1, 1], &[1, 5], &[1, 1, 3]];
         for (r, path) in paths.iter().enumerate() {

@@ -444,3 +444,37 @@ fn speculative_sessions_share_one_forward() {
         }
     }
 }
+
+/// A greedy session with a grammar and no log-probabilities takes its rows from the 4-bit
+/// screen when it is alone (`Logits::Screened`) and exact full rows when a sampled session
+/// shares the forward; its choices are re-scored exactly either way, so its tokens are the
+/// same batched as alone.
+#[test]
+fn grammar_rows_choose_alike_screened_or_exact() {
+    use paradraft::grammar::Grammar;
+    use paradraft::process::Processing;
+    let lm = load_tiny("qwen3");
+    let v = lm.model.config.vocab_size;
+    let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(5 + 2 * i, i as u32 + 11, v)).collect();
+    let params: Vec<GenerateParams> = (0..prompts.len())
+        .map(|i| GenerateParams {
+            max_new_tokens: 20,
+            sampling: paradraft::sample::SamplingParams {
+                temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
+                seed: 3 + i as u64,
+                ..Default::default()
+            },
+            processing: Processing {
+                grammar: (i % 2 == 0).then_some(Grammar::JsonObject),
+                ..Default::default()
+            },
+            stop_strings: vec![],
+        })
+        .collect();
+    let got = stepped_sessions(&lm, &prompts, &params, usize::MAX);
+    for (i, ((p, g), params)) in prompts.iter().zip(&got).zip(&params).enumerate() {
+        let mut kv = lm.model.new_kv(256);
+        let ar = generate(&lm.model, &lm.tokenizer, &mut kv, p, params, |_| {}).unwrap();
+        assert_eq!(g, &ar.token_ids, "session {i}");
+    }
+}

@@ -97,6 +97,19 @@ pub enum Logits {
     /// its screen ranks them (the ids near the top re-scored exactly, the others not):
     /// candidates for drafting (Token Recycling), never for sampling.
     ArgmaxTop(usize),
+    /// Full rows as cheap as an argmax: the 4-bit screen's scores as they come (int8
+    /// activations, nothing re-scored); an id's exact value comes from
+    /// [`crate::model::Model::rescore`]. For greedy rows whose choice is made over a subset of
+    /// the vocabulary (a grammar's mask) and re-scored near the top, never for sampling.
+    /// Without a screen (a 4-bit output layer, exact mode) the rows of [`Logits::Full`].
+    Screened,
+}
+
+impl Logits {
+    /// Whether every row comes back whole (`rows × vocab` logits).
+    pub fn full_rows(self) -> bool {
+        matches!(self, Logits::Full | Logits::Screened)
+    }
 }
 
 /// Which of the new tokens get output-layer results.

@@ -348,6 +348,32 @@ impl Model {
         Ok(&s.out)
     }
 
+    /// The exact logit of `t` at output row `i` of the last output layer run on `s` (a
+    /// forward's or [`Model::output_again`]'s): what the re-scoring of the ids near a row's
+    /// top computes, soft-capped as the rows handed out are.
+    pub fn rescore(&self, s: &Scratch, i: usize, t: TokenId) -> f32 {
+        let h = self.config.hidden_size;
+        let x = &s.rows_x[i * h..(i + 1) * h];
+        let l = ROW.with_borrow_mut(|(tmp, _)| {
+            tmp.resize(h, 0.0);
+            self.output_head().row_dot(t.idx(), x, tmp)
+        });
+        self.config
+            .extras
+            .final_softcap
+            .map_or(l, |c| ops::softcap(l, c))
+    }
+
+    /// Below the best score a row's exact argmax may lie when the row came back as `logits`
+    /// (int8 activations: [`REFINE`]; the 4-bit screen: [`SCREEN_MARGIN`]; exact: 0).
+    pub fn rescore_margin(&self, logits: Logits) -> f32 {
+        match logits {
+            _ if self.exact => 0.0,
+            Logits::Screened if self.screen.is_some() => SCREEN_MARGIN,
+            _ => REFINE,
+        }
+    }
+
     fn forward_seqs<'s>(
         &self,
         seqs: &mut [(&mut KvCache, Batch)],
@@ -427,7 +453,7 @@ impl Model {
         let out = &mut s.out;
         out.vocab = vocab;
         out.rows.clear();
-        if spec.logits != Logits::Full {
+        if !spec.logits.full_rows() {
             out.logits.clear();
         }
         out.argmax.clear();
@@ -454,7 +480,9 @@ impl Model {
         // Argmax and top-k screen the vocabulary with the 4-bit copy; the ids near the top are
         // then re-scored exactly with the stored weights.
         let screen = match spec.logits {
-            Logits::Argmax | Logits::ArgmaxTop(_) | Logits::TopK(_) if !self.exact => {
+            Logits::Argmax | Logits::ArgmaxTop(_) | Logits::TopK(_) | Logits::Screened
+                if !self.exact =>
+            {
                 self.screen.as_ref()
             }
             _ => None,
@@ -465,7 +493,7 @@ impl Model {
         } else {
             REFINE
         };
-        let logits = if spec.logits == Logits::Full {
+        let logits = if spec.logits.full_rows() {
             // Kept between calls: every element is overwritten below (no memset of a
             // rows × vocabulary buffer per forward).
             out.logits.resize(m * vocab, 0.0);
@@ -499,7 +527,8 @@ impl Model {
             // SAFETY: task i alone touches row i of the logits and entry i of the results.
             let row = unsafe { std::slice::from_raw_parts_mut(lp.get().add(i * vocab), vocab) };
             let x = &xs[i * h..(i + 1) * h];
-            if approx {
+            // Screened rows are re-scored by their reader, where its choice needs it.
+            if approx && spec.logits != Logits::Screened {
                 ROW.with_borrow_mut(|(tmp, cand)| {
                     tmp.resize(h, 0.0);
                     refine_top(row, keep, margin, |id, t| head.row_dot(id, x, t), tmp, cand);
@@ -522,8 +551,10 @@ impl Model {
                     *ap.get().add(i) = ops::argmax(row);
                     *tp.get().add(i) = top(row, k.max(1));
                 },
-                Logits::Full if softcap.is_some() => row.iter_mut().for_each(|x| *x = cap(*x)),
-                Logits::Full | Logits::None => {}
+                Logits::Full | Logits::Screened if softcap.is_some() => {
+                    row.iter_mut().for_each(|x| *x = cap(*x))
+                }
+                Logits::Full | Logits::Screened | Logits::None => {}
             }
         });
     }

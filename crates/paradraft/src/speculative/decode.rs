@@ -11,7 +11,7 @@ use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
 use super::{Drafter, Hidden, RoundStats, SpecGeneration};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{Batch, Config, Logits, Output, Tokenizer};
+use crate::model::{Batch, Config, Logits, Tokenizer};
 use crate::process::{Processor, TokenLogprob};
 use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::runtime::ops;
@@ -40,7 +40,7 @@ pub struct RowNeeds {
 }
 
 /// The forward's results for one session's rows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct RoundOutput<'o> {
     /// One per output row (when the session's rows asked for argmaxes).
     pub argmax: &'o [TokenId],
@@ -55,22 +55,14 @@ pub struct RoundOutput<'o> {
     /// The forward these rows came from when it held other sessions' rows too: its rows in
     /// all (prompt rows included) and its ms, so that sizing learns what batched forwards cost.
     pub batch_forward: Option<(usize, f64)>,
+    /// The exact logit of a token at one of the session's full-logit rows (row, token), and
+    /// how far below a row's best value its exact argmax may lie (`Model::rescore`,
+    /// `Model::rescore_margin`): a processed greedy row is chosen on exact values.
+    pub exact: &'o dyn Fn(usize, TokenId) -> f32,
+    pub margin: f32,
 }
 
 impl<'o> RoundOutput<'o> {
-    /// A session's part of `out`: its batch rows start at `batch_row0`, its output rows at
-    /// `out_row0`, and each row has `width` floats of tapped states.
-    pub fn of(out: &'o Output, batch_row0: usize, out_row0: usize, width: usize) -> Self {
-        RoundOutput {
-            argmax: out.argmax.get(out_row0..).unwrap_or(&[]),
-            top: out.top.get(out_row0..).unwrap_or(&[]),
-            logits: out.logits.get(out_row0 * out.vocab..).unwrap_or(&[]),
-            vocab: out.vocab,
-            hidden: out.hidden.get(batch_row0 * width..).unwrap_or(&[]),
-            batch_forward: None,
-        }
-    }
-
     pub fn logits_row(&self, r: usize) -> &'o [f32] {
         &self.logits[r * self.vocab..(r + 1) * self.vocab]
     }
@@ -477,6 +469,9 @@ impl<'a> Session<'a> {
             },
             Pending::Round(_) => RowNeeds {
                 logits: match (self.greedy, self.drafter.candidates()) {
+                    _ if self.process.as_ref().is_some_and(Processor::greedy_rows) => {
+                        Logits::Screened
+                    }
                     _ if self.process.is_some() => Logits::Full,
                     (true, 0) => Logits::Argmax,
                     (true, k) => Logits::ArgmaxTop(k),
@@ -625,7 +620,7 @@ impl<'a> Session<'a> {
             let raw = raw.ok_or_else(|| {
                 Error::BadRequest("a processed round's forward gave no full logits".into())
             })?;
-            p.begin_round(tree, raw, v);
+            p.begin_round(tree, raw, v, (o.exact, o.margin));
         }
         let outcome = loop {
             let process = self.process.as_ref();
@@ -643,7 +638,7 @@ impl<'a> Session<'a> {
                 break out;
             }
             for r in missing {
-                p.process_row(tree, r, raw, v);
+                p.process_row(tree, r, raw, v, (o.exact, o.margin));
             }
         };
         let logprobs = match &self.process {

@@ -131,6 +131,10 @@ impl Stepper {
         let (mut arg_rows, mut full_rows) = (Vec::new(), Vec::new());
         // Argmax rows get the top `top_k` candidates too when a member's drafter wants them.
         let mut top_k = 0;
+        // Full rows come from the 4-bit screen when every session asking for them would take
+        // screened rows (`Logits::Screened`, greedy processed rows); one exact session makes
+        // them all exact (both give the same choices: a row's exact values are re-scored).
+        let mut screen = true;
         // (member, batch row0, argmax row0, full row0, whether its rows are argmax rows)
         let mut at = Vec::with_capacity(n);
         let mut row = 0;
@@ -155,7 +159,11 @@ impl Stepper {
                     arg_rows.extend(mine);
                     top_k = top_k.max(k);
                 }
-                Logits::Full => full_rows.extend(mine),
+                Logits::Full => {
+                    full_rows.extend(mine);
+                    screen = false;
+                }
+                Logits::Screened => full_rows.extend(mine),
                 _ => {}
             }
             row += len;
@@ -168,8 +176,13 @@ impl Stepper {
                 .filter(|(i, _)| rep.planned[*i])
                 .map(|(_, m)| (&mut *m.kv, m.session.batch()))
                 .collect();
+            let full = if screen {
+                Logits::Screened
+            } else {
+                Logits::Full
+            };
             let first = match (arg_rows.is_empty(), top_k) {
-                (true, _) => (&full_rows, Logits::Full),
+                (true, _) => (&full_rows, full),
                 (false, 0) => (&arg_rows, Logits::Argmax),
                 (false, k) => (&arg_rows, Logits::ArgmaxTop(k)),
             };
@@ -191,7 +204,7 @@ impl Stepper {
                 if !full_rows.is_empty() {
                     let spec = OutputSpec {
                         rows: Rows::Some(full_rows.clone()),
-                        logits: Logits::Full,
+                        logits: full,
                         taps: vec![],
                     };
                     model.output_again(&spec, &mut self.scratch)?;
@@ -201,8 +214,11 @@ impl Stepper {
                 self.top.clear();
             }
             forward_ms = t.elapsed().as_secs_f64() * 1e3;
-            &self.scratch.out
+            (&self.scratch.out, model.rescore_margin(full))
         };
+        let (out, margin) = out;
+        // The full rows' pass ran last, so its rows are the ones `Model::rescore` reads.
+        let scratch = &self.scratch;
         // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
         let batch_forward = (at.len() > 1).then_some((rows, forward_ms));
         for (i, b0, a0, f0, argmax_rows) in at {
@@ -220,6 +236,8 @@ impl Stepper {
                 vocab: out.vocab,
                 hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
                 batch_forward,
+                exact: &|r, t| model.rescore(scratch, f0 + r, t),
+                margin,
             };
             m.session.commit(m.kv, o, &mut m.on_text)?;
             if m.session.stop_reason().is_some() {

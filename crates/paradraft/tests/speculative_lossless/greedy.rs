@@ -212,7 +212,9 @@ fn greedy_with_bias_penalties_and_logprobs_is_token_identical() {
                 presence_penalty: 0.8,
                 frequency_penalty: 0.4,
                 repetition_penalty: 1.15,
-                logprobs: Some(2),
+                // Without log-probabilities the verify rows come from the 4-bit screen
+                // (`Logits::Screened`), each row's choice re-scored exactly.
+                logprobs: seed.is_multiple_of(2).then_some(2),
                 grammar: None,
             },
             ..greedy(max_new)
@@ -269,14 +271,17 @@ fn grammars() -> Vec<Grammar> {
 fn greedy_with_a_grammar_is_token_identical() {
     one_thread();
     let ps = prompts();
-    let with = |g: &Grammar, max_new: usize| GenerateParams {
+    // With log-probabilities the rows are exact full rows; without, greedy rows come from
+    // the 4-bit screen (`Logits::Screened`) and each choice is re-scored exactly.
+    let with_logprobs = |g: &Grammar, max_new: usize, logprobs: Option<usize>| GenerateParams {
         processing: Processing {
             grammar: Some(g.clone()),
-            logprobs: Some(1),
+            logprobs,
             ..Default::default()
         },
         ..greedy(max_new)
     };
+    let with = |g: &Grammar, max_new: usize| with_logprobs(g, max_new, Some(1));
     for path in ["tiny/qwen3", "tiny/gemma3.gguf", "tiny/phi3.gguf"].map(|p| fixtures().join(p)) {
         let lm = model::load(&path).unwrap();
         let mut sd = self_draft(&path, &lm, 1, SamplingParams::default());
@@ -297,6 +302,15 @@ fn greedy_with_a_grammar_is_token_identical() {
         let g = &grammars()[k % 4];
         let ids = encode(&lm, &ps[i], 256);
         check_greedy(&lm, &ids, &with(g, 48), i as u64, &mut sd, &auto);
+        // Without log-probabilities: rows from the 4-bit screen, choices re-scored exactly.
+        check_greedy(
+            &lm,
+            &ids,
+            &with_logprobs(g, 48, None),
+            i as u64,
+            &mut sd,
+            &auto,
+        );
     }
 }
 
