@@ -212,8 +212,9 @@ impl Constraint {
     /// within `margin` of the best of them, best first — when they are all the allowed ids
     /// within `margin` of the masked row's best (the `k` reach below it) — or `None` (none of
     /// them is allowed, the `k` do not reach that far, or `path` leaves the grammar): then
-    /// [`Constraint::mask`] decides. A greedy row needs no more than this, and checking a few
-    /// tokens costs far less than a mask.
+    /// [`Constraint::mask`] decides. A token the grammar forces is the whole answer, as it is
+    /// the whole mask. A greedy row needs no more than this, and checking a few tokens costs
+    /// far less than a mask.
     pub fn best(
         &mut self,
         row: &[f32],
@@ -228,7 +229,18 @@ impl Constraint {
         let ids: Vec<u32> = path.iter().map(|t| t.0).collect();
         let n = self.m.try_consume_tokens(&ids).unwrap_or(0);
         let mut found = None;
-        if n == ids.len() {
+        // Where the grammar forces bytes that tokenize to a fixed token, the mask allows that
+        // token alone (llguidance's forced tokens), while `validate_tokens` would accept any
+        // split of the bytes (`c` + `ategory` for a forced `category`): so that this choice is
+        // the mask's, a forced token is the answer.
+        let forced = if n == ids.len() && !self.m.is_stopped() {
+            self.m.compute_ff_tokens()
+        } else {
+            Vec::new()
+        };
+        if let Some(&t) = forced.first().filter(|_| !self.m.is_error()) {
+            found = Some(vec![TokenId(t)]);
+        } else if n == ids.len() {
             let stopped = self.m.is_stopped();
             let can_end = stopped || self.m.is_accepting().unwrap_or(true);
             let top = crate::runtime::ops::top_k(row, k);

@@ -142,6 +142,8 @@ pub struct Processor {
     /// Rows are read for their argmax only (greedy, no log-probabilities): a grammar then
     /// checks the best few tokens instead of masking the row.
     only_argmax: bool,
+    /// Greedy: each row's token is chosen on exact values (with or without log-probabilities).
+    greedy: bool,
 }
 
 impl Processor {
@@ -175,6 +177,7 @@ impl Processor {
             argmax: Vec::new(),
             grammar,
             only_argmax: greedy && p.logprobs.is_none(),
+            greedy,
         }))
     }
 
@@ -284,12 +287,16 @@ impl Processor {
         let row = &mut buf[r * v..(r + 1) * v];
         row.copy_from_slice(src);
         self.penalise(row, &path);
-        self.argmax[r] = if self.only_argmax {
-            self.exact_best(row, &path, |t| exact.0(r, t), exact.1)
-        } else {
+        // A greedy row read for log-probabilities too is masked whole (they are normalised
+        // over what the grammar allows), then chosen as one read for its argmax only.
+        if !self.only_argmax {
             if let Some(g) = &mut self.grammar {
                 g.mask(row, &path);
             }
+        }
+        self.argmax[r] = if self.greedy {
+            self.exact_best(row, &path, |t| exact.0(r, t), exact.1)
+        } else {
             ops::argmax(row)
         };
         self.buf = buf;
@@ -297,7 +304,8 @@ impl Processor {
 
     /// The best token of a processed greedy `row` on exact values (`raw(t)`: `t`'s exact
     /// logit before processing): the grammar's candidates among the row's best few when they
-    /// hold every id within `margin` of the best allowed, else those of the masked row; each
+    /// hold every id within `margin` of the best allowed, else those of the masked row (a row
+    /// read for log-probabilities comes masked); each
     /// re-scored and processed (its exact value written back), the best kept (ties to the
     /// lowest id).
     fn exact_best(
@@ -316,6 +324,7 @@ impl Processor {
             ids.into_iter().map(TokenId).collect::<Vec<_>>()
         };
         let cands = match &mut self.grammar {
+            Some(_) if !self.only_argmax => within(row), // masked already
             Some(g) => match g.best(row, path, BEST_OF, margin) {
                 Some(c) => c,
                 None => {

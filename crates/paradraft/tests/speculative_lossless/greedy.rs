@@ -302,14 +302,20 @@ fn greedy_with_a_grammar_is_token_identical() {
         let g = &grammars()[k % 4];
         let ids = encode(&lm, &ps[i], 256);
         check_greedy(&lm, &ids, &with(g, 48), i as u64, &mut sd, &auto);
-        // Without log-probabilities: rows from the 4-bit screen, choices re-scored exactly.
-        check_greedy(
-            &lm,
-            &ids,
-            &with_logprobs(g, 48, None),
-            i as u64,
-            &mut sd,
-            &auto,
+        // Without log-probabilities: rows from the 4-bit screen, choices re-scored exactly;
+        // the same choices as with them (exact full rows, masked whole).
+        let screened = with_logprobs(g, 48, None);
+        check_greedy(&lm, &ids, &screened, i as u64, &mut sd, &auto);
+        let tokens = |params: &GenerateParams| {
+            let mut kv = lm.model.new_kv(ids.len() + 100);
+            let out = generate(&lm.model, &lm.tokenizer, &mut kv, &ids, params, |_| {});
+            out.unwrap().token_ids
+        };
+        assert_eq!(
+            tokens(&screened),
+            tokens(&with(g, 48)),
+            "prompt {i}, grammar {}",
+            k % 4
         );
     }
 }
