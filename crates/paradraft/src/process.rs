@@ -56,6 +56,9 @@ impl Default for Processing {
 /// A greedy row's grammar checks its best this many ids before it masks the row.
 const BEST_OF: usize = 16;
 
+/// Most ids of a row re-scored exactly for a greedy choice (the best-scored first).
+const RESCORE_CAP: usize = 256;
+
 /// Exact logits for a round's rows (row, token) and the margin below a row's best value
 /// within which its exact argmax may lie ([`crate::speculative::RoundOutput`]).
 pub type Exact<'a> = (&'a dyn Fn(usize, TokenId) -> f32, f32);
@@ -305,7 +308,7 @@ impl Processor {
     /// The best token of a processed greedy `row` on exact values (`raw(t)`: `t`'s exact
     /// logit before processing): the grammar's candidates among the row's best few when they
     /// hold every id within `margin` of the best allowed, else those of the masked row (a row
-    /// read for log-probabilities comes masked); each
+    /// read for log-probabilities comes masked; at most [`RESCORE_CAP`] of them); each
     /// re-scored and processed (its exact value written back), the best kept (ties to the
     /// lowest id).
     fn exact_best(
@@ -320,6 +323,13 @@ impl Processor {
             let top = ops::max_value(row);
             if top > f32::NEG_INFINITY {
                 ops::indices_at_least(row, top - margin, &mut ids);
+            }
+            // A flat row can put thousands within the margin: the best-scored few are enough.
+            if ids.len() > RESCORE_CAP {
+                ids.select_nth_unstable_by(RESCORE_CAP - 1, |&a, &b| {
+                    row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b))
+                });
+                ids.truncate(RESCORE_CAP);
             }
             ids.into_iter().map(TokenId).collect::<Vec<_>>()
         };
