@@ -412,6 +412,31 @@ fn stepped_sessions(
         .collect()
 }
 
+/// Request `i` of a mixed batch: greedy when `i` is even, sampled at `temperature` when odd,
+/// seeded `seed + i`.
+fn alternating(
+    i: usize,
+    max_new_tokens: usize,
+    temperature: f32,
+    seed: u64,
+    processing: paradraft::process::Processing,
+) -> GenerateParams {
+    GenerateParams {
+        max_new_tokens,
+        sampling: SamplingParams {
+            temperature: if i.is_multiple_of(2) {
+                0.0
+            } else {
+                temperature
+            },
+            seed: seed + i as u64,
+            ..Default::default()
+        },
+        processing,
+        stop_strings: vec![],
+    }
+}
+
 #[test]
 fn speculative_sessions_share_one_forward() {
     for (lm, name) in [(load_tiny("qwen3"), "qwen3"), (load_tiny("llama"), "llama")] {
@@ -419,16 +444,7 @@ fn speculative_sessions_share_one_forward() {
         let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(6 + 3 * i, i as u32 + 1, v)).collect();
         // Greedy and sampled requests in the same forwards.
         let params: Vec<GenerateParams> = (0..prompts.len())
-            .map(|i| GenerateParams {
-                max_new_tokens: 24,
-                sampling: paradraft::sample::SamplingParams {
-                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
-                    seed: 5 + i as u64,
-                    ..Default::default()
-                },
-                stop_strings: vec![],
-                ..Default::default()
-            })
+            .map(|i| alternating(i, 24, 0.8, 5, Default::default()))
             .collect();
         for prefill in [usize::MAX, 7] {
             let got = stepped_sessions(&lm, &prompts, &params, prefill);
@@ -457,18 +473,18 @@ fn grammar_rows_choose_alike_screened_or_exact() {
     let v = lm.model.config.vocab_size;
     let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| toks(5 + 2 * i, i as u32 + 11, v)).collect();
     let params: Vec<GenerateParams> = (0..prompts.len())
-        .map(|i| GenerateParams {
-            max_new_tokens: 20,
-            sampling: paradraft::sample::SamplingParams {
-                temperature: if i % 2 == 0 { 0.0 } else { 0.9 },
-                seed: 3 + i as u64,
-                ..Default::default()
-            },
-            processing: Processing {
-                grammar: (i % 2 == 0).then_some(Grammar::JsonObject),
-                ..Default::default()
-            },
-            stop_strings: vec![],
+        .map(|i| {
+            let grammar = (i % 2 == 0).then_some(Grammar::JsonObject);
+            alternating(
+                i,
+                20,
+                0.9,
+                3,
+                Processing {
+                    grammar,
+                    ..Default::default()
+                },
+            )
         })
         .collect();
     let got = stepped_sessions(&lm, &prompts, &params, usize::MAX);

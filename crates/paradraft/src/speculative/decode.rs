@@ -12,7 +12,7 @@ use super::{Drafter, Hidden, RoundStats, SpecGeneration};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Config, Logits, Tokenizer};
-use crate::process::{Processor, TokenLogprob};
+use crate::process::{Exact, Processor, TokenLogprob};
 use crate::request::{check_prompt, Emitter, GenerateParams, Generation, Stats, StopReason};
 use crate::runtime::ops;
 use crate::sample::Sampler;
@@ -58,8 +58,7 @@ pub struct RoundOutput<'o> {
     /// The exact logit of a token at one of the session's full-logit rows (row, token), and
     /// how far below a row's best value its exact argmax may lie (`Model::rescore`,
     /// `Model::rescore_margin`): a processed greedy row is chosen on exact values.
-    pub exact: &'o dyn Fn(usize, TokenId) -> f32,
-    pub margin: f32,
+    pub exact: Exact<'o>,
 }
 
 impl<'o> RoundOutput<'o> {
@@ -620,7 +619,7 @@ impl<'a> Session<'a> {
             let raw = raw.ok_or_else(|| {
                 Error::BadRequest("a processed round's forward gave no full logits".into())
             })?;
-            p.begin_round(tree, raw, v, (o.exact, o.margin));
+            p.begin_round(tree, raw, v, o.exact);
         }
         let outcome = loop {
             let process = self.process.as_ref();
@@ -638,7 +637,7 @@ impl<'a> Session<'a> {
                 break out;
             }
             for r in missing {
-                p.process_row(tree, r, raw, v, (o.exact, o.margin));
+                p.process_row(tree, r, raw, v, o.exact);
             }
         };
         let logprobs = match &self.process {

@@ -169,7 +169,7 @@ impl Stepper {
             row += len;
         }
         let forward_ms: f64;
-        let out = {
+        let (out, margin) = {
             let mut seqs: Vec<(&mut KvCache, Batch)> = members
                 .iter_mut()
                 .enumerate()
@@ -216,7 +216,6 @@ impl Stepper {
             forward_ms = t.elapsed().as_secs_f64() * 1e3;
             (&self.scratch.out, model.rescore_margin(full))
         };
-        let (out, margin) = out;
         // The full rows' pass ran last, so its rows are the ones `Model::rescore` reads.
         let scratch = &self.scratch;
         // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
@@ -236,8 +235,7 @@ impl Stepper {
                 vocab: out.vocab,
                 hidden: out.hidden.get(b0 * w..).unwrap_or(&[]),
                 batch_forward,
-                exact: &|r, t| model.rescore(scratch, f0 + r, t),
-                margin,
+                exact: (&|r, t| model.rescore(scratch, f0 + r, t), margin),
             };
             m.session.commit(m.kv, o, &mut m.on_text)?;
             if m.session.stop_reason().is_some() {
