@@ -289,10 +289,76 @@ def portable(args):
     return out
 
 
+def start(a, method, levels):
+    if method == "llama-server":
+        model = a.model or subprocess.run([a.bin, "fetch-model"], capture_output=True, text=True,
+                                          check=True).stdout.strip().splitlines()[-1]
+        return LlamaServer(a.llama_server, model, a.threads, max(levels), a.llama_ctx)
+    # `METHOD@BIN`: that method served by another build (an A/B of two builds in one run).
+    method, _, binary = method.partition("@")
+    return Server(binary or a.bin, ["--drafter", method, *a.server_args.split()])
+
+
+def paired(a, methods, levels, per_level, ps, report):
+    """`--rounds R`: every method's server up at once (an idle one takes no CPU), then R rounds
+    of every level, each level run by every method in turn on the same new prompts, the order
+    reversed every other round (ABBA). The VM's speed drifts by 10-30 % over minutes; a ratio
+    of two runs seconds apart, on the same prompts, does not drift with it."""
+    servers = {}
+    try:
+        for m in methods:
+            servers[m] = start(a, m, levels)
+            stream_chat(servers[m].port, ps[0], 8, a.temperature, 0)  # warm-up
+        runs = {m: {c: [] for c in levels} for m in methods}
+        first = 1
+        for rnd in range(a.rounds):
+            order = methods if rnd % 2 == 0 else methods[::-1]
+            for c, n in zip(levels, per_level):
+                if first + n > len(ps):
+                    sys.exit(f"prompts ran out in round {rnd + 1}: use fewer rounds or requests")
+                for m in order:
+                    r = level(servers[m].port, ps, c, n, a.max_tokens, a.temperature, first)
+                    runs[m][c].append(r)
+                    print(f"round {rnd + 1} {m:>8} c={c:<3} {r['tok_s']:7.1f} tok/s  "
+                          f"tau {r['tau'] or 0:.2f}", flush=True)
+                first += n
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    base = methods[0]
+    lines = [
+        f"max_tokens {a.max_tokens}, temperature {a.temperature}, prompts: {a.datasets}; "
+        f"{a.rounds} paired rounds (ABBA), each level's prompts new in every round",
+        "",
+        f"| method | streams | tok/s median (min-max) | / {base} per round | median ratio | τ median |",
+        "|---|---|---|---|---|---|",
+    ]
+    summary = {}
+    for m in methods:
+        for c in levels:
+            rs = runs[m][c]
+            ratios = [r["tok_s"] / b["tok_s"] for r, b in zip(rs, runs[base][c])]
+            taus = [r["tau"] for r in rs if r["tau"]]
+            summary[f"{m}/{c}"] = {"tok_s": [r["tok_s"] for r in rs], "ratio": ratios}
+            tok = [r["tok_s"] for r in rs]
+            lines.append(
+                f"| {m} | {c} | {statistics.median(tok):.1f} ({min(tok):.1f}-{max(tok):.1f}) | "
+                f"{', '.join(f'{x:.3f}' for x in ratios)} | **{statistics.median(ratios):.3f}** | "
+                f"{statistics.median(taus) if taus else 0:.2f} |"
+            )
+    report["paired"] = {"runs": runs, "summary": summary}
+    with open(os.path.join(a.out, "serve.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(a.out, "serve.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "paradraft"))
-    ap.add_argument("--methods", default="none,pld,dflash")
+    ap.add_argument("--methods", default="none,pld,dflash",
+                    help="drafters, comma-separated; METHOD@BIN serves one with another build")
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--requests", type=int, default=0, help="per level (default: max(8, 2c))")
     ap.add_argument("--max-tokens", type=int, default=128, help="0: not sent (up to the context)")
@@ -304,28 +370,29 @@ def main():
                     "`paradraft fetch-model` gives, which the servers under test serve)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server's threads")
     ap.add_argument("--llama-ctx", type=int, default=2048, help="llama-server's context per slot")
+    ap.add_argument("--rounds", type=int, default=0, help="paired rounds: all servers up at "
+                    "once, each level run by every method in turn on the same prompts (ABBA)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench-out", "serve"))
     a = ap.parse_args()
     levels = [int(c) for c in a.concurrency.split(",")]
     per_level = [a.requests or max(8, 2 * c) for c in levels]
     sets = a.datasets.split(",")
     # The warm-up prompt and every level's own prompts, all distinct (see below).
-    need = 1 + sum(per_level)
+    need = 1 + max(1, a.rounds) * sum(per_level)
     ps = prompts(sets, max(40, -(-need // len(sets))))
     if len(ps) < need:
         sys.exit(f"{need} distinct prompts needed, the sets {a.datasets} have {len(ps)}")
     os.makedirs(a.out, exist_ok=True)
     report = {"args": portable(vars(a)), "results": {}}
-    if a.temperature == 0 and a.max_tokens > 0:
+    if a.temperature == 0 and a.max_tokens > 0 and not a.rounds:
         report["cli_decode_tok_s"] = cli_decode(a.bin, ps, a.max_tokens, 8)
         print(f"CLI decode (median of 8 prompts): {report['cli_decode_tok_s']:.1f} tok/s", flush=True)
-    for method in a.methods.split(","):
-        if method == "llama-server":
-            model = a.model or subprocess.run([a.bin, "fetch-model"], capture_output=True, text=True,
-                                              check=True).stdout.strip().splitlines()[-1]
-            srv = LlamaServer(a.llama_server, model, a.threads, max(levels), a.llama_ctx)
-        else:
-            srv = Server(a.bin, ["--drafter", method, *a.server_args.split()])
+    methods = a.methods.split(",")
+    if a.rounds:
+        paired(a, methods, levels, per_level, ps, report)
+        return 0
+    for method in methods:
+        srv = start(a, method, levels)
         try:
             stream_chat(srv.port, ps[0], 8, a.temperature, 0)  # warm-up
             res = []
