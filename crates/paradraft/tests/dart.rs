@@ -587,3 +587,100 @@ fn committed_smollm2_dart_drafter_is_lossless_and_accepts_drafts() {
     eprintln!("DART τ with 24-node trees: {tau:.3}");
     assert!(tau > 1.5, "τ {tau:.3}");
 }
+
+/// Batched drafting: the calls of three requests' drafters (different prompts, one asked for
+/// no node in a round) queued in one shared pass draft, round after round, exactly what each
+/// drafts alone — trees and node confidences — and the pass is one for all of them.
+#[test]
+fn a_batched_pass_drafts_what_each_call_drafts_alone() {
+    use paradraft::speculative::{Drafter, Hidden, Outcome};
+    let lm = load_tiny("llama");
+    let vocab = reduced(lm.model.config.vocab_size);
+    let (dir, _) = drafter_dir(&lm, &vocab, 5, 1);
+    let w = 3 * lm.model.config.hidden_size;
+    let prompts: Vec<Vec<TokenId>> = [7usize, 12, 20]
+        .iter()
+        .map(|&n| {
+            (0..n as u32)
+                .map(|i| TokenId(10 + (i * 7 + n as u32) % 50))
+                .collect()
+        })
+        .collect();
+    let rounds = 4;
+    let feats: Vec<Vec<f32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(k, p)| pseudo_random((p.len() + rounds * 10) * w, 9 + k as u32))
+        .collect();
+    let set = || -> Vec<Dart> {
+        let template = tree_drafter(&lm, dir.path(), 256, true);
+        let mut ds: Vec<Dart> = (0..prompts.len())
+            .map(|_| template.fork(256, SamplingParams::default()).unwrap())
+            .collect();
+        for (k, d) in ds.iter_mut().enumerate() {
+            let n = prompts[k].len();
+            let rows = &feats[k][..n * w];
+            d.begin(&prompts[k], Hidden { width: w, rows }).unwrap();
+        }
+        ds
+    };
+    let (mut alone, mut batched) = (set(), set());
+    let mut committed: Vec<Vec<TokenId>> = prompts
+        .iter()
+        .map(|p| [p.as_slice(), &[TokenId(3)]].concat())
+        .collect();
+    let mut accepted_nodes = 0;
+    for r in 0..rounds {
+        // Request 1 is asked for nothing in round 1 (held): it queues no call.
+        let ask = |k: usize| if r == 1 && k == 1 { 0 } else { 8 };
+        let mut passes = vec![];
+        for (k, d) in batched.iter_mut().enumerate() {
+            match d.prepare(&committed[k], ask(k)).unwrap() {
+                Some(p) => passes.push(p),
+                None => assert_eq!(ask(k), 0, "round {r}: request {k} queued no call"),
+            }
+        }
+        assert!(passes.iter().all(|p| p.same(&passes[0])), "one pass");
+        passes[0].run(&lm.model);
+        for k in 0..prompts.len() {
+            let a = alone[k].propose(&committed[k], ask(k)).unwrap();
+            let b = batched[k].propose(&committed[k], ask(k)).unwrap();
+            let what = format!("round {r}, request {k}");
+            assert_eq!(common::tree_tokens(&a), common::tree_tokens(&b), "{what}");
+            let parents = |t: &paradraft::speculative::DraftTree| {
+                (0..t.len() as u32)
+                    .map(|i| t.parent(paradraft::speculative::NodeId(i)))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(parents(&a), parents(&b), "{what}");
+            let bits = |d: &Dart| {
+                d.node_confidence()
+                    .map(|c| c.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+            };
+            assert_eq!(bits(&alone[k]), bits(&batched[k]), "{what}");
+            assert!(batched[k].shared_ms() >= 0.0);
+            // The target accepts the first node when there is one; its states come next.
+            let accepted: Vec<_> = (!a.is_empty())
+                .then_some(paradraft::speculative::NodeId(0))
+                .into_iter()
+                .collect();
+            let tokens: Vec<TokenId> = accepted.iter().map(|&n| a.token(n)).collect();
+            let out = Outcome {
+                accepted,
+                tokens: tokens.clone(),
+                bonus: TokenId(4 + r as u32),
+                drafted: a.len(),
+                top: Default::default(),
+            };
+            let n = committed[k].len() - 1;
+            let rows = &feats[k][n * w..(n + 1 + tokens.len()) * w];
+            for d in [&mut alone[k], &mut batched[k]] {
+                d.observe(&out, Hidden { width: w, rows }).unwrap();
+            }
+            accepted_nodes += tokens.len();
+            committed[k].extend_from_slice(&tokens);
+            committed[k].push(out.bonus);
+        }
+    }
+    assert!(accepted_nodes >= 8, "{accepted_nodes} rounds drafted");
+}

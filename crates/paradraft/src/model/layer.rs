@@ -67,12 +67,17 @@ pub(crate) struct LayerScratch {
 }
 
 impl LayerScratch {
-    /// Keeps only the last `rows` rows of the residual stream and of the pending attention
-    /// output (rows are independent after attention; DART runs its MLP on the last ones).
-    pub(crate) fn keep_last(&mut self, rows: usize, h: usize) {
+    /// Keeps only the rows of `keep` (ascending, disjoint ranges), in order, of the residual
+    /// stream and of the pending attention output (rows are independent after attention: DART
+    /// runs its MLP on each sequence's last rows).
+    pub(crate) fn keep_rows(&mut self, keep: &[std::ops::Range<usize>], h: usize) {
         for v in [&mut self.x, &mut self.proj] {
-            let drop = v.len().saturating_sub(rows * h);
-            v.drain(..drop);
+            let mut to = 0;
+            for r in keep {
+                v.copy_within(r.start * h..r.end * h, to);
+                to += r.len() * h;
+            }
+            v.truncate(to);
         }
     }
 }

@@ -57,6 +57,34 @@ impl Default for BatchPrice {
     }
 }
 
+/// A network pass the drafters of several sessions share (batched drafting): each queues its
+/// input in [`Drafter::prepare`], the step runs the pass once for all of them, then asks each
+/// for its proposal.
+pub trait PassQueue {
+    /// Runs every queued input in one pass (nothing when none waits). `target` is the model
+    /// the step verifies with (the one the drafters were bound to). A failure is each queued
+    /// proposal's to report, not the step's.
+    fn run(&self, target: &crate::model::Model);
+}
+
+/// A handle on a [`PassQueue`]; the drafters of one method share one.
+#[derive(Clone)]
+pub struct SharedPass(pub std::sync::Arc<dyn PassQueue>);
+
+impl SharedPass {
+    /// Whether both handles are on one queue.
+    pub fn same(&self, other: &SharedPass) -> bool {
+        std::ptr::addr_eq(
+            std::sync::Arc::as_ptr(&self.0),
+            std::sync::Arc::as_ptr(&other.0),
+        )
+    }
+
+    pub fn run(&self, target: &crate::model::Model) {
+        self.0.run(target)
+    }
+}
+
 /// A drafter's lifecycle: `begin` once per request, then per round `propose` a tree that
 /// continues the committed tokens and `observe` what the target accepted.
 pub trait Drafter {
@@ -75,6 +103,21 @@ pub trait Drafter {
     /// root of the tree, not yet verified by a target forward). An empty tree means plain
     /// autoregressive decoding this round.
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree>;
+
+    /// Batched drafting, a step's first phase: [`Drafter::propose`] follows with the same
+    /// arguments once the step has run the passes its sessions' drafters returned here. A
+    /// drafter whose proposal runs a network the other sessions' drafters share queues its
+    /// input there and returns the pass; its proposal reads the pass's output (running the
+    /// pass itself if the caller did not). Default: nothing shared, all work in `propose`.
+    fn prepare(&mut self, _committed: &[TokenId], _max_nodes: usize) -> Result<Option<SharedPass>> {
+        Ok(None)
+    }
+
+    /// Milliseconds of the last proposal spent in its share of a batched pass, outside
+    /// [`Drafter::propose`]'s own time.
+    fn shared_ms(&self) -> f64 {
+        0.0
+    }
 
     /// The next round's target forward, as sizing prices it ([`BatchPrice`]). Called before
     /// each [`Drafter::propose`]; a drafter whose proposals cost time prices them by this,
@@ -122,6 +165,12 @@ impl<D: Drafter + ?Sized> Drafter for &mut D {
     }
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
         (**self).propose(committed, max_nodes)
+    }
+    fn prepare(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Option<SharedPass>> {
+        (**self).prepare(committed, max_nodes)
+    }
+    fn shared_ms(&self) -> f64 {
+        (**self).shared_ms()
     }
     fn batch(&mut self, price: BatchPrice) {
         (**self).batch(price)

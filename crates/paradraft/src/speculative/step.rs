@@ -4,8 +4,9 @@
 //! member commits its results. A row's results are those it would get alone (the forward is
 //! batch-invariant), so a session's tokens do not depend on what it was batched with.
 
-use super::decode::{RoundOutput, Session, Speculation};
+use super::decode::{Prepared, RoundOutput, Session, Speculation};
 use super::sizing::BatchShape;
+use super::SharedPass;
 use super::SpecGeneration;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
@@ -109,14 +110,33 @@ impl Stepper {
             streams: decoding.len(),
             prefill: rep.prefill_rows,
         };
+        // Rounds in two phases: every session sizes its round and prepares its drafter, the
+        // drafters' shared passes run once each (batched drafting: one network pass for every
+        // session that asked its model), then every session takes its proposal.
+        let (mut passes, mut drafting): (Vec<SharedPass>, _) = (vec![], vec![]);
         for &i in &decoding {
             let m = &mut members[i];
-            if m.session.plan(m.kv, shape, 0)? {
-                rep.planned[i] = true;
-                rows += m.session.batch().tokens.len();
-            } else {
-                rep.finished[i] = true;
+            match m.session.prepare(m.kv, shape, 0)? {
+                Prepared::Over => rep.finished[i] = true,
+                Prepared::Planned => drafting.push(i),
+                Prepared::Drafting(pass) => {
+                    if let Some(p) = pass.filter(|p| !passes.iter().any(|q| q.same(p))) {
+                        passes.push(p);
+                    }
+                    drafting.push(i);
+                }
             }
+        }
+        for p in &passes {
+            p.run(model);
+        }
+        for i in drafting {
+            let m = &mut members[i];
+            if m.session.is_drafting() {
+                m.session.propose()?;
+            }
+            rep.planned[i] = true;
+            rows += m.session.batch().tokens.len();
         }
         rep.rows = rows;
         if rows == 0 {

@@ -9,17 +9,19 @@
 mod gate;
 pub mod merge;
 pub mod recycle;
+mod round;
 
 use super::registry::{DrafterConfig, LoadArgs, LoadedMethod, MethodEntry, Mode, Template};
 use crate::error::{Error, Result};
 use crate::ngram::suffix::{ContNode, Continuations, SuffixIndex};
 use crate::ngram::NgramTrie;
 use crate::sample::{Sampler, SamplingParams};
-use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome, SharedPass};
 use crate::types::TokenId;
 use gate::ModelGate;
 use merge::{merge, Calibration, Merged, Proposal};
 use recycle::RecycleTable;
+use round::{poisoned, Gathered};
 use std::sync::{Arc, Mutex};
 
 /// Deepest continuation a lookup source proposes.
@@ -133,6 +135,8 @@ pub struct Auto<'t> {
     sampler: Option<Sampler>,
     /// The last proposal's root (the committed text's last token).
     root: Option<TokenId>,
+    /// A round [`Drafter::prepare`]d: its lookups and the gate's answer, for the proposal.
+    gathered: Option<Gathered>,
 }
 
 impl<'t> Template<'t> for AutoTemplate<'t> {
@@ -168,6 +172,7 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
                 .then(|| Sampler::new(sampling))
                 .transpose()?,
             root: None,
+            gathered: None,
         }))
     }
 
@@ -187,178 +192,6 @@ impl<'t> Template<'t> for AutoTemplate<'t> {
         let s = self.shared.stats.lock().ok()?;
         Some(format!("auto sources: {s}"))
     }
-}
-
-/// The trie's most likely continuations of `ctx` as a small tree: a few children at the root,
-/// fewer below, each with its probability given its parent; and the length of the context
-/// that matched at the root.
-fn trie_tree(trie: &NgramTrie, ctx: &[TokenId], max_depth: usize) -> (usize, Vec<ContNode>) {
-    let keep = trie.order().saturating_sub(1).max(1);
-    let tail = &ctx[ctx.len().saturating_sub(keep)..];
-    let (matched, first) = trie.continuations(tail, TRIE_WIDTH.0);
-    let mut nodes: Vec<ContNode> = first
-        .into_iter()
-        .filter(|&(_, p)| p >= TRIE_MIN_P.0)
-        .map(|(token, share)| ContNode {
-            parent: None,
-            token,
-            share,
-        })
-        .collect();
-    let mut depth = vec![1usize; nodes.len()];
-    let mut i = 0;
-    while i < nodes.len() && nodes.len() < TRIE_NODES {
-        if depth[i] < max_depth.min(TRIE_DEPTH) {
-            // The node's context: the committed tail, then the path down to it.
-            let mut path = vec![nodes[i].token];
-            let mut p = nodes[i].parent;
-            while let Some(q) = p {
-                path.push(nodes[q].token);
-                p = nodes[q].parent;
-            }
-            path.reverse();
-            let mut c: Vec<TokenId> = tail.to_vec();
-            c.extend_from_slice(&path);
-            let c = &c[c.len().saturating_sub(keep)..];
-            for (token, share) in trie.continuations(c, TRIE_WIDTH.1).1 {
-                if share >= TRIE_MIN_P.1 && nodes.len() < TRIE_NODES {
-                    nodes.push(ContNode {
-                        parent: Some(i),
-                        token,
-                        share,
-                    });
-                    depth.push(depth[i] + 1);
-                }
-            }
-        }
-        i += 1;
-    }
-    (matched, nodes)
-}
-
-/// A lookup's continuations as a proposal of `source`, classed by match length.
-fn lookup(source: u8, c: Continuations) -> Option<Proposal> {
-    (!c.nodes.is_empty()).then(|| Proposal {
-        lead: false,
-        source,
-        class: length_class(c.longest),
-        nodes: c.nodes,
-    })
-}
-
-/// A model drafter's tree as a proposal: each node scored by its probability given its parent
-/// (its path probability over its parent's; a chain without them, 0.5 each).
-fn tree_proposal(source: u8, tree: &DraftTree, conf: Option<&[f32]>) -> Proposal {
-    let nodes = (0..tree.len())
-        .map(|i| {
-            let n = crate::speculative::NodeId(i as u32);
-            let parent = tree.parent(n);
-            let share = match conf {
-                Some(c) if c.len() == tree.len() => {
-                    let above = parent.map_or(1.0, |p| c[p.idx()]);
-                    if above > 0.0 {
-                        (c[i] / above).clamp(0.0, 1.0)
-                    } else {
-                        0.0
-                    }
-                }
-                _ => 0.5,
-            };
-            ContNode {
-                parent: parent.map(|p| p.idx()),
-                token: tree.token(n),
-                share,
-            }
-        })
-        .collect();
-    Proposal {
-        lead: true,
-        source,
-        class: 0,
-        nodes,
-    }
-}
-
-impl Auto<'_> {
-    /// The model source's proposal (at most [`MODEL_NODES`] nodes), timed.
-    fn model_proposal(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Proposal> {
-        let s = self
-            .kinds
-            .iter()
-            .position(|&k| k == Kind::Model)
-            .unwrap_or(0) as u8;
-        let m = self
-            .model
-            .as_mut()
-            .ok_or_else(|| Error::BadRequest("auto: no model source".into()))?;
-        let t = std::time::Instant::now();
-        let tree = m.propose(committed, max_nodes.min(MODEL_NODES))?;
-        self.model_ms = t.elapsed().as_secs_f64() * 1e3;
-        self.select_ms += m.selection_ms();
-        self.model_bit = Some(1 << s);
-        Ok(tree_proposal(s, &tree, m.node_confidence()))
-    }
-
-    /// A round that does not ask the model still shows it the text, as a proposal of no node
-    /// (what a drafter that keeps pending states uses to keep them bounded).
-    fn keep_model_up(&mut self, committed: &[TokenId]) {
-        if let Some(m) = self.model.as_mut() {
-            if let Err(e) = m.propose(committed, 0) {
-                eprintln!("auto: model source left out of this request: {e}");
-                self.model = None;
-            }
-        }
-    }
-
-    /// The lookup sources' proposals for a tree of at most `max_nodes` nodes after `committed`.
-    fn proposals(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Vec<Proposal>> {
-        let depth = max_nodes.min(MAX_DEPTH);
-        let mut out = Vec::with_capacity(self.kinds.len());
-        for (s, &kind) in self.kinds.iter().enumerate() {
-            let s = s as u8;
-            let p = match kind {
-                Kind::Pld => self
-                    .own
-                    .as_ref()
-                    .and_then(|ix| lookup(s, ix.continuations(committed, MAX_MATCHES, depth))),
-                Kind::Suffix => match &self.shared.cache {
-                    Some(c) => {
-                        let ix = c.lock().map_err(|_| poisoned())?;
-                        lookup(s, ix.continuations(committed, MAX_MATCHES, depth))
-                    }
-                    None => None,
-                },
-                Kind::Trie => self.trie.as_deref().and_then(|t| {
-                    let (matched, nodes) = trie_tree(t, committed, depth);
-                    (!nodes.is_empty()).then_some(Proposal {
-                        lead: false,
-                        source: s,
-                        class: matched as u8,
-                        nodes,
-                    })
-                }),
-                Kind::Recycle => match (&self.shared.recycle, committed.last()) {
-                    (Some(t), Some(&root)) => {
-                        let nodes = t.lock().map_err(|_| poisoned())?.tree(root, depth);
-                        (!nodes.is_empty()).then_some(Proposal {
-                            lead: false,
-                            source: s,
-                            class: 0,
-                            nodes,
-                        })
-                    }
-                    _ => None,
-                },
-                Kind::Model => None, // asked by `propose` when the gate says so
-            };
-            out.extend(p);
-        }
-        Ok(out)
-    }
-}
-
-fn poisoned() -> Error {
-    Error::BadRequest("auto: a shared table was poisoned by a failed request".into())
 }
 
 impl Drafter for Auto<'_> {
@@ -385,65 +218,37 @@ impl Drafter for Auto<'_> {
     }
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
-        if committed.len() > self.text.len() {
-            let new = &committed[self.text.len()..];
-            if let Some(ix) = self.own.as_mut() {
-                ix.extend(new);
-            }
-            self.text.extend_from_slice(new);
-        }
-        (self.select_ms, self.model_ms, self.model_bit) = (0.0, 0.0, None);
-        self.root = committed.last().copied();
-        self.gate.round_starts(self.verified_last == 0);
-        self.last = Merged::default();
-        if max_nodes == 0 {
-            self.keep_model_up(committed);
-            return Ok(DraftTree::new());
-        }
-        let t = std::time::Instant::now();
-        let mut props = self.proposals(committed, max_nodes)?;
-        // The root stands at the committed text's last position.
-        let sampler = self.sampler;
-        let coupled = sampler.as_ref().map(|s| (s, committed.len() - 1));
-        let shared = self.shared.clone();
-        let merged = |props: &[Proposal]| -> Result<Merged> {
-            let calib = shared.calib.lock().map_err(|_| poisoned())?;
-            merge(props, &calib, max_nodes, coupled)
+        let g = match self.gathered.take() {
+            Some(g) if g.len == committed.len() && g.max_nodes == max_nodes => g,
+            _ => self.gather(committed, max_nodes)?,
         };
-        // The gate weighs the model against what the lookups alone expect, unless it runs the
-        // model every round: then the lookups are merged once, with the model's proposal.
-        let ask = match &self.model {
-            None => false,
-            Some(_) if self.gate.every_round() => true,
-            Some(_) => {
-                self.last = merged(&props)?;
-                let expected: f64 = self.last.conf.iter().map(|&c| c as f64).sum();
-                self.gate.run(expected)
-            }
-        };
-        if !ask {
-            self.keep_model_up(committed);
-        }
-        if ask {
-            match self.model_proposal(committed, max_nodes) {
-                Ok(p) => props.push(p),
-                // A source that fails is left out for the rest of the request; the
-                // request goes on with the others.
+        self.finish(committed, max_nodes, g)
+    }
+
+    /// The lookups and the gate's answer now; the model's call, when it is asked, queued in
+    /// its batched pass.
+    fn prepare(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Option<SharedPass>> {
+        let g = self.gather(committed, max_nodes)?;
+        let pass = match self.model.as_mut() {
+            Some(m) if g.ask => match m.prepare(committed, max_nodes.min(MODEL_NODES)) {
+                Ok(p) => p,
                 Err(e) => {
                     eprintln!("auto: model source left out of this request: {e}");
                     self.model = None;
-                    self.model_bit = None;
+                    None
                 }
-            }
+            },
+            _ => None,
+        };
+        self.gathered = Some(g);
+        Ok(pass)
+    }
+
+    fn shared_ms(&self) -> f64 {
+        match (&self.model, self.model_bit) {
+            (Some(m), Some(_)) => m.shared_ms(),
+            _ => 0.0,
         }
-        // The lookups-only merge the gate read stands when the model was not asked; otherwise
-        // (or with no model, or one that just failed) merge what was proposed.
-        if ask || self.model.is_none() {
-            self.last = merged(&props)?;
-        }
-        // Selection: the lookups and the merge, and the model's own (not its forward).
-        self.select_ms += t.elapsed().as_secs_f64() * 1e3 - self.model_ms;
-        Ok(self.last.tree.clone())
     }
 
     fn batch(&mut self, price: BatchPrice) {

@@ -19,6 +19,7 @@
 pub mod config;
 pub mod depth;
 pub mod model;
+mod queue;
 
 pub use config::{dart_taps, DartConfig};
 pub use model::DartModel;
@@ -29,9 +30,10 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::Model;
 use crate::sample::SamplingParams;
-use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome};
+use crate::speculative::{BatchPrice, DraftTree, Drafter, Hidden, Outcome, PassQueue, SharedPass};
 use crate::types::TokenId;
 use depth::SharedDepths;
+use queue::DartQueue;
 use std::sync::Arc;
 
 /// Prompt positions a request's drafter in a batch keeps as pending states (a row of the
@@ -67,6 +69,20 @@ pub struct Dart<'t> {
     s: model::Scratch,
     hidden: Vec<f32>,
     logits: Vec<f32>,
+    /// Batched drafting: the pass the template's forks share, this drafter's call queued
+    /// there (its id, with the committed length it was prepared for; the cache, the pending
+    /// states and the logits buffer are the queue's meanwhile), and the last proposal's share
+    /// of its pass.
+    queue: Arc<DartQueue>,
+    job: Option<(u64, usize)>,
+    shared_ms: f64,
+}
+
+impl Drop for Dart<'_> {
+    /// A call still queued goes with its drafter.
+    fn drop(&mut self) {
+        self.reclaim();
+    }
 }
 
 impl<'t> Dart<'t> {
@@ -91,7 +107,11 @@ impl<'t> Dart<'t> {
             ));
         }
         let kv = model.new_kv(ctx + masks + 1);
+        let queue = Arc::new(DartQueue::new(model.clone(), &head, target));
         Ok(Dart {
+            queue,
+            job: None,
+            shared_ms: 0.0,
             model,
             head,
             target,
@@ -114,6 +134,9 @@ impl<'t> Dart<'t> {
     /// context (`ctx` target positions). Its drafts are deterministic: `sampling` only checked.
     pub fn fork(&self, ctx: usize, sampling: SamplingParams) -> Result<Self> {
         Ok(Dart {
+            queue: self.queue.clone(),
+            job: None,
+            shared_ms: 0.0,
             model: self.model.clone(),
             head: self.head.fork(),
             target: self.target,
@@ -162,6 +185,55 @@ impl<'t> Dart<'t> {
         self.pending.drain(..rows);
         self.lazy_next.clear();
         Ok(())
+    }
+
+    /// Takes back a call prepared but not proposed from (its pass run or not, the cache and
+    /// the pending states agree: the pass moves the states into the cache).
+    fn reclaim(&mut self) {
+        if let Some(job) = self.job.take().and_then(|(id, _)| self.queue.take(id)) {
+            (self.kv, self.pending, self.logits) = (job.kv, job.features, job.logits);
+        }
+    }
+
+    /// The drafter's cached positions and pending states (their count) before `committed`'s
+    /// root, checked to meet it.
+    fn state_at(&self, committed: &[TokenId]) -> Result<(usize, usize)> {
+        let (p0, m) = (self.kv.len(), self.pending_positions());
+        let s = committed.len().saturating_sub(1); // the root's position
+        if committed.is_empty() || p0 + m != s {
+            return Err(Error::BadRequest(format!(
+                "DART holds states up to position {} but the root is at {s}",
+                p0 + m
+            )));
+        }
+        Ok((p0, m))
+    }
+
+    /// The mask slots of a call whose real slots end at `end`, for `max_nodes` (≥ 1) nodes;
+    /// the depths it computes are recorded for [`Drafter::observe`].
+    fn masks_for(&mut self, end: usize, max_nodes: usize) -> usize {
+        let room = self.kv.capacity().saturating_sub(end);
+        let masks = (self.depths() - 1).min(max_nodes - 1).min(room);
+        self.drafted_depth = masks + 1;
+        masks
+    }
+
+    /// The draft from the depths' logits (`v` per row) of a call whose root is at `s`.
+    fn select(
+        &mut self,
+        committed: &[TokenId],
+        v: usize,
+        s: usize,
+        max_nodes: usize,
+    ) -> Result<DraftTree> {
+        // Slot i predicts position s + 1 + i.
+        let tree = self
+            .drafting
+            .draft(&self.logits, v, &self.head, committed, s + 1, max_nodes)?;
+        if self.depths.is_some() {
+            self.proposed.clone_from(&tree);
+        }
+        Ok(tree)
     }
 
     /// Committed positions whose target states wait to enter the drafter's cache.
@@ -271,6 +343,7 @@ impl Drafter for Dart<'_> {
     /// it: a request never asked for a proposal (`auto` in a batch where its model does not
     /// pay) never pays for its prompt's pass.
     fn begin(&mut self, prompt: &[TokenId], hidden: Hidden) -> Result<()> {
+        self.reclaim();
         self.kv.clear();
         self.pending.clear();
         self.lazy_next.clear();
@@ -301,15 +374,32 @@ impl Drafter for Dart<'_> {
     }
 
     fn propose(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<DraftTree> {
-        let width = self.model.feature_width();
-        let (p0, m) = (self.kv.len(), self.pending.len() / width);
+        self.shared_ms = 0.0;
         let s = committed.len() - 1; // the root's position
-        if p0 + m != s {
-            return Err(Error::BadRequest(format!(
-                "DART holds states up to position {} but the root is at {s}",
-                p0 + m
-            )));
+        if let Some((id, len)) = self.job.take() {
+            // Prepared: the call's output is the queue's (its pass run now if the step did
+            // not run it: nothing happens when every queued call has run).
+            self.queue.run(self.target);
+            let job = self
+                .queue
+                .take(id)
+                .ok_or_else(|| Error::BadRequest("DART: a queued drafting call was lost".into()))?;
+            (self.kv, self.pending, self.logits) = (job.kv, job.features, job.logits);
+            let (v, ms) = job
+                .done
+                .unwrap_or_else(|| Err("DART: a queued drafting call did not run".into()))
+                .map_err(Error::BadRequest)?;
+            if len != committed.len() {
+                return Err(Error::BadRequest(format!(
+                    "DART was prepared for {len} committed tokens, asked for {}",
+                    committed.len()
+                )));
+            }
+            self.shared_ms = ms;
+            self.lazy_next.clear();
+            return self.select(committed, v, s, max_nodes);
         }
+        let (p0, m) = self.state_at(committed)?;
         if max_nodes == 0 && m > 2 * LAZY_ROWS {
             // Asked for nothing (held, or `auto` not asking its model) while states pile up:
             // pass them now, a chunk at a time, so that a request's pending states stay
@@ -319,9 +409,7 @@ impl Drafter for Dart<'_> {
         if max_nodes == 0 || m == 0 {
             return Ok(DraftTree::new());
         }
-        let room = self.kv.capacity().saturating_sub(p0 + m);
-        let masks = (self.depths() - 1).min(max_nodes - 1).min(room);
-        self.drafted_depth = masks + 1;
+        let masks = self.masks_for(p0 + m, max_nodes);
         // Slot i (position p0 + i) reads the token one to its right.
         self.model.forward(
             self.target,
@@ -337,14 +425,32 @@ impl Drafter for Dart<'_> {
         let v = self
             .head
             .logits(self.target, &self.hidden, &mut self.logits);
-        // Slot i predicts position s + 1 + i.
-        let tree = self
-            .drafting
-            .draft(&self.logits, v, &self.head, committed, s + 1, max_nodes)?;
-        if self.depths.is_some() {
-            self.proposed.clone_from(&tree);
+        self.select(committed, v, s, max_nodes)
+    }
+
+    /// Queues this round's call in the pass the template's forks share (nothing to queue
+    /// when asked for no node or holding no new state: `propose` then does what it does).
+    fn prepare(&mut self, committed: &[TokenId], max_nodes: usize) -> Result<Option<SharedPass>> {
+        self.reclaim(); // a call prepared for a round that never proposed
+        let (p0, m) = self.state_at(committed)?;
+        if max_nodes == 0 || m == 0 {
+            return Ok(None);
         }
-        Ok(tree)
+        let masks = self.masks_for(p0 + m, max_nodes);
+        let kv = std::mem::replace(&mut self.kv, self.model.new_kv(0));
+        let id = self.queue.push(
+            kv,
+            std::mem::take(&mut self.pending),
+            committed[p0 + 1..].to_vec(),
+            masks,
+            std::mem::take(&mut self.logits),
+        );
+        self.job = Some((id, committed.len()));
+        Ok(Some(SharedPass(self.queue.clone())))
+    }
+
+    fn shared_ms(&self) -> f64 {
+        self.shared_ms
     }
 
     /// Alone, the prompt's waiting positions are passed before the first proposal, outside
@@ -357,6 +463,7 @@ impl Drafter for Dart<'_> {
     }
 
     fn observe(&mut self, outcome: &Outcome, hidden: Hidden) -> Result<()> {
+        self.reclaim();
         if let Some(d) = &self.depths {
             // Rounds with verified nodes teach how deep the target accepts this drafter's
             // tree (under `auto` the accepted path may be another source's).

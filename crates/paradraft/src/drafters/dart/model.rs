@@ -70,6 +70,8 @@ pub struct DartModel {
 /// Reusable buffers.
 #[derive(Default)]
 pub struct Scratch {
+    /// The calls' features, concatenated.
+    f: Vec<f32>,
     g: Vec<f32>,
     /// Attention inputs, `rows × 2H`.
     u: Vec<f32>,
@@ -196,65 +198,122 @@ impl DartModel {
         s: &mut Scratch,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let c = &self.config.layer;
-        let (h, m) = (c.hidden_size, next.len());
-        if m == 0 || features.len() != m * self.feature_width() {
-            return Err(Error::BadRequest(format!(
-                "DART call: {} feature floats for {m} real slots of width {}",
-                features.len(),
-                self.feature_width()
-            )));
-        }
-        let n = m + masks;
-        let p0 = kv.len();
-        let slot0 = kv.reserve(n)?;
-        // Residuals: g for real slots, mask_rep[..H] for masks. Inputs: [norm(e) ; norm(g)].
-        self.fusion.project(features, &mut s.l.qa, &mut s.g);
-        s.l.x.clear();
-        s.l.x.extend_from_slice(&s.g[..m * h]);
-        s.u.resize(n * 2 * h, 0.0);
-        s.e.resize(h, 0.0);
-        for (i, t) in next.iter().enumerate() {
-            target.embed_row(t.idx(), &mut s.e);
-            let (ue, ug) = s.u[i * 2 * h..(i + 1) * 2 * h].split_at_mut(h);
-            ops::rms_norm(&s.e, self.layer.attn_norm(), c.rms_eps, ue);
-            self.fusion.norm(&s.g[i * h..(i + 1) * h], ug);
-        }
-        for i in m..n {
-            s.u[i * 2 * h..(i + 1) * 2 * h].copy_from_slice(&self.mask_rep);
-            s.l.x.extend_from_slice(&self.mask_rep[..h]);
-        }
-        s.positions.clear();
-        s.positions.extend((p0..p0 + n).map(|p| Pos(p as u32)));
-        rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
-        let shape = AttnShape {
-            n_heads: c.n_heads,
-            n_kv_heads: c.n_kv_heads,
-            head_dim: c.head_dim,
-            prefix: p0,
-            n_new: n,
-        };
-        let mut seq = [SeqAttn {
-            kv: &mut *kv,
-            slot0,
-            shape,
-            vis: Visibility::Causal,
-            positions: &s.positions,
+        let mut one = [Call {
+            kv,
+            features,
+            next,
+            masks,
         }];
-        // Only the last real slot and the masks leave the last layer (their outputs are the
-        // depths); every slot goes through the layers before it (the next one's K/V).
+        self.forward_many(target, &mut one, s, out)
+    }
+
+    /// Several requests' drafting calls in one pass (batched drafting): each call's rows over
+    /// its own cache, every matrix read once for all of them. `out` holds each call's
+    /// `masks + 1` depth rows, in call order. A call's rows are those it gets alone (the
+    /// forward is batch-invariant). On an error no cache has changed.
+    pub fn forward_many(
+        &self,
+        target: &Model,
+        calls: &mut [Call],
+        s: &mut Scratch,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let c = &self.config.layer;
+        let (h, w) = (c.hidden_size, self.feature_width());
+        for call in calls.iter() {
+            let m = call.next.len();
+            if m == 0 || call.features.len() != m * w {
+                return Err(Error::BadRequest(format!(
+                    "DART call: {} feature floats for {m} real slots of width {w}",
+                    call.features.len(),
+                )));
+            }
+        }
+        // (first cached position, first slot) per call; a call that does not fit gives the
+        // slots already reserved back.
+        let mut at = Vec::with_capacity(calls.len());
+        for i in 0..calls.len() {
+            let n = calls[i].next.len() + calls[i].masks;
+            let p0 = calls[i].kv.len();
+            match calls[i].kv.reserve(n) {
+                Ok(slot0) => at.push((p0, slot0)),
+                Err(e) => {
+                    for (call, &(p0, _)) in calls.iter_mut().zip(&at) {
+                        call.kv.truncate(p0);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        // Residuals: g for real slots, mask_rep[..H] for masks. Inputs: [norm(e) ; norm(g)].
+        s.f.clear();
+        for call in calls.iter() {
+            s.f.extend_from_slice(call.features);
+        }
+        self.fusion.project(&s.f, &mut s.l.qa, &mut s.g);
+        let rows: usize = calls.iter().map(|c| c.next.len() + c.masks).sum();
+        s.l.x.clear();
+        s.u.resize(rows * 2 * h, 0.0);
+        s.e.resize(h, 0.0);
+        s.positions.clear();
+        let (mut row, mut real) = (0, 0);
+        for (call, &(p0, _)) in calls.iter().zip(&at) {
+            let m = call.next.len();
+            for (i, t) in call.next.iter().enumerate() {
+                let g = &s.g[(real + i) * h..(real + i + 1) * h];
+                s.l.x.extend_from_slice(g);
+                target.embed_row(t.idx(), &mut s.e);
+                let (ue, ug) = s.u[(row + i) * 2 * h..(row + i + 1) * 2 * h].split_at_mut(h);
+                ops::rms_norm(&s.e, self.layer.attn_norm(), c.rms_eps, ue);
+                self.fusion.norm(g, ug);
+            }
+            for i in row + m..row + m + call.masks {
+                s.u[i * 2 * h..(i + 1) * 2 * h].copy_from_slice(&self.mask_rep);
+                s.l.x.extend_from_slice(&self.mask_rep[..h]);
+            }
+            s.positions
+                .extend((p0..p0 + m + call.masks).map(|p| Pos(p as u32)));
+            (row, real) = (row + m + call.masks, real + m);
+        }
+        rope_table(&self.inv_freq, &s.positions, &mut s.l.rope);
+        // Only each call's last real slot and its masks leave the last layer (their outputs
+        // are the depths); every slot goes through the layers before it (the next one's K/V).
+        let mut keep = Vec::with_capacity(calls.len());
+        let mut seqs = Vec::with_capacity(calls.len());
+        let mut row = 0;
+        for (call, &(p0, slot0)) in calls.iter_mut().zip(&at) {
+            let n = call.next.len() + call.masks;
+            keep.push(row + n - (call.masks + 1)..row + n);
+            seqs.push(SeqAttn {
+                kv: &mut *call.kv,
+                slot0,
+                shape: AttnShape {
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: c.head_dim,
+                    prefix: p0,
+                    n_new: n,
+                },
+                vis: Visibility::Causal,
+                positions: &s.positions[row..row + n],
+            });
+            row += n;
+        }
         for (li, layer) in std::iter::once(&self.layer).chain(&self.deeper).enumerate() {
             // The first layer attends over [norm(e) ; norm(g)] / mask_rep, the others over
             // the input norm of the residual stream.
             let input = (li == 0).then_some(&s.u[..]);
-            layer.attend(c, li, &mut seq, &mut s.l, false, input);
+            layer.attend(c, li, &mut seqs, &mut s.l, false, input);
             if li + 1 == c.n_layers {
-                s.l.keep_last(masks + 1, h);
+                s.l.keep_rows(&keep, h);
             }
             layer.mlp(c, &mut s.l, false);
         }
-        kv.truncate(p0 + m); // the masks' K/V are dropped
-        let rows = masks + 1;
+        drop(seqs);
+        for (call, &(p0, _)) in calls.iter_mut().zip(&at) {
+            call.kv.truncate(p0 + call.next.len()); // the masks' K/V are dropped
+        }
+        let rows: usize = keep.iter().map(|r| r.len()).sum();
         s.once.resize(rows * h, 0.0);
         out.resize(rows * h, 0.0);
         for r in 0..rows {
@@ -271,4 +330,13 @@ impl DartModel {
         }
         Ok(())
     }
+}
+
+/// One request's drafting call in [`DartModel::forward_many`]: its cache, the target states
+/// of its new real slots (`next.len() × width`), the tokens to their right and its mask slots.
+pub struct Call<'a> {
+    pub kv: &'a mut KvCache,
+    pub features: &'a [f32],
+    pub next: &'a [TokenId],
+    pub masks: usize,
 }

@@ -8,7 +8,7 @@
 use super::sizing::{BatchShape, RoundFacts, RoundResult, Sizer, Sizing};
 use super::tree::{DraftTree, Linearised, NodeId};
 use super::verify::{row_of, verify, Candidates, Outcome, VerifyRule};
-use super::{Drafter, Hidden, RoundStats, SpecGeneration};
+use super::{Drafter, Hidden, RoundStats, SharedPass, SpecGeneration};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{Batch, Config, Logits, Tokenizer};
@@ -18,6 +18,10 @@ use crate::runtime::ops;
 use crate::sample::Sampler;
 use crate::types::{Pos, SlotId, TokenId};
 use std::time::Instant;
+
+mod plan;
+pub use plan::Prepared;
+use plan::{Drafting, Pending, Planned};
 
 /// The drafter of a speculative run, the most nodes it may propose per round, optionally a
 /// [`Sizer`] that picks each round's budget from measured costs and acceptance, and the rule
@@ -86,36 +90,6 @@ fn candidates(k: usize, rows: usize, greedy: bool, o: &RoundOutput) -> Candidate
     Candidates { k, ids }
 }
 
-/// A forward in flight: a prompt chunk, or a drafted and linearised round. (One per session,
-/// never moved in bulk: the variants' size difference does not matter.)
-#[allow(clippy::large_enum_variant)]
-enum Pending {
-    Prefill {
-        n: usize,
-        positions: Vec<Pos>,
-    },
-    /// A chunk of committed tokens whose K/V a preemption dropped, from `from`.
-    Rebuild {
-        from: usize,
-        n: usize,
-        positions: Vec<Pos>,
-    },
-    Round(Planned),
-}
-
-/// A drafted, sized and linearised round waiting for its forward.
-struct Planned {
-    tree: DraftTree,
-    /// How `tree` grafted the drafter's proposal under forced tokens, when it did.
-    grafted: Option<super::forced::Grafted>,
-    lin: Linearised,
-    facts: RoundFacts,
-    /// Σ path probability of the nodes kept (trees cut by sizing).
-    predicted: f64,
-    stats: RoundStats,
-    verify_start: Instant,
-}
-
 /// One request's speculative decoding as a state machine. [`Session::new`] checks the request;
 /// then each step [`Session::plan`] says what the session adds to a forward (a chunk of its
 /// prompt, or a round: draft, size, linearise), the caller runs a forward over
@@ -148,6 +122,8 @@ pub struct Session<'a> {
     stop: Option<StopReason>,
     rounds: Vec<RoundStats>,
     pending: Option<Pending>,
+    /// A round [`Session::prepare`]d, for [`Session::propose`].
+    drafting: Option<Drafting>,
     /// The prompt's tapped states, gathered chunk by chunk for the drafter's `begin`; then the
     /// states of each round's committed rows.
     hidden: Vec<f32>,
@@ -201,6 +177,7 @@ impl<'a> Session<'a> {
             stop: None,
             rounds: Vec::new(),
             pending: None,
+            drafting: None,
             hidden: Vec::new(),
             prefill_start: None,
             prefill_ms: 0.0,
@@ -309,6 +286,11 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Whether a round is prepared and waits for [`Session::propose`].
+    pub fn is_drafting(&self) -> bool {
+        self.drafting.is_some()
+    }
+
     /// Whether a step is planned and waits for its forward.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
@@ -340,145 +322,6 @@ impl<'a> Session<'a> {
     /// The drafter's name.
     pub fn drafter_name(&self) -> &str {
         self.drafter.name()
-    }
-
-    /// Plans the session's part of the next forward: the next chunk of at most
-    /// `prefill_budget` prompt tokens while prefilling, else a round drafted for its share of
-    /// a forward shaped like `batch` (sized by the sizer, cut to the cache's room), linearised
-    /// as [root, nodes]. `false` when the session is over (stopped or its cache is full).
-    pub fn plan(&mut self, kv: &KvCache, batch: BatchShape, prefill_budget: usize) -> Result<bool> {
-        if self.stop.is_some() {
-            return Ok(false);
-        }
-        if self.prefilling() {
-            self.plan_prefill(prefill_budget);
-            return Ok(true);
-        }
-        let base = kv.len(); // the root's slot and position
-        if kv.capacity() <= base {
-            self.stop = Some(StopReason::ContextFull);
-            return Ok(false);
-        }
-        let facts = RoundFacts {
-            max: self.max_draft,
-            room: kv.capacity() - (base + 1),
-            batch,
-            trees: self.drafter.node_confidence().is_some(),
-        };
-        let mut stats = RoundStats::default();
-        let budget = self.sizing.before(&facts).min(self.max_draft);
-        self.drafter.batch(self.sizing.price(&facts));
-        let t = Instant::now();
-        let mut tree = self.drafter.propose(&self.committed, budget)?;
-        stats.draft_ms = t.elapsed().as_secs_f64() * 1e3;
-        // A round that drafted nothing selected nothing (the drafter's figure is its last draft's).
-        stats.select_ms = if tree.is_empty() {
-            0.0
-        } else {
-            self.drafter.selection_ms()
-        };
-        stats.proposed = tree.len();
-        let conf = self.drafter.node_confidence();
-        let cut = self
-            .sizing
-            .cut(&mut tree, conf, stats.draft_ms, budget, &facts);
-        stats.undrafted = cut.undrafted;
-        stats.predicted = cut.predicted;
-        if let Some(c) = conf {
-            stats.conf = c[..tree.len().min(c.len())].to_vec();
-        }
-        // With a grammar (when speculating): its forced tokens first, a chain the drafter's
-        // tree is grafted under, the nodes it forbids cut.
-        let (tree, grafted) = match &mut self.process {
-            Some(p) if self.max_draft > 0 && p.constrained() => {
-                let forced = p.forced();
-                let room = facts.room.min(self.max_draft.max(tree.len()));
-                let (v, g) = super::forced::graft(&forced, tree, room, &mut |path| p.allows(path))?;
-                (v, Some(g))
-            }
-            _ => (tree, None),
-        };
-        let t = Instant::now();
-        let lin = tree.linearise(self.root, base);
-        stats.tree_ms = t.elapsed().as_secs_f64() * 1e3;
-        self.pending = Some(Pending::Round(Planned {
-            tree,
-            grafted,
-            lin,
-            facts,
-            predicted: cut.predicted,
-            stats,
-            verify_start: Instant::now(),
-        }));
-        Ok(true)
-    }
-
-    /// The next chunk of at most `budget` prompt (or rebuilt) tokens.
-    fn plan_prefill(&mut self, budget: usize) {
-        let n = self.prompt_left().min(budget.max(1));
-        let from = self.rebuild.map_or(self.prefilled, |r| r.0);
-        let positions = (from as u32..(from + n) as u32).map(Pos).collect();
-        self.pending = Some(match self.rebuild {
-            Some(_) => Pending::Rebuild { from, n, positions },
-            None => {
-                self.prefill_start.get_or_insert_with(Instant::now);
-                Pending::Prefill { n, positions }
-            }
-        });
-    }
-
-    /// The planned rows: a prompt chunk (causal), or [root, draft nodes] with their positions
-    /// and tree mask.
-    pub fn batch(&self) -> Batch<'_> {
-        match self.pending.as_ref().expect("a planned step") {
-            Pending::Prefill { n, positions } => Batch {
-                tokens: &self.committed[self.prefilled..self.prefilled + n],
-                positions,
-                mask: None,
-            },
-            Pending::Rebuild { from, n, positions } => Batch {
-                tokens: &self.committed[*from..from + n],
-                positions,
-                mask: None,
-            },
-            Pending::Round(Planned { lin, .. }) => Batch {
-                tokens: &lin.tokens,
-                positions: &lin.positions,
-                mask: Some(&lin.mask),
-            },
-        }
-    }
-
-    /// What the planned rows need from the output layer: the prompt's last row gets full
-    /// logits (the first token is sampled from them), earlier chunks nothing; a round's rows
-    /// argmaxes (greedy) or full logits (sampling).
-    pub fn needs(&self) -> RowNeeds {
-        match self.pending.as_ref().expect("a planned step") {
-            Pending::Prefill { n, .. } => RowNeeds {
-                logits: if self.prefilled + n == self.prompt_len {
-                    Logits::Full
-                } else {
-                    Logits::None
-                },
-                last_only: true,
-            },
-            Pending::Rebuild { .. } => RowNeeds {
-                logits: Logits::None,
-                last_only: true,
-            },
-            Pending::Round(_) => RowNeeds {
-                logits: match (self.greedy, self.drafter.candidates()) {
-                    _ if self.process.as_ref().is_some_and(Processor::greedy_rows) => {
-                        Logits::Screened
-                    }
-                    _ if self.process.is_some() => Logits::Full,
-                    (true, 0) => Logits::Argmax,
-                    (true, k) => Logits::ArgmaxTop(k),
-                    (false, _) => Logits::Full,
-                },
-                last_only: false,
-            },
-        }
     }
 
     /// Takes the forward's results for the planned rows: a prompt chunk's tapped states (and
