@@ -140,9 +140,14 @@ impl PassQueue for DartQueue {
             return;
         }
         let v = head.logits(target, hidden, logits);
-        let share = t.elapsed().as_secs_f64() * 1e3 / todo.len() as f64;
+        // Each call's share of the pass is its share of the rows (a call that brings a
+        // prompt's waiting states pays for them, not its neighbours).
+        let rows_of = |j: &Job| (j.next.len() + j.masks) as f64;
+        let per_row =
+            t.elapsed().as_secs_f64() * 1e3 / todo.iter().map(|j| rows_of(j)).sum::<f64>();
         let mut row = 0;
         for j in todo {
+            let share = per_row * rows_of(j);
             let rows = (j.masks + 1) * v;
             j.logits.clear();
             j.logits.extend_from_slice(&logits[row..row + rows]);
