@@ -245,7 +245,7 @@ impl Layer {
     /// Quantizes context rows `cx` (`n × hidden`) once for [`Layer::context_kv`] of every
     /// layer shaped like this one (in `s.qa`).
     pub(crate) fn prep_context(&self, cx: &[f32], s: &mut LayerScratch) {
-        prep(&mut s.qa, &[&self.wk], cx, false);
+        prep(&mut s.qa, &[&self.wk, &self.wv], cx, false);
     }
 
     /// The K/V a drafter injects as context (DFlash §3.2): this layer's own k and v

@@ -294,6 +294,11 @@ impl Matrix {
         }
     }
 
+    /// Whether its int8 kernel reads the activations' sums per 16 inputs ([`QActs::halves`]).
+    pub fn reads_half_sums(&self) -> bool {
+        matches!(&self.data, MatrixData::Quant(p) if p.fmt.half_sums())
+    }
+
     /// Whether [`Matrix::matmul`] wants int8 activations ([`QActs`]) rather than f32.
     pub fn wants_qacts(&self) -> bool {
         matches!(self.data, MatrixData::Quant(_))
@@ -353,6 +358,10 @@ impl Matrix {
         };
         let m = self.rows;
         assert!(qa.k == self.cols && out.len() == qa.n * m);
+        assert!(
+            qa.halves || !p.fmt.half_sums(),
+            "activations without their sums per 16"
+        );
         let out_ptr = SendPtr(out.as_mut_ptr());
         par_ranges(p.groups(), |g0, g1| {
             let o = &out_ptr;
@@ -384,6 +393,10 @@ impl Matrix {
                     unreachable!()
                 };
                 assert!(p.cols == qa.k && out.len() == n * m.rows);
+                assert!(
+                    qa.halves || !p.fmt.half_sums(),
+                    "activations without their sums per 16"
+                );
                 (&**p, SendPtr(out.as_mut_ptr()), m.rows, p.groups())
             })
             .collect();
@@ -455,7 +468,7 @@ multiversion! {
 /// (unless `exact` asks for f32 activations throughout); clears `qa` otherwise.
 pub fn prep_acts(qa: &mut QActs, ms: &[&Matrix], x: &[f32], exact: bool) {
     if !exact && ms.iter().any(|m| m.wants_qacts()) {
-        qa.quantize(x, ms[0].cols);
+        qa.quantize_with(x, ms[0].cols, ms.iter().any(|m| m.reads_half_sums()));
     } else {
         qa.clear();
     }
@@ -692,6 +705,44 @@ mod tests {
                 assert!((out[t * m + r] - want).abs() < 1e-4);
             }
         }
+    }
+
+    /// `prep_acts` skips the activations' sums per 16 inputs unless a matrix reads them (a
+    /// serial pass over every value: 1.7 % of a 16-stream server's samples on a Q4_1 model),
+    /// and what a matrix that does not read them computes is the same either way.
+    #[test]
+    fn half_sums_only_where_a_matrix_reads_them() {
+        let (rows, cols) = (32, 256);
+        let mat = |ty: GgmlType| {
+            let bytes: Vec<u8> = (0..rows * ty.row_bytes(cols))
+                .map(|i| ((i * 131 + 7) % 251 % 60) as u8)
+                .collect();
+            Matrix::from_bytes(ty, rows, cols, &bytes)
+        };
+        let (q4, q6) = (mat(GgmlType::Q4_1), mat(GgmlType::Q6_K));
+        assert!(!q4.reads_half_sums() && q6.reads_half_sums());
+        let x: Vec<f32> = (0..3 * cols)
+            .map(|i| ((i % 13) as f32 - 6.0) * 0.2)
+            .collect();
+        let (mut without, mut with) = (QActs::default(), QActs::default());
+        prep_acts(&mut without, &[&q4], &x, false);
+        prep_acts(&mut with, &[&q4, &q6], &x, false);
+        assert!(!without.halves && with.halves);
+        let (mut a, mut b) = (vec![0f32; 3 * rows], vec![0f32; 3 * rows]);
+        q4.matmul(&x, &without, &mut a);
+        q4.matmul(&x, &with, &mut b);
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // A Q6_K product read from activations prepared with its sums equals the full path's.
+        let mut c = vec![0f32; 3 * rows];
+        q6.matmul(&x, &with, &mut c);
+        let mut full = QActs::default();
+        full.quantize(&x, cols);
+        let mut d = vec![0f32; 3 * rows];
+        q6.matmul(&x, &full, &mut d);
+        assert_eq!(c, d);
     }
 
     #[test]

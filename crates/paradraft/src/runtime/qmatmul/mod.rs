@@ -67,6 +67,9 @@ pub struct QActs {
     pub h: Vec<f32>,
     /// `n × k/16`: `Σ q` over each half of the block (the integer offset of `Q6S` levels).
     pub hs: Vec<i16>,
+    /// Whether `h` and `hs` hold this quantization's sums (only formats with a sub-scale per
+    /// 16 inputs read them: [`Fmt::half_sums`]).
+    pub halves: bool,
 }
 
 impl QActs {
@@ -78,6 +81,12 @@ impl QActs {
     /// Quantizes the `x.len() / k` rows of `x`; rows are split across the pool when there are
     /// enough of them (the result does not depend on the split).
     pub fn quantize(&mut self, x: &[f32], k: usize) {
+        self.quantize_with(x, k, true)
+    }
+
+    /// [`QActs::quantize`], the sums per 16 inputs only when `halves` (a serial pass over
+    /// every value that only weights with a sub-scale per 16 read).
+    pub fn quantize_with(&mut self, x: &[f32], k: usize, halves: bool) {
         assert!(k.is_multiple_of(QK) && x.len().is_multiple_of(k));
         let n = x.len() / k;
         let nb = k / QK;
@@ -100,7 +109,10 @@ impl QActs {
         } else {
             run(0, n);
         }
-        self.half_sums(n * k);
+        self.halves = halves;
+        if halves {
+            self.half_sums(n * k);
+        }
     }
 
     /// Fills `hs` and `h` from `qs` and `d` (exact integer sums, then one product per half).
@@ -124,6 +136,7 @@ impl QActs {
         // SAFETY: sizes checked above.
         unsafe { quantize_blocks_portable(x, out) }
         self.half_sums(x.len());
+        self.halves = true;
     }
 }
 
@@ -329,6 +342,7 @@ pub(super) mod tests {
             s: vec![0.0; x.len() / QK],
             h: vec![0.0; x.len() / 16],
             hs: vec![0; x.len() / 16],
+            halves: false,
         }
     }
 

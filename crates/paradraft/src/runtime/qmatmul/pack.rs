@@ -110,6 +110,15 @@ pub enum Fmt {
 }
 
 impl Fmt {
+    /// Whether its kernels read the activations' sums per 16 inputs (`QActs::h`, `hs`): the
+    /// formats with a sub-scale per 16.
+    pub fn half_sums(self) -> bool {
+        matches!(
+            self,
+            Fmt::Q6S | Fmt::Q3S | Fmt::Q2S | Fmt::Q8S { halves: true, .. }
+        )
+    }
+
     pub fn of(ty: GgmlType) -> Fmt {
         match ty {
             GgmlType::Q4_0 | GgmlType::Q4_1 => Fmt::Q4,
