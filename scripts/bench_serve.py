@@ -151,11 +151,13 @@ def pct(xs, p):
 
 def metric_sums(port):
     """(accepted-per-round sum, count, server ITL sum, count, undrafted rounds by reason —
-    speed guard, AR probe, cost model —, forward rows, forwards, preemptions) from /metrics."""
+    speed guard, AR probe, cost model —, forward rows, forwards, preemptions, then the engine's
+    step seconds by phase: plan, draft_pass, forward, commit) from /metrics."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
-    v = [0.0] * 10
+    v = [0.0] * 14
+    phases = ["plan", "draft_pass", "forward", "commit"]
     keys = [
         "paradraft_accepted_tokens_per_round_sum",
         "paradraft_accepted_tokens_per_round_count",
@@ -177,6 +179,10 @@ def metric_sums(port):
                 v[7 + i] += float(line.rsplit(" ", 1)[1])
         if line.startswith("paradraft_preemptions_total "):
             v[9] += float(line.rsplit(" ", 1)[1])
+        if line.startswith("paradraft_step_seconds_total{"):
+            for i, ph in enumerate(phases):
+                if f'phase="{ph}"' in line:
+                    v[10 + i] += float(line.rsplit(" ", 1)[1])
     return v
 
 
@@ -220,6 +226,9 @@ def level(port, ps, conc, n_req, max_tokens, temperature, first=0):
         "forward_rows": u1[3] - u0[3],
         # Requests preempted for KV pages (each recomputes its tokens when resumed).
         "preemptions": u1[5] - u0[5],
+        # The engine's step seconds by phase (plan, draft_pass, forward, commit).
+        "step_s": dict(zip(["plan", "draft_pass", "forward", "commit"],
+                           [b - a for a, b in zip(u0[6:10], u1[6:10])])),
         "tokens": toks,
         "wall_s": wall,
         "tok_s": toks / wall,
@@ -330,8 +339,9 @@ def paired(a, methods, levels, per_level, ps, report):
         f"max_tokens {a.max_tokens}, temperature {a.temperature}, prompts: {a.datasets}; "
         f"{a.rounds} paired rounds (ABBA), each level's prompts new in every round",
         "",
-        f"| method | streams | tok/s median (min-max) | / {base} per round | median ratio | τ median |",
-        "|---|---|---|---|---|---|",
+        f"| method | streams | tok/s median (min-max) | / {base} per round | median ratio | τ median "
+        "| engine time outside the forward, median |",
+        "|---|---|---|---|---|---|---|",
     ]
     summary = {}
     for m in methods:
@@ -341,10 +351,14 @@ def paired(a, methods, levels, per_level, ps, report):
             taus = [r["tau"] for r in rs if r["tau"]]
             summary[f"{m}/{c}"] = {"tok_s": [r["tok_s"] for r in rs], "ratio": ratios}
             tok = [r["tok_s"] for r in rs]
+            # Planning, drafters' passes and commits, of the engine's step time.
+            outside = [1 - r["step_s"]["forward"] / max(1e-9, sum(r["step_s"].values()))
+                       for r in rs if r.get("step_s")]
             lines.append(
                 f"| {m} | {c} | {statistics.median(tok):.1f} ({min(tok):.1f}-{max(tok):.1f}) | "
                 f"{', '.join(f'{x:.3f}' for x in ratios)} | **{statistics.median(ratios):.3f}** | "
-                f"{statistics.median(taus) if taus else 0:.2f} |"
+                f"{statistics.median(taus) if taus else 0:.2f} | "
+                f"{100 * statistics.median(outside) if outside else 0:.1f} % |"
             )
     report["paired"] = {"runs": runs, "summary": summary}
     with open(os.path.join(a.out, "serve.json"), "w") as f:

@@ -1,8 +1,8 @@
 //! The engine's Prometheus metrics (served as text at `GET /metrics`).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
 };
 
 /// Every metric, registered in one registry.
@@ -27,6 +27,8 @@ pub struct Metrics {
     pub kv_pages_total: IntGauge,
     /// Rows of each forward (all requests' prompt chunks and verify rows).
     pub step_rows: Histogram,
+    /// Seconds of the engine's steps by phase: plan, draft_pass, forward, commit.
+    pub step_seconds: CounterVec,
     /// Draft tokens accepted per speculative round, per drafter.
     pub accepted: HistogramVec,
     /// Speculative rounds that drafted nothing, per drafter and reason (`speed_guard`: drafting
@@ -67,6 +69,19 @@ impl Metrics {
             registry.register(Box::new(m.clone())).expect("unique name");
             m
         };
+        let step_seconds = CounterVec::new(
+            Opts::new(
+                "paradraft_step_seconds_total",
+                "Seconds of the engine's steps by phase (plan: prompt chunks, sizing and the \
+                 drafters' own work; draft_pass: the drafters' shared passes; forward; commit: \
+                 verification, streaming, the drafters' bookkeeping)",
+            ),
+            &["phase"],
+        )
+        .expect("valid counter");
+        registry
+            .register(Box::new(step_seconds.clone()))
+            .expect("unique name");
         let requests = IntCounterVec::new(
             Opts::new("paradraft_requests_total", "Requests by outcome"),
             &["outcome"],
@@ -136,6 +151,7 @@ impl Metrics {
                 "Requests preempted for KV pages (their caches rebuilt when resumed)",
             ),
             kv_pages_total: g("paradraft_kv_pages_total", "KV pages in the pool"),
+            step_seconds,
             step_rows: h(
                 "paradraft_step_rows",
                 "Rows per batched forward",

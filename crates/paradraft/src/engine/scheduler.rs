@@ -499,6 +499,17 @@ impl<'e> Scheduler<'e> {
                 if r.rows > 0 {
                     self.metrics.step_rows.observe(r.rows as f64);
                 }
+                for (phase, ms) in [
+                    ("plan", r.plan_ms),
+                    ("draft_pass", r.pass_ms),
+                    ("forward", r.forward_ms),
+                    ("commit", r.commit_ms),
+                ] {
+                    self.metrics
+                        .step_seconds
+                        .with_label_values(&[phase])
+                        .inc_by(ms.max(0.0) / 1e3);
+                }
                 let now = Instant::now();
                 // A cached prefix takes at most one page of its own (its partial last one).
                 let mut spare = b.pool.free().saturating_sub(b.drafters());

@@ -49,8 +49,15 @@ pub struct Member<'m, 'a> {
 }
 
 /// What one step did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepReport {
+    /// Where its time went, ms: planning (prompt chunks, sizing, drafters' own work), the
+    /// drafters' shared passes, the forward (with its output passes), committing (verify,
+    /// stream, tell the drafters).
+    pub plan_ms: f64,
+    pub pass_ms: f64,
+    pub forward_ms: f64,
+    pub commit_ms: f64,
     /// Per member: whether it took part (false: finished, or waiting for prefill budget).
     pub planned: Vec<bool>,
     /// Per member: it has ended (stopped or out of cache) and can be retired.
@@ -80,6 +87,7 @@ impl Stepper {
         prefill_budget: usize,
     ) -> Result<StepReport> {
         let n = members.len();
+        let t_plan = std::time::Instant::now();
         let mut rep = StepReport {
             planned: vec![false; n],
             finished: vec![false; n],
@@ -127,9 +135,11 @@ impl Stepper {
                 }
             }
         }
+        let t_pass = std::time::Instant::now();
         for p in &passes {
             p.run(model);
         }
+        rep.pass_ms = t_pass.elapsed().as_secs_f64() * 1e3;
         for i in drafting {
             let m = &mut members[i];
             if m.session.is_drafting() {
@@ -139,6 +149,7 @@ impl Stepper {
             rows += m.session.batch().tokens.len();
         }
         rep.rows = rows;
+        rep.plan_ms = t_plan.elapsed().as_secs_f64() * 1e3 - rep.pass_ms;
         if rows == 0 {
             return Ok(rep);
         }
@@ -240,6 +251,8 @@ impl Stepper {
         let scratch = &self.scratch;
         // Sizing learns batched forwards' cost from them (a lone session, from its rounds).
         let batch_forward = (at.len() > 1).then_some((rows, forward_ms));
+        rep.forward_ms = forward_ms;
+        let t_commit = std::time::Instant::now();
         for (i, b0, a0, f0, argmax_rows) in at {
             let m = &mut members[i];
             let w = m.session.width();
@@ -262,6 +275,7 @@ impl Stepper {
                 rep.finished[i] = true;
             }
         }
+        rep.commit_ms = t_commit.elapsed().as_secs_f64() * 1e3;
         Ok(rep)
     }
 }
