@@ -358,10 +358,7 @@ impl Matrix {
         };
         let m = self.rows;
         assert!(qa.k == self.cols && out.len() == qa.n * m);
-        assert!(
-            qa.halves || !p.fmt.half_sums(),
-            "activations without their sums per 16"
-        );
+        assert_halves(p, qa);
         let out_ptr = SendPtr(out.as_mut_ptr());
         par_ranges(p.groups(), |g0, g1| {
             let o = &out_ptr;
@@ -393,10 +390,7 @@ impl Matrix {
                     unreachable!()
                 };
                 assert!(p.cols == qa.k && out.len() == n * m.rows);
-                assert!(
-                    qa.halves || !p.fmt.half_sums(),
-                    "activations without their sums per 16"
-                );
+                assert_halves(p, qa);
                 (&**p, SendPtr(out.as_mut_ptr()), m.rows, p.groups())
             })
             .collect();
@@ -472,6 +466,16 @@ pub fn prep_acts(qa: &mut QActs, ms: &[&Matrix], x: &[f32], exact: bool) {
     } else {
         qa.clear();
     }
+}
+
+/// A kernel that reads the activations' sums per 16 inputs gets them ([`prep_acts`] computes
+/// them only for the matrices it was given).
+fn assert_halves(p: &Packed, qa: &QActs) {
+    assert!(
+        qa.halves || !p.fmt.half_sums(),
+        "activations prepared without their sums per 16 for a {:?} matrix",
+        p.fmt
+    );
 }
 
 /// `v` resized to `n` (a scratch buffer reused across calls), as a slice.

@@ -126,7 +126,11 @@ impl Stepper {
             let m = &mut members[i];
             match m.session.prepare(m.kv, shape, 0)? {
                 Prepared::Over => rep.finished[i] = true,
-                Prepared::Planned => drafting.push(i),
+                // A decoding session plans no prompt chunk; were it one, its rows are ready.
+                Prepared::Planned => {
+                    rep.planned[i] = true;
+                    rows += m.session.batch().tokens.len();
+                }
                 Prepared::Drafting(pass) => {
                     if let Some(p) = pass.filter(|p| !passes.iter().any(|q| q.same(p))) {
                         passes.push(p);
@@ -142,9 +146,7 @@ impl Stepper {
         rep.pass_ms = t_pass.elapsed().as_secs_f64() * 1e3;
         for i in drafting {
             let m = &mut members[i];
-            if m.session.is_drafting() {
-                m.session.propose()?;
-            }
+            m.session.propose()?;
             rep.planned[i] = true;
             rows += m.session.batch().tokens.len();
         }

@@ -2,8 +2,8 @@
 //! ([`Dart::prepare`](super::Dart)) and one pass runs them all — the layer over every call's
 //! rows, each over its own cache ([`DartModel::forward_many`]), and the head over every depth
 //! row — so the weights are read once per step rather than once per session. (On a 2-vCPU
-//! Zen 5 that saves 1–7 % of the calls' time: the committed drafter's weights stay in cache and
-//! its cost is arithmetic; docs/results/serving/2026-12-02-zen5-batched-drafting/.)
+//! Zen 5 one pass took 0.93–1.01 of the calls apart: the committed drafter's cost is
+//! arithmetic; docs/results/serving/2026-12-02-zen5-batched-drafting/.)
 
 use super::model::{self, Call, DartModel};
 use crate::drafters::parts::DraftHead;

@@ -286,11 +286,6 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Whether a round is prepared and waits for [`Session::propose`].
-    pub fn is_drafting(&self) -> bool {
-        self.drafting.is_some()
-    }
-
     /// Whether a step is planned and waits for its forward.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
