@@ -236,6 +236,26 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `out[v] = logits[v] · inv_t + gumbel(v)`: each id's Gumbel-max score.
+    fn perturbed(logits: &[f32], inv_t: f32, key: NoiseKey, out: &mut [f32]) {
+        for (v, (o, &l)) in out.iter_mut().zip(logits).enumerate() {
+            *o = l * inv_t + key.gumbel(v as u32);
+        }
+    }
+}
+
+thread_local! {
+    /// Per-thread buffers of [`Sampler::sample_rescored`]: a row's scores, candidate ids.
+    static SCORES: std::cell::RefCell<(Vec<f32>, Vec<u32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Lowest temperature at which [`Sampler::rescores`] holds: candidates lie within
+/// `margin / T` of a row's best score, and on a flat row about e^(margin / T) ids do (at a
+/// 4-bit screen's margin of 4: ~55 at T = 1, ~300 at 0.7, ~800 at 0.6), each re-scored alone.
+pub const RESCORED_MIN_T: f32 = 0.6;
+
 /// The target's sampler: its distribution (temperature → top-k → top-p) and keyed draws from
 /// it. It holds no state: the same (logits, position) always give the same token.
 #[derive(Clone, Copy, Debug)]
@@ -369,6 +389,50 @@ impl Sampler {
             return gumbel_argmax(logits, 1.0 / p.temperature, key);
         }
         key.pick(&self.dist(logits))
+    }
+
+    /// Whether this sampler's draws can be made from approximate rows re-scored near the
+    /// top ([`Sampler::sample_rescored`]): plain temperature sampling (no top-k, top-p or
+    /// min-p, whose cut-offs read every probability) at [`RESCORED_MIN_T`] or above.
+    pub fn rescores(&self) -> bool {
+        let p = &self.params;
+        p.temperature >= RESCORED_MIN_T && p.top_k == 0 && p.top_p >= 1.0 && p.min_p == 0.0
+    }
+
+    /// [`Sampler::sample_at`] over a row of approximate logits (the 4-bit screen's, or int8
+    /// activations') whose exact values come from `exact` and lie within `margin / 2` of
+    /// them: the ids whose Gumbel-max score lies within `margin / T` of the row's best are
+    /// re-scored exactly and the best exact score wins — the token `sample_at` gives on the
+    /// exact row (the exact winner's approximate score is at most `margin / T` below the best
+    /// one). For [`Sampler::rescores`] samplers; others draw from `row` as it is.
+    pub fn sample_rescored(
+        &self,
+        row: &[f32],
+        pos: usize,
+        exact: impl Fn(TokenId) -> f32,
+        margin: f32,
+    ) -> TokenId {
+        let key = self.noise.key(pos, Noise::TOKEN);
+        if !self.rescores() {
+            return self.sample_keyed(row, key);
+        }
+        let inv_t = 1.0 / self.params.temperature;
+        SCORES.with_borrow_mut(|(scores, cand)| {
+            scores.resize(row.len(), 0.0);
+            perturbed(row, inv_t, key, scores);
+            let cut = ops::max_value(scores) - margin * inv_t;
+            cand.clear();
+            ops::indices_at_least(scores, cut, cand);
+            // Ascending ids, so ties (of measure zero) go to the lowest, as in `sample_at`.
+            let (mut best, mut at) = (f32::NEG_INFINITY, None);
+            for &id in cand.iter() {
+                let s = exact(TokenId(id)) * inv_t + key.gumbel(id);
+                if s > best || at.is_none() {
+                    (best, at) = (s, Some(id));
+                }
+            }
+            at.map_or_else(|| gumbel_argmax(row, inv_t, key), TokenId)
+        })
     }
 
     /// A draw from `d` (any distribution over target ids, e.g. a drafter's q) with the noise of

@@ -40,6 +40,7 @@
 //! decoding uses, so "the target's distribution" means the same thing in both.
 
 use super::tree::{DraftTree, NodeId};
+use crate::process::Exact;
 use crate::sample::{Dist, Noise, Sampler};
 use crate::types::TokenId;
 
@@ -126,12 +127,15 @@ pub fn verify_greedy(tree: &DraftTree, argmax: &[TokenId]) -> Outcome {
 }
 
 /// Coupled rule: the target's keyed sample at each node (row 0 is the root, at position
-/// `root_pos`; a row's logits predict the position after its node).
+/// `root_pos`; a row's logits predict the position after its node). With `rescore` the rows
+/// are approximate and each draw re-scores its candidates exactly
+/// ([`Sampler::sample_rescored`]).
 pub fn verify_coupled<'a>(
     tree: &DraftTree,
     logits: impl Fn(usize) -> &'a [f32],
     sampler: &Sampler,
     root_pos: usize,
+    rescore: Option<Exact>,
 ) -> Outcome {
     verify_match(tree, |row| {
         let depth = if row == 0 {
@@ -139,7 +143,13 @@ pub fn verify_coupled<'a>(
         } else {
             tree.depth(NodeId(row as u32 - 1)) as usize
         };
-        sampler.sample_at(logits(row), root_pos + depth + 1)
+        let pos = root_pos + depth + 1;
+        match rescore {
+            Some((exact, margin)) => {
+                sampler.sample_rescored(logits(row), pos, |t| exact(row, t), margin)
+            }
+            None => sampler.sample_at(logits(row), pos),
+        }
     })
 }
 
@@ -264,6 +274,8 @@ pub fn verify_rejection<'a>(
 }
 
 /// Verifies a round by `rule` at temperature > 0, or greedily at 0 (`argmax` per row then).
+/// `rescore`: the coupled rule's rows are approximate ([`verify_coupled`]); the rejection rule
+/// reads its rows as they are (full rows).
 pub fn verify<'a>(
     rule: VerifyRule,
     tree: &DraftTree,
@@ -271,12 +283,13 @@ pub fn verify<'a>(
     logits: impl Fn(usize) -> &'a [f32],
     sampler: &Sampler,
     root_pos: usize,
+    rescore: Option<Exact>,
 ) -> Outcome {
     if sampler.params.is_greedy() {
         return verify_greedy(tree, argmax);
     }
     match rule {
-        VerifyRule::Coupled => verify_coupled(tree, logits, sampler, root_pos),
+        VerifyRule::Coupled => verify_coupled(tree, logits, sampler, root_pos, rescore),
         VerifyRule::Rejection => verify_rejection(tree, logits, sampler, root_pos),
     }
 }
@@ -333,7 +346,7 @@ mod tests {
             let mut counts = [0usize; 5];
             for pos in 0..n {
                 let t = tree(&s, pos);
-                let o = verify(rule, &t, &[], |_| &LOGITS[..], &s, pos);
+                let o = verify(rule, &t, &[], |_| &LOGITS[..], &s, pos, None);
                 counts[o.committed().next().unwrap().idx()] += 1;
             }
             for (i, c) in counts.iter().enumerate() {
@@ -402,7 +415,7 @@ mod tests {
             let a = t.push(None, TokenId((pos % 5) as u32), None).unwrap();
             t.push(Some(a), s.sample_at(&LOGITS, pos + 2), None)
                 .unwrap();
-            let o = verify_coupled(&t, |_| &LOGITS[..], &s, pos);
+            let o = verify_coupled(&t, |_| &LOGITS[..], &s, pos, None);
             assert_eq!(o.committed().next(), Some(truth));
             if o.tokens.len() == 2 {
                 assert_eq!(o.bonus, s.sample_at(&LOGITS, pos + 3));

@@ -440,6 +440,14 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// Whether a round's rows may come approximate (the 4-bit screen's) with each draw
+    /// re-scoring its candidates exactly: unprocessed sampling under the coupled rule by a
+    /// [`Sampler::rescores`] sampler. The output layer then streams the screen's bytes, not
+    /// the stored head's (SmolLM2's Q8_0 head: 30 MB a row, the screen 17 MB).
+    pub(super) fn rescores(&self) -> bool {
+        self.process.is_none() && self.rule == VerifyRule::Coupled && self.sampler.rescores()
+    }
+
     /// Verifies a round's rows, processed (bias, penalties, a grammar: each row over its own
     /// path; full logits were asked for) on demand — verify, process the rows its walk read
     /// unprocessed, and again until it read processed rows only (each pass extends the
@@ -466,7 +474,8 @@ impl<'a> Session<'a> {
                 None => o.logits_row(r),
             };
             let argmax = process.map_or(o.argmax, Processor::argmax);
-            let out = verify(self.rule, tree, argmax, row, &self.sampler, base);
+            let rescore = self.rescores().then_some(o.exact);
+            let out = verify(self.rule, tree, argmax, row, &self.sampler, base, rescore);
             let (Some(p), Some(raw)) = (&mut self.process, raw) else {
                 break out;
             };

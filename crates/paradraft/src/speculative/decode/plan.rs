@@ -211,7 +211,8 @@ impl Session<'_> {
 
     /// What the planned rows need from the output layer: the prompt's last row gets full
     /// logits (the first token is sampled from them), earlier chunks nothing; a round's rows
-    /// argmaxes (greedy) or full logits (sampling).
+    /// argmaxes (greedy) or full logits (sampling: screened rows where each draw re-scores its
+    /// candidates, [`Session::rescores`]).
     pub fn needs(&self) -> RowNeeds {
         match self.pending.as_ref().expect("a planned step") {
             Pending::Prefill { n, .. } => RowNeeds {
@@ -234,6 +235,7 @@ impl Session<'_> {
                     _ if self.process.is_some() => Logits::Full,
                     (true, 0) => Logits::Argmax,
                     (true, k) => Logits::ArgmaxTop(k),
+                    (false, _) if self.rescores() => Logits::Screened,
                     (false, _) => Logits::Full,
                 },
                 last_only: false,

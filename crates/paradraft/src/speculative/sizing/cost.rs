@@ -34,8 +34,9 @@ impl CostCurve {
         Self::measure_rows(model, context, repeats, max_rows, None)
     }
 
-    /// [`CostCurve::measure_up_to`] for verifying sampled drafts: every row's full logits, and
-    /// the sampler's distribution (`sampling`) made from each, as a round at T > 0 does.
+    /// [`CostCurve::measure_up_to`] for verifying sampled drafts: every row's logits (the
+    /// screen's where the sampler re-scores, else exact) and a draw from each, as a round at
+    /// T > 0 does.
     pub fn measure_sampled(
         model: &Model,
         context: usize,
@@ -63,10 +64,10 @@ impl CostCurve {
         let base = kv.len();
         let spec = OutputSpec {
             rows: Rows::All,
-            logits: if sampler.is_some() {
-                Logits::Full
-            } else {
-                Logits::Argmax
+            logits: match sampler {
+                Some(s) if s.rescores() => Logits::Screened,
+                Some(_) => Logits::Full,
+                None => Logits::Argmax,
             },
             taps: vec![],
         };
@@ -87,8 +88,14 @@ impl CostCurve {
                 &mut s,
             )?;
             if let Some(sampler) = sampler {
+                let margin = model.rescore_margin(spec.logits);
                 for r in 0..rows {
-                    std::hint::black_box(sampler.dist(s.out.logits_row(r)));
+                    let row = s.out.logits_row(r);
+                    std::hint::black_box(if sampler.rescores() {
+                        sampler.sample_rescored(row, r, |t| model.rescore(&s, r, t), margin)
+                    } else {
+                        sampler.sample_at(row, r)
+                    });
                 }
             }
             let ms = t.elapsed().as_secs_f64() * 1e3;
