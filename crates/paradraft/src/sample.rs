@@ -251,7 +251,7 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Lowest temperature at which [`Sampler::rescores`] holds: candidates lie within
+/// Lowest temperature at which plain sampling re-scores ([`Sampler::rescores`]): candidates lie within
 /// `margin / T` of a row's best score, and on a flat row about e^(margin / T) ids do (at a
 /// 4-bit screen's margin of 4: ~55 at T = 1, ~300 at 0.7, ~800 at 0.6), each re-scored alone.
 pub const RESCORED_MIN_T: f32 = 0.6;
@@ -286,6 +286,9 @@ impl Sampler {
         } else {
             p.top_k.min(logits.len())
         };
+        if k == logits.len() && p.top_p < 1.0 && p.min_p == 0.0 {
+            return self.nucleus(logits);
+        }
         let cand: Vec<(TokenId, f32)> = if k < logits.len() || p.top_p < 1.0 || p.min_p > 0.0 {
             ops::top_k(logits, k)
         } else {
@@ -298,9 +301,36 @@ impl Sampler {
         self.normalise(cand)
     }
 
+    /// Top-p alone over a whole row without sorting it: the mass is normalised over the whole
+    /// vocabulary, and the best 64, 512, 4096, … ids are taken until the nucleus ends inside them
+    /// (a full sort of SmolLM2's 49,152 logits took ~3 ms a token, half a decode step).
+    fn nucleus(&self, logits: &[f32]) -> Dist {
+        let inv_t = 1.0 / self.params.temperature;
+        let max = ops::max_value(logits);
+        let total: f64 = logits
+            .iter()
+            .map(|&l| ops::fast_exp((l - max) * inv_t) as f64)
+            .sum();
+        let mut k = 64;
+        loop {
+            let d = self.normalise_of(ops::top_k(logits, k), Some(total));
+            // Fewer kept than taken: the nucleus ended inside them.
+            if d.entries.len() < k || k >= logits.len() {
+                return d;
+            }
+            k *= 8;
+        }
+    }
+
     /// Temperature, then min-p, then top-p over `cand` (logits; sorted best first whenever
     /// top-p < 1 or min-p > 0).
-    fn normalise(&self, mut cand: Vec<(TokenId, f32)>) -> Dist {
+    fn normalise(&self, cand: Vec<(TokenId, f32)>) -> Dist {
+        self.normalise_of(cand, None)
+    }
+
+    /// [`Sampler::normalise`] with the softmax's denominator `total` (the sum of
+    /// exp((l − max) / T) over a whole row whose best ids `cand` are) instead of `cand`'s own.
+    fn normalise_of(&self, mut cand: Vec<(TokenId, f32)>, total: Option<f64>) -> Dist {
         let p = &self.params;
         let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
         let inv_t = 1.0 / p.temperature;
@@ -309,6 +339,7 @@ impl Sampler {
             c.1 = ops::fast_exp((c.1 - max) * inv_t);
             sum += c.1 as f64;
         }
+        let sum = total.unwrap_or(sum);
         for c in cand.iter_mut() {
             c.1 = (c.1 as f64 / sum) as f32;
         }
@@ -392,19 +423,25 @@ impl Sampler {
     }
 
     /// Whether this sampler's draws can be made from approximate rows re-scored near the
-    /// top ([`Sampler::sample_rescored`]): plain temperature sampling (no top-k, top-p or
-    /// min-p, whose cut-offs read every probability) at [`RESCORED_MIN_T`] or above.
+    /// top ([`Sampler::sample_rescored`]): the distribution must depend on a few ids' exact
+    /// values only — plain temperature sampling at [`RESCORED_MIN_T`] or above, or any
+    /// sampling with top-k or min-p (which keep the ids near the top; top-p alone reads
+    /// every probability).
     pub fn rescores(&self) -> bool {
         let p = &self.params;
-        p.temperature >= RESCORED_MIN_T && p.top_k == 0 && p.top_p >= 1.0 && p.min_p == 0.0
+        !p.is_greedy()
+            && (p.top_k > 0 || p.min_p > 0.0 || (p.top_p >= 1.0 && p.temperature >= RESCORED_MIN_T))
     }
 
     /// [`Sampler::sample_at`] over a row of approximate logits (the 4-bit screen's, or int8
     /// activations') whose exact values come from `exact` and lie within `margin / 2` of
-    /// them: the ids whose Gumbel-max score lies within `margin / T` of the row's best are
-    /// re-scored exactly and the best exact score wins — the token `sample_at` gives on the
-    /// exact row (the exact winner's approximate score is at most `margin / T` below the best
-    /// one). For [`Sampler::rescores`] samplers; others draw from `row` as it is.
+    /// them: only ids that may matter are re-scored, and the draw is the one `sample_at`
+    /// makes on the exact row. Plain temperature: the ids whose Gumbel-max score lies within
+    /// `margin / T` of the row's best (the exact winner's approximate score is at most that
+    /// below it), the best exact score winning. Top-k / min-p: the ids within `margin` of
+    /// the k-th value or of min-p's floor (every id the exact cut keeps), whose exact values
+    /// then make the distribution. For [`Sampler::rescores`] samplers; others draw from `row`
+    /// as it is.
     pub fn sample_rescored(
         &self,
         row: &[f32],
@@ -413,25 +450,47 @@ impl Sampler {
         margin: f32,
     ) -> TokenId {
         let key = self.noise.key(pos, Noise::TOKEN);
+        let p = &self.params;
         if !self.rescores() {
             return self.sample_keyed(row, key);
         }
-        let inv_t = 1.0 / self.params.temperature;
+        let inv_t = 1.0 / p.temperature;
         SCORES.with_borrow_mut(|(scores, cand)| {
-            scores.resize(row.len(), 0.0);
-            perturbed(row, inv_t, key, scores);
-            let cut = ops::max_value(scores) - margin * inv_t;
             cand.clear();
-            ops::indices_at_least(scores, cut, cand);
-            // Ascending ids, so ties (of measure zero) go to the lowest, as in `sample_at`.
-            let (mut best, mut at) = (f32::NEG_INFINITY, None);
-            for &id in cand.iter() {
-                let s = exact(TokenId(id)) * inv_t + key.gumbel(id);
-                if s > best || at.is_none() {
-                    (best, at) = (s, Some(id));
+            if p.top_k == 0 && p.min_p == 0.0 {
+                scores.resize(row.len(), 0.0);
+                perturbed(row, inv_t, key, scores);
+                let cut = ops::max_value(scores) - margin * inv_t;
+                ops::indices_at_least(scores, cut, cand);
+                // Ascending ids, so ties (of measure zero) go to the lowest, as in `sample_at`.
+                let (mut best, mut at) = (f32::NEG_INFINITY, None);
+                for &id in cand.iter() {
+                    let s = exact(TokenId(id)) * inv_t + key.gumbel(id);
+                    if s > best || at.is_none() {
+                        (best, at) = (s, Some(id));
+                    }
                 }
+                return at.map_or_else(|| gumbel_argmax(row, inv_t, key), TokenId);
             }
-            at.map_or_else(|| gumbel_argmax(row, inv_t, key), TokenId)
+            let mut cut = f32::NEG_INFINITY;
+            if p.top_k > 0 && p.top_k < row.len() {
+                cut = ops::top_k(row, p.top_k).last().map_or(cut, |e| e.1) - margin;
+            }
+            if p.min_p > 0.0 {
+                // Kept: p ≥ min_p · p_max, i.e. a logit ≥ the best + T · ln(min_p).
+                cut = cut.max(ops::max_value(row) + p.temperature * p.min_p.ln() - margin);
+            }
+            ops::indices_at_least(row, cut, cand);
+            let mut c: Vec<(TokenId, f32)> = cand
+                .iter()
+                .map(|&id| (TokenId(id), exact(TokenId(id))))
+                .collect();
+            // As `ops::top_k` orders them: best first, ties to the lower id.
+            c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            if p.top_k > 0 {
+                c.truncate(p.top_k);
+            }
+            key.pick(&self.normalise(c))
         })
     }
 
@@ -521,6 +580,68 @@ mod tests {
         let d = s.dist(&[0.0, 3.0, 1.0, 2.0, -1.0]);
         assert_eq!(d.entries.len(), 1);
         assert_eq!(d.entries[0].0, TokenId(1));
+    }
+
+    /// Top-p over a long row (the best ids taken in growing sets, not a sort of the row) keeps
+    /// the ids and probabilities of the definition: the smallest best-first prefix holding
+    /// top-p of the whole row's mass, renormalised. A peaked row ends inside the first 64; a
+    /// flat one needs thousands.
+    #[test]
+    fn top_p_keeps_the_nucleus_of_the_whole_row() {
+        let mut x = 7u32;
+        let mut unif = || {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            (x >> 8) as f32 / (1u32 << 24) as f32
+        };
+        let peaked: Vec<f32> = (0..20_000).map(|_| unif() * 12.0 - 6.0).collect();
+        let flat: Vec<f32> = (0..20_000).map(|_| unif() * 0.5).collect();
+        for row in [&peaked, &flat] {
+            for top_p in [0.3f32, 0.9, 0.99] {
+                let s = Sampler::new(SamplingParams {
+                    temperature: 0.8,
+                    top_p,
+                    ..Default::default()
+                })
+                .unwrap();
+                let got = s.dist(row);
+                let mut idx: Vec<usize> = (0..row.len()).collect();
+                idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                let w: Vec<f64> = idx.iter().map(|&i| ((row[i] / 0.8) as f64).exp()).collect();
+                let z: f64 = w.iter().sum();
+                let mut acc = 0.0;
+                let keep = w.iter().take_while(|&&v| {
+                    let before = acc;
+                    acc += v / z;
+                    before < top_p as f64
+                });
+                let n = keep.count();
+                let kept: f64 = w[..n].iter().sum();
+                assert!(
+                    (got.entries.len() as i64 - n as i64).abs() <= 1,
+                    "{top_p}: {} vs {n}",
+                    got.entries.len()
+                );
+                for (e, (&i, &v)) in got.entries.iter().zip(idx.iter().zip(&w)) {
+                    assert_eq!(e.0.idx(), i);
+                    assert!(
+                        (e.1 as f64 - v / kept).abs() < 1e-3 / n as f64 + 1e-6,
+                        "{top_p}"
+                    );
+                }
+            }
+        }
+        assert!(
+            Sampler::new(SamplingParams {
+                temperature: 0.8,
+                top_p: 0.99,
+                ..Default::default()
+            })
+            .unwrap()
+            .dist(&flat)
+            .entries
+            .len()
+                > 4096
+        );
     }
 
     /// Frequencies of `draw(pos)` over positions 0..n against `want`, ±0.01 per token.

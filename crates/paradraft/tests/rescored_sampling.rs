@@ -1,14 +1,25 @@
 //! Sampling from the 4-bit screen's rows, re-scored near the top (`Sampler::sample_rescored`,
 //! what a round at T > 0 does since 2026-12-02), against Gumbel-max over exact rows: on
 //! SmolLM2 (a Q8_0 output layer, so a real screen), every step of two sampled answers, 24
-//! seeds each, at T = 1 and 0.7, the token drawn must be the exact row's. The old draw (full
+//! seeds each, five samplers (plain T = 1 and 0.7, top-k, min-p, llama.cpp's defaults), the
+//! token drawn must be the exact row's. The old draw (full
 //! rows of int8-activation logits, exact only near the argmax) is counted beside it, and a
 //! margin of zero must miss some draws (so the comparison can fail).
 
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{Batch, Logits, Message, OutputSpec, Rows, Scratch};
-use paradraft::sample::{Sampler, SamplingParams};
+use paradraft::sample::{Sampler, SamplingParams, RESCORED_MIN_T};
 use paradraft::types::{Pos, TokenId};
+
+/// (temperature, top-k, top-p, min-p): plain sampling at 1 and 0.7, llama.cpp's defaults
+/// (0.8, 40, 0.95, 0.05), a top-k alone, a min-p alone at a low temperature.
+const SAMPLERS: &[(f32, usize, f32, f32)] = &[
+    (1.0, 0, 1.0, 0.0),
+    (0.7, 0, 1.0, 0.0),
+    (0.8, 40, 0.95, 0.05),
+    (1.0, 50, 1.0, 0.0),
+    (0.3, 0, 1.0, 0.1),
+];
 
 #[test]
 fn rescored_screen_draws_equal_exact_gumbel_max_on_smollm2() {
@@ -70,18 +81,20 @@ fn rescored_screen_draws_equal_exact_gumbel_max_on_smollm2() {
             let row = screened.out.logits_row(i);
             let rescore = |t| m.rescore(&screened, i, t);
             for seed in 0..24 {
-                for t in [1.0, 0.7] {
+                for &(temperature, top_k, top_p, min_p) in SAMPLERS {
                     let s = Sampler::new(SamplingParams {
-                        temperature: t,
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
                         seed,
-                        ..Default::default()
                     })
                     .unwrap();
                     assert!(s.rescores());
                     let p = step + 1;
                     let want = s.sample_at(&exact[i], p);
                     let got = s.sample_rescored(row, p, rescore, margin);
-                    assert_eq!(got, want, "step {step}, seed {seed}, T {t}");
+                    assert_eq!(got, want, "step {step}, seed {seed}, {:?}", s.params);
                     old_misses += usize::from(s.sample_at(full.out.logits_row(i), p) != want);
                     zero_misses += usize::from(s.sample_rescored(row, p, rescore, 0.0) != want);
                     draws += 1;
@@ -96,10 +109,11 @@ fn rescored_screen_draws_equal_exact_gumbel_max_on_smollm2() {
     assert!(zero_misses > 0, "a margin of 0 should miss some draws");
 }
 
-/// Samplers whose draws read every probability (top-k, top-p, min-p) and low temperatures do
-/// not re-score: they draw from the row as it is.
+/// Plain temperature sampling re-scores from [`RESCORED_MIN_T`] up; top-k and min-p at any
+/// temperature (they keep a few ids near the top); top-p alone never (it reads every
+/// probability), nor greedy decoding.
 #[test]
-fn only_plain_temperature_sampling_rescores() {
+fn which_samplers_rescore() {
     let s = |temperature, top_k, top_p, min_p| {
         Sampler::new(SamplingParams {
             temperature,
@@ -112,10 +126,12 @@ fn only_plain_temperature_sampling_rescores() {
         .rescores()
     };
     assert!(s(1.0, 0, 1.0, 0.0));
-    assert!(s(0.6, 0, 1.0, 0.0));
+    assert!(s(RESCORED_MIN_T, 0, 1.0, 0.0));
     assert!(!s(0.0, 0, 1.0, 0.0));
+    assert!(!s(0.0, 40, 1.0, 0.0));
     assert!(!s(0.3, 0, 1.0, 0.0));
-    assert!(!s(1.0, 40, 1.0, 0.0));
+    assert!(s(0.3, 40, 1.0, 0.0));
+    assert!(s(1.0, 40, 0.95, 0.0));
+    assert!(s(0.2, 0, 1.0, 0.05));
     assert!(!s(1.0, 0, 0.9, 0.0));
-    assert!(!s(1.0, 0, 1.0, 0.05));
 }
