@@ -251,9 +251,10 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Lowest temperature at which plain sampling re-scores ([`Sampler::rescores`]): candidates lie within
-/// `margin / T` of a row's best score, and on a flat row about e^(margin / T) ids do (at a
-/// 4-bit screen's margin of 4: ~55 at T = 1, ~300 at 0.7, ~800 at 0.6), each re-scored alone.
+/// Lowest temperature at which plain sampling re-scores ([`Sampler::rescores`]): candidates
+/// lie within `margin / T` of a row's best score, and on a flat row about e^(margin / T) ids
+/// do (at a 4-bit screen's margin of 4: ~55 at T = 1, ~300 at 0.7, ~800 at 0.6), each
+/// re-scored alone.
 pub const RESCORED_MIN_T: f32 = 0.6;
 
 /// The target's sampler: its distribution (temperature → top-k → top-p) and keyed draws from
@@ -457,7 +458,8 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         SCORES.with_borrow_mut(|(scores, cand)| {
             cand.clear();
-            if p.top_k == 0 && p.min_p == 0.0 {
+            let all = p.top_k == 0 || p.top_k >= row.len();
+            if all && p.min_p == 0.0 && p.top_p >= 1.0 {
                 scores.resize(row.len(), 0.0);
                 perturbed(row, inv_t, key, scores);
                 let cut = ops::max_value(scores) - margin * inv_t;
@@ -472,8 +474,9 @@ impl Sampler {
                 }
                 return at.map_or_else(|| gumbel_argmax(row, inv_t, key), TokenId);
             }
+            // (Neither cut — a top-k of the whole vocabulary with top-p — re-scores every id.)
             let mut cut = f32::NEG_INFINITY;
-            if p.top_k > 0 && p.top_k < row.len() {
+            if !all {
                 cut = ops::top_k(row, p.top_k).last().map_or(cut, |e| e.1) - margin;
             }
             if p.min_p > 0.0 {
