@@ -304,7 +304,8 @@ impl Sampler {
 
     /// Top-p alone over a whole row without sorting it: the mass is normalised over the whole
     /// vocabulary, and the best 64, 512, 4096, … ids are taken until the nucleus ends inside them
-    /// (a full sort of SmolLM2's 49,152 logits took ~3 ms a token, half a decode step).
+    /// (with a full sort of SmolLM2's 49,152 logits a token, AR decode at T 0.7, top-p 0.9 ran
+    /// 151–159 tok/s, without it 238 on a 2-vCPU Xeon).
     fn nucleus(&self, logits: &[f32]) -> Dist {
         let inv_t = 1.0 / self.params.temperature;
         let max = ops::max_value(logits);

@@ -2,9 +2,9 @@
 //! what a round at T > 0 does since 2026-12-02), against Gumbel-max over exact rows: on
 //! SmolLM2 (a Q8_0 output layer, so a real screen), every step of two sampled answers, 24
 //! seeds each, five samplers (plain T = 1 and 0.7, top-k, min-p, llama.cpp's defaults), the
-//! token drawn must be the exact row's. The old draw (full
-//! rows of int8-activation logits, exact only near the argmax) is counted beside it, and a
-//! margin of zero must miss some draws (so the comparison can fail).
+//! token drawn must be the exact row's. The old draw (full rows of int8-activation logits,
+//! exact only near the argmax) is counted beside it, and a margin of zero must miss some
+//! draws (so the comparison can fail).
 
 use paradraft::generate::{generate, GenerateParams};
 use paradraft::model::{Batch, Logits, Message, OutputSpec, Rows, Scratch};
