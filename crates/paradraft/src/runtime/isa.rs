@@ -17,6 +17,10 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 F/BW/VNNI: 16-lane kernels.
     Avx512Vnni,
+    /// AVX-512 VNNI plus Intel AMX-INT8 (Sapphire Rapids and later, where the OS grants the
+    /// tile data): Q4 / Q8 matmuls of 16 to 64 activation rows on 16 × 16 int32 tiles,
+    /// everything else as `avx512`.
+    Amx,
     /// ARM (AArch64) NEON with the dot-product extension (`sdot`, Armv8.2 DotProd): the int8
     /// matmul and activation quantization; the other operations run the portable code.
     NeonDot,
@@ -24,11 +28,12 @@ pub enum Isa {
 
 impl Isa {
     /// Every family: the x86 chain in order, then the ARM one.
-    pub const ALL: [Isa; 5] = [
+    pub const ALL: [Isa; 6] = [
         Isa::Portable,
         Isa::Avx2,
         Isa::AvxVnni,
         Isa::Avx512Vnni,
+        Isa::Amx,
         Isa::NeonDot,
     ];
 
@@ -39,6 +44,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Vnni => "avx512",
+            Isa::Amx => "amx",
             Isa::NeonDot => "neon",
         }
     }
@@ -49,6 +55,7 @@ impl Isa {
             Isa::Avx2 => Some(1),
             Isa::AvxVnni => Some(2),
             Isa::Avx512Vnni => Some(3),
+            Isa::Amx => Some(4),
             Isa::Portable | Isa::NeonDot => None,
         }
     }
@@ -121,7 +128,11 @@ fn detect_uncached() -> Isa {
     use std::arch::is_x86_feature_detected as has;
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
     if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-        Isa::Avx512Vnni
+        let (isa, notice) = with_tiles(amx_int8(), amx_enabled(), amx_granted);
+        if let Some(n) = notice {
+            eprintln!("paradraft: {n}");
+        }
+        isa
     } else if avx2 && (has!("avxvnni") || (has!("avx512vnni") && has!("avx512vl"))) {
         Isa::AvxVnni
     } else if avx2 {
@@ -143,6 +154,88 @@ fn detect_uncached() -> Isa {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect_uncached() -> Isa {
     Isa::Portable
+}
+
+/// An AVX-512 VNNI CPU's family given what it says of its tiles: `amx` when it has AMX-INT8
+/// (`cpu`), the OS enables the tile state (`os`, XCR0) and grants it to this process
+/// (`grant`, asked only then); else `avx512`, with a one-line notice when the CPU has the
+/// tiles but may not use them.
+#[cfg(target_arch = "x86_64")]
+fn with_tiles(cpu: bool, os: bool, grant: impl FnOnce() -> bool) -> (Isa, Option<String>) {
+    let denied = |why: &str| {
+        let n = format!("this CPU has AMX-INT8 tiles but {why}: using the avx512 kernels");
+        (Isa::Avx512Vnni, Some(n))
+    };
+    match (cpu, os) {
+        (false, _) => (Isa::Avx512Vnni, None),
+        (true, false) => denied("the OS (or hypervisor) does not enable their state (XCR0)"),
+        (true, true) if grant() => (Isa::Amx, None),
+        (true, true) => denied("the OS refused this process their data (ARCH_REQ_XCOMP_PERM)"),
+    }
+}
+
+/// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25) with the
+/// palette the kernels use (leaf 0x1D: 8 tiles of 16 rows × 64 bytes).
+#[cfg(target_arch = "x86_64")]
+fn amx_int8() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    // Leaves above the maximum would repeat the highest one's values.
+    if __cpuid_count(0, 0).eax < 0x1D || __cpuid_count(7, 0).edx & (3 << 24) != 3 << 24 {
+        return false;
+    }
+    // Palette 1 (leaf 0x1D sub-leaf 1): EAX[31:16] bytes per tile, EBX[15:0] bytes per row,
+    // EBX[31:16] tile names, ECX[15:0] rows.
+    let p = __cpuid_count(0x1D, 1);
+    let (bytes_per_tile, names) = (p.eax >> 16, p.ebx >> 16);
+    let (bytes_per_row, max_rows) = (p.ebx & 0xFFFF, p.ecx & 0xFFFF);
+    bytes_per_tile >= 1024 && names >= 8 && bytes_per_row >= 64 && max_rows >= 16
+}
+
+/// Whether the OS has enabled the tile state: XCR0 bits 17 (TILECFG) and 18 (TILEDATA), read
+/// only where CPUID says the OS uses XSAVE (leaf 1, ECX bit 27).
+#[cfg(target_arch = "x86_64")]
+fn amx_enabled() -> bool {
+    use std::arch::x86_64::__cpuid_count;
+    if __cpuid_count(1, 0).ecx & (1 << 27) == 0 {
+        return false;
+    }
+    let (lo, hi): (u32, u32);
+    // SAFETY: XGETBV with ECX = 0 is defined wherever OSXSAVE is set (checked above).
+    unsafe {
+        std::arch::asm!(
+            "xgetbv",
+            in("ecx") 0u32,
+            out("eax") lo,
+            out("edx") hi,
+            options(nomem, nostack)
+        );
+    }
+    let xcr0 = (hi as u64) << 32 | lo as u64;
+    xcr0 & (3 << 17) == 3 << 17
+}
+
+/// Whether the OS lets this process use the tile data: Linux asks each process to request it
+/// once (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, for all its threads);
+/// elsewhere the tiles are not used.
+#[cfg(target_arch = "x86_64")]
+fn amx_granted() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain system call with integer arguments; failure is a return value.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
 }
 
 /// Whether the 256-bit VNNI kernels must use the EVEX (AVX-512 VL) encoding: the CPU has
@@ -170,6 +263,7 @@ pub fn cpu_features() -> String {
             ("avx512vl", has!("avx512vl")),
             ("avx512vnni", has!("avx512vnni")),
             ("avx512bf16", has!("avx512bf16")),
+            ("amx-int8", amx_int8()),
         ];
         let on: Vec<_> = all.iter().filter(|f| f.1).map(|f| f.0).collect();
         if on.is_empty() {
@@ -239,8 +333,13 @@ mod tests {
         assert_eq!(choose(None, true, Isa::Avx2), Ok(Isa::Portable));
         assert_eq!(choose(Some("avx2"), true, Isa::Avx512Vnni), Ok(Isa::Avx2));
         for i in Isa::ALL.into_iter().filter(|&i| i != Isa::NeonDot) {
-            assert_eq!(choose(Some(i.name()), false, Isa::Avx512Vnni), Ok(i));
+            assert_eq!(choose(Some(i.name()), false, Isa::Amx), Ok(i));
         }
+        // AMX needs its tiles: an AVX-512 CPU without them refuses it, and one with them
+        // can be held to AVX-512.
+        assert!(choose(Some("amx"), false, Isa::Avx512Vnni).is_err());
+        assert_eq!(choose(Some("avx512"), false, Isa::Amx), Ok(Isa::Avx512Vnni));
+        assert!(Isa::Amx.has_x86(Isa::Avx512Vnni) && !Isa::Avx512Vnni.has_x86(Isa::Amx));
         // The ARM and x86 families never stand in for each other.
         assert!(choose(Some("neon"), false, Isa::Avx512Vnni).is_err());
         assert!(choose(Some("avx2"), false, Isa::NeonDot).is_err());
@@ -257,9 +356,27 @@ mod tests {
             "{lacks}"
         );
         assert!(lacks.contains(&cpu_features()), "{lacks}");
+        // Tiles the CPU has but the OS keeps from this process: AVX-512, said in one line.
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(
+            with_tiles(false, true, || panic!("not asked")),
+            (Isa::Avx512Vnni, None)
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(with_tiles(true, true, || true), (Isa::Amx, None));
+        #[cfg(target_arch = "x86_64")]
+        for (os, grant) in [(false, true), (true, false)] {
+            let (isa, notice) = with_tiles(true, os, || grant);
+            let notice = notice.expect("a notice");
+            assert_eq!(isa, Isa::Avx512Vnni);
+            assert!(
+                notice.contains("avx512") && !notice.contains('\n'),
+                "{notice}"
+            );
+        }
         let unknown = choose(Some("sse"), false, Isa::Avx2).unwrap_err();
         assert!(
-            unknown.contains("portable, avx2, avxvnni, avx512, neon"),
+            unknown.contains("portable, avx2, avxvnni, avx512, amx, neon"),
             "{unknown}"
         );
     }

@@ -24,7 +24,7 @@ macro_rules! multiversion {
                 }
                 // SAFETY: the CPU has the features each clone is compiled for.
                 match isa() {
-                    Isa::Avx512Vnni => return unsafe { fast512($($arg),*) },
+                    Isa::Avx512Vnni | Isa::Amx => return unsafe { fast512($($arg),*) },
                     Isa::Avx2 | Isa::AvxVnni => return unsafe { fast256($($arg),*) },
                     Isa::Portable | Isa::NeonDot => {}
                 }

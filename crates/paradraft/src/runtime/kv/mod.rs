@@ -143,7 +143,7 @@ impl KvElem for f16 {
             use crate::runtime::isa::{isa, Isa};
             match isa() {
                 // SAFETY: the CPU has AVX-512 (and F16C with it).
-                Isa::Avx512Vnni => return unsafe { f16_avx512(src, dst) },
+                Isa::Avx512Vnni | Isa::Amx => return unsafe { f16_avx512(src, dst) },
                 // SAFETY: the CPU has AVX2 and F16C.
                 Isa::Avx2 | Isa::AvxVnni => return unsafe { f16_avx2(src, dst) },
                 Isa::Portable | Isa::NeonDot => {}

@@ -181,7 +181,7 @@ impl BlockOut {
 unsafe fn quantize_blocks(kern: Isa, x: &[f32], o: BlockOut) {
     match kern {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => avx512::quantize(x, o),
+        Isa::Avx512Vnni | Isa::Amx => avx512::quantize(x, o),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::AvxVnni => avx2::quantize(x, o),
         #[cfg(target_arch = "aarch64")]
@@ -243,6 +243,8 @@ impl Packed {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => avx512::matmul_groups(self, a, g0, g1, out, ld),
             #[cfg(target_arch = "x86_64")]
+            Isa::Amx => amx::matmul_groups(self, a, g0, g1, out, ld),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::matmul_groups(self, a, g0, g1, out, ld),
             #[cfg(target_arch = "x86_64")]
             Isa::AvxVnni if super::isa::vnni_evex() => {
@@ -262,6 +264,9 @@ mod avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
@@ -432,7 +437,7 @@ pub(super) mod tests {
                 &[(37, 256), (48, 512)]
             };
             let rows_n: &[usize] = if legacy {
-                &[1, 3, 4, 5, 8, 9, 16, 17]
+                &[1, 3, 4, 5, 8, 9, 16, 17, 33]
             } else {
                 &[1, 3, 6, 9, 17]
             };

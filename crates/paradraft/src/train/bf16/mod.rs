@@ -51,7 +51,7 @@ pub fn supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use crate::runtime::isa::{isa, Isa};
-        isa() == Isa::Avx512Vnni && std::arch::is_x86_feature_detected!("avx512bf16")
+        isa().has_x86(Isa::Avx512Vnni) && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
