@@ -37,19 +37,6 @@ mod imp {
         Cfg(c)
     }
 
-    fn granted() -> bool {
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a system call with integer arguments; failure is a return value.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            ) == 0
-        }
-    }
-
     #[repr(C, align(64))]
     struct Bufs {
         /// 16 A blocks, rows 32 bytes apart in a 16 × 32-byte block... (stride 64 per row).
@@ -215,7 +202,7 @@ mod imp {
             eprintln!("this CPU lacks AMX-INT8 or AVX-512: nothing to measure");
             return;
         }
-        if !granted() {
+        if !paradraft::runtime::isa::tiles_usable() {
             eprintln!(
                 "the OS did not grant the tile data (ARCH_REQ_XCOMP_PERM): nothing to measure"
             );

@@ -29,19 +29,6 @@ mod imp {
         Cfg(c)
     }
 
-    fn granted() -> bool {
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a system call with integer arguments; failure is a return value.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            ) == 0
-        }
-    }
-
     /// The AVX-512 workload: `iters` rounds of 8 independent `vpdpbusd` chains.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn avx512_work(iters: usize, seed: i32) -> i32 {
@@ -152,7 +139,7 @@ mod imp {
             eprintln!("this CPU lacks AVX-512 VNNI or AMX-INT8: nothing to measure");
             return;
         }
-        if !granted() {
+        if !paradraft::runtime::isa::tiles_usable() {
             eprintln!(
                 "the OS did not grant the tile data (ARCH_REQ_XCOMP_PERM): nothing to measure"
             );

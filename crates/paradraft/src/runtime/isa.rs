@@ -174,6 +174,13 @@ fn with_tiles(cpu: bool, os: bool, grant: impl FnOnce() -> bool) -> (Isa, Option
     }
 }
 
+/// Whether this process may run AMX-INT8 tile code: the CPU has the tiles, the OS enables
+/// their state and grants this process their data (asking for it, as kernel detection does).
+#[cfg(target_arch = "x86_64")]
+pub fn tiles_usable() -> bool {
+    amx_int8() && amx_enabled() && amx_granted()
+}
+
 /// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25) with the
 /// palette the kernels use (leaf 0x1D: 8 tiles of 16 rows × 64 bytes).
 #[cfg(target_arch = "x86_64")]

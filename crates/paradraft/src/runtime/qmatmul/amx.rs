@@ -150,18 +150,7 @@ unsafe fn rows_pass(
             let pf = if first { next } else { None };
             let src = (first && !q8).then(|| (p.q.as_ptr().add(g * nb * 256), ub));
             let acc = by_rows(q8, m, p, a, g, t0, w, pf, c, src);
-            let row0 = g * GROUP;
-            let valid = (p.rows - row0).min(GROUP);
-            for (t, v) in acc.iter().enumerate().take(m) {
-                let dst = out.add((t0 + t) * ld + row0);
-                if valid == GROUP {
-                    _mm512_storeu_ps(dst, *v);
-                } else {
-                    let mut tmp = [0f32; GROUP];
-                    _mm512_storeu_ps(tmp.as_mut_ptr(), *v);
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
-                }
-            }
+            avx512::store_group(p, g, &acc[..m], out.add(t0 * ld), ld);
             t0 += m;
         }
     }

@@ -63,19 +63,26 @@ pub unsafe fn matmul_groups(p: &Packed, a: &QActs, g0: usize, g1: usize, out: *m
                 };
             }
             by_format!(p.fmt, heights);
-            let r0 = g * GROUP;
-            let valid = (p.rows - r0).min(GROUP);
-            for (t, v) in acc.iter().enumerate().take(tn) {
-                let dst = out.add((t0 + t) * ld + r0);
-                if valid == GROUP {
-                    _mm512_storeu_ps(dst, *v);
-                } else {
-                    let mut tmp = [0f32; GROUP];
-                    _mm512_storeu_ps(tmp.as_mut_ptr(), *v);
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
-                }
-            }
+            store_group(p, g, &acc[..tn], out.add(t0 * ld), ld);
             t0 += tn;
+        }
+    }
+}
+
+/// Group `g`'s outputs of consecutive activation rows (`acc[t]` the row `t` from `out`, rows
+/// `ld` apart): the last group's rows past the matrix's end are not written.
+#[inline(always)]
+pub(super) unsafe fn store_group(p: &Packed, g: usize, acc: &[__m512], out: *mut f32, ld: usize) {
+    let r0 = g * GROUP;
+    let valid = (p.rows - r0).min(GROUP);
+    for (t, v) in acc.iter().enumerate() {
+        let dst = out.add(t * ld + r0);
+        if valid == GROUP {
+            _mm512_storeu_ps(dst, *v);
+        } else {
+            let mut tmp = [0f32; GROUP];
+            _mm512_storeu_ps(tmp.as_mut_ptr(), *v);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
         }
     }
 }

@@ -436,8 +436,12 @@ pub(super) mod tests {
             } else {
                 &[(37, 256), (48, 512)]
             };
-            let rows_n: &[usize] = if legacy {
+            // 33 rows: two full AMX tiles and a one-row tail (x86 only: the emulated AArch64
+            // run has no such kernel and is the slow one).
+            let rows_n: &[usize] = if legacy && cfg!(target_arch = "x86_64") {
                 &[1, 3, 4, 5, 8, 9, 16, 17, 33]
+            } else if legacy {
+                &[1, 3, 4, 5, 8, 9, 16, 17]
             } else {
                 &[1, 3, 6, 9, 17]
             };
