@@ -11,21 +11,22 @@
 //!
 //! Every row's output has the bits the AVX-512 kernel gives it (the integer dot is exact, and
 //! the f32 steps are the same operations in the same order), so which kernel runs, and beside
-//! which rows, never changes a result. Fewer rows than [`MIN_ROWS`] or more than [`MAX_ROWS`],
-//! and the formats with sub-scales, stay on the AVX-512 kernel. What bounds this kernel is measured in
-//! `examples/amx_blocks.rs` and `docs/performance.md`.
+//! which rows, never changes a result. Fewer rows than [`MIN_ROWS`] or more than
+//! [`MAX_ROWS`], and the formats with sub-scales, stay on the AVX-512 kernel. What bounds this
+//! kernel is measured in `examples/amx_blocks.rs` and `docs/performance.md`.
 
 use super::{avx512, Fmt, Packed, QActs, GROUP, QK};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
 /// The row counts this kernel takes: where whole 135M forwards ran faster on it than on the
-/// AVX-512 kernel (`examples/rows_loop`, interleaved, Intel Xeon, 2 threads: 16, 32 and 64 rows
-/// won 3-20 %; 8 rows lost 2-15 %, 128 lost 10-15 %, 256 rows were a draw). Below, a tile's
+/// AVX-512 kernel (`examples/rows_loop`, interleaved, Intel Xeon, 2 threads, min of each
+/// round: 16, 32 and 64 rows won 1-24 %; 8 rows lost 2-15 %, 128 lost 8-20 %, 256 lost in 4 of
+/// 6 rounds). Below, a tile's
 /// fixed cost per block outweighs per-row `vpdpbusd`; above, the sweep over every row's
 /// activations for each weight group runs from L2 in 16-row tile loads.
-pub(super) const MIN_ROWS: usize = 16;
-pub(super) const MAX_ROWS: usize = 64;
+const MIN_ROWS: usize = 16;
+const MAX_ROWS: usize = 64;
 
 /// Activation rows per tile (a tile holds 16 rows).
 const MT: usize = 16;
