@@ -86,7 +86,10 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
         )
     };
     let chat = "/v1/chat/completions";
-    let ok_body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}"#;
+    // Greedy: a sampled answer (the API's default temperature is 1) may end before its 4
+    // tokens (a clean-clone CI run on 2026-12-03 got 3).
+    let ok_body =
+        r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}"#;
     let long = "word ".repeat(600);
     let cases: Vec<(String, &str, u16, &str)> = vec![
         (ok_body.into(), chat, 401, "invalid_api_key"), // no key (checked below without auth)
