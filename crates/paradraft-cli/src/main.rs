@@ -238,9 +238,9 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     let cfg = a.spec.config(Method::auto())?;
     cfg.check_used(&[cfg.method])?;
-    // The drafter's weights load beside the target's.
+    // The drafter's weights and n-gram trie load beside the target's.
     cfg.prefetch();
-    let (lm, ctx) = a.m.load()?;
+    let (lm, ctx) = a.m.load_with(&|tok| cfg.on_tokenizer(tok))?;
     let tok = &lm.tokenizer;
     let prompt = tok.encode_prompt(&user, a.system.as_deref(), a.raw)?;
     let stop = Some(Stop::Many(a.stop.clone()));

@@ -215,6 +215,13 @@ impl DrafterConfig {
         }
     }
 
+    /// What a load does with the target's tokenizer while the target's weights load
+    /// ([`crate::model::ModelOptions::load_with`]): opens the n-gram trie this method reads
+    /// ([`super::registry::open_trie_ahead`]).
+    pub fn on_tokenizer(&self, tok: &crate::model::Tokenizer) {
+        super::registry::open_trie_ahead(self, tok);
+    }
+
     /// The name reports use: the method in its mode (`dflash-tree`, `dflash-cps`,
     /// `diffuspec-raw`), or which draft model.
     pub fn label(&self) -> String {

@@ -103,6 +103,11 @@ impl ModelOptions {
     /// given) and returns it with its context: the asked one, checked against the trained
     /// context and the memory its KV cache needs.
     pub fn load(&self) -> Result<(Loaded, usize)> {
+        self.load_with(&|_| {})
+    }
+
+    /// [`ModelOptions::load`], calling `on_tokenizer` on the tokenizer while the weights load.
+    pub fn load_with(&self, on_tokenizer: super::OnTokenizer<'_>) -> Result<(Loaded, usize)> {
         let bad = |m: String| Err(Error::BadRequest(m));
         let cores = crate::runtime::default_threads();
         let threads = self.threads.unwrap_or(cores);
@@ -119,8 +124,8 @@ impl ModelOptions {
             Some(p) => p.clone(),
             None => crate::fetch::ensure_default_model()?,
         };
-        let mut loaded =
-            super::load(&path).map_err(|e| e.context(format!("loading {}", path.display())))?;
+        let mut loaded = super::load_with(&path, on_tokenizer)
+            .map_err(|e| e.context(format!("loading {}", path.display())))?;
         loaded.model.set_kv_dtype(self.kv_dtype);
         if let Some(q) = self.quantize {
             loaded.model.quantize_dense(q.ggml());

@@ -58,6 +58,26 @@ pub fn trie(tok: &Tokenizer) -> Result<(PathBuf, NgramTrie)> {
     trie_in(tok, &crate::fetch::home_dir(), documented(Kind::Trie))
 }
 
+/// The default trie for `tok` when [`trie`] would open one already on disk, else `None`
+/// (nothing built, nothing said): what a load opens ahead, beside the target's weights.
+pub fn built_trie(tok: &Tokenizer) -> Option<NgramTrie> {
+    built_trie_in(tok, &crate::fetch::home_dir(), documented(Kind::Trie))
+}
+
+/// [`built_trie`] for the cache under `home` and the hand-built file `hand_built`.
+pub fn built_trie_in(
+    tok: &Tokenizer,
+    home: &Path,
+    hand_built: Option<PathBuf>,
+) -> Option<NgramTrie> {
+    let open = |p: &Path| {
+        let t = NgramTrie::open(p).ok()?;
+        t.check_stamp(stamp_of(tok), p).ok().map(|()| t)
+    };
+    let cached = || open(&cache_path(home, tok, Kind::Trie));
+    hand_built.and_then(|p| open(&p)).or_else(cached)
+}
+
 /// [`trie`] cached under `home`, preferring `hand_built` when it opens and fits `tok`.
 pub fn trie_in(
     tok: &Tokenizer,
